@@ -1,0 +1,16 @@
+"""Trajectory processor: record executions on exact token ids, build one prefix tree per task, score
+truncated rollouts with partial credit, and pack trees into bounded training samples whose loss equals the
+naive per-branch loss. Importing this package pulls in numpy only; the torch side lives in
+`gyre.trajectory.torch_ops`.
+"""
+
+from gyre.trajectory.credit import AdvantageConfig, Outcome, group_advantages, score_group
+from gyre.trajectory.pack import LossRows, Pack, PackConfig, PackedBatch, PackStats, build_packs, merge_by_sign
+from gyre.trajectory.record import Execution, Point, ReachedState, SubAgent, TaskRecorder
+from gyre.trajectory.tree import Preorder, TokenTree
+
+__all__ = [
+    "AdvantageConfig", "Execution", "LossRows", "Outcome", "Pack", "PackConfig", "PackStats", "PackedBatch",
+    "Point", "Preorder", "ReachedState", "SubAgent", "TaskRecorder", "TokenTree", "build_packs",
+    "group_advantages", "merge_by_sign", "score_group",
+]

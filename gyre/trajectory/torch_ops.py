@@ -1,0 +1,162 @@
+"""Torch side of the trajectory processor: attention masks for packs and the clipped policy loss.
+
+What it models: a `Pack` (numpy) becomes model inputs: a dense boolean ancestor-or-self mask
+(mask[q, k] = k <= q < leave[k]) or, where `torch.nn.attention.flex_attention` exists, a FlexAttention
+`BlockMask` from the same predicate. `packed_loss` runs the model over packs and sums the clipped
+PPO/GRPO terms of the packs' loss rows times their weights; `naive_loss` is the reference: every branch as
+its own causal sequence, the same clipped terms, denominators counted independently from the branches.
+
+Per row, with r = exp(logp_new - logp_old) and c = weight * advantage:
+  term = -c * min(r, clip(r, 1-eps_low, 1+eps_high))   if c > 0
+  term = -c * max(r, clip(r, 1-eps_low, 1+eps_high))   if c < 0
+which is -weight * min(r*A, clip(r)*A) and stays exact for rows merged by advantage sign.
+
+Simplifications: no KL or entropy terms; one pack per forward call (batch 1); the dense mask costs T^2.
+This is the only module of gyre.trajectory that imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from gyre.trajectory.pack import NORMALIZATIONS, LossRows, Pack
+
+
+@dataclass(kw_only=True, frozen=True)
+class LossConfig:
+    """Clip range of the policy ratio."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+
+
+@dataclass(kw_only=True, frozen=True)
+class Branch:
+    """One naive sample: a root-to-leaf token path, which positions are trained, and its execution."""
+
+    tokens: np.ndarray  # int64 [L]
+    trained: np.ndarray  # bool [L]: token i is a loss target (predicted from position i - 1)
+    old_logprob: np.ndarray  # float64 [L]
+    execution: int
+    advantage: float
+
+
+def dense_mask(pack: Pack, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Bool [T, T], True where query q may attend key k (k is an ancestor-or-self of q)."""
+    leave = torch.as_tensor(pack.leave, device=device)
+    idx = torch.arange(pack.size, device=device)
+    return (idx[None, :] <= idx[:, None]) & (idx[:, None] < leave[None, :])
+
+
+def block_mask(pack: Pack, device: torch.device | str = "cpu", block_size: int = 128):
+    """FlexAttention BlockMask of the same predicate, or None where flex attention is unavailable."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask
+    except ImportError:
+        return None
+    leave = torch.as_tensor(pack.leave, device=device)
+
+    def ancestor_or_self(b, h, q, k):
+        return (k <= q) & (q < leave[k])
+
+    return create_block_mask(ancestor_or_self, B=None, H=None, Q_LEN=pack.size, KV_LEN=pack.size,
+                             device=device, BLOCK_SIZE=block_size)
+
+
+def clipped_terms(new_logprob: torch.Tensor, old_logprob: torch.Tensor, coef: torch.Tensor,
+                  config: LossConfig) -> torch.Tensor:
+    """Per-row clipped policy terms for coef = weight * advantage (see the module docstring)."""
+    ratio = torch.exp(new_logprob - old_logprob)
+    clipped = ratio.clamp(1.0 - config.clip_low, 1.0 + config.clip_high)
+    pick = torch.where(coef > 0, torch.minimum(ratio, clipped), torch.maximum(ratio, clipped))
+    return -coef * pick
+
+
+def _zero(model: torch.nn.Module) -> torch.Tensor:
+    """A zero loss that still has a graph (so backward on an empty micro-batch is a no-op, not an error)."""
+    return sum(p.sum() for p in model.parameters()) * 0.0
+
+
+def pack_rows_loss(logits: torch.Tensor, rows: LossRows, config: LossConfig) -> torch.Tensor:
+    """Sum over rows of weight * clipped term, from one pack's logits [T, V]."""
+    dev = logits.device
+    pred = torch.as_tensor(rows.pred, device=dev)
+    target = torch.as_tensor(rows.target, device=dev)
+    logp = torch.log_softmax(logits[pred], dim=-1).gather(1, target[:, None])[:, 0]
+    old = torch.as_tensor(rows.old_logprob, dtype=logits.dtype, device=dev)
+    coef = torch.as_tensor(rows.weight * rows.advantage, dtype=logits.dtype, device=dev)
+    return clipped_terms(logp, old, coef, config).sum()
+
+
+def packed_loss(model: torch.nn.Module, packs: list[Pack], config: LossConfig | None = None,
+                *, use_flex: bool = False, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Loss of one micro-batch of packs (weights are batch-global, so micro-batch losses add up)."""
+    cfg = config or LossConfig()
+    total = _zero(model)
+    for pack in packs:
+        if len(pack.rows) == 0:
+            continue  # context-only pack: contributes nothing
+        ids = torch.as_tensor(pack.input_ids, device=device)[None]
+        pos = torch.as_tensor(pack.position_ids, device=device)[None]
+        mask = block_mask(pack, device) if use_flex else None
+        if mask is None:
+            mask = dense_mask(pack, device)[None]
+        logits = model(ids, pos, mask)[0]
+        total = total + pack_rows_loss(logits, pack.rows, cfg)
+    return total
+
+
+def naive_weights(branches: list[Branch], normalization: str) -> list[float]:
+    """Per-branch weight of each trained token under the naive normalization."""
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    counts = [int(b.trained[1:].sum()) for b in branches]
+    if normalization == "token":
+        total = sum(counts)
+        return [1.0 / total if total else 0.0 for _ in branches]
+    per_exec: dict[int, int] = {}
+    for b, c in zip(branches, counts):
+        per_exec[b.execution] = per_exec.get(b.execution, 0) + c
+    active = sum(1 for c in per_exec.values() if c > 0)
+    return [1.0 / (active * per_exec[b.execution]) if per_exec[b.execution] else 0.0 for b in branches]
+
+
+def naive_loss(model: torch.nn.Module, branches: list[Branch], normalization: str,
+               config: LossConfig | None = None, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Reference loss: each branch as its own causal sequence with positions 0..L-1."""
+    cfg = config or LossConfig()
+    weights = naive_weights(branches, normalization)
+    total = _zero(model)
+    for b, w in zip(branches, weights):
+        tgt_pos = np.flatnonzero(b.trained[1:]) + 1
+        if tgt_pos.size == 0:
+            continue
+        ids = torch.as_tensor(b.tokens, device=device)[None]
+        pos = torch.arange(b.tokens.shape[0], device=device)[None]
+        logits = model(ids, pos)[0]
+        rows = LossRows(
+            pred=tgt_pos - 1, target=b.tokens[tgt_pos], old_logprob=b.old_logprob[tgt_pos],
+            advantage=np.full(tgt_pos.size, b.advantage), execution=np.full(tgt_pos.size, b.execution),
+            branch=np.zeros(tgt_pos.size, np.int64), weight=np.full(tgt_pos.size, w),
+        )
+        total = total + pack_rows_loss(logits, rows, cfg)
+    return total
+
+
+def branches_of(tree, advantages, execution_offset: int = 0) -> list[Branch]:
+    """Naive branches of one TokenTree by walking parent pointers (independent of the packer)."""
+    out = []
+    adv = np.asarray(advantages, np.float64)
+    for leaf, e in zip(tree.branch_leaf, tree.branch_execution):
+        idx = []
+        q = leaf
+        while q >= 0:
+            idx.append(q)
+            q = int(tree.parent[q])
+        idx = np.asarray(idx[::-1], np.int64)
+        out.append(Branch(tokens=tree.tokens[idx], trained=tree.trained[idx], old_logprob=tree.logprob[idx],
+                          execution=int(e) + execution_offset, advantage=float(adv[e])))
+    return out
