@@ -1,0 +1,129 @@
+"""The cluster interface: everything a scheduling policy may see and do.
+
+Why exactly this surface: a scheduling policy for agent RL decides (1) which GPUs host inference
+engines and which train, (2) which engine runs each execution, and when to move a live execution
+(only at a tool-call boundary, never interrupting it), and (3) when to train on which finished
+groups and when engines receive the new weights. Those are the verbs below; each returns a Handle
+that completes later. Observations are the pool's roles, the engines and their load, the live
+executions' observable progress (never their future length), the trainer's version, and the clock.
+
+A policy is a generator `run(cluster, steps)` that yields handles. It must not import a backend:
+the simulator (gyre.sim) and the Ray executor (gyre.real) both implement `Cluster`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Generator, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from gyre.handles import Handle
+
+
+class ClusterError(RuntimeError):
+    """A verb was used in a way the cluster cannot honour (a policy bug, reported in one line)."""
+
+
+class Role(enum.IntEnum):
+    IDLE = 0
+    ROLLOUT = 1
+    TRAIN = 2
+    SWITCHING = 3
+
+
+class Phase(enum.IntEnum):
+    QUEUED = 0  # admitted, waiting for engine memory
+    PREFILL = 1  # prompt or tool output (or a migrated context) being prefilled
+    DECODE = 2  # generating a segment
+    TOOL = 3  # waiting for a tool call (a tool-call boundary: migratable)
+    DONE = 4
+
+
+@runtime_checkable
+class EngineView(Protocol):
+    id: int
+    gpus: tuple[int, ...]
+
+    @property
+    def version(self) -> int: ...  # policy version of the weights it serves
+    @property
+    def ready(self) -> bool: ...  # started and not stopping
+    @property
+    def n_live(self) -> int: ...  # executions it holds (any phase but DONE)
+    @property
+    def n_decoding(self) -> int: ...
+    @property
+    def n_queued(self) -> int: ...
+    @property
+    def kv_used(self) -> float: ...  # tokens resident now
+    @property
+    def kv_capacity(self) -> int: ...
+
+
+@runtime_checkable
+class ExecutionView(Protocol):
+    id: int
+    group_id: int
+    task_id: int
+
+    @property
+    def engine_id(self) -> int | None: ...
+    @property
+    def phase(self) -> Phase: ...
+    @property
+    def first_version(self) -> int | None: ...  # version that produced its oldest token
+    @property
+    def started_at(self) -> float | None: ...
+    @property
+    def turns_done(self) -> int: ...
+    @property
+    def context_tokens(self) -> int: ...
+
+
+class Group(Protocol):
+    """One task's GRPO group as a policy sees it."""
+
+    id: int
+    task_id: int
+    executions: Sequence[ExecutionView]
+
+
+@runtime_checkable
+class Cluster(Protocol):
+    # --- observations ---
+    @property
+    def now(self) -> float: ...
+    @property
+    def n_gpus(self) -> int: ...
+    @property
+    def gpus_per_engine(self) -> int: ...
+    @property
+    def min_train_gpus(self) -> int: ...
+    @property
+    def version(self) -> int: ...  # trainer's latest policy version (steps done)
+    @property
+    def groups_per_step(self) -> int: ...
+    def role(self, gpu: int) -> Role: ...
+    def free_gpus(self) -> list[int]: ...  # IDLE and not held by an engine or a training step
+    def engines(self) -> list[EngineView]: ...
+    def live(self) -> list[ExecutionView]: ...
+
+    # --- verbs (each returns a Handle) ---
+    def next_group(self) -> Group: ...
+    def start_engine(self, gpus: Sequence[int]) -> Handle: ...  # -> EngineView, serving the latest weights
+    def stop_engine(self, engine: EngineView) -> Handle: ...  # engine must hold no execution
+    def admit(self, execution: ExecutionView, engine: EngineView) -> Handle: ...  # -> finished ExecutionView
+    def migrate(self, execution: ExecutionView, engine: EngineView) -> Handle: ...  # -> bool (moved)
+    def train(self, gpus: Sequence[int], groups: Sequence[Group]) -> Handle: ...  # -> new version
+    def sync(self, engines: Sequence[EngineView]) -> Handle: ...  # engines serve the latest version
+    def timeout(self, seconds: float) -> Handle: ...
+    def spawn(self, gen: Generator[Handle, Any, Any], label: str = "") -> Handle: ...
+    def note(self, kind: str, **fields: Any) -> None: ...  # a policy's own annotation in the event log
+
+
+class Policy(Protocol):
+    """A scheduling policy: `run` drives the cluster until `steps` training steps are done."""
+
+    name: str
+
+    def run(self, cluster: Cluster, steps: int) -> Generator[Handle, Any, Any]: ...

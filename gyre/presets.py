@@ -1,0 +1,134 @@
+"""Named presets: GPUs, models, workloads, and whole runs. Each is a plain function or constant.
+
+Workload constants and their sources:
+
+xlong-swe (long-horizon software-engineering agents, SWE-bench-style repositories):
+- turns per execution: median 120, p99/median = 10 (lognormal; point mass at the 1,500-turn cap).
+  "Hundreds of turns" with a tail 10x the median, as reported for long-horizon agentic RL runs
+  (the paper this project follows; SWE-agent/OpenHands trajectories report 50-300 turn medians).
+- generated tokens per turn: median 220 (reasoning + one action), p99/median 6;
+  tool-output tokens per call: median 380 (file views, test logs), p99/median 12.
+  Per rollout this is ~72K unique tokens at the median and ~700K at p99 (NOT context-inclusive:
+  each token counted once; the context is bounded by a 128K window with compaction).
+- tool latency: median 0.9 s, p99/median 3.5 (0.3-3 s per action) plus 4% slow calls (test runs,
+  builds) of median 12 s, p99/median 5.
+- branching: sub-agent calls 0.5% and retries 0.5% of turns; compaction past a 128K window to a 4K
+  summary; task difficulty p99/median 3 within the batch; deadline 4 h per execution.
+- batch: 32 tasks x 8 executions (GRPO groups) per step.
+
+short-math (single-turn math reasoning RL, e.g. DAPO/GSM8K-style): one segment of median 3,000
+generated tokens, p99/median 3, capped at 8,192 (point mass at the cap); 128 tasks x 8 per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gyre.config import ClusterConfig, ConfigError, RunConfig
+from gyre.hardware import GpuConfig, ModelConfig
+from gyre.workload import LogNormal, WorkloadConfig
+
+GPUS: dict[str, GpuConfig] = {
+    "h100": GpuConfig(name="h100", memory_gb=80, hbm_tb_s=3.35, bf16_tflops=989, fp8_tflops=1979),
+    "h200": GpuConfig(name="h200", memory_gb=141, hbm_tb_s=4.8, bf16_tflops=989, fp8_tflops=1979),
+}
+
+MODELS: dict[str, ModelConfig] = {
+    # Qwen2.5-7B: 28 layers, 4 KV heads x 128
+    "dense-7b": ModelConfig(name="dense-7b", total_params_b=7.6, active_params_b=7.6, layers=28, kv_heads=4, head_dim=128),
+    # Qwen3-30B-A3B: 48 layers, 4 KV heads x 128, 3.3B active
+    "moe-30b-a3b": ModelConfig(
+        name="moe-30b-a3b", total_params_b=30.5, active_params_b=3.3, layers=48, kv_heads=4, head_dim=128
+    ),
+    # stand-in for a 2.4T-total / 95B-active MoE, served in FP8 with an FP8 KV cache
+    "moe-2.4t-a95b": ModelConfig(
+        name="moe-2.4t-a95b", total_params_b=2400, active_params_b=95, layers=96, kv_heads=8, head_dim=128,
+        infer_bytes_per_param=1.0, kv_bytes_per_elem=1.0,
+    ),
+}
+
+
+def xlong_swe() -> WorkloadConfig:
+    return WorkloadConfig(
+        name="xlong-swe",
+        groups_per_step=32,
+        group_size=8,
+        prompt_tokens=LogNormal(median=6000, p99_ratio=2.0),
+        turns=LogNormal(median=120, p99_ratio=10.0),
+        max_turns=1500,
+        gen_tokens=LogNormal(median=220, p99_ratio=6.0),
+        tool_out_tokens=LogNormal(median=380, p99_ratio=12.0),
+        tool_s=LogNormal(median=0.9, p99_ratio=3.5),
+        slow_tool_p=0.04,
+        slow_tool_s=LogNormal(median=12.0, p99_ratio=5.0),
+        context_window=131072,
+        summary_tokens=4096,
+        subagent_p=0.005,
+        subagent_turns=8,
+        retry_p=0.005,
+        retry_back_turns=3,
+        difficulty_p99_ratio=3.0,
+        drift_per_step=0.0,
+        deadline_s=4 * 3600.0,
+    )
+
+
+def short_math() -> WorkloadConfig:
+    return WorkloadConfig(
+        name="short-math",
+        groups_per_step=128,
+        group_size=8,
+        prompt_tokens=LogNormal(median=300, p99_ratio=3.0),
+        turns=LogNormal(median=1, p99_ratio=1.0),
+        max_turns=1,
+        gen_tokens=LogNormal(median=3000, p99_ratio=3.0),
+        tool_out_tokens=LogNormal(median=1, p99_ratio=1.0),
+        tool_s=LogNormal(median=0.0 + 1e-9, p99_ratio=1.0),
+        context_window=32768,
+        summary_tokens=1024,
+        difficulty_p99_ratio=2.0,
+    )
+
+
+WORKLOADS: dict[str, Callable[[], WorkloadConfig]] = {"xlong-swe": xlong_swe, "short-math": short_math}
+
+
+def _run(name: str, workload: WorkloadConfig, model: str, gpus: int, steps: int) -> RunConfig:
+    return RunConfig(
+        name=name,
+        cluster=ClusterConfig(gpus=gpus, gpu=GPUS["h200"], model=MODELS[model]),
+        workload=workload,
+        steps=steps,
+    )
+
+
+def preset_xlong_swe() -> RunConfig:
+    """The headline: xlong-swe on the very large MoE, 1,024 H200s."""
+    return _run("xlong-swe", xlong_swe(), "moe-2.4t-a95b", 1024, 48)
+
+
+def preset_xlong_swe_small() -> RunConfig:
+    """xlong-swe on a 30B-A3B MoE and 64 GPUs: the default of `gyre-sim compare` (seconds to run)."""
+    w = xlong_swe()
+    from dataclasses import replace
+
+    return _run("xlong-swe-small", replace(w, groups_per_step=16), "moe-30b-a3b", 64, 8)
+
+
+def preset_short_math() -> RunConfig:
+    return _run("short-math", short_math(), "dense-7b", 64, 8)
+
+
+PRESETS: dict[str, Callable[[], RunConfig]] = {
+    "xlong-swe": preset_xlong_swe,
+    "xlong-swe-small": preset_xlong_swe_small,
+    "short-math": preset_short_math,
+}
+DEFAULT_PRESET = "xlong-swe-small"
+
+
+def get_preset(name: str) -> RunConfig:
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}") from None

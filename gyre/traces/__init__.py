@@ -1,0 +1,1 @@
+"""Trace formats: the rollout trace schema, readers for existing traces, and calibration."""

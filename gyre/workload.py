@@ -1,0 +1,205 @@
+"""Workload model: GRPO groups of agent executions, each a chain of segments.
+
+An execution is a prompt followed by segments. A segment is one model turn: `gen` generated tokens,
+then (except after the last segment) a tool call taking `tool_s` seconds that appends `tool_out`
+tokens to the context. Branching changes what the engine must hold, and is folded into `kv`, the
+KV footprint (context tokens resident on the engine) at the start of each segment:
+
+- compaction: when the context passes the window, the agent writes a summary (a segment of
+  `summary_tokens`) and continues from a fresh root holding only that summary;
+- sub-agent: a child context starts (the parent's stays resident) for a few turns, then its result
+  is appended to the parent and the child's KV is freed;
+- retry: the agent rolls back a few turns; the abandoned turns' tokens stay in the trajectory (they
+  are trained as a branch) but leave the context.
+
+Simplifications: per-turn quantities are independent draws (lognormal bodies, a slow-tool mixture
+for latency); a task's difficulty scales the number of turns of every execution in its group; drift
+multiplies the turn count by (1 + drift_per_step) ** step. The turn count has a point mass at
+`max_turns` (the length cap): those executions end truncated with partial credit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogNormal:
+    """A lognormal by its median and its p99/median ratio (sigma = ln(ratio) / z_0.99)."""
+
+    median: float
+    p99_ratio: float
+
+    @property
+    def sigma(self) -> float:
+        return math.log(self.p99_ratio) / 2.3263478740408408 if self.p99_ratio > 1 else 0.0
+
+    def sample(self, rng: np.random.Generator, size: int | tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+        return self.median * scale * np.exp(self.sigma * rng.standard_normal(size))
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadConfig:
+    name: str
+    groups_per_step: int
+    group_size: int
+    prompt_tokens: LogNormal
+    turns: LogNormal
+    max_turns: int
+    gen_tokens: LogNormal  # per turn
+    tool_out_tokens: LogNormal  # per tool call
+    tool_s: LogNormal  # per tool call, typical
+    slow_tool_p: float = 0.0  # share of tool calls that are slow (tests, builds)
+    slow_tool_s: LogNormal = field(default_factory=lambda: LogNormal(median=10.0, p99_ratio=5.0))
+    context_window: int = 131072
+    summary_tokens: int = 4096
+    subagent_p: float = 0.0  # per turn
+    subagent_turns: int = 8
+    retry_p: float = 0.0  # per turn
+    retry_back_turns: int = 3
+    difficulty_p99_ratio: float = 1.0  # spread of per-task difficulty
+    drift_per_step: float = 0.0
+    deadline_s: float = math.inf  # wall-clock budget per execution from its start
+
+    def __post_init__(self) -> None:
+        for name in ("groups_per_step", "group_size", "max_turns", "context_window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"workload.{name} must be >= 1, got {getattr(self, name)}")
+        if self.summary_tokens >= self.context_window:
+            raise ValueError("workload.summary_tokens must be below workload.context_window")
+
+
+@dataclass(kw_only=True)
+class ExecutionSpec:
+    """What one execution will do. Backends read it; policies never see it (no future knowledge)."""
+
+    exec_id: int
+    group_id: int
+    task_id: int
+    step: int
+    prompt: int
+    gen: list[int]  # per segment
+    tool_s: list[float]  # per tool call (len(gen) - 1)
+    tool_out: list[int]  # per tool call
+    kv: list[int]  # KV footprint at each segment start
+    branches: list[tuple[int, str]]  # (segment index, "compact" | "subagent" | "retry")
+    capped: bool  # hit max_turns: ends truncated
+    deadline_s: float
+
+    @property
+    def tokens(self) -> int:
+        """Unique trajectory tokens (prompt + generated + tool output), not context-inclusive."""
+        return self.prompt + sum(self.gen) + sum(self.tool_out)
+
+
+@dataclass(kw_only=True)
+class GroupSpec:
+    group_id: int
+    task_id: int
+    step: int
+    executions: list[ExecutionSpec]
+
+
+def _kv_footprint(prompt: int, gen: np.ndarray, tool_out: np.ndarray, events: np.ndarray, w: WorkloadConfig):
+    """Walk the turns once; return KV at each segment start and the branch list.
+
+    events[i]: 0 plain, 1 sub-agent starts at turn i, 2 retry at turn i.
+    """
+    n = len(gen)
+    kv = [0] * n
+    branches: list[tuple[int, str]] = []
+    ctx = prompt  # active context
+    parent = 0  # resident parent context while a sub-agent runs
+    sub_left = 0
+    history: list[int] = []  # context before each turn, for retries
+    for i in range(n):
+        if ctx + parent > w.context_window:
+            ctx = w.summary_tokens
+            branches.append((i, "compact"))
+        if sub_left == 0 and events[i] == 1 and i + 1 < n:
+            parent, ctx, sub_left = ctx, w.summary_tokens // 4, w.subagent_turns
+            branches.append((i, "subagent"))
+        elif events[i] == 2 and len(history) > w.retry_back_turns:
+            ctx = history[-w.retry_back_turns]
+            branches.append((i, "retry"))
+        history.append(ctx)
+        kv[i] = ctx + parent
+        ctx += int(gen[i]) + (int(tool_out[i]) if i < n - 1 else 0)
+        if sub_left:
+            sub_left -= 1
+            if sub_left == 0:
+                ctx, parent = parent + int(gen[i]), 0
+    return kv, branches
+
+
+def sample_group(w: WorkloadConfig, group_id: int, step: int, seed: int) -> GroupSpec:
+    """One GRPO group. Deterministic in (seed, group_id): every policy sees the same workload."""
+    rng = np.random.default_rng([seed, group_id])
+    task_id = group_id
+    difficulty = LogNormal(median=1.0, p99_ratio=w.difficulty_p99_ratio).sample(rng, 1)[0]
+    scale = difficulty * (1.0 + w.drift_per_step) ** step
+    prompt = int(max(1, w.prompt_tokens.sample(rng, 1)[0]))  # one task, one prompt
+    execs = []
+    for k in range(w.group_size):
+        turns_f = w.turns.sample(rng, 1, scale)[0]
+        capped = turns_f >= w.max_turns
+        n = int(min(max(1, round(turns_f)), w.max_turns))
+        gen = np.maximum(1, w.gen_tokens.sample(rng, n)).astype(np.int64)
+        tool_out = np.maximum(0, w.tool_out_tokens.sample(rng, n)).astype(np.int64)
+        lat = w.tool_s.sample(rng, n)
+        if w.slow_tool_p > 0:
+            slow = rng.random(n) < w.slow_tool_p
+            lat = np.where(slow, w.slow_tool_s.sample(rng, n), lat)
+        u = rng.random(n)
+        events = np.where(u < w.subagent_p, 1, np.where(u < w.subagent_p + w.retry_p, 2, 0))
+        kv, branches = _kv_footprint(prompt, gen, tool_out, events, w)
+        execs.append(
+            ExecutionSpec(
+                exec_id=group_id * w.group_size + k,
+                group_id=group_id,
+                task_id=task_id,
+                step=step,
+                prompt=prompt,
+                gen=gen.tolist(),
+                tool_s=lat[: n - 1].tolist(),
+                tool_out=tool_out[: n - 1].tolist(),
+                kv=kv,
+                branches=branches,
+                capped=bool(capped),
+                deadline_s=w.deadline_s,
+            )
+        )
+    return GroupSpec(group_id=group_id, task_id=task_id, step=step, executions=execs)
+
+
+class WorkloadSource:
+    """Hands out groups in order; group g is meant for step g // groups_per_step."""
+
+    def __init__(self, w: WorkloadConfig, seed: int) -> None:
+        self.config = w
+        self.seed = seed
+        self.issued = 0
+
+    def next_group(self) -> GroupSpec:
+        g = self.issued
+        self.issued += 1
+        return sample_group(self.config, g, g // self.config.groups_per_step, self.seed)
+
+
+class ReplaySource:
+    """Hands out recorded groups in their recorded order (trace replay, not resampled)."""
+
+    def __init__(self, groups: list[GroupSpec], config: WorkloadConfig) -> None:
+        self.groups = groups
+        self.config = config
+        self.issued = 0
+
+    def next_group(self) -> GroupSpec:
+        if self.issued >= len(self.groups):
+            raise IndexError(f"the trace holds {len(self.groups)} groups; the policy asked for more")
+        g = self.groups[self.issued]
+        self.issued += 1
+        return g

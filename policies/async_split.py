@@ -1,0 +1,59 @@
+"""Async: a fixed split. R GPUs always generate, the other N - R always train. Generation never stops;
+the trainer takes a batch when one is ready (policies.common.Batcher enforces staleness <= eta by
+admission control), then engines receive the new weights in place.
+
+R defaults to every GPU the trainer does not need; `gyre-sim compare` sweeps R and eta.
+"""
+
+from __future__ import annotations
+
+from gyre.cluster import Cluster, ClusterError
+from gyre.handles import all_of, any_of
+from gyre.policies.common import Batcher, engine_slots, least_loaded
+
+
+class AsyncSplit:
+    name = "async"
+
+    def __init__(self, rollout_gpus: int | None = None, eta: int = 1) -> None:
+        if eta < 0:
+            raise ValueError(f"async: eta must be >= 0, got {eta}")
+        self.rollout_gpus = rollout_gpus
+        self.eta = eta
+
+    def split(self, cluster: Cluster) -> int:
+        per, n, need = cluster.gpus_per_engine, cluster.n_gpus, cluster.min_train_gpus
+        r = self.rollout_gpus if self.rollout_gpus is not None else (n - need) // per * per
+        if r < per or n - r < need or r % per:
+            raise ClusterError(
+                f"async: rollout_gpus={r} must be a positive multiple of {per} leaving >= {need} of {n} GPUs to train"
+            )
+        return r
+
+    def run(self, cluster: Cluster, steps: int):
+        r = self.split(cluster)
+        engines = yield all_of([cluster.start_engine(s) for s in engine_slots(range(r), cluster.gpus_per_engine)])
+        trainer = list(range(r, cluster.n_gpus))
+        batcher = Batcher(cluster, steps, self.eta)
+
+        def produce():
+            while batcher.n_admitted < steps * batcher.gps:
+                if not batcher.can_admit():
+                    yield batcher.changed.wait()
+                    continue
+                version = min(e.version for e in engines)
+                g = batcher.admit_group(version)
+                batcher.watch(g, [cluster.admit(x, least_loaded(engines)) for x in g.executions])
+
+        producer = cluster.spawn(produce(), "async-producer")
+        while cluster.version < steps:
+            batch = batcher.next_batch()
+            if batch is None:
+                yield batcher.changed.wait()
+                continue
+            batcher.trained(batch)
+            yield cluster.train(trainer, batch)
+            yield cluster.sync(engines)
+            batcher.changed.fire()
+        if not producer.done:
+            yield any_of([producer])

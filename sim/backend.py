@@ -1,0 +1,385 @@
+"""The simulated cluster: implements gyre.cluster.Cluster in simulated time on SimPy.
+
+Coarse events (policy timeouts, role switches, training steps, weight syncs) are SimPy timeouts.
+Fine events (segment ends, tool returns) are far more numerous, so they live in a side heap of
+plain tuples merged with SimPy's queue in time order; at equal times the side heap goes first.
+Both queues break ties by insertion order, so a run is a pure function of (config, policy, seed).
+
+Handle completions caused by fine events are deferred until that event is fully processed, so a
+policy reacting to a finished execution never sees an engine half-way through an update.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import simpy
+
+from gyre.cluster import ClusterError, Phase, Role
+from gyre.handles import Handle, Process, done_handle
+from gyre.hardware import Costs
+from gyre.sim.engine import SimEngine
+from gyre.sim.execution import SimExecution, SimGroup
+
+TRAINER = -1
+
+
+class SimCluster:
+    def __init__(self, *, n_gpus: int, gpus_per_node: int, costs: Costs, source, check: bool = False) -> None:
+        if n_gpus < 1:
+            raise ClusterError(f"cluster.gpus must be >= 1, got {n_gpus}")
+        self.env = simpy.Environment()
+        self.costs = costs
+        self.source = source
+        self._n = n_gpus
+        self.gpus_per_node = gpus_per_node
+        self._role = [Role.IDLE] * n_gpus
+        self._owner: list[int | None] = [None] * n_gpus  # engine id, TRAINER, or None
+        self._resident: list[str | None] = [None] * n_gpus  # what memory holds: "engine" / "trainer"
+        self._engines: dict[int, SimEngine] = {}
+        self._next_engine = 0
+        self._version = 0
+        self._q: list[tuple[float, int, Callable, Any]] = []
+        self._seq = 0
+        self._deferred: list[tuple[Handle, Any]] = []
+        self.log: list[tuple] = []
+        self.groups: dict[int, SimGroup] = {}
+        self.executions: dict[int, SimExecution] = {}
+        self.events = 0
+        self.check = check
+
+    # ------------------------------------------------------------------ observations
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    @property
+    def n_gpus(self) -> int:
+        return self._n
+
+    @property
+    def gpus_per_engine(self) -> int:
+        return self.costs.engine_gpus
+
+    @property
+    def min_train_gpus(self) -> int:
+        return self.costs.min_train_gpus
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.source.config.groups_per_step
+
+    def role(self, gpu: int) -> Role:
+        return self._role[gpu]
+
+    def free_gpus(self) -> list[int]:
+        return [g for g in range(self._n) if self._owner[g] is None and self._role[g] == Role.IDLE]
+
+    def engines(self) -> list[SimEngine]:
+        return [e for e in self._engines.values() if e.state in ("starting", "ready")]
+
+    def live(self) -> list[SimExecution]:
+        return [x for e in self._engines.values() for x in e.members.values()]
+
+    # ------------------------------------------------------------------ internals
+    def _log(self, rec: tuple) -> None:
+        self.log.append(rec)
+
+    def _push(self, t: float, fn: Callable, arg: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._q, (t, self._seq, fn, arg))
+
+    def _after(self, dt: float, fn: Callable[[], None]) -> None:
+        ev = self.env.timeout(dt)
+        ev.callbacks.append(lambda _ev: fn())
+
+    def _set_role(self, gpus: Sequence[int], role: Role) -> None:
+        for g in gpus:
+            self._role[g] = role
+        self._log(("role", self.now, tuple(gpus), int(role)))
+
+    def _schedule_ready(self, ex: SimExecution, t: float) -> None:
+        self._push(t, self._on_ready, ex)
+
+    def _on_ready(self, t: float, ex: SimExecution) -> None:
+        if t < ex.ready_min:  # a migrated context is still being prefilled on its new engine
+            self._push(ex.ready_min, self._on_ready, ex)
+            return
+        eng = ex.engine
+        if t >= ex.deadline_at:
+            eng.remove(ex)
+            self._finish(ex, t, truncated=True)
+            return
+        eng.begin_segment(ex, t)
+
+    def _finish(self, ex: SimExecution, t: float, truncated: bool) -> None:
+        ex.phase = Phase.DONE
+        ex.finished_at = t
+        ex.truncated = truncated
+        self._log(("finish", t, ex.id, int(truncated), ex.generated))
+        self._deferred.append((ex.handle, ex))
+        if ex.migrate_handle is not None:  # finished before reaching a tool-call boundary
+            self._deferred.append((ex.migrate_handle, False))
+            ex.migrate_to = ex.migrate_handle = None
+
+    def _do_migrate(self, ex: SimExecution, t: float) -> None:
+        src, dst, h = ex.engine, ex.migrate_to, ex.migrate_handle
+        ex.migrate_to = ex.migrate_handle = None
+        src.remove(ex)
+        if ex.phase != Phase.QUEUED:
+            ex.ready_min = t + self.costs.migration_time(ex.resident)
+        dst.add_migrated(ex, t)
+        self._log(("migrate", t, ex.id, src.id, dst.id))
+        self._deferred.append((h, True))
+
+    def _check_gpus(self, gpus: Sequence[int], what: str) -> tuple[int, ...]:
+        gpus = tuple(int(g) for g in gpus)
+        if len(set(gpus)) != len(gpus):
+            raise ClusterError(f"{what}: GPU list has duplicates: {gpus}")
+        for g in gpus:
+            if not 0 <= g < self._n:
+                raise ClusterError(f"{what}: GPU {g} does not exist (cluster has {self._n})")
+            if self._owner[g] is not None or self._role[g] != Role.IDLE:
+                raise ClusterError(f"{what}: GPU {g} is busy ({Role(self._role[g]).name})")
+        return gpus
+
+    def _switch_in_s(self, gpus: Sequence[int], to: str) -> float:
+        c = self.costs
+        out = 0.0
+        for g in gpus:
+            r = self._resident[g]
+            if to == "engine":
+                s = c.engine_wake_s + c.sync_s + (c.trainer_offload_s if r == "trainer" else 0.0)
+            else:
+                s = 0.0 if r == "trainer" else c.trainer_onload_s
+            out = max(out, s)
+        return out
+
+    # ------------------------------------------------------------------ verbs
+    def next_group(self) -> SimGroup:
+        spec = self.source.next_group()
+        execs = [SimExecution(s) for s in spec.executions]
+        grp = SimGroup(spec.group_id, spec.task_id, spec.step, execs)
+        self.groups[grp.id] = grp
+        for ex in execs:
+            self.executions[ex.id] = ex
+        self._log(("group", self.now, grp.id, len(execs)))
+        return grp
+
+    def start_engine(self, gpus: Sequence[int]) -> Handle:
+        gpus = self._check_gpus(gpus, "start_engine")
+        if len(gpus) != self.costs.engine_gpus:
+            raise ClusterError(f"start_engine: an engine needs {self.costs.engine_gpus} GPUs, got {len(gpus)}")
+        eid = self._next_engine
+        self._next_engine += 1
+        eng = SimEngine(self, eid, gpus, self._version)
+        self._engines[eid] = eng
+        for g in gpus:
+            self._owner[g] = eid
+        dt = self._switch_in_s(gpus, "engine")
+        self._set_role(gpus, Role.SWITCHING)
+        h = Handle(f"start_engine{eid}")
+
+        def up() -> None:
+            for g in gpus:
+                self._resident[g] = "engine"
+            eng.state = "ready"
+            eng._version = self._version
+            eng.t_last = self.now
+            self._set_role(gpus, Role.ROLLOUT)
+            self._log(("engine_up", self.now, eid, gpus))
+            h.succeed(eng)
+
+        self._after(dt, up)
+        return h
+
+    def stop_engine(self, engine: SimEngine) -> Handle:
+        eng = self._engines.get(engine.id)
+        if eng is None or eng.state != "ready":
+            raise ClusterError(f"stop_engine: engine {engine.id} is not running")
+        if eng.members:
+            raise ClusterError(f"stop_engine: engine {eng.id} still holds {len(eng.members)} executions")
+        eng.state = "stopping"
+        self._set_role(eng.gpus, Role.SWITCHING)
+        h = Handle(f"stop_engine{eng.id}")
+
+        def down() -> None:
+            eng.state = "stopped"
+            for g in eng.gpus:
+                self._owner[g] = None
+            self._set_role(eng.gpus, Role.IDLE)
+            self._log(("engine_down", self.now, eng.id))
+            del self._engines[eng.id]
+            h.succeed(None)
+
+        self._after(self.costs.engine_sleep_s, down)
+        return h
+
+    def admit(self, execution: SimExecution, engine: SimEngine) -> Handle:
+        ex = self.executions.get(execution.id)
+        if ex is None or ex.engine is not None or ex.phase != Phase.QUEUED or ex.started_at is not None:
+            raise ClusterError(f"admit: execution {execution.id} is not a fresh execution")
+        eng = self._engines.get(engine.id)
+        if eng is None or eng.state != "ready":
+            raise ClusterError(f"admit: engine {engine.id} is not ready")
+        self._log(("admit", self.now, ex.id, eng.id))
+        eng.admit(ex, self.now)
+        return ex.handle
+
+    def migrate(self, execution: SimExecution, engine: SimEngine) -> Handle:
+        ex = self.executions.get(execution.id)
+        dst = self._engines.get(engine.id)
+        if ex is None or ex.engine is None:
+            raise ClusterError(f"migrate: execution {execution.id} is not live on an engine")
+        if dst is None or dst.state != "ready":
+            raise ClusterError(f"migrate: target engine {engine.id} is not ready")
+        if ex.migrate_to is not None:
+            raise ClusterError(f"migrate: execution {ex.id} already has a migration pending")
+        h = Handle(f"migrate{ex.id}")
+        if dst is ex.engine:
+            return h.succeed(False)
+        ex.migrate_to, ex.migrate_handle = dst, h
+        if ex.phase != Phase.DECODE:  # already at a boundary (tool call, prefill, or queued)
+            self._do_migrate(ex, self.now)
+        return h
+
+    def train(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
+        gpus = self._check_gpus(gpus, "train")
+        if len(gpus) < self.costs.min_train_gpus:
+            raise ClusterError(f"train: the model needs >= {self.costs.min_train_gpus} GPUs to train, got {len(gpus)}")
+        if not groups:
+            raise ClusterError("train: empty batch")
+        tokens = 0
+        for g in groups:
+            if not g.done:
+                raise ClusterError(f"train: group {g.id} has unfinished executions")
+            tokens += g.executions[0].spec.prompt + sum(e.spec.tokens - e.spec.prompt for e in g.executions)
+        v = self._version
+        for g in groups:
+            for e in g.executions:
+                self._log(("trained", self.now, e.id, g.id, v, v - e.first_version))
+        for g in gpus:
+            self._owner[g] = TRAINER
+        onload = self._switch_in_s(gpus, "trainer")
+        compute = self.costs.train_time(tokens, len(gpus))
+        h = Handle(f"train{v}")
+        if onload > 0:
+            self._set_role(gpus, Role.SWITCHING)
+
+        def start() -> None:
+            for g in gpus:
+                self._resident[g] = "trainer"
+            self._set_role(gpus, Role.TRAIN)
+            self._after(compute, end)
+
+        def end() -> None:
+            self._version += 1
+            for g in gpus:
+                self._owner[g] = None
+            self._set_role(gpus, Role.IDLE)
+            self._log(("step", self.now, self._version, len(gpus), tokens))
+            h.succeed(self._version)
+
+        if onload > 0:
+            self._after(onload, start)
+        else:
+            start()
+        return h
+
+    def sync(self, engines: Sequence[SimEngine]) -> Handle:
+        todo = [self._engines[e.id] for e in engines if e.version < self._version]
+        if not todo:
+            return done_handle(None, "sync")
+        v = self._version
+        for e in todo:
+            if e.state != "ready":
+                raise ClusterError(f"sync: engine {e.id} is not ready")
+            e.pause(self.now)
+        h = Handle(f"sync{v}")
+
+        def done() -> None:
+            for e in todo:
+                e.resume(self.now, v)
+                self._log(("sync", self.now, e.id, v))
+            h.succeed(None)
+
+        self._after(self.costs.sync_s, done)
+        return h
+
+    def timeout(self, seconds: float) -> Handle:
+        if seconds < 0 or math.isnan(seconds):
+            raise ClusterError(f"timeout: bad delay {seconds}")
+        h = Handle("timeout")
+        self._after(seconds, lambda: h.succeed(None))
+        return h
+
+    def spawn(self, gen: Generator[Handle, Any, Any], label: str = "") -> Handle:
+        return Process(gen, label or "process")
+
+    def note(self, kind: str, **fields: Any) -> None:
+        self._log(("note", self.now, kind, fields))
+
+    # ------------------------------------------------------------------ running
+    def run(self, policy, steps: int, progress: Callable[[int, float], None] | None = None) -> Process:
+        """Run `policy` until it returns; raise its error or a deadlock as ClusterError."""
+        proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
+        q, env = self._q, self.env
+        last_version = -1
+        self._drain()
+        while not proc.done:
+            tq = q[0][0] if q else math.inf
+            ts = env.peek()
+            if tq <= ts:
+                if tq == math.inf:
+                    raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
+                t, _, fn, arg = heapq.heappop(q)
+                env._now = t
+                fn(t, arg)
+            else:
+                env.step()
+            self.events += 1
+            if self._deferred:
+                self._drain()
+            if self.check:
+                self.check_invariants()
+            if progress is not None and self._version != last_version:
+                last_version = self._version
+                progress(self._version, self.now)
+        if proc.error is not None:
+            raise proc.error
+        return proc
+
+    def _drain(self) -> None:
+        while self._deferred:
+            batch, self._deferred = self._deferred, []
+            for h, v in batch:
+                h.succeed(v)
+
+    def check_invariants(self) -> None:
+        """GPUs conserved (one role and at most one owner each); executions in exactly one place."""
+        seen: dict[int, int] = {}
+        for e in self._engines.values():
+            for g in e.gpus:
+                assert self._owner[g] == e.id, f"GPU {g} owner {self._owner[g]} != engine {e.id}"
+            assert e.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
+            assert e.n_dec == len(e._heap), "heap size != decoding count"
+            assert e.mem_fixed >= -1e-6, f"engine {e.id} negative memory"
+            for x in e.members.values():
+                assert x.engine is e and x.phase != Phase.DONE, f"{x} misplaced"
+                assert x.id not in seen, f"exec {x.id} on two engines"
+                seen[x.id] = e.id
+        for g in range(self._n):
+            o = self._owner[g]
+            if o is None:
+                assert self._role[g] in (Role.IDLE, Role.SWITCHING), f"GPU {g} unowned but {self._role[g].name}"
+            elif o == TRAINER:
+                assert self._role[g] in (Role.TRAIN, Role.SWITCHING), f"GPU {g} training but {self._role[g].name}"
+            else:
+                assert self._role[g] in (Role.ROLLOUT, Role.SWITCHING), f"GPU {g} engine but {self._role[g].name}"

@@ -1,0 +1,220 @@
+"""A fluid model of one inference engine (vLLM-like continuous batching) on k GPUs.
+
+Every decoding sequence advances one token per engine step, so all of them share one virtual token
+clock V (tokens per sequence since the engine started). With n decoding sequences holding K KV
+tokens, a step takes a + b*n + c*K seconds (hardware.Costs), so dV/dt = 1 / step_time. The rate is
+held constant between changes of batch membership (the fluid model): events happen only when a
+segment ends, a tool returns, an execution is admitted, migrated or finished, or weights sync.
+A heap of per-sequence target V values gives the next segment end in O(log n): cost grows with
+executions and turns, never with tokens.
+
+Memory: an execution's resident KV is its context; admission is gated on current usage (plus the
+new prompt) against capacity; contexts then grow turn by turn. Admitted executions are never evicted;
+any overshoot past capacity is recorded as `kv_peak` (a real engine would preempt and recompute).
+
+Simplifications: prefill (prompt, tool output, a migrated context) delays only its own execution and
+does not slow the decode batch; K is sampled at events, not integrated continuously.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import TYPE_CHECKING
+
+from gyre.cluster import Phase
+
+if TYPE_CHECKING:
+    from gyre.sim.backend import SimCluster
+    from gyre.sim.execution import SimExecution
+
+_EPS = 1e-9
+
+
+class SimEngine:
+    def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
+        self.cluster = cluster
+        self.id = engine_id
+        self.gpus = gpus
+        self._version = version
+        self.costs = cluster.costs
+        self.state = "starting"  # starting -> ready -> stopping -> stopped
+        self.members: dict[int, SimExecution] = {}  # every execution it holds, any phase
+        self.queue: deque[SimExecution] = deque()
+        self._heap: list[tuple[float, int, SimExecution]] = []
+        self.V = 0.0
+        self.t_last = 0.0
+        self.rate = 0.0
+        self.n_dec = 0
+        self.kv_dec_base = 0.0  # sum(kv_seg - v_start) over decoding executions
+        self.mem_fixed = 0  # resident KV of non-decoding executions
+        self.paused = False
+        self.epoch = 0  # invalidates stale wakeups
+        self.kv_peak = 0.0
+        self._seq = 0
+
+    # --- EngineView ---
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    @property
+    def n_live(self) -> int:
+        return len(self.members)
+
+    @property
+    def n_decoding(self) -> int:
+        return self.n_dec
+
+    @property
+    def n_queued(self) -> int:
+        return len(self.queue)
+
+    @property
+    def kv_capacity(self) -> int:
+        return self.costs.kv_capacity_tokens
+
+    @property
+    def kv_used(self) -> float:
+        v = self.V + (self.cluster.now - self.t_last) * self.rate
+        return self.mem_fixed + self.kv_dec_base + self.n_dec * v
+
+    # --- fluid clock ---
+    def _advance(self, t: float) -> None:
+        if self.rate:
+            self.V += (t - self.t_last) * self.rate
+        self.t_last = t
+
+    def _reschedule(self) -> None:
+        self.epoch += 1
+        if self.n_dec == 0 or self.paused:
+            self.rate = 0.0
+            return
+        kv = self.kv_dec_base + self.n_dec * self.V
+        c = self.costs
+        self.rate = 1.0 / (c.step_a + c.step_b * self.n_dec + c.step_c * kv)
+        used = self.mem_fixed + kv
+        if used > self.kv_peak:
+            self.kv_peak = used
+        dt = max(0.0, (self._heap[0][0] - self.V) / self.rate)
+        self.cluster._push(self.t_last + dt, self.fire, self.epoch)
+
+    def fire(self, t: float, epoch: int) -> None:
+        """Wakeup: the earliest decoding sequence(s) reached the end of their segment."""
+        if epoch != self.epoch:
+            return
+        self._advance(t)
+        heap = self._heap
+        limit = self.V + _EPS * max(1.0, self.V)
+        while heap and heap[0][0] <= limit:
+            _, _, ex = heapq.heappop(heap)
+            self._end_segment(ex, t)
+        self._reschedule()
+
+    # --- execution lifecycle on this engine ---
+    def admit(self, ex: SimExecution, t: float) -> None:
+        ex.engine = self
+        ex.phase = Phase.QUEUED
+        self.members[ex.id] = ex
+        self.queue.append(ex)
+        self._drain_queue(t)
+
+    def _fits(self, tokens: float) -> bool:
+        if self.n_live == len(self.queue):  # nothing running: always take one
+            return True
+        return self.kv_used + tokens <= self.costs.kv_capacity_tokens
+
+    def _drain_queue(self, t: float) -> None:
+        while self.queue and self.state == "ready" and self._fits(self.queue[0].spec.kv[0]):
+            ex = self.queue.popleft()
+            if ex.started_at is None:
+                ex.started_at = t
+                ex.deadline_at = t + ex.spec.deadline_s
+                self.cluster._log(("start", t, ex.id, self.id))
+            ex.phase = Phase.PREFILL
+            ex.resident = ex.spec.kv[0]
+            self.mem_fixed += ex.resident
+            self.cluster._schedule_ready(ex, t + ex.spec.prompt * self.costs.prefill_s_per_token)
+
+    def begin_segment(self, ex: SimExecution, t: float) -> None:
+        """The execution's context is prefilled: it joins the decode batch."""
+        self._advance(t)
+        self.mem_fixed -= ex.resident
+        ex.resident = 0
+        ex.phase = Phase.DECODE
+        kv = ex.spec.kv[ex.seg]
+        ex.kv_seg = kv
+        ex.v_start = self.V
+        ex.v_target = self.V + ex.spec.gen[ex.seg]
+        if ex.first_version is None or self._version < ex.first_version:
+            ex.first_version = self._version
+        if self.n_dec == 0:
+            self.cluster._log(("busy", t, self.id, 1))
+        self.n_dec += 1
+        self.kv_dec_base += kv - self.V
+        self._seq += 1
+        heapq.heappush(self._heap, (ex.v_target, self._seq, ex))
+        self._reschedule()
+
+    def _end_segment(self, ex: SimExecution, t: float) -> None:
+        spec = ex.spec
+        self.n_dec -= 1
+        self.kv_dec_base -= ex.kv_seg - ex.v_start
+        if self.n_dec == 0:
+            self.cluster._log(("busy", t, self.id, 0))
+        ex.generated += spec.gen[ex.seg]
+        ex.resident = ex.kv_seg + spec.gen[ex.seg]
+        seg = ex.seg
+        if seg == len(spec.gen) - 1 or t >= ex.deadline_at:
+            self.remove(ex)
+            self.cluster._finish(ex, t, truncated=spec.capped or seg < len(spec.gen) - 1)
+            return
+        # a tool-call boundary
+        ex.phase = Phase.TOOL
+        ex.resident += spec.tool_out[seg]
+        self.mem_fixed += ex.resident
+        ex.seg = seg + 1
+        self.cluster._schedule_ready(
+            ex, t + spec.tool_s[seg] + spec.tool_out[seg] * self.costs.prefill_s_per_token
+        )
+        if ex.migrate_to is not None:
+            self.cluster._do_migrate(ex, t)
+
+    def remove(self, ex: SimExecution) -> None:
+        """Take a non-decoding execution off this engine (finish or migration) and free its KV."""
+        del self.members[ex.id]
+        if ex.phase == Phase.QUEUED:
+            self.queue.remove(ex)
+        else:
+            self.mem_fixed -= ex.resident
+        ex.engine = None
+        self._drain_queue(self.cluster.now)
+
+    def add_migrated(self, ex: SimExecution, t: float) -> None:
+        """Take an execution that is between turns (or still queued) from another engine."""
+        ex.engine = self
+        self.members[ex.id] = ex
+        if ex.phase == Phase.QUEUED:
+            self.queue.append(ex)
+            self._drain_queue(t)
+        else:
+            self.mem_fixed += ex.resident
+
+    # --- weights ---
+    def pause(self, t: float) -> None:
+        self._advance(t)
+        self.paused = True
+        self._reschedule()
+
+    def resume(self, t: float, version: int) -> None:
+        self._advance(t)
+        self.paused = False
+        self._version = version
+        self._reschedule()
+
+    def __repr__(self) -> str:
+        return f"<engine {self.id} {self.state} live={self.n_live} dec={self.n_dec}>"

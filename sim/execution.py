@@ -1,0 +1,82 @@
+"""An execution as the simulator tracks it: a cursor over its ExecutionSpec plus observable state.
+
+Policies see it through the ExecutionView protocol (id, phase, engine, progress so far); the spec,
+which knows the future, stays private to the backend.
+"""
+
+from __future__ import annotations
+
+from gyre.cluster import Phase
+from gyre.handles import Handle
+from gyre.workload import ExecutionSpec
+
+
+class SimExecution:
+    __slots__ = (
+        "id", "group_id", "task_id", "spec", "engine", "phase", "seg", "first_version", "started_at",
+        "deadline_at", "handle", "v_target", "v_start", "kv_seg", "resident", "ready_min",
+        "migrate_to", "migrate_handle", "finished_at", "truncated", "generated", "ready_token",
+    )
+
+    def __init__(self, spec: ExecutionSpec) -> None:
+        self.id = spec.exec_id
+        self.group_id = spec.group_id
+        self.task_id = spec.task_id
+        self.spec = spec
+        self.engine = None
+        self.phase = Phase.QUEUED
+        self.seg = 0  # index of the next (or current) segment to decode
+        self.first_version: int | None = None
+        self.started_at: float | None = None
+        self.deadline_at = float("inf")
+        self.handle = Handle(f"exec{spec.exec_id}")
+        self.v_target = 0.0
+        self.v_start = 0.0
+        self.kv_seg = 0  # KV footprint at the start of the current segment
+        self.resident = 0  # KV tokens held while not decoding
+        self.ready_min = 0.0  # a migrated execution resumes no earlier than this
+        self.migrate_to = None
+        self.migrate_handle: Handle | None = None
+        self.finished_at: float | None = None
+        self.truncated = False
+        self.generated = 0
+        self.ready_token = 0  # invalidates a pending ready event
+
+    # --- ExecutionView ---
+    @property
+    def engine_id(self) -> int | None:
+        return None if self.engine is None else self.engine.id
+
+    @property
+    def turns_done(self) -> int:
+        return self.seg
+
+    @property
+    def context_tokens(self) -> int:
+        return self.kv_seg if self.phase == Phase.DECODE else self.resident
+
+    @property
+    def tokens(self) -> int:
+        return self.spec.tokens
+
+    def __repr__(self) -> str:
+        return f"<exec {self.id} {self.phase.name} seg={self.seg} engine={self.engine_id}>"
+
+
+class SimGroup:
+    __slots__ = ("id", "task_id", "step", "executions")
+
+    def __init__(self, group_id: int, task_id: int, step: int, executions: list[SimExecution]) -> None:
+        self.id = group_id
+        self.task_id = task_id
+        self.step = step
+        self.executions = executions
+
+    @property
+    def done(self) -> bool:
+        return all(e.phase == Phase.DONE for e in self.executions)
+
+    @property
+    def first_version(self) -> int | None:
+        vs = [e.first_version for e in self.executions if e.first_version is not None]
+        return min(vs) if vs else None
