@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gyre.config import RunConfig
@@ -13,7 +13,7 @@ from gyre.metrics import RunMetrics, compute_metrics
 from gyre.policies import make_policy
 from gyre.policies.bound import Bound, lower_bound
 from gyre.sim.backend import SimCluster
-from gyre.workload import WorkloadSource
+from gyre.workload import GroupSpec, WorkloadSource
 
 
 @dataclass
@@ -26,6 +26,7 @@ class SimResult:
     bound: Bound
     wall_s: float
     events: int
+    groups: list[GroupSpec] = field(default_factory=list)  # every issued group, in issue order (traces)
 
     @property
     def makespan_s(self) -> float:
@@ -59,7 +60,11 @@ def simulate(
     specs = [g_spec for g_spec in _group_specs(cluster)]
     metrics = compute_metrics(cluster.log, n_gpus=cfg.cluster.gpus, policy=name)
     bound = lower_bound(specs, costs, cfg.cluster.gpus, cfg.workload.groups_per_step)
-    return SimResult(name, cfg, costs, cluster.log, metrics, bound, wall, cluster.events)
+    issued = [
+        GroupSpec(group_id=g.id, task_id=g.task_id, step=g.step, executions=[e.spec for e in g.executions])
+        for g in cluster.groups.values()
+    ]
+    return SimResult(name, cfg, costs, cluster.log, metrics, bound, wall, cluster.events, issued)
 
 
 def _group_specs(cluster: SimCluster):
