@@ -12,7 +12,7 @@ from gyre.trajectory import PackConfig, TaskRecorder, build_packs, merge_by_sign
 
 def lp_of(tok: int, depth: int) -> float:
     """Deterministic old log-prob so identical tokens at the same depth merge across executions."""
-    return -0.1 * (tok + 1) - 0.01 * depth
+    return -1.0 - 0.1 * tok - 0.002 * depth
 
 
 def random_group(rng: np.random.Generator, n_exec: int, n_ops: int, vocab: int = 3):
