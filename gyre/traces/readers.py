@@ -1,0 +1,281 @@
+"""Readers for traces people already have, turned into gyre groups (GroupSpec lists).
+
+- agentic session JSONL: one session per line, a list of sub-requests each with input tokens,
+  output tokens and the tool time that followed it. A session is one execution; sub-request i is
+  segment i: gen = output, kv = input (the context the engine held), tool_s = tool time after it,
+  tool_out = the context growth to the next sub-request (input[i+1] - input[i] - output[i]). A
+  context that shrinks is a compaction: a "compact" branch, and no tool-output tokens counted.
+- request CSV (e.g. Azure LLM inference traces) and request JSONL: one request is a one-segment
+  execution with prompt = kv = context tokens and gen = generated tokens.
+
+Requests and sessions carry no task or GRPO group: groups are consecutive windows of `group_size`
+executions in time order (a last, shorter window is kept), and step = group index // groups_per_step.
+Field and column names are configurable. Timestamps are numbers (seconds) or date-times.
+
+Simplifications: a session's tool-output tokens are inferred from context growth; no deadline;
+an execution is capped when its generated tokens reach `cap` (when given).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gyre.traces.schema import BadLines, Trace, TraceError
+from gyre.workload import ExecutionSpec, GroupSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestFields:
+    """Names of a request trace's columns (CSV) or fields (JSONL); time may be absent ("")."""
+
+    time: str = "TIMESTAMP"
+    input: str = "ContextTokens"
+    output: str = "GeneratedTokens"
+
+
+AZURE_FIELDS = RequestFields()
+JSONL_FIELDS = RequestFields(time="timestamp", input="input_length", output="output_length")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SessionFields:
+    requests: str = "requests"
+    input: str = "input_toks"
+    output: str = "output_toks"
+    tool_ns: str = "tool_duration_ns"
+    time: str = "timestamp"  # session start (optional)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Grouping:
+    group_size: int = 8
+    groups_per_step: int = 64
+    cap: int | None = None  # generation length cap: executions reaching it are marked capped
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1 or self.groups_per_step < 1:
+            raise TraceError(f"group_size and groups_per_step must be >= 1, got {self.group_size}, "
+                             f"{self.groups_per_step}")
+
+
+def _to_seconds(raw: list, lines: list[int], bad: BadLines) -> np.ndarray:
+    """Timestamps (numbers or date-time strings) to seconds; NaN where bad (reported)."""
+    s = pd.Series(raw, dtype=object)
+    num = pd.to_numeric(s, errors="coerce")
+    if num.notna().all():
+        return num.to_numpy(dtype=float)
+    dt = pd.to_datetime(s.astype(str), errors="coerce", format="ISO8601")
+    if dt.notna().sum() < num.notna().sum():  # mostly numbers: the strings are the bad ones
+        out = num.to_numpy(dtype=float)
+    else:
+        out = (dt - dt.min()).dt.total_seconds().to_numpy(dtype=float)
+    for i in np.flatnonzero(np.isnan(out)):
+        bad.bad(lines[i], f"bad timestamp {raw[i]!r}")
+    return out
+
+
+def _group(specs: list[ExecutionSpec], times: np.ndarray, g: Grouping, path: str, bad: BadLines) -> Trace:
+    """Sort executions by time (stable), cut into groups, renumber ids; keep the arrival times."""
+    order = np.argsort(times, kind="stable")
+    groups: list[GroupSpec] = []
+    out_times: dict[int, float] = {}
+    for k, i in enumerate(order):
+        s = specs[i]
+        gid = k // g.group_size
+        if k % g.group_size == 0:
+            groups.append(GroupSpec(group_id=gid, task_id=gid, step=gid // g.groups_per_step, executions=[]))
+        s.exec_id, s.group_id, s.task_id, s.step = k, gid, gid, gid // g.groups_per_step
+        groups[-1].executions.append(s)
+        out_times[k] = float(times[i])
+    if not groups:
+        raise TraceError(f"{path}: no executions (every line was bad or the file is empty)")
+    return Trace(path=path, groups=groups, times=out_times, skipped=bad.skipped)
+
+
+def _request_specs(inp: np.ndarray, outp: np.ndarray, g: Grouping) -> list[ExecutionSpec]:
+    cap = g.cap if g.cap is not None else math.inf
+    return [
+        ExecutionSpec(exec_id=0, group_id=0, task_id=0, step=0, prompt=int(a), gen=[int(b)], tool_s=[], tool_out=[],
+                      kv=[int(a)], branches=[], capped=bool(b >= cap), deadline_s=math.inf)
+        for a, b in zip(inp.tolist(), outp.tolist())
+    ]
+
+
+def _check_tokens(name: str, lo: int, lines: list[int], raw: list, bad: BadLines) -> np.ndarray:
+    num = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(dtype=float)
+    ok = np.isfinite(num) & (num >= lo) & (num == np.floor(num))
+    for i in np.flatnonzero(~ok):
+        bad.bad(lines[i], f"bad {name} {raw[i]!r} (an integer >= {lo})")
+    num[~ok] = np.nan
+    return num
+
+
+def _finish_requests(path: str, lines: list[int], t_raw: list | None, in_raw: list, out_raw: list,
+                     f: RequestFields, g: Grouping, bad: BadLines) -> Trace:
+    n = len(lines)
+    inp = _check_tokens(f.input, 0, lines, in_raw, bad)
+    outp = _check_tokens(f.output, 1, lines, out_raw, bad)
+    t = _to_seconds(t_raw, lines, bad) if t_raw is not None else np.arange(n, dtype=float)
+    keep = np.isfinite(inp) & np.isfinite(outp) & np.isfinite(t)
+    bad.skipped.sort()
+    specs = _request_specs(inp[keep].astype(np.int64), outp[keep].astype(np.int64), g)
+    return _group(specs, t[keep], g, path, bad)
+
+
+def read_request_csv(path: str | Path, *, fields: RequestFields = AZURE_FIELDS, grouping: Grouping = Grouping(),
+                     skip_bad: bool = False) -> Trace:
+    """A CSV of requests with context and generated token columns (header row required)."""
+    f = fields
+    bad = BadLines(path, skip_bad)
+    with open(path, newline="", encoding="utf-8") as fh:
+        rd = csv.reader(fh)
+        try:
+            header = next(rd)
+        except StopIteration:
+            raise TraceError(f"{path}:1: empty file (expected a header row)") from None
+        except csv.Error as exc:
+            raise TraceError(f"{path}:1: {exc}") from None
+        cols = [c.strip() for c in header]
+        need = [c for c in (f.time, f.input, f.output) if c]
+        missing = [c for c in need if c not in cols]
+        if missing:
+            raise TraceError(f"{path}:1: missing column {missing[0]!r} (header has {', '.join(cols)})")
+        it, ii, io = (cols.index(f.time) if f.time else -1), cols.index(f.input), cols.index(f.output)
+        width = len(cols)
+        lines: list[int] = []
+        t_raw: list = []
+        in_raw: list = []
+        out_raw: list = []
+        while True:
+            try:
+                row = next(rd)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                bad.bad(rd.line_num, f"unparsable CSV: {exc}")
+                continue
+            if not row:
+                continue
+            if len(row) != width:
+                bad.bad(rd.line_num, f"wrong field count: expected {width} fields, saw {len(row)}")
+                continue
+            lines.append(rd.line_num)
+            if it >= 0:
+                t_raw.append(row[it])
+            in_raw.append(row[ii])
+            out_raw.append(row[io])
+    return _finish_requests(str(path), lines, t_raw if f.time else None, in_raw, out_raw, f, grouping, bad)
+
+
+def _json_lines(path: str | Path, bad: BadLines):
+    """Yield (line number, parsed object) for each non-blank line; bad JSON goes to `bad`."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                bad.bad(lineno, f"invalid JSON: {exc.msg} at column {exc.colno}")
+                continue
+            if not isinstance(obj, dict):
+                bad.bad(lineno, "invalid record: a line must be a JSON object")
+                continue
+            yield lineno, obj
+
+
+def read_request_jsonl(path: str | Path, *, fields: RequestFields = JSONL_FIELDS, grouping: Grouping = Grouping(),
+                       skip_bad: bool = False) -> Trace:
+    """JSONL of requests, e.g. {"timestamp": 0.5, "input_length": 812, "output_length": 95}."""
+    bad = BadLines(path, skip_bad)
+    lines: list[int] = []
+    t_raw: list = []
+    in_raw: list = []
+    out_raw: list = []
+    for lineno, obj in _json_lines(path, bad):
+        missing = [k for k in (f for f in (fields.time, fields.input, fields.output) if f) if k not in obj]
+        if missing:
+            bad.bad(lineno, f"missing field {missing[0]!r}")
+            continue
+        lines.append(lineno)
+        if fields.time:
+            t_raw.append(obj[fields.time])
+        in_raw.append(obj[fields.input])
+        out_raw.append(obj[fields.output])
+    return _finish_requests(str(path), lines, t_raw if fields.time else None, in_raw, out_raw, fields, grouping, bad)
+
+
+def _session_spec(obj: dict, f: SessionFields, g: Grouping) -> ExecutionSpec:
+    reqs = obj[f.requests]
+    if not isinstance(reqs, list) or not reqs:
+        raise ValueError(f"field {f.requests!r} must be a non-empty list")
+    inp, out, tool = [], [], []
+    for r in reqs:
+        a, b, ns = r[f.input], r[f.output], r.get(f.tool_ns, 0) or 0
+        if type(a) is not int or a < 0 or type(b) is not int or b < 1:
+            raise ValueError(f"bad sub-request {r!r}: {f.input} >= 0 and {f.output} >= 1 must be integers")
+        if type(ns) not in (int, float) or not ns >= 0:
+            raise ValueError(f"bad {f.tool_ns} {ns!r} (a number >= 0)")
+        inp.append(a), out.append(b), tool.append(ns / 1e9)
+    n = len(reqs)
+    tool_out, branches = [], []
+    for i in range(n - 1):
+        grow = inp[i + 1] - inp[i] - out[i]
+        if inp[i + 1] < inp[i]:
+            branches.append((i + 1, "compact"))
+        tool_out.append(max(grow, 0) if inp[i + 1] >= inp[i] else 0)
+    cap = g.cap if g.cap is not None else math.inf
+    return ExecutionSpec(exec_id=0, group_id=0, task_id=0, step=0, prompt=inp[0], gen=out, tool_s=tool[: n - 1],
+                         tool_out=tool_out, kv=inp, branches=branches, capped=sum(out) >= cap, deadline_s=math.inf)
+
+
+def read_sessions(path: str | Path, *, fields: SessionFields = SessionFields(), grouping: Grouping = Grouping(),
+                  skip_bad: bool = False) -> Trace:
+    """Agentic session JSONL: one session (one execution) per line with a list of sub-requests."""
+    bad = BadLines(path, skip_bad)
+    specs: list[ExecutionSpec] = []
+    t_raw: list = []
+    lines: list[int] = []
+    for lineno, obj in _json_lines(path, bad):
+        try:
+            spec = _session_spec(obj, fields, grouping)
+        except KeyError as exc:
+            bad.bad(lineno, f"missing field {exc.args[0]!r}")
+            continue
+        except (TypeError, ValueError) as exc:
+            bad.bad(lineno, f"invalid session: {exc}")
+            continue
+        specs.append(spec)
+        lines.append(lineno)
+        t_raw.append(obj.get(fields.time, len(specs)))
+    t = _to_seconds(t_raw, lines, bad) if specs else np.zeros(0)
+    keep = np.flatnonzero(np.isfinite(t))
+    bad.skipped.sort()
+    return _group([specs[i] for i in keep], t[keep], grouping, str(path), bad)
+
+
+def sniff(path: str | Path) -> str:
+    """Guess a trace's format: 'rollout', 'sessions', 'requests-csv' or 'requests-jsonl'."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{path}: no such file")
+    if p.suffix.lower() == ".csv":
+        return "requests-csv"
+    with open(p, encoding="utf-8") as fh:
+        first = next((ln for ln in fh if ln.strip()), "")
+    try:
+        obj = json.loads(first)
+    except ValueError:
+        raise TraceError(f"{path}:1: cannot tell the format (not JSON, and the name does not end in .csv)") from None
+    if isinstance(obj, dict) and "gyre_trace" in obj:
+        return "rollout"
+    if isinstance(obj, dict) and any(isinstance(v, list) for v in obj.values()):
+        return "sessions"
+    return "requests-jsonl"
