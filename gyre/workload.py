@@ -106,33 +106,47 @@ class GroupSpec:
 def _kv_footprint(prompt: int, gen: np.ndarray, tool_out: np.ndarray, events: np.ndarray, w: WorkloadConfig):
     """Walk the turns once; return KV at each segment start and the branch list.
 
-    events[i]: 0 plain, 1 sub-agent starts at turn i, 2 retry at turn i.
+    events[i]: 0 plain, 1 sub-agent starts at turn i, 2 retry at turn i. Runs of plain turns are
+    done with a cumulative sum (vectorized); only branch turns take the per-turn path.
     """
     n = len(gen)
-    kv = [0] * n
+    inc = gen.astype(np.int64).copy()
+    inc[: n - 1] += tool_out[: n - 1]
+    cs = np.concatenate(([0], np.cumsum(inc)))
+    special = np.flatnonzero(events)
+    kv = np.zeros(n, dtype=np.int64)
+    hist = np.zeros(n, dtype=np.int64)  # active context before each turn, for retries
     branches: list[tuple[int, str]] = []
-    ctx = prompt  # active context
-    parent = 0  # resident parent context while a sub-agent runs
-    sub_left = 0
-    history: list[int] = []  # context before each turn, for retries
-    for i in range(n):
-        if ctx + parent > w.context_window:
+    window = w.context_window
+    ctx, parent, sub_left, i = prompt, 0, 0, 0
+    while i < n:
+        if not sub_left and not events[i] and ctx <= window:
+            nxt = special[np.searchsorted(special, i)] if special.size and special[-1] >= i else n
+            run = ctx + cs[i:nxt] - cs[i]
+            stop = i + int(np.searchsorted(run, window, side="right"))  # first turn over the window
+            kv[i:stop] = run[: stop - i]
+            hist[i:stop] = run[: stop - i]
+            ctx += int(cs[stop] - cs[i])
+            i = stop
+            continue
+        if ctx + parent > window:
             ctx = w.summary_tokens
             branches.append((i, "compact"))
         if sub_left == 0 and events[i] == 1 and i + 1 < n:
             parent, ctx, sub_left = ctx, w.summary_tokens // 4, w.subagent_turns
             branches.append((i, "subagent"))
-        elif events[i] == 2 and len(history) > w.retry_back_turns:
-            ctx = history[-w.retry_back_turns]
+        elif events[i] == 2 and i > w.retry_back_turns:
+            ctx = int(hist[i - w.retry_back_turns])
             branches.append((i, "retry"))
-        history.append(ctx)
+        hist[i] = ctx
         kv[i] = ctx + parent
-        ctx += int(gen[i]) + (int(tool_out[i]) if i < n - 1 else 0)
+        ctx += int(inc[i])
         if sub_left:
             sub_left -= 1
             if sub_left == 0:
                 ctx, parent = parent + int(gen[i]), 0
-    return kv, branches
+        i += 1
+    return kv.tolist(), branches
 
 
 def sample_group(w: WorkloadConfig, group_id: int, step: int, seed: int) -> GroupSpec:

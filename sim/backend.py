@@ -12,6 +12,7 @@ policy reacting to a finished execution never sees an engine half-way through an
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
@@ -43,7 +44,7 @@ class SimCluster:
         self._next_engine = 0
         self._version = 0
         self._q: list[tuple[float, int, Callable, Any]] = []
-        self._seq = 0
+        self._seq = itertools.count()
         self._deferred: list[tuple[Handle, Any]] = []
         self.log: list[tuple] = []
         self.groups: dict[int, SimGroup] = {}
@@ -93,8 +94,7 @@ class SimCluster:
         self.log.append(rec)
 
     def _push(self, t: float, fn: Callable, arg: Any) -> None:
-        self._seq += 1
-        heapq.heappush(self._q, (t, self._seq, fn, arg))
+        heapq.heappush(self._q, (t, next(self._seq), fn, arg))
 
     def _after(self, dt: float, fn: Callable[[], None]) -> None:
         ev = self.env.timeout(dt)
@@ -331,15 +331,20 @@ class SimCluster:
         """Run `policy` until it returns; raise its error or a deadlock as ClusterError."""
         proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
         q, env = self._q, self.env
+        simq = env._queue  # SimPy's heap of (time, priority, id, event); read-only peek
+        pop = heapq.heappop
+        inf = math.inf
         last_version = -1
+        ended: list[bool] = []
+        proc.on_done(lambda _h: ended.append(True))
         self._drain()
-        while not proc.done:
-            tq = q[0][0] if q else math.inf
-            ts = env.peek()
+        while not ended:
+            tq = q[0][0] if q else inf
+            ts = simq[0][0] if simq else inf
             if tq <= ts:
-                if tq == math.inf:
+                if tq == inf:
                     raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
-                t, _, fn, arg = heapq.heappop(q)
+                t, _, fn, arg = pop(q)
                 env._now = t
                 fn(t, arg)
             else:

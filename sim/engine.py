@@ -50,6 +50,8 @@ class SimEngine:
         self.mem_fixed = 0  # resident KV of non-decoding executions
         self.paused = False
         self.epoch = 0  # invalidates stale wakeups
+        self._q = cluster._q  # the backend's fine-event heap, pushed directly on the hot path
+        self._qseq = cluster._seq
         self.kv_peak = 0.0
         self._seq = 0
 
@@ -91,28 +93,31 @@ class SimEngine:
 
     def _reschedule(self) -> None:
         self.epoch += 1
-        if self.n_dec == 0 or self.paused:
+        n = self.n_dec
+        if n == 0 or self.paused:
             self.rate = 0.0
             return
-        kv = self.kv_dec_base + self.n_dec * self.V
+        kv = self.kv_dec_base + n * self.V
         c = self.costs
-        self.rate = 1.0 / (c.step_a + c.step_b * self.n_dec + c.step_c * kv)
+        rate = self.rate = 1.0 / (c.step_a + c.step_b * n + c.step_c * kv)
         used = self.mem_fixed + kv
         if used > self.kv_peak:
             self.kv_peak = used
-        dt = max(0.0, (self._heap[0][0] - self.V) / self.rate)
-        self.cluster._push(self.t_last + dt, self.fire, self.epoch)
+        dt = (self._heap[0][0] - self.V) / rate
+        heapq.heappush(self._q, (self.t_last + (dt if dt > 0.0 else 0.0), next(self._qseq), self.fire, self.epoch))
 
     def fire(self, t: float, epoch: int) -> None:
         """Wakeup: the earliest decoding sequence(s) reached the end of their segment."""
         if epoch != self.epoch:
             return
-        self._advance(t)
+        if self.rate:
+            self.V += (t - self.t_last) * self.rate
+        self.t_last = t
         heap = self._heap
-        limit = self.V + _EPS * max(1.0, self.V)
+        V = self.V
+        limit = V + _EPS * (V if V > 1.0 else 1.0)
         while heap and heap[0][0] <= limit:
-            _, _, ex = heapq.heappop(heap)
-            self._end_segment(ex, t)
+            self._end_segment(heapq.heappop(heap)[2], t)
         self._reschedule()
 
     # --- execution lifecycle on this engine ---
@@ -142,22 +147,25 @@ class SimEngine:
 
     def begin_segment(self, ex: SimExecution, t: float) -> None:
         """The execution's context is prefilled: it joins the decode batch."""
-        self._advance(t)
+        if self.rate:
+            self.V += (t - self.t_last) * self.rate
+        self.t_last = t
         self.mem_fixed -= ex.resident
         ex.resident = 0
         ex.phase = Phase.DECODE
-        kv = ex.spec.kv[ex.seg]
-        ex.kv_seg = kv
-        ex.v_start = self.V
-        ex.v_target = self.V + ex.spec.gen[ex.seg]
+        spec = ex.spec
+        V = self.V
+        kv = ex.kv_seg = spec.kv[ex.seg]
+        ex.v_start = V
+        target = ex.v_target = V + spec.gen[ex.seg]
         if ex.first_version is None or self._version < ex.first_version:
             ex.first_version = self._version
         if self.n_dec == 0:
-            self.cluster._log(("busy", t, self.id, 1))
+            self.cluster.log.append(("busy", t, self.id, 1))
         self.n_dec += 1
-        self.kv_dec_base += kv - self.V
+        self.kv_dec_base += kv - V
         self._seq += 1
-        heapq.heappush(self._heap, (ex.v_target, self._seq, ex))
+        heapq.heappush(self._heap, (target, self._seq, ex))
         self._reschedule()
 
     def _end_segment(self, ex: SimExecution, t: float) -> None:
@@ -165,7 +173,7 @@ class SimEngine:
         self.n_dec -= 1
         self.kv_dec_base -= ex.kv_seg - ex.v_start
         if self.n_dec == 0:
-            self.cluster._log(("busy", t, self.id, 0))
+            self.cluster.log.append(("busy", t, self.id, 0))
         ex.generated += spec.gen[ex.seg]
         ex.resident = ex.kv_seg + spec.gen[ex.seg]
         seg = ex.seg
@@ -178,9 +186,8 @@ class SimEngine:
         ex.resident += spec.tool_out[seg]
         self.mem_fixed += ex.resident
         ex.seg = seg + 1
-        self.cluster._schedule_ready(
-            ex, t + spec.tool_s[seg] + spec.tool_out[seg] * self.costs.prefill_s_per_token
-        )
+        heapq.heappush(self._q, (t + spec.tool_s[seg] + spec.tool_out[seg] * self.costs.prefill_s_per_token,
+                                 next(self._qseq), self.cluster._on_ready, ex))
         if ex.migrate_to is not None:
             self.cluster._do_migrate(ex, t)
 
@@ -189,7 +196,7 @@ class SimEngine:
         del self.members[ex.id]
         if ex.phase == Phase.QUEUED:
             self.queue.remove(ex)
-        else:
+        elif ex.phase != Phase.DECODE:  # a decoding execution's KV is counted in the batch, not here
             self.mem_fixed -= ex.resident
         ex.engine = None
         self._drain_queue(self.cluster.now)

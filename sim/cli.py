@@ -1,0 +1,146 @@
+"""`gyre-sim`: run, compare and inspect scheduling policies in the simulator.
+
+Every flag overrides one field of a named preset; user errors exit with code 2 and one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from gyre.config import ConfigError, RunConfig, override
+from gyre.presets import DEFAULT_PRESET, PRESETS, get_preset
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulator: compare RL scheduling policies.")
+console = Console(width=None if __import__("sys").stdout.isatty() else 140)
+
+
+def fail(msg: str) -> None:
+    console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | None, eta: int | None = None,
+                 policies: list[str] | None = None) -> RunConfig:
+    try:
+        cfg = override(get_preset(preset), **{"cluster.gpus": gpus, "steps": steps, "seed": seed})
+        if eta is not None:
+            params = {p: {**cfg.policy_params.get(p, {}), "eta": eta} for p in (policies or ["async", "elastic"])}
+            cfg = override(cfg, policy_params={**cfg.policy_params, **params})
+        return cfg.validate()
+    except ConfigError as exc:
+        fail(str(exc))
+        raise
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)
+
+
+Preset = Annotated[str, typer.Option("--preset", "-p", help="named preset (gyre-sim presets)")]
+Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs in the cluster")]
+Steps = Annotated[Optional[int], typer.Option("--steps", help="training steps")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="workload seed")]
+Out = Annotated[Path, typer.Option("--out", "-o", help="results folder")]
+
+
+@app.command()
+def run(
+    policy: Annotated[str, typer.Option("--policy", help="registered name or dotted path")] = "colocate",
+    preset: Preset = DEFAULT_PRESET,
+    gpus: Gpus = None,
+    steps: Steps = None,
+    seed: Seed = None,
+    eta: Annotated[Optional[int], typer.Option("--eta", help="staleness bound (async, elastic)")] = None,
+    out: Out = Path("out/run"),
+) -> None:
+    """Simulate one policy and write its metrics."""
+    from gyre.policies import UnknownPolicy
+    from gyre.sim.compare import Candidate, comparison_table, write_outputs
+    from gyre.sim.runner import simulate
+
+    cfg = build_config(preset, gpus, steps, seed, eta, [policy])
+    with _progress() as prog:
+        task = prog.add_task(f"{policy} on {cfg.name}", total=cfg.steps)
+        try:
+            r = simulate(cfg, policy, progress=lambda v, t: prog.update(task, completed=v))
+        except (UnknownPolicy, ValueError) as exc:
+            fail(str(exc))
+            raise
+    best = {r.policy: (Candidate(r.policy, cfg.policy_params.get(policy, {})), r)}
+    table = comparison_table(best)
+    write_outputs(out, cfg, best, table)
+    _print_table(table, f"{policy} on {cfg.name} ({cfg.cluster.gpus} GPUs, {cfg.steps} steps)")
+    console.print(f"wrote {out}/")
+
+
+@app.command()
+def compare(
+    preset: Preset = DEFAULT_PRESET,
+    gpus: Gpus = None,
+    steps: Steps = None,
+    seed: Seed = None,
+    policy: Annotated[Optional[list[str]], typer.Option("--policy", help="restrict to these policies")] = None,
+    out: Out = Path("out/compare"),
+) -> None:
+    """Run every registered policy on the same workload and seed (async tuned by a sweep)."""
+    from gyre.policies import REGISTRY
+    from gyre.sim.compare import best_per_policy, candidates, comparison_table, run_candidates, write_outputs
+
+    for p in policy or []:
+        if p not in REGISTRY:
+            fail(f"unknown policy {p!r}; known: {', '.join(sorted(REGISTRY))}")
+    cfg = build_config(preset, gpus, steps, seed)
+    cands = candidates(cfg, policy)
+    with _progress() as prog:
+        task = prog.add_task(f"{len(cands)} runs on {cfg.name}", total=len(cands))
+        results = run_candidates(cfg, cands, on_done=lambda c, r: prog.advance(task))
+    best = best_per_policy(cands, results)
+    table = comparison_table(best)
+    import pandas as pd
+
+    sweep = pd.DataFrame([{"config": c.label, "makespan_s": r.makespan_s} for c, r in zip(cands, results)])
+    paths = write_outputs(out, cfg, best, table, sweep)
+    _print_table(table, f"{cfg.name}: {cfg.cluster.gpus} GPUs, {cfg.steps} steps, seed {cfg.seed}")
+    console.print(f"wrote {paths['summary']}, {paths['timeline'].name}, {paths['utilization'].name}, "
+                  f"{paths['gpu_hours'].name} in {out}/")
+
+
+def _print_table(table, title: str) -> None:
+    t = Table(title=title)
+    cols = ["policy", "config", "makespan_h", "vs colocate", "vs async", "utilization", "vs bound", "stale max",
+            "migrations"]
+    for c in cols:
+        t.add_column(c, justify="right" if c not in ("policy", "config") else "left")
+    for _, r in table.iterrows():
+        t.add_row(
+            r["policy"], r["config"], f"{r['makespan_s'] / 3600:.2f}",
+            f"{r.get('speedup_vs_colocate', float('nan')):.2f}x", f"{r.get('speedup_vs_async', float('nan')):.2f}x",
+            f"{r['utilization']:.1%}", f"{r['vs_bound']:.2f}x", str(r["staleness_max"]), str(r["migrations"]),
+        )
+    console.print(t)
+    console.print(f"lower bound: {table['bound_s'].iloc[0] / 3600:.2f} h (max of GPU-work / N and critical path)")
+
+
+@app.command()
+def presets() -> None:
+    """List the named presets."""
+    t = Table(title="presets")
+    for c in ("name", "model", "GPUs", "engine GPUs", "steps", "groups x size", "description"):
+        t.add_column(c)
+    for name, fn in PRESETS.items():
+        cfg = fn()
+        costs = cfg.costs()
+        t.add_row(name, cfg.cluster.model.name, str(cfg.cluster.gpus), str(costs.engine_gpus), str(cfg.steps),
+                  f"{cfg.workload.groups_per_step} x {cfg.workload.group_size}", (fn.__doc__ or "").strip())
+    console.print(t)
+
+
+def main() -> None:
+    app()

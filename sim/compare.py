@@ -1,0 +1,136 @@
+"""Compare policies on one workload and seed: every registered policy, async tuned by a sweep.
+
+The async baseline is only fair at its best split and staleness bound, so `compare` sweeps
+rollout_gpus R (leaving the trainer 1x, 2x, and N/4 of the GPUs it needs) and eta in {1, 2, 4}, and
+reports the best. Runs go to worker processes (one per core); results are DataFrames written as
+CSV/Parquet/JSON plus figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gyre import plots
+from gyre.config import RunConfig
+from gyre.policies import REGISTRY
+from gyre.sim.runner import SimResult, simulate
+
+
+@dataclass(frozen=True)
+class Candidate:
+    policy: str
+    params: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        args = ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.policy}({args})" if args else self.policy
+
+
+def async_grid(cfg: RunConfig, etas: tuple[int, ...] = (1, 2, 4)) -> list[Candidate]:
+    costs = cfg.costs()
+    n, per, need = cfg.cluster.gpus, costs.engine_gpus, costs.min_train_gpus
+    trainer_sizes = {need, 2 * need, n // 4}
+    rs = sorted({(n - t) // per * per for t in trainer_sizes if t >= need}, reverse=True)
+    rs = [r for r in rs if r >= per and n - r >= need]
+    return [Candidate("async", {"rollout_gpus": r, "eta": e}) for r in rs for e in etas]
+
+
+def candidates(cfg: RunConfig, policies: list[str] | None = None) -> list[Candidate]:
+    out = []
+    for name in policies or list(REGISTRY):
+        if name == "async" and "async" not in cfg.policy_params:
+            out += async_grid(cfg)
+        else:
+            out.append(Candidate(name, dict(cfg.policy_params.get(name, {}))))
+    return out
+
+
+def _run(args: tuple[RunConfig, Candidate, Any]) -> SimResult:
+    cfg, cand, source_factory = args
+    source = source_factory() if source_factory is not None else None
+    return simulate(cfg, cand.policy, cand.params, source=source)
+
+
+def run_candidates(
+    cfg: RunConfig,
+    cands: list[Candidate],
+    *,
+    source_factory: Callable[[], Any] | None = None,
+    workers: int | None = None,
+    on_done: Callable[[Candidate, SimResult], None] | None = None,
+) -> list[SimResult]:
+    workers = workers or min(len(cands), os.cpu_count() or 1)
+    jobs = [(cfg, c, source_factory) for c in cands]
+    if workers <= 1:
+        results = []
+        for job in jobs:
+            results.append(_run(job))
+            if on_done:
+                on_done(job[1], results[-1])
+        return results
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = [pool.submit(_run, job) for job in jobs]
+        results = []
+        for c, f in zip(cands, futures):
+            results.append(f.result())
+            if on_done:
+                on_done(c, results[-1])
+    return results
+
+
+def best_per_policy(cands: list[Candidate], results: list[SimResult]) -> dict[str, tuple[Candidate, SimResult]]:
+    best: dict[str, tuple[Candidate, SimResult]] = {}
+    for c, r in zip(cands, results):
+        if c.policy not in best or r.makespan_s < best[c.policy][1].makespan_s:
+            best[c.policy] = (c, r)
+    return best
+
+
+def comparison_table(best: dict[str, tuple[Candidate, SimResult]]) -> pd.DataFrame:
+    rows = []
+    bound = min(r.bound.makespan_s for _, r in best.values())
+    for name, (c, r) in best.items():
+        s = r.metrics.summary()
+        s["config"] = c.label
+        s["bound_s"] = bound
+        s["vs_bound"] = r.makespan_s / bound
+        s["sim_wall_s"] = r.wall_s
+        s["events"] = r.events
+        rows.append(s)
+    df = pd.DataFrame(rows)
+    for base in ("colocate", "async"):
+        if base in best:
+            df[f"speedup_vs_{base}"] = best[base][1].makespan_s / df["makespan_s"]
+    return df
+
+
+def write_outputs(out: Path, cfg: RunConfig, best: dict[str, tuple[Candidate, SimResult]], table: pd.DataFrame,
+                  sweep: pd.DataFrame | None = None) -> dict[str, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"summary": out / "summary.csv"}
+    table.to_csv(paths["summary"], index=False)
+    if sweep is not None:
+        sweep.to_csv(out / "sweep.csv", index=False)
+    for name, (_, r) in best.items():
+        r.metrics.steps.assign(policy=name).to_csv(out / f"steps_{name}.csv", index=False)
+        r.metrics.utilization.assign(policy=name).to_parquet(out / f"utilization_{name}.parquet", index=False)
+        r.metrics.staleness.assign(policy=name).to_csv(out / f"staleness_{name}.csv", index=False)
+    json_rows = table.to_dict(orient="records")
+    (out / "summary.json").write_text(json.dumps({"preset": cfg.name, "seed": cfg.seed, "results": json_rows}, indent=2, default=float))
+    n = cfg.cluster.gpus
+    paths["timeline"] = plots.role_timelines(
+        [(f"{name}: {c.label}", r.log, n, r.makespan_s) for name, (c, r) in best.items()], out / "role_timeline.png"
+    )
+    paths["utilization"] = plots.utilization([(name, r.metrics.utilization) for name, (_, r) in best.items()], n,
+                                             out / "utilization.png")
+    paths["gpu_hours"] = plots.step_breakdown(table.to_dict(orient="records"), out / "gpu_hours.png")
+    return paths
