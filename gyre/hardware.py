@@ -12,7 +12,7 @@ never tuned by hand:
   c = KV bytes per token / engine HBM bandwidth.
 - Prefill is compute-bound: 2 * active params FLOPs per token at `prefill_mfu`.
 - Training: 6 * active params FLOPs per token at `train_mfu`; the trainer needs enough GPUs to hold
-  `train_bytes_per_param` per parameter (weights + grads + optimizer state, sharded).
+  `train_bytes_per_param` per parameter (weights + grads + optimizer state, sharded) at 85% of HBM.
 - Weight sync: per-GPU weight shard / inter-node bandwidth + latency.
 - Role switch: engine wake = weight shard / host-to-device bandwidth + fixed (graph capture,
   allocator); trainer on/offload = trainer state shard / host-to-device bandwidth.
@@ -137,7 +137,9 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
     prefill = 2 * active / (peak * cost.prefill_mfu)
     train_per_token_gpu = 6 * active / (gpu.bf16_tflops * 1e12 * cost.train_mfu)
     train_bytes = model.total_params_b * 1e9 * model.train_bytes_per_param
-    min_train = gpu.gpus_per_node * math.ceil(train_bytes / (0.85 * hbm) / gpu.gpus_per_node)
+    min_train = _pow2_at_least(train_bytes / (0.85 * hbm))  # within a node: a power of two
+    if min_train > gpu.gpus_per_node:  # across nodes: whole nodes
+        min_train = gpu.gpus_per_node * math.ceil(train_bytes / (0.85 * hbm) / gpu.gpus_per_node)
     shard = model.infer_weight_bytes / engine_gpus
     train_shard = train_bytes / max(min_train, 1)
     return Costs(

@@ -1,0 +1,36 @@
+"""The core and the policies import without simpy, ray, vllm or torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BLOCK = """
+import sys
+for name in ("simpy", "ray", "torch", "vllm"):
+    sys.modules[name] = None  # any import of it raises ImportError
+import gyre, gyre.cluster, gyre.handles, gyre.workload, gyre.presets, gyre.metrics, gyre.hardware
+import gyre.policies, gyre.policies.common, gyre.policies.bound
+from gyre.policies import REGISTRY
+for name in REGISTRY:
+    __import__(REGISTRY[name].__module__)
+print("ok", sorted(REGISTRY))
+"""
+
+
+def test_core_and_policies_import_without_backends():
+    """`import gyre` and `import gyre.policies` need none of simpy, ray, torch, vllm."""
+    out = subprocess.run([sys.executable, "-c", BLOCK], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("ok"), out.stdout
+
+
+def test_policies_never_import_a_backend():
+    """No module in policies/ mentions simpy, ray or gyre.sim / gyre.real."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "policies"
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        for bad in ("import simpy", "import ray", "gyre.sim", "gyre.real", "from sim", "from real"):
+            assert bad not in text, f"{path.name} contains {bad!r}"

@@ -1,0 +1,92 @@
+"""Exact timelines of tiny scenarios, computed by hand from ROUND_COSTS (100 tokens/s per sequence,
+engine wake 2 s + weight sync 1 s, engine sleep 1 s, trainer onload 0.5 s, 0.01 GPU-s per trained token)."""
+
+from __future__ import annotations
+
+from gyre.cluster import Role
+from gyre.policies import make_policy
+from gyre.workload import GroupSpec
+from tests.simkit import cluster, spec
+
+R, T, S, I = int(Role.ROLLOUT), int(Role.TRAIN), int(Role.SWITCHING), int(Role.IDLE)
+
+
+def timeline(log, kinds=("role", "start", "finish", "step", "sync", "migrate")):
+    return [(rec[0], round(rec[1], 9), *rec[2:]) for rec in log if rec[0] in kinds]
+
+
+def group(gid: int, *execs) -> GroupSpec:
+    return GroupSpec(group_id=gid, task_id=gid, step=0, executions=list(execs))
+
+
+def test_colocate_exact_timeline():
+    """Colocate: engines wake, executions run with a tool call, all GPUs switch to training, the step ends."""
+    a = spec(0, 0, gen=[100, 50], tool_s=[1.0])  # decode 1 s, tool 1 s, decode 0.5 s
+    b = spec(1, 0, gen=[300])  # decode 3 s
+    c = cluster([group(0, a, b)], n_gpus=2, groups_per_step=1)
+    c.run(make_policy("colocate"), steps=1)
+    assert timeline(c.log) == [
+        ("role", 0.0, (0,), S), ("role", 0.0, (1,), S),  # wake 2 s + weight sync 1 s
+        ("role", 3.0, (0,), R), ("role", 3.0, (1,), R),
+        ("start", 3.0, 0, 0), ("start", 3.0, 1, 1),
+        ("finish", 5.5, 0, 0, 150),
+        ("finish", 6.0, 1, 0, 300),
+        ("role", 6.0, (0,), S), ("role", 6.0, (1,), S),  # engines sleep 1 s
+        ("role", 7.0, (0,), I), ("role", 7.0, (1,), I),
+        ("role", 7.0, (0, 1), S),  # trainer onload 0.5 s
+        ("role", 7.5, (0, 1), T),  # (100 prompt + 150 + 300) tokens * 0.01 / 2 GPUs = 2.75 s
+        ("role", 10.25, (0, 1), I),
+        ("step", 10.25, 1, 2, 550),
+    ], timeline(c.log)
+
+
+def test_async_exact_timeline():
+    """Async (R=2, eta=0): one group in flight, train on the third GPU, sync in place, admit the next group."""
+    g0 = group(0, spec(0, 0, gen=[200]))
+    g1 = group(1, spec(1, 1, gen=[100]))
+    c = cluster([g0, g1], n_gpus=3, groups_per_step=1)
+    c.run(make_policy("async", rollout_gpus=2, eta=0), steps=2)
+    assert timeline(c.log) == [
+        ("role", 0.0, (0,), S), ("role", 0.0, (1,), S),
+        ("role", 3.0, (0,), R), ("role", 3.0, (1,), R),
+        ("start", 3.0, 0, 0),
+        ("finish", 5.0, 0, 0, 200),
+        ("role", 5.0, (2,), S),  # trainer onload
+        ("role", 5.5, (2,), T),  # 300 tokens * 0.01 s on one GPU
+        ("role", 8.5, (2,), I),
+        ("step", 8.5, 1, 1, 300),
+        ("sync", 9.5, 0, 1), ("sync", 9.5, 1, 1),  # eta=0: the next group waits for the new weights
+        ("start", 9.5, 1, 0),
+        ("finish", 10.5, 1, 0, 100),
+        ("role", 10.5, (2,), T),  # trainer state already resident: no onload
+        ("role", 12.5, (2,), I),
+        ("step", 12.5, 2, 1, 200),
+        ("sync", 13.5, 0, 2), ("sync", 13.5, 1, 2),
+    ], timeline(c.log)
+    stale = [rec[5] for rec in c.log if rec[0] == "trained"]
+    assert stale == [0, 0], f"eta=0 must train on-policy, got staleness {stale}"
+
+
+def test_decode_rate_shared_by_batch():
+    """Fluid decode: two sequences on one engine slow each other per the step-time model, exactly."""
+    from dataclasses import replace
+
+    from tests.simkit import ROUND_COSTS
+
+    costs = replace(ROUND_COSTS, step_b=0.01)  # step = 0.01 + 0.01 * batch: 50 tok/s with 2, 100 tok/s alone
+    a, b = spec(0, 0, gen=[100]), spec(1, 0, gen=[300])
+    c = cluster([group(0, a, b)], n_gpus=1, groups_per_step=1, costs=costs)
+    c.run(make_policy("colocate"), steps=1)
+    fin = {rec[2]: round(rec[1], 9) for rec in c.log if rec[0] == "finish"}
+    # both start at 3: 100 tokens at 2*0.01+0.01=0.03 s/step -> 3 s; then 200 left alone at 0.02 s/step -> 4 s
+    assert fin == {0: 6.0, 1: 10.0}, fin
+
+
+def test_tool_wait_frees_the_batch_and_deadline_truncates():
+    """A sequence in a tool call leaves the decode batch; an execution past its deadline ends truncated."""
+    a = spec(0, 0, gen=[100, 100, 100], tool_s=[10.0, 10.0], deadline_s=5.0)
+    c = cluster([group(0, a)], n_gpus=1, groups_per_step=1)
+    c.run(make_policy("colocate"), steps=1)
+    fin = [rec for rec in c.log if rec[0] == "finish"]
+    # starts 3, decodes to 4, tool returns at 14 > deadline 8: truncated at the boundary with 100 tokens
+    assert [(round(r[1], 9), r[3], r[4]) for r in fin] == [(14.0, 1, 100)], fin
