@@ -141,7 +141,7 @@ class SimEngine:
                 ex.deadline_at = t + ex.spec.deadline_s
                 self.cluster._log(("start", t, ex.id, self.id))
             ex.phase = Phase.PREFILL
-            ex.resident = ex.spec.kv[0]
+            ex.resident = ex.kv[0]
             self.mem_fixed += ex.resident
             self.cluster._schedule_ready(ex, t + ex.spec.prompt * self.costs.prefill_s_per_token)
 
@@ -153,11 +153,11 @@ class SimEngine:
         self.mem_fixed -= ex.resident
         ex.resident = 0
         ex.phase = Phase.DECODE
-        spec = ex.spec
         V = self.V
-        kv = ex.kv_seg = spec.kv[ex.seg]
+        seg = ex.seg
+        kv = ex.kv_seg = ex.kv[seg]
         ex.v_start = V
-        target = ex.v_target = V + spec.gen[ex.seg]
+        target = ex.v_target = V + ex.gen[seg]
         if ex.first_version is None or self._version < ex.first_version:
             ex.first_version = self._version
         if self.n_dec == 0:
@@ -169,24 +169,27 @@ class SimEngine:
         self._reschedule()
 
     def _end_segment(self, ex: SimExecution, t: float) -> None:
-        spec = ex.spec
         self.n_dec -= 1
         self.kv_dec_base -= ex.kv_seg - ex.v_start
         if self.n_dec == 0:
             self.cluster.log.append(("busy", t, self.id, 0))
-        ex.generated += spec.gen[ex.seg]
-        ex.resident = ex.kv_seg + spec.gen[ex.seg]
         seg = ex.seg
-        if seg == len(spec.gen) - 1 or t >= ex.deadline_at:
+        gen = ex.gen[seg]
+        ex.generated += gen
+        if seg == ex.last or t >= ex.deadline_at:
+            ex.resident = ex.kv_seg + gen
+            ex.phase = Phase.TOOL  # off the batch; its KV is now counted as resident
+            self.mem_fixed += ex.resident
             self.remove(ex)
-            self.cluster._finish(ex, t, truncated=spec.capped or seg < len(spec.gen) - 1)
+            self.cluster._finish(ex, t, truncated=ex.spec.capped or seg < ex.last)
             return
         # a tool-call boundary
+        out = ex.tool_out[seg]
         ex.phase = Phase.TOOL
-        ex.resident += spec.tool_out[seg]
+        ex.resident = ex.kv_seg + gen + out
         self.mem_fixed += ex.resident
         ex.seg = seg + 1
-        heapq.heappush(self._q, (t + spec.tool_s[seg] + spec.tool_out[seg] * self.costs.prefill_s_per_token,
+        heapq.heappush(self._q, (t + ex.tool_s[seg] + out * self.costs.prefill_s_per_token,
                                  next(self._qseq), self.cluster._on_ready, ex))
         if ex.migrate_to is not None:
             self.cluster._do_migrate(ex, t)

@@ -15,7 +15,8 @@ class SimExecution:
     __slots__ = (
         "id", "group_id", "task_id", "spec", "engine", "phase", "seg", "first_version", "started_at",
         "deadline_at", "handle", "v_target", "v_start", "kv_seg", "resident", "ready_min",
-        "migrate_to", "migrate_handle", "finished_at", "truncated", "generated", "ready_token",
+        "migrate_to", "migrate_handle", "finished_at", "truncated", "generated", "gen", "kv", "tool_s",
+        "tool_out", "last",
     )
 
     def __init__(self, spec: ExecutionSpec) -> None:
@@ -40,7 +41,9 @@ class SimExecution:
         self.finished_at: float | None = None
         self.truncated = False
         self.generated = 0
-        self.ready_token = 0  # invalidates a pending ready event
+        # the spec's per-segment lists, held directly for the hot path
+        self.gen, self.kv, self.tool_s, self.tool_out = spec.gen, spec.kv, spec.tool_s, spec.tool_out
+        self.last = len(spec.gen) - 1
 
     # --- ExecutionView ---
     @property
