@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 ROLE_NAMES = ["idle", "rollout", "train", "switching"]
+TIMELINE_NAMES = ROLE_NAMES + ["rollout, nothing decoding"]
 
 
 @dataclass
@@ -154,10 +155,26 @@ def utilization_series(log: list[tuple], n_gpus: int, makespan: float, bins: int
 
 
 def role_matrix(log: list[tuple], n_gpus: int, makespan: float, bins: int = 600) -> np.ndarray:
-    """roles[gpu, time-bin]: each GPU's role at each bin start (for the timeline figure)."""
+    """roles[gpu, time-bin] at each bin start, for the timeline figure: 0 idle, 1 rollout (decoding),
+    2 train, 3 switching, 4 rollout with nothing to decode (every execution in a tool call, or none)."""
     grid = np.linspace(0.0, makespan, bins, endpoint=False)
     out = np.zeros((n_gpus, bins), dtype=np.int8)
     for t, gpus, r in _role_changes(log):
         j = int(np.searchsorted(grid, t, side="left"))
         out[list(gpus), j:] = r
+    busy = np.zeros((n_gpus, bins), dtype=bool)
+    engine_gpus: dict[int, list[int]] = {}
+    since: dict[int, float] = {}
+    for rec in log:
+        if rec[0] == "engine_up":
+            engine_gpus[rec[2]] = list(rec[3])
+        elif rec[0] == "busy":
+            if rec[3]:
+                since[rec[2]] = rec[1]
+            elif rec[2] in since:
+                a, b = np.searchsorted(grid, [since.pop(rec[2]), rec[1]], side="left")
+                busy[engine_gpus[rec[2]], max(a - 1, 0) if a == b else a:b] = True
+    for eid, t0 in since.items():
+        busy[engine_gpus[eid], int(np.searchsorted(grid, t0)):] = True
+    out[(out == 1) & ~busy] = 4
     return out

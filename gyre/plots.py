@@ -12,9 +12,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 
-from gyre.metrics import ROLE_NAMES, role_matrix  # noqa: E402
+from gyre.metrics import TIMELINE_NAMES, role_matrix  # noqa: E402
 
-ROLE_COLORS = ["#d9d9d9", "#1f77b4", "#d62728", "#ff7f0e"]
+ROLE_COLORS = ["#d9d9d9", "#1f77b4", "#d62728", "#ff7f0e", "#aec7e8"]
 
 
 def role_timelines(runs: Sequence[tuple[str, list[tuple], int, float]], path: Path) -> Path:
@@ -24,14 +24,14 @@ def role_timelines(runs: Sequence[tuple[str, list[tuple], int, float]], path: Pa
     for ax, (title, log, n, makespan) in zip(axes[:, 0], runs):
         bins = max(2, int(600 * makespan / horizon))
         m = role_matrix(log, n, makespan, bins=bins)
-        ax.imshow(m, aspect="auto", interpolation="nearest", cmap=ListedColormap(ROLE_COLORS), vmin=0, vmax=3,
+        ax.imshow(m, aspect="auto", interpolation="nearest", cmap=ListedColormap(ROLE_COLORS), vmin=0, vmax=4,
                   extent=(0, makespan / 3600, n, 0))
         ax.set_xlim(0, horizon / 3600)
         ax.set_ylabel("GPU")
         ax.set_title(title, fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("hours")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in ROLE_COLORS]
-    fig.legend(handles, ROLE_NAMES, loc="upper right", ncol=4, fontsize=8)
+    fig.legend(handles, TIMELINE_NAMES, loc="upper right", ncol=5, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
