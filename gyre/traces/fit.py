@@ -23,11 +23,12 @@ the maximum over K draws (the quantile at 0.5 ** (1 / K)), which is what a batch
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 SMALL_N = 200
 MIN_TAIL = 30
@@ -50,6 +51,26 @@ def gpd_cdf(y: float, xi: float, sigma: float) -> float:
         return float(1.0 - np.exp(-y / sigma))
     z = 1.0 + xi * y / sigma
     return 1.0 if z <= 0 else float(1.0 - z ** (-1.0 / xi))
+
+
+def gpd_mle(y: np.ndarray) -> tuple[float, float]:
+    """Maximum-likelihood (xi, sigma) of a generalized Pareto with location 0 (Nelder-Mead from moments)."""
+    m, v = float(np.mean(y)), float(np.var(y))
+    xi0 = float(np.clip(0.5 * (1 - m * m / max(v, 1e-12)), -0.4, 0.9))
+    s0 = max(m * (1 - xi0), 1e-9)
+    ymax = float(np.max(y))
+
+    def nll(p: np.ndarray) -> float:
+        xi, sigma = p[0], math.exp(p[1])
+        if xi < 0 and 1 + xi * ymax / sigma <= 0:
+            return math.inf
+        if abs(xi) < 1e-9:
+            return len(y) * p[1] + float(y.sum()) / sigma
+        return len(y) * p[1] + (1 + 1 / xi) * float(np.log1p(xi * y / sigma).sum())
+
+    res = optimize.minimize(nll, np.array([xi0, math.log(s0)]), method="Nelder-Mead",
+                            options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 2000})
+    return float(res.x[0]), float(math.exp(res.x[1]))
 
 
 @dataclass(kw_only=True)
@@ -152,7 +173,7 @@ def _fit_tail(x: np.ndarray, q_u: float, cap: float | None, discrete: bool) -> T
     y = tail - u - (0.5 if discrete else 0.0)
     if len(y) > 50_000:  # the MLE does not need more; take an even subsample (deterministic)
         y = np.sort(y)[:: len(y) // 50_000 + 1]
-    xi, _, sigma = stats.genpareto.fit(y, floc=0.0)
+    xi, sigma = gpd_mle(y)
     bx, bc, step = _body(x[x <= u], discrete)
     return TailDist(kind="tail", discrete=discrete, cap=cap, body_x=bx, body_cum=bc, body_step=step, u=u,
                     p_tail=len(tail) / len(x), xi=float(xi), sigma=float(sigma))

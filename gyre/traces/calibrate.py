@@ -1,0 +1,205 @@
+"""Calibration: a trace in, a CalibratedWorkload out, with its fit judged on data held out by time.
+
+The trace's groups are in time (issue) order; the first `split` of its executions (cut at a group
+boundary) are fitted, the rest held out. On the fitted part:
+
+1. drift: least squares of log-length on step; kept only when |slope| > 2 standard errors
+   (otherwise noise would be extrapolated); drift_per_step = exp(slope) - 1;
+2. per-task difficulty: a random-effects (method of moments) split of the de-drifted log-length
+   into between-group and within-group variance; difficulty_sigma = sqrt(max(0, between - within/n));
+3. lengths are divided by their drift factor and shrunken group effect, then each quantity gets a
+   TailDist (fit.fit_tail_dist); lengths at the cap are the point mass, kept out of the scaling.
+
+The held-out part is compared with groups drawn from the calibrated source for the same steps
+(`MODEL_EXECS` executions at least): per quantity, fit.fit_quality with K = the batch size.
+
+Simplifications: difficulty and drift act on the length only; segments of different executions
+are pooled; the cap is read from the trace (max_turns of a rollout trace) or given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from gyre.traces.calibrated import CalibratedWorkload, sample_quantities
+from gyre.traces.fit import detect_cap, fit_quality, fit_tail_dist
+from gyre.traces.schema import Trace, TraceError
+from gyre.workload import GroupSpec, LogNormal, WorkloadConfig
+
+MODEL_EXECS = 400_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrateOptions:
+    split: float = 0.7  # fitted share of executions, by time
+    cap: float | None = None  # length cap; None: the trace's max_turns, or a repeated maximum
+    k: int | None = None  # the K of "max over K"; None: the batch size
+    seed: int = 0
+    model_execs: int = MODEL_EXECS
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.split <= 1.0:
+            raise TraceError(f"split must be in (0, 1], got {self.split}")
+
+
+def quantities(groups: list[GroupSpec], target: str) -> dict[str, np.ndarray]:
+    """Flat arrays per quantity, plus per-execution step and group index (for drift/difficulty)."""
+    ex = [e for g in groups for e in g.executions]
+    gen = np.fromiter((x for e in ex for x in e.gen), dtype=float)
+    turns = np.fromiter((len(e.gen) for e in ex), dtype=float, count=len(ex))
+    out = {
+        "gen": gen, "turns": turns,
+        "tool_s": np.fromiter((x for e in ex for x in e.tool_s), dtype=float),
+        "tool_out": np.fromiter((x for e in ex for x in e.tool_out), dtype=float),
+        "prompt": np.array([g.executions[0].prompt for g in groups if g.executions], dtype=float),
+        "step": np.fromiter((e.step for e in ex), dtype=float, count=len(ex)),
+        "group": np.fromiter((gi for gi, g in enumerate(groups) for _ in g.executions), dtype=float, count=len(ex)),
+        "capped": np.fromiter((e.capped for e in ex), dtype=bool, count=len(ex)),
+    }
+    out["length"] = turns if target == "turns" else np.fromiter((e.gen[0] for e in ex), dtype=float, count=len(ex))
+    return out
+
+
+def _drift(y: np.ndarray, step: np.ndarray) -> float:
+    """Slope of y on step (log units per step), or 0 when not clearly nonzero."""
+    if len(np.unique(step)) < 3:
+        return 0.0
+    s = step - step.mean()
+    b = float((s * (y - y.mean())).sum() / (s * s).sum())
+    resid = y - y.mean() - b * s
+    se = math.sqrt(float((resid**2).sum()) / max(len(y) - 2, 1) / float((s * s).sum()))
+    return b if abs(b) > 2 * se else 0.0
+
+
+def _difficulty(y: np.ndarray, group: np.ndarray) -> tuple[float, np.ndarray]:
+    """(sigma of group effects, shrunken effect per execution) by one-way random effects."""
+    _, inv, cnt = np.unique(group, return_inverse=True, return_counts=True)
+    if len(cnt) < 2 or cnt.max() < 2:
+        return 0.0, np.zeros(len(y))
+    means = np.bincount(inv, weights=y) / cnt
+    dev = y - means[inv]
+    multi = cnt >= 2
+    within = float(np.bincount(inv, weights=dev**2)[multi].sum() / (cnt[multi] - 1).sum())
+    between = float(np.var(means[multi]))
+    n_bar = float(cnt[multi].mean())
+    var_d = max(0.0, between - within / n_bar)
+    if var_d == 0.0:
+        return 0.0, np.zeros(len(y))
+    shrink = var_d / (var_d + within / cnt)
+    effect = shrink * (means - means[multi].mean())
+    return math.sqrt(var_d), effect[inv]
+
+
+def _lognormal(x: np.ndarray, default: float = 1.0) -> LogNormal:
+    x = x[x > 0]
+    if len(x) == 0:
+        return LogNormal(median=default, p99_ratio=1.0)
+    med = float(np.median(x))
+    return LogNormal(median=med, p99_ratio=max(1.0, float(np.quantile(x, 0.99)) / med))
+
+
+def base_config(trace: Trace, train: list[GroupSpec], q: dict[str, np.ndarray], cap: float) -> WorkloadConfig:
+    """The structure of the calibrated workload: from the trace's header, else from its data."""
+    turns_total = max(float(q["turns"].sum()), 1.0)
+    ex = [e for g in train for e in g.executions]
+    n_sub = sum(1 for e in ex for _, k in e.branches if k == "subagent")
+    n_retry = sum(1 for e in ex for _, k in e.branches if k == "retry")
+    max_kv = max((max(e.kv) + max(e.gen) for e in ex), default=1)
+    sizes = np.bincount([len(g.executions) for g in trace.groups])
+    fields = dict(
+        prompt_tokens=_lognormal(q["prompt"]), turns=_lognormal(q["turns"]), gen_tokens=_lognormal(q["gen"]),
+        tool_out_tokens=_lognormal(q["tool_out"]), tool_s=_lognormal(q["tool_s"], 1e-9), slow_tool_p=0.0,
+        subagent_p=n_sub / turns_total, retry_p=n_retry / turns_total,
+    )
+    if trace.workload is not None:
+        return replace(trace.workload, name=f"calibrated-{trace.workload.name}", **fields)
+    steps = np.bincount([g.step for g in trace.groups])
+    window = max(131072, 1 << int(math.ceil(math.log2(max_kv + 1))))
+    return WorkloadConfig(
+        name="calibrated", groups_per_step=int(steps[steps > 0].max()), group_size=int(sizes.argmax()),
+        max_turns=int(cap if math.isfinite(cap) and q["turns"].max() > 1 else max(q["turns"].max(), 1)),
+        context_window=window, summary_tokens=min(4096, window // 4), **fields,
+    )
+
+
+def split_groups(groups: list[GroupSpec], split: float) -> tuple[list[GroupSpec], list[GroupSpec]]:
+    total = sum(len(g.executions) for g in groups)
+    cum = np.cumsum([len(g.executions) for g in groups])
+    cut = int(np.searchsorted(cum, split * total, side="left")) + 1
+    return groups[:cut], groups[cut:]
+
+
+def calibrate(trace: Trace, opts: CalibrateOptions = CalibrateOptions()) -> CalibratedWorkload:
+    """Fit a CalibratedWorkload on the first `split` of the trace; report fit quality on the rest."""
+    if not trace.groups:
+        raise TraceError(f"{trace.path}: no executions to calibrate from")
+    train, test = split_groups(trace.groups, opts.split)
+    multi = any(len(e.gen) > 1 for g in train for e in g.executions)
+    target = "turns" if multi else "gen"
+    q = quantities(train, target)
+    length = q["length"]
+    if opts.cap is not None:
+        cap = float(opts.cap)
+    elif target == "turns" and trace.workload is not None and q["capped"].any():
+        cap = float(trace.workload.max_turns)
+    else:
+        cap = detect_cap(length) or math.inf
+    base = base_config(trace, train, q, cap)
+    k = opts.k or base.groups_per_step * base.group_size
+    at_cap = length >= cap
+    y = np.log(np.maximum(length, 1e-9))
+    slope = _drift(y[~at_cap], q["step"][~at_cap])
+    if trace.times:  # foreign traces: groups are windows of arrivals, not tasks, so no difficulty
+        sigma, effect = 0.0, np.zeros(int((~at_cap).sum()))
+    else:
+        sigma, effect = _difficulty(y[~at_cap] - slope * q["step"][~at_cap], q["group"][~at_cap])
+    scaled = length.copy()
+    scaled[~at_cap] = length[~at_cap] / np.exp(slope * q["step"][~at_cap] + effect)
+    if not np.allclose(scaled, length):
+        scaled[~at_cap] = np.minimum(scaled[~at_cap], cap)  # de-scaled lengths are reals, not counts
+    cap_arg = cap if math.isfinite(cap) else None
+    dists = {"length": fit_tail_dist(scaled, cap=cap_arg, k=k)}
+    for name in ("gen", "tool_out", "tool_s", "prompt"):
+        if len(q[name]) and not (target == "gen" and name == "gen"):
+            dists[name] = fit_tail_dist(q[name], k=k)
+    cw = CalibratedWorkload(base=base, dists=dists, scale_target=target, difficulty_sigma=sigma,
+                            drift_per_step=math.expm1(slope))
+    cw.report = {
+        "trace": trace.path, "executions": trace.n_executions, "fitted": int(len(length)),
+        "held_out": int(sum(len(g.executions) for g in test)), "split": opts.split, "k": k,
+        "cap": cap_arg, "scale_target": target, "difficulty_sigma": sigma, "drift_per_step": cw.drift_per_step,
+        "threshold_quantile_u": dists["length"].u, "xi": dists["length"].xi,
+        "windows": drift_windows(q["length"], q["step"]),
+    }
+    if test:
+        cw.report["quality"] = evaluate(cw, test, k, opts)
+    return cw
+
+
+def drift_windows(length: np.ndarray, step: np.ndarray, n: int = 8) -> list[dict[str, float]]:
+    """Median and p99 of the length per window of steps (the drift the fit saw)."""
+    edges = np.unique(np.quantile(step, np.linspace(0, 1, n + 1)))
+    rows = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        m = (step >= lo) & ((step < hi) | (hi == edges[-1]))
+        if m.any():
+            rows.append({"steps": f"{int(lo)}-{int(hi)}", "n": int(m.sum()), "median": float(np.median(length[m])),
+                         "p99": float(np.quantile(length[m], 0.99))})
+    return rows
+
+
+def evaluate(cw: CalibratedWorkload, test: list[GroupSpec], k: int, opts: CalibrateOptions) -> dict[str, dict]:
+    """fit_quality per quantity: the calibrated source's draws vs the held-out groups."""
+    steps = np.array([g.step for g in test], dtype=float)
+    reps = max(1, math.ceil(opts.model_execs / max(len(steps) * cw.base.group_size, 1)))
+    model = sample_quantities(cw, np.tile(steps, reps), opts.seed)
+    held = quantities(test, cw.scale_target)
+    out = {}
+    for name in ("length", "gen", "tool_s", "tool_out", "prompt"):
+        if name == cw.scale_target or not (len(held[name]) and len(model[name])):
+            continue  # the length *is* that quantity
+        out[cw.scale_target if name == "length" else name] = fit_quality(model[name], held[name], k)
+    return out

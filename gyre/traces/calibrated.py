@@ -1,0 +1,180 @@
+"""A calibrated workload: gyre groups whose per-execution quantities come from fitted distributions.
+
+Same structure as gyre.workload (prompt per task, segments of generated tokens separated by tool
+calls, sub-agent/retry events at per-turn rates, compaction past the context window, all folded into
+the KV footprint by gyre.workload's walk), but every quantity is drawn from a TailDist fitted to a
+trace instead of a lognormal:
+
+- the *length* (turns per execution for multi-turn traces, generated tokens for single-turn ones)
+  is TailDist x difficulty x (1 + drift_per_step) ** step, where a task's difficulty is lognormal
+  with log-sd `difficulty_sigma`, shared by its group; a length reaching the cap ends capped;
+- tokens per turn, tool-output tokens and tool latency per call, and the prompt are independent
+  draws from their own TailDists.
+
+`base` is a plain WorkloadConfig (lognormal summaries of the same data) that carries the structure
+(group size, groups per step, window, branching rates, deadline) for everything that reads
+`source.config`. Simplification: quantities within an execution are independent given its length.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gyre.traces.fit import TailDist
+from gyre.traces.schema import TraceError, workload_from_dict, workload_to_dict
+from gyre.workload import ExecutionSpec, GroupSpec, WorkloadConfig, _kv_footprint
+
+FORMAT_VERSION = 1
+
+
+@dataclass(kw_only=True)
+class CalibratedWorkload:
+    base: WorkloadConfig
+    dists: dict[str, TailDist]  # "length" plus "gen", "tool_out", "tool_s", "prompt" (any may be absent)
+    scale_target: str  # "turns" or "gen": which quantity `length` is
+    difficulty_sigma: float = 0.0
+    drift_per_step: float = 0.0
+    report: dict[str, Any] = field(default_factory=dict)  # fit quality, provenance (not used to sample)
+
+    def __post_init__(self) -> None:
+        if self.scale_target not in ("turns", "gen"):
+            raise TraceError(f"scale_target must be 'turns' or 'gen', got {self.scale_target!r}")
+        if "length" not in self.dists:
+            raise TraceError("a calibrated workload needs a 'length' distribution")
+
+    @property
+    def length_cap(self) -> float:
+        c = self.dists["length"].cap
+        if self.scale_target == "turns":
+            return float(self.base.max_turns if c is None else min(c, self.base.max_turns))
+        return math.inf if c is None else float(c)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gyre_workload": FORMAT_VERSION, "kind": "calibrated", "workload": workload_to_dict(self.base),
+            "scale_target": self.scale_target, "difficulty_sigma": self.difficulty_sigma,
+            "drift_per_step": self.drift_per_step, "dists": {k: d.to_dict() for k, d in self.dists.items()},
+            "report": self.report,
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1, allow_nan=False, default=float))
+
+
+def load_workload(path: str | Path) -> CalibratedWorkload:
+    """Read a calibrated workload JSON; a bad file is one line naming it and the field."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise TraceError(f"{path}:1: invalid JSON: {exc}") from None
+    if not isinstance(d, dict) or d.get("gyre_workload") != FORMAT_VERSION or d.get("kind") != "calibrated":
+        raise TraceError(f"{path}:1: not a calibrated gyre workload (expected gyre_workload={FORMAT_VERSION})")
+    try:
+        dists = {k: TailDist.from_dict(v) for k, v in d["dists"].items()}
+        return CalibratedWorkload(
+            base=workload_from_dict(d["workload"], str(path)), dists=dists, scale_target=d["scale_target"],
+            difficulty_sigma=float(d.get("difficulty_sigma", 0.0)), drift_per_step=float(d.get("drift_per_step", 0.0)),
+            report=d.get("report", {}),
+        )
+    except KeyError as exc:
+        raise TraceError(f"{path}: missing field {exc.args[0]!r}") from None
+    except TypeError as exc:
+        raise TraceError(f"{path}: bad field: {exc}") from None
+
+
+def _draw(cw: CalibratedWorkload, name: str, rng: np.random.Generator, n: int, default: float) -> np.ndarray:
+    d = cw.dists.get(name)
+    return d.sample(rng, n) if d is not None else np.full(n, default)
+
+
+def sample_calibrated_group(cw: CalibratedWorkload, group_id: int, step: int, seed: int) -> GroupSpec:
+    """One group; deterministic in (seed, group_id), like gyre.workload.sample_group."""
+    w = cw.base
+    rng = np.random.default_rng([seed, group_id, 0x7ACE])
+    k = w.group_size
+    scale = math.exp(cw.difficulty_sigma * rng.standard_normal()) * (1.0 + cw.drift_per_step) ** step
+    prompt = int(max(0, _draw(cw, "prompt", rng, 1, 0)[0]))
+    cap = cw.length_cap
+    raw = cw.dists["length"].sample(rng, k)
+    length = np.where(raw >= cap, cap, np.minimum(raw * scale, cap))
+    capped = length >= cap
+    if cw.scale_target == "turns":
+        turns = np.maximum(1, np.round(length)).astype(np.int64)
+    else:
+        turns = np.maximum(1, np.round(_draw(cw, "turns", rng, k, 1))).astype(np.int64)
+    total = int(turns.sum())
+    gen = np.maximum(1, np.round(_draw(cw, "gen", rng, total, 1))).astype(np.int64)
+    if cw.scale_target == "gen":  # single-turn: the length is the (first) segment's tokens
+        gen[np.cumsum(turns) - turns] = np.maximum(1, np.round(length)).astype(np.int64)
+    tool_out = np.maximum(0, np.round(_draw(cw, "tool_out", rng, total, 0))).astype(np.int64).tolist()
+    tool_s = np.maximum(0.0, _draw(cw, "tool_s", rng, total, 0.0)).tolist()
+    u = rng.random(total)
+    events = np.where(u < w.subagent_p, 1, np.where(u < w.subagent_p + w.retry_p, 2, 0)).tolist()
+    gen_l, capped_l = gen.tolist(), capped.tolist()
+    execs = []
+    lo = 0
+    for j, n in enumerate(turns.tolist()):
+        hi = lo + n
+        g = gen_l[lo:hi]
+        if n == 1 and prompt <= w.context_window:  # the walk, for one segment
+            kv, branches = [prompt], []
+        else:
+            kv, branches = _kv_footprint(prompt, g, tool_out[lo:hi], events[lo:hi], w)
+        execs.append(ExecutionSpec(
+            exec_id=group_id * k + j, group_id=group_id, task_id=group_id, step=step, prompt=prompt, gen=g,
+            tool_s=tool_s[lo : hi - 1], tool_out=tool_out[lo : hi - 1], kv=kv, branches=branches,
+            capped=capped_l[j], deadline_s=w.deadline_s,
+        ))
+        lo = hi
+    return GroupSpec(group_id=group_id, task_id=group_id, step=step, executions=execs)
+
+
+class CalibratedSource:
+    """Hands out calibrated groups in order (the WorkloadSource interface: `.config`, `next_group()`)."""
+
+    def __init__(self, cw: CalibratedWorkload, seed: int, first_step: int = 0) -> None:
+        self.workload = cw
+        self.config = cw.base
+        self.seed = seed
+        self.first_step = first_step  # drift continues from here (e.g. the steps after a calibration window)
+        self.issued = 0
+
+    def next_group(self) -> GroupSpec:
+        g = self.issued
+        self.issued += 1
+        return sample_calibrated_group(self.workload, g, self.first_step + g // self.config.groups_per_step, self.seed)
+
+
+def sample_quantities(cw: CalibratedWorkload, steps: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """The per-quantity draws of many groups at once (for fit reports): the same model as
+    sample_calibrated_group, vectorized, without building specs. steps: one entry per group."""
+    rng = np.random.default_rng([seed, 0x5A11])
+    k = cw.base.group_size
+    scale = np.exp(cw.difficulty_sigma * rng.standard_normal(len(steps))) * (1.0 + cw.drift_per_step) ** steps
+    cap = cw.length_cap
+    raw = cw.dists["length"].sample(rng, len(steps) * k)
+    length = np.where(raw >= cap, cap, np.minimum(raw * np.repeat(scale, k), cap))
+    length = np.maximum(1, np.round(length))
+    if cw.scale_target == "turns":
+        turns = length
+    else:
+        turns = np.maximum(1, np.round(_draw(cw, "turns", rng, len(length), 1)))
+    total = int(turns.sum())
+    gen = np.maximum(1, np.round(_draw(cw, "gen", rng, total, 1)))
+    if cw.scale_target == "gen":
+        gen[(np.cumsum(turns) - turns).astype(np.int64)] = length
+    calls = total - len(turns)
+    return {
+        "length": length, "turns": turns, "gen": gen,
+        "tool_out": np.maximum(0, np.round(_draw(cw, "tool_out", rng, calls, 0))),
+        "tool_s": np.maximum(0.0, _draw(cw, "tool_s", rng, calls, 0.0)),
+        "prompt": np.maximum(0, _draw(cw, "prompt", rng, len(steps), 0)),
+    }
