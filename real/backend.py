@@ -1,0 +1,544 @@
+"""The real cluster: implements gyre.cluster.Cluster on Ray actors, in wall-clock time.
+
+The same policy objects that run in the simulator run here unchanged. The driver process owns all
+bookkeeping (GPU roles and owners, engine membership, execution phases, the event log in the schema
+of gyre.metrics); actors do the work: engines generate (gyre.real.engine_torch), the tool server
+sleeps and answers (gyre.real.task), the trainer trains and publishes weights (gyre.real.trainer).
+
+The run loop drives the policy's gyre.handles.Process: it waits on the outstanding Ray futures with
+`ray.wait` (bounded by the next policy timer), and handles the completed ones in submission order;
+handle completions are deferred until a result is fully booked, so a policy never observes an engine
+half-way through an update. Times in the log are seconds since the cluster was built.
+
+Faults: when an engine actor dies its executions lose at most the segment in flight (nothing of it
+was recorded); they move to the least-loaded ready engine (or wait for the replacement actor), whose
+next request re-prefills their context from the last tool-call boundary. The engine is respawned on
+the same GPUs with the latest weights. No execution is aborted or restarted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+
+from gyre.cluster import ClusterError, Phase, Role
+from gyre.handles import Handle, Process, done_handle
+from gyre.real import task as T
+from gyre.real.agent import Done, Generate, RealExecution, RealGroup, Tool
+from gyre.real.engine_view import RealEngine
+from gyre.trajectory import AdvantageConfig, group_advantages, score_group
+
+TRAINER = -1
+
+
+@dataclass(kw_only=True, frozen=True)
+class RealClusterConfig:
+    groups_per_step: int = 4
+    group_size: int = 8
+    min_train_gpus: int = 1
+    kv_capacity: int = 4096  # tokens per engine
+    task: T.TaskConfig = field(default_factory=T.TaskConfig)
+    normalize_std: bool = True
+    seed: int = 0
+    max_wall_s: float = 1800.0
+    checkpoint: str | None = None  # trainer checkpoint path: saved every step, resumed from if present
+
+
+class RealCluster:
+    def __init__(self, *, pool, config: RealClusterConfig) -> None:
+        self.pool = pool
+        self.cfg = config
+        self._n = pool.cfg.n_gpus
+        self._role = [Role.IDLE] * self._n
+        self._owner: list[int | None] = [None] * self._n
+        self._engines: dict[int, RealEngine] = {}
+        self._next_engine = 0
+        self._rng = np.random.default_rng(config.seed)
+        self._tool_rng = np.random.default_rng([config.seed, 1])
+        self.log: list[tuple] = []
+        self.groups: dict[int, RealGroup] = {}
+        self.executions: dict[int, RealExecution] = {}
+        self._pending: dict[Any, tuple[int, Callable[[Any, BaseException | None], None]]] = {}
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = 0
+        self._deferred: list[tuple[Handle, Any]] = []
+        self._background: list = []
+        self.profile: dict[str, list] = {"wake": [], "sleep": [], "train": [], "sync": [], "migration": []}
+        ray.get([a.sleep.remote() for a in pool._engines.values()])  # engines of an earlier run
+        base = ray.get(pool.trainer.reset.remote(config.seed))
+        if config.checkpoint and _exists(config.checkpoint):
+            base = ray.get(pool.trainer.load.remote(config.checkpoint))
+        self.base_version = base  # trainer versions count from here in this run
+        self._version = 0
+        self._weights = pool.trainer.weights.remote()
+        self._t0 = time.perf_counter()
+
+    # ------------------------------------------------------------------ observations
+    @property
+    def now(self) -> float:
+        return time.perf_counter() - self._t0
+
+    @property
+    def n_gpus(self) -> int:
+        return self._n
+
+    @property
+    def gpus_per_engine(self) -> int:
+        return self.pool.cfg.gpus_per_engine
+
+    @property
+    def min_train_gpus(self) -> int:
+        return self.cfg.min_train_gpus
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.cfg.groups_per_step
+
+    def role(self, gpu: int) -> Role:
+        return self._role[gpu]
+
+    def free_gpus(self) -> list[int]:
+        return [g for g in range(self._n) if self._owner[g] is None and self._role[g] == Role.IDLE]
+
+    def engines(self) -> list[RealEngine]:
+        return [e for e in self._engines.values() if e.state in ("starting", "ready", "restarting")]
+
+    def live(self) -> list[RealExecution]:
+        return [x for e in self._engines.values() for x in e.members.values()]
+
+    # ------------------------------------------------------------------ internals
+    def _log(self, rec: tuple) -> None:
+        self.log.append(rec)
+
+    def _submit(self, ref, fn: Callable[[Any, BaseException | None], None]) -> None:
+        self._seq += 1
+        self._pending[ref] = (self._seq, fn)
+
+    def _set_role(self, gpus: Sequence[int], role: Role) -> None:
+        for g in gpus:
+            self._role[g] = role
+        self._log(("role", self.now, tuple(gpus), int(role)))
+
+    def _check_gpus(self, gpus: Sequence[int], what: str) -> tuple[int, ...]:
+        gpus = tuple(int(g) for g in gpus)
+        if len(set(gpus)) != len(gpus):
+            raise ClusterError(f"{what}: GPU list has duplicates: {gpus}")
+        for g in gpus:
+            if not 0 <= g < self._n:
+                raise ClusterError(f"{what}: GPU {g} does not exist (cluster has {self._n})")
+            if self._owner[g] is not None or self._role[g] != Role.IDLE:
+                raise ClusterError(f"{what}: GPU {g} is busy ({Role(self._role[g]).name})")
+        return gpus
+
+    def _busy(self, eng: RealEngine) -> None:
+        b = any(x.phase == Phase.DECODE for x in eng.members.values())
+        if b != eng.busy:
+            eng.busy = b
+            self._log(("busy", self.now, eng.id, int(b)))
+
+    # --- the execution loop: issue a request, book its result ---
+    def _drain_queue(self, eng: RealEngine) -> None:
+        while eng.queue and eng.ready and eng.fits(len(eng.queue[0].group.spec.prompt)):
+            ex = eng.queue.popleft()
+            action = ex.start(self.now)
+            self._log(("start", self.now, ex.id, eng.id))
+            self._issue(ex, action)
+
+    def _issue(self, ex: RealExecution, action) -> None:
+        ex.req = getattr(ex, "req", 0) + 1
+        req, eng = ex.req, ex.engine
+        ex.inflight = action
+        if isinstance(action, Done):
+            self._finish(ex, action.truncated)
+            return
+        if isinstance(action, Tool):
+            ex.phase = Phase.TOOL
+            if ex.migrate_to is not None:
+                self._do_migrate(ex)
+            self._busy(eng)
+            ex.tool_t0 = self.now
+            self._submit(self.pool.tools.call.remote(action.call), lambda out, err: self._on_tool(ex, req, out, err))
+            return
+        if ex.migrate_to is not None:  # between segments: a boundary
+            self._do_migrate(ex)
+            eng = ex.engine
+        if not eng.ready:  # its engine is restarting: re-issued when it is back
+            ex.phase = Phase.PREFILL
+            ex.lost = True
+            return
+        ex.phase = Phase.DECODE
+        self._busy(eng)
+        seed = int(np.random.default_rng([self.cfg.seed, ex.id, ex.generated, ex.turns, req]).integers(2**62))
+        actor = eng.actor
+        ref = actor.generate.remote(action.seq, action.context, action.max_new, [T.SEP], seed)
+        self._submit(ref, lambda res, err: self._on_generated(ex, req, eng, actor, res, err))
+
+    def _on_generated(self, ex, req, eng, actor, res, err) -> None:
+        if err is not None:
+            if isinstance(err, ray.exceptions.RayActorError):
+                self._on_engine_dead(eng, actor)
+                return
+            raise err
+        if req != ex.req:
+            return
+        if getattr(ex, "migrated_at", None) is not None:
+            self.profile["migration"].append((res["prefill_tokens"], res["prefill_s"], self.now - ex.migrated_at))
+            ex.migrated_at = None
+        action = ex.on_generated(res["tokens"], res["logprobs"], res["version"], self.now)
+        self._issue(ex, action)
+        self._busy(eng)
+
+    def _on_tool(self, ex, req, out, err) -> None:
+        if err is not None:
+            raise err
+        if req != ex.req:
+            return
+        ex.segs[-1]["tool_s"] = self.now - ex.tool_t0
+        self._issue(ex, ex.on_tool(out, self.now))
+
+    def _finish(self, ex: RealExecution, truncated: bool) -> None:
+        eng = ex.engine
+        del eng.members[ex.id]
+        ex.engine = None
+        ex.phase = Phase.DONE
+        ex.finished_at, ex.truncated = self.now, truncated
+        self._background.append(eng.actor.release.remote(str(ex.id)))
+        self._log(("finish", self.now, ex.id, int(truncated), ex.generated))
+        self._log(("note", self.now, "reward", {"exec": ex.id, "group": ex.group_id, "reward": ex.reward,
+                                                 "truncated": truncated, "turns": ex.turns}))
+        self._deferred.append((ex.handle, ex))
+        if ex.migrate_handle is not None:
+            self._deferred.append((ex.migrate_handle, False))
+            ex.migrate_to = ex.migrate_handle = None
+        self._busy(eng)
+        self._drain_queue(eng)
+
+    def _move(self, ex: RealExecution, dst: RealEngine) -> None:
+        src = ex.engine
+        del src.members[ex.id]
+        ex.engine = dst
+        dst.members[ex.id] = ex
+        if ex.phase == Phase.QUEUED:
+            src.queue.remove(ex)
+            dst.queue.append(ex)
+        else:
+            ex.migrated_at = self.now
+            if src.ready:
+                self._background.append(src.actor.release.remote(str(ex.id)))
+        self._log(("migrate", self.now, ex.id, src.id, dst.id))
+        self._busy(src)
+        self._drain_queue(src)
+
+    def _do_migrate(self, ex: RealExecution) -> None:
+        dst, h = ex.migrate_to, ex.migrate_handle
+        ex.migrate_to = ex.migrate_handle = None
+        self._move(ex, dst)
+        self._drain_queue(dst)
+        self._deferred.append((h, True))
+
+    def _on_engine_dead(self, eng: RealEngine, actor) -> None:
+        if eng.actor is not actor or eng.state != "ready":
+            return  # already handled
+        eng.state = "restarting"
+        self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": sorted(eng.members)}))
+        others = [e for e in self._engines.values() if e.ready and e is not eng]
+        for ex in sorted(eng.members.values(), key=lambda x: x.id):
+            lost = ex.phase == Phase.DECODE
+            ex.phase = Phase.PREFILL if lost else ex.phase
+            if others:
+                self._move(ex, min(others, key=lambda e: (e.n_live, e.id)))
+            if lost:
+                ex.lost = True
+        for e in others:
+            self._drain_queue(e)
+            self._resume_lost(e)
+        self._busy(eng)
+        eng.actor = self.pool.respawn(eng.gpus)
+        v = self._version
+        self._submit(eng.actor.wake.remote(self._weights, v), lambda dt, err: self._on_respawned(eng, v, err))
+
+    def _resume_lost(self, eng: RealEngine) -> None:
+        for ex in sorted(eng.members.values(), key=lambda x: x.id):
+            if getattr(ex, "lost", False) and ex.phase != Phase.TOOL:
+                ex.lost = False
+                self._issue(ex, ex.inflight)
+
+    def _on_respawned(self, eng: RealEngine, version: int, err) -> None:
+        if err is not None:
+            raise ClusterError(f"engine {eng.id}: replacement actor failed to start: {err}")
+        eng.state, eng._version = "ready", version
+        self._log(("note", self.now, "engine_restarted", {"engine": eng.id}))
+        if eng.stop_after_restart is not None:
+            h, eng.stop_after_restart = eng.stop_after_restart, None
+            self._stop(eng, h)
+            return
+        self._resume_lost(eng)
+        self._drain_queue(eng)
+
+    # ------------------------------------------------------------------ verbs
+    def next_group(self) -> RealGroup:
+        gid = len(self.groups)
+        spec = T.make_task(gid, self._rng)
+        grp = RealGroup(gid, spec, self.cfg.group_size, len(self.executions), self.cfg.task, self._tool_rng)
+        self.groups[gid] = grp
+        for ex in grp.executions:
+            self.executions[ex.id] = ex
+        self._log(("group", self.now, gid, len(grp.executions)))
+        return grp
+
+    def start_engine(self, gpus: Sequence[int]) -> Handle:
+        gpus = self._check_gpus(gpus, "start_engine")
+        if len(gpus) != self.gpus_per_engine:
+            raise ClusterError(f"start_engine: an engine needs {self.gpus_per_engine} GPUs, got {len(gpus)}")
+        eid = self._next_engine
+        self._next_engine += 1
+        v = self._version
+        eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity)
+        self._engines[eid] = eng
+        for g in gpus:
+            self._owner[g] = eid
+        self._set_role(gpus, Role.SWITCHING)
+        h = Handle(f"start_engine{eid}")
+        t0 = self.now
+
+        def up(dt, err) -> None:
+            if err is not None:
+                raise ClusterError(f"start_engine: engine {eid} on GPUs {gpus} failed: {err}")
+            eng.state = "ready"
+            self.profile["wake"].append(self.now - t0)
+            self._set_role(gpus, Role.ROLLOUT)
+            self._log(("engine_up", self.now, eid, gpus))
+            self._deferred.append((h, eng))
+
+        self._submit(eng.actor.wake.remote(self._weights, v), up)
+        return h
+
+    def stop_engine(self, engine: RealEngine) -> Handle:
+        eng = self._engines.get(engine.id)
+        if eng is None or eng.state not in ("ready", "restarting"):
+            raise ClusterError(f"stop_engine: engine {engine.id} is not running")
+        if eng.members:
+            raise ClusterError(f"stop_engine: engine {eng.id} still holds {len(eng.members)} executions")
+        h = Handle(f"stop_engine{eng.id}")
+        if eng.state == "restarting":
+            eng.stop_after_restart = h
+            return h
+        self._stop(eng, h)
+        return h
+
+    def _stop(self, eng: RealEngine, h: Handle) -> None:
+        eng.state = "stopping"
+        self._set_role(eng.gpus, Role.SWITCHING)
+        t0 = self.now
+
+        def down(_dt, err) -> None:
+            if err is not None:
+                raise ClusterError(f"stop_engine: engine {eng.id} failed to sleep: {err}")
+            eng.state = "stopped"
+            self.profile["sleep"].append(self.now - t0)
+            for g in eng.gpus:
+                self._owner[g] = None
+            self._set_role(eng.gpus, Role.IDLE)
+            self._log(("engine_down", self.now, eng.id))
+            del self._engines[eng.id]
+            self._deferred.append((h, None))
+
+        self._submit(eng.actor.sleep.remote(), down)
+
+    def admit(self, execution: RealExecution, engine: RealEngine) -> Handle:
+        ex = self.executions.get(execution.id)
+        if ex is None or ex.engine is not None or ex.phase != Phase.QUEUED or ex.started_at is not None:
+            raise ClusterError(f"admit: execution {execution.id} is not a fresh execution")
+        eng = self._engines.get(engine.id)
+        if eng is None or eng.state not in ("ready", "restarting"):
+            raise ClusterError(f"admit: engine {engine.id} is not ready")
+        self._log(("admit", self.now, ex.id, eng.id))
+        ex.engine = eng
+        eng.members[ex.id] = ex
+        eng.queue.append(ex)
+        self._drain_queue(eng)
+        return ex.handle
+
+    def migrate(self, execution: RealExecution, engine: RealEngine) -> Handle:
+        ex = self.executions.get(execution.id)
+        dst = self._engines.get(engine.id)
+        if ex is None or ex.engine is None:
+            raise ClusterError(f"migrate: execution {execution.id} is not live on an engine")
+        if dst is None or dst.state != "ready":
+            raise ClusterError(f"migrate: target engine {engine.id} is not ready")
+        if ex.migrate_to is not None:
+            raise ClusterError(f"migrate: execution {ex.id} already has a migration pending")
+        h = Handle(f"migrate{ex.id}")
+        if dst is ex.engine:
+            return h.succeed(False)
+        ex.migrate_to, ex.migrate_handle = dst, h
+        if ex.phase in (Phase.TOOL, Phase.QUEUED):  # already at a boundary
+            self._do_migrate(ex)
+            self._drain()
+        return h
+
+    def train(self, gpus: Sequence[int], groups: Sequence[RealGroup]) -> Handle:
+        gpus = self._check_gpus(gpus, "train")
+        if len(gpus) < self.cfg.min_train_gpus:
+            raise ClusterError(f"train: the model needs >= {self.cfg.min_train_gpus} GPUs to train, got {len(gpus)}")
+        if not groups:
+            raise ClusterError("train: empty batch")
+        v = self._version
+        batch, rewards = [], []
+        adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
+        for g in groups:
+            if not g.done:
+                raise ClusterError(f"train: group {g.id} has unfinished executions")
+            secret = g.spec.secret
+            outs = score_group(g.recorder, lambda st: T.partial_credit(st.context_tokens, secret, self.cfg.task))
+            rewards += [o.reward for o in outs]
+            batch.append((g.recorder.tree.preorder(), group_advantages(outs, adv_cfg)))
+            for e in g.executions:
+                fv = e.first_version if e.first_version is not None else v
+                self._log(("trained", self.now, e.id, g.id, v, v - fv))
+        for g in gpus:
+            self._owner[g] = TRAINER
+        self._set_role(gpus, Role.TRAIN)
+        h = Handle(f"train{v}")
+        t0 = self.now
+
+        def end(stats, err) -> None:
+            if err is not None:
+                raise ClusterError(f"train: step {v} failed: {err}")
+            self._version += 1
+            self._weights = self.pool.trainer.weights.remote()
+            if self.cfg.checkpoint:
+                self._background.append(self.pool.trainer.save.remote(self.cfg.checkpoint))
+            self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
+            for g in gpus:
+                self._owner[g] = None
+            self._set_role(gpus, Role.IDLE)
+            self._log(("step", self.now, self._version, len(gpus), stats["tokens"]))
+            self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
+                                                   "version": self._version}))
+            self._deferred.append((h, self._version))
+
+        self._submit(self.pool.trainer.train.remote(batch), end)
+        return h
+
+    def sync(self, engines: Sequence[RealEngine]) -> Handle:
+        todo = [self._engines[e.id] for e in engines if e.id in self._engines and e.version < self._version]
+        todo = [e for e in todo if e.state != "restarting"]  # a restarting engine wakes with the latest
+        if not todo:
+            return done_handle(None, "sync")
+        for e in todo:
+            if e.state != "ready":
+                raise ClusterError(f"sync: engine {e.id} is not ready")
+        v, h, t0, left = self._version, Handle(f"sync{self._version}"), self.now, [len(todo)]
+
+        def one(e: RealEngine):
+            def done(_dt, err) -> None:
+                if err is not None and not isinstance(err, ray.exceptions.RayActorError):
+                    raise err
+                e._version = max(e._version, v)
+                self._log(("sync", self.now, e.id, v))
+                left[0] -= 1
+                if left[0] == 0:
+                    self.profile["sync"].append(self.now - t0)
+                    self._deferred.append((h, None))
+            return done
+
+        for e in todo:
+            self._submit(e.actor.load_weights.remote(self._weights, v), one(e))
+        return h
+
+    def timeout(self, seconds: float) -> Handle:
+        if seconds < 0 or math.isnan(seconds):
+            raise ClusterError(f"timeout: bad delay {seconds}")
+        h = Handle("timeout")
+        self._seq += 1
+        heapq.heappush(self._timers, (self.now + seconds, self._seq, lambda: self._deferred.append((h, None))))
+        return h
+
+    def spawn(self, gen: Generator[Handle, Any, Any], label: str = "") -> Handle:
+        return Process(gen, label or "process")
+
+    def note(self, kind: str, **fields: Any) -> None:
+        self._log(("note", self.now, kind, fields))
+
+    # ------------------------------------------------------------------ fault injection
+    def kill_engine(self, engine_id: int) -> None:
+        """Kill the actor behind a running engine (tests and benchmarks); the run must survive it."""
+        eng = self._engines.get(engine_id)
+        if eng is None or not eng.ready:
+            raise ClusterError(f"kill_engine: engine {engine_id} is not running")
+        ray.kill(eng.actor, no_restart=True)
+
+    # ------------------------------------------------------------------ running
+    def run(self, policy, steps: int, on_tick: Callable[[RealCluster], None] | None = None) -> Process:
+        """Run `policy` until it returns; raise its error, a deadlock or a wall-clock overrun."""
+        proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
+        self._drain()
+        while not proc.done:
+            while self._timers and self._timers[0][0] <= self.now:
+                heapq.heappop(self._timers)[2]()
+            self._drain()
+            if proc.done:
+                break
+            if on_tick is not None:
+                on_tick(self)
+                self._drain()
+            if not self._pending and not self._timers:
+                raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
+            if self.now > self.cfg.max_wall_s:
+                raise ClusterError(f"run exceeded max_wall_s={self.cfg.max_wall_s}s at version {self._version}")
+            wait = 0.1 if not self._timers else min(0.1, max(0.0, self._timers[0][0] - self.now))
+            refs = list(self._pending)
+            if not refs:
+                time.sleep(wait)
+                continue
+            ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in sorted(ready, key=lambda r: self._pending[r][0]):
+                _, fn = self._pending.pop(ref)
+                try:
+                    val, err = ray.get(ref), None
+                except ray.exceptions.RayError as exc:
+                    val, err = None, exc
+                fn(val, err)
+                self._drain()
+        if proc.error is not None:
+            raise proc.error
+        return proc
+
+    def _drain(self) -> None:
+        while self._deferred:
+            batch, self._deferred = self._deferred, []
+            for h, v in batch:
+                h.succeed(v)
+
+    def close(self) -> dict:
+        """Put engines still up to sleep (the pool is reused) and collect the engines' profiles."""
+        ray.get([e.actor.sleep.remote() for e in self._engines.values() if e.ready and not e.members])
+        try:
+            ray.get(self._background)
+        except ray.exceptions.RayError:
+            pass  # a release sent to an engine that was killed
+        self._background = []
+        profs = ray.get([a.get_profile.remote() for a in self.pool._engines.values()])
+        for key in ("prefill", "decode", "load"):
+            self.profile["engine_" + key] = [r for p in profs for r in p[key]]
+        return self.profile
+
+
+def _exists(path: str) -> bool:
+    from pathlib import Path
+
+    return Path(path).exists()

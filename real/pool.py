@@ -1,0 +1,105 @@
+"""Ray resources of a real run: the GPU placement group and long-lived engine, trainer and tool actors.
+
+What it models: GPUs are Ray resources. The pool reserves the cluster's GPUs as one placement group
+of engine-sized bundles ({"GPU": gpus_per_engine} each), so an engine on policy GPUs (g, ..) is an
+actor pinned to bundle g // gpus_per_engine: on a multi-node cluster the policy's GPU index names a
+real device. On a machine without GPUs, `ray.init(num_gpus=N)` gives N logical GPUs and the same code
+path runs. Actors are created once and reused across role changes and across runs (an engine's
+`sleep`/`wake` is the role switch, as vLLM's sleep mode), because starting a torch process costs
+seconds. A killed engine actor is replaced by `respawn`.
+
+Simplifications: the trainer is one actor holding no Ray GPU (on CPU it trains in-process; the
+backend accounts its GPUs); the tool server is one asyncio actor with high concurrency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from gyre.nn.model import ModelConfig
+from gyre.real.engine_torch import TorchEngine, TorchEngineConfig
+from gyre.real.task import ToolServer
+from gyre.real.trainer import Trainer, TrainerConfig
+
+
+@dataclass(kw_only=True, frozen=True)
+class PoolConfig:
+    """Ray address (None: a local Ray with `local_gpus` logical GPUs) and the actors' shape."""
+
+    n_gpus: int = 4
+    gpus_per_engine: int = 1
+    address: str | None = None
+    local_cpus: int = 2
+    engine: str = "torch"  # or "vllm" (gyre.real.engine_vllm)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine_config: TorchEngineConfig = field(default_factory=TorchEngineConfig)
+    trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
+    pg_timeout_s: float = 60.0
+
+
+def ensure_ray(cfg: PoolConfig) -> None:
+    """Connect to `cfg.address`, or start a local Ray with logical GPUs (idempotent)."""
+    if ray.is_initialized():
+        return
+    if cfg.address:
+        ray.init(address=cfg.address, include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(num_cpus=cfg.local_cpus, num_gpus=cfg.n_gpus, include_dashboard=False, log_to_driver=False)
+
+
+class ActorPool:
+    def __init__(self, cfg: PoolConfig) -> None:
+        if cfg.n_gpus % cfg.gpus_per_engine:
+            raise ValueError(f"PoolConfig.n_gpus={cfg.n_gpus} is not a multiple of gpus_per_engine={cfg.gpus_per_engine}")
+        ensure_ray(cfg)
+        have = ray.cluster_resources().get("GPU", 0)
+        if have < cfg.n_gpus:
+            raise ValueError(f"Ray cluster has {have:g} GPUs, the run needs {cfg.n_gpus}")
+        self.cfg = cfg
+        k = cfg.gpus_per_engine
+        self.pg = placement_group([{"GPU": k} for _ in range(cfg.n_gpus // k)], strategy="PACK")
+        if not self.pg.wait(cfg.pg_timeout_s):
+            raise TimeoutError(f"placement group of {cfg.n_gpus} GPUs not ready after {cfg.pg_timeout_s}s")
+        self._engines: dict[int, ray.actor.ActorHandle] = {}
+        self.respawns = 0
+        self.trainer = ray.remote(num_cpus=0)(Trainer).remote(cfg.model, cfg.trainer_config)
+        self.tools = ray.remote(num_cpus=0, max_concurrency=10000)(ToolServer).remote()
+        for slot in range(cfg.n_gpus // k):  # start every engine process now, in parallel
+            self._engines[slot] = self._spawn(slot)
+        ray.get([e.ping.remote() for e in self._engines.values()] + [self.trainer.ping.remote(), self.tools.ping.remote()])
+
+    def _spawn(self, slot: int):
+        cfg = self.cfg
+        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=slot)
+        if cfg.engine == "vllm":
+            from gyre.real.engine_vllm import VllmEngine
+
+            cls, args = VllmEngine, (cfg.engine_config,)
+        else:
+            cls, args = TorchEngine, (cfg.model, cfg.engine_config)
+        return ray.remote(num_cpus=0, num_gpus=cfg.gpus_per_engine, max_concurrency=1000, max_restarts=0)(cls).options(
+            scheduling_strategy=strategy
+        ).remote(*args)
+
+    def engine(self, gpus: tuple[int, ...]):
+        return self._engines[gpus[0] // self.cfg.gpus_per_engine]
+
+    def kill(self, gpus: tuple[int, ...]) -> None:
+        """Fault injection: kill the engine process on these GPUs (no restart)."""
+        ray.kill(self.engine(gpus), no_restart=True)
+
+    def respawn(self, gpus: tuple[int, ...]):
+        """A fresh engine actor on the slot of a dead one (its bundle's GPUs are free again)."""
+        slot = gpus[0] // self.cfg.gpus_per_engine
+        self._engines[slot] = self._spawn(slot)
+        self.respawns += 1
+        return self._engines[slot]
+
+    def shutdown(self) -> None:
+        for a in [*self._engines.values(), self.trainer, self.tools]:
+            ray.kill(a)
+        remove_placement_group(self.pg)
