@@ -54,7 +54,7 @@ def quantities(groups: list[GroupSpec], target: str) -> dict[str, np.ndarray]:
         "gen": gen, "turns": turns,
         "tool_s": np.fromiter((x for e in ex for x in e.tool_s), dtype=float),
         "tool_out": np.fromiter((x for e in ex for x in e.tool_out), dtype=float),
-        "prompt": np.array([g.executions[0].prompt for g in groups if g.executions], dtype=float),
+        "prompt": np.fromiter((e.prompt for e in ex), dtype=float, count=len(ex)),  # per execution
         "step": np.fromiter((e.step for e in ex), dtype=float, count=len(ex)),
         "group": np.fromiter((gi for gi, g in enumerate(groups) for _ in g.executions), dtype=float, count=len(ex)),
         "capped": np.fromiter((e.capped for e in ex), dtype=bool, count=len(ex)),
@@ -203,3 +203,45 @@ def evaluate(cw: CalibratedWorkload, test: list[GroupSpec], k: int, opts: Calibr
             continue  # the length *is* that quantity
         out[cw.scale_target if name == "length" else name] = fit_quality(model[name], held[name], k)
     return out
+
+
+def fit_figures(cw: CalibratedWorkload, trace: Trace, folder, opts: CalibrateOptions = CalibrateOptions()) -> list:
+    """CDF and QQ plots (log scale) of the calibrated draws against the held-out data, one row per quantity."""
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    _, test = split_groups(trace.groups, opts.split)
+    steps = np.array([g.step for g in test], dtype=float)
+    reps = max(1, math.ceil(opts.model_execs / max(len(steps) * cw.base.group_size, 1)))
+    model = sample_quantities(cw, np.tile(steps, reps), opts.seed)
+    held = quantities(test, cw.scale_target)
+    names = [n for n in ("length", "gen", "tool_s", "tool_out", "prompt")
+             if n != cw.scale_target and len(held[n]) and len(model[n])]
+    fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.2 * len(names)), squeeze=False)
+    p = np.linspace(0.001, 0.9995, 400)
+    for row, n in zip(axes, names):
+        label = cw.scale_target if n == "length" else n
+        for data, what in ((held[n], "held out"), (model[n], "calibrated")):
+            xs = np.sort(data)
+            row[0].plot(np.maximum(xs, 1e-9), np.arange(1, len(xs) + 1) / len(xs), label=what)
+        row[0].set_xscale("log")
+        row[0].set_title(f"{label}: CDF")
+        row[0].legend()
+        qm, qt = np.quantile(model[n], p), np.quantile(held[n], p)
+        row[1].loglog(np.maximum(qt, 1e-9), np.maximum(qm, 1e-9), ".", ms=3)
+        lo, hi = max(min(qt.min(), qm.min()), 1e-9), max(qt.max(), qm.max())
+        row[1].plot([lo, hi], [lo, hi], "k--", lw=0.8)
+        row[1].set_title(f"{label}: QQ (held-out vs calibrated)")
+        row[1].set_xlabel("held-out quantile")
+        row[1].set_ylabel("calibrated quantile")
+    fig.tight_layout()
+    path = folder / "fit_cdf_qq.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
