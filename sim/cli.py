@@ -144,3 +144,8 @@ def presets() -> None:
 
 def main() -> None:
     app()
+
+
+from gyre.sim import cli_traces  # noqa: E402
+
+cli_traces.register(app)
