@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from gyre.sim.execution import SimExecution
 
 _EPS = 1e-9
+_TOOL = Phase.TOOL
 
 
 class SimEngine:
@@ -52,6 +53,8 @@ class SimEngine:
         self.epoch = 0  # invalidates stale wakeups
         self._q = cluster._q  # the backend's fine-event heap, pushed directly on the hot path
         self._qseq = cluster._seq
+        self._on_ready = cluster._on_ready
+        self._prefill = cluster.costs.prefill_s_per_token
         self.kv_peak = 0.0
         self._seq = 0
 
@@ -116,8 +119,27 @@ class SimEngine:
         heap = self._heap
         V = self.V
         limit = V + _EPS * (V if V > 1.0 else 1.0)
+        pop = heapq.heappop
         while heap and heap[0][0] <= limit:
-            self._end_segment(heapq.heappop(heap)[2], t)
+            ex = pop(heap)[2]
+            # the execution leaves the decode batch
+            self.n_dec -= 1
+            self.kv_dec_base -= ex.kv_seg - ex.v_start
+            seg = ex.seg
+            gen = ex.gen[seg]
+            ex.generated += gen
+            if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None:
+                self._end_segment(ex, t, seg, gen)
+                continue
+            # a tool-call boundary (the common case, kept inline)
+            out = ex.tool_out[seg]
+            ex.phase = _TOOL
+            r = ex.resident = ex.kv_seg + gen + out
+            self.mem_fixed += r
+            ex.seg = seg + 1
+            heapq.heappush(self._q, (t + ex.tool_s[seg] + out * self._prefill, next(self._qseq), self._on_ready, ex))
+        if self.n_dec == 0:
+            self.cluster.log.append(("busy", t, self.id, 0))
         self._reschedule()
 
     # --- execution lifecycle on this engine ---
@@ -168,14 +190,8 @@ class SimEngine:
         heapq.heappush(self._heap, (target, self._seq, ex))
         self._reschedule()
 
-    def _end_segment(self, ex: SimExecution, t: float) -> None:
-        self.n_dec -= 1
-        self.kv_dec_base -= ex.kv_seg - ex.v_start
-        if self.n_dec == 0:
-            self.cluster.log.append(("busy", t, self.id, 0))
-        seg = ex.seg
-        gen = ex.gen[seg]
-        ex.generated += gen
+    def _end_segment(self, ex: SimExecution, t: float, seg: int, gen: int) -> None:
+        """Segment end off the common path: the execution finishes, or migrates at this boundary."""
         if seg == ex.last or t >= ex.deadline_at:
             ex.resident = ex.kv_seg + gen
             ex.phase = Phase.TOOL  # off the batch; its KV is now counted as resident
@@ -183,16 +199,13 @@ class SimEngine:
             self.remove(ex)
             self.cluster._finish(ex, t, truncated=ex.spec.capped or seg < ex.last)
             return
-        # a tool-call boundary
         out = ex.tool_out[seg]
         ex.phase = Phase.TOOL
         ex.resident = ex.kv_seg + gen + out
         self.mem_fixed += ex.resident
         ex.seg = seg + 1
-        heapq.heappush(self._q, (t + ex.tool_s[seg] + out * self.costs.prefill_s_per_token,
-                                 next(self._qseq), self.cluster._on_ready, ex))
-        if ex.migrate_to is not None:
-            self.cluster._do_migrate(ex, t)
+        heapq.heappush(self._q, (t + ex.tool_s[seg] + out * self._prefill, next(self._qseq), self._on_ready, ex))
+        self.cluster._do_migrate(ex, t)
 
     def remove(self, ex: SimExecution) -> None:
         """Take a non-decoding execution off this engine (finish or migration) and free its KV."""
