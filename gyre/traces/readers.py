@@ -109,7 +109,7 @@ def _request_specs(inp: np.ndarray, outp: np.ndarray, g: Grouping) -> list[Execu
 
 
 def _check_tokens(name: str, lo: int, lines: list[int], raw: list, bad: BadLines) -> np.ndarray:
-    num = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(dtype=float)
+    num = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(dtype=float, copy=True)
     ok = np.isfinite(num) & (num >= lo) & (num == np.floor(num))
     for i in np.flatnonzero(~ok):
         bad.bad(lines[i], f"bad {name} {raw[i]!r} (an integer >= {lo})")
@@ -124,7 +124,7 @@ def _finish_requests(path: str, lines: list[int], t_raw: list | None, in_raw: li
     outp = _check_tokens(f.output, 1, lines, out_raw, bad)
     t = _to_seconds(t_raw, lines, bad) if t_raw is not None else np.arange(n, dtype=float)
     keep = np.isfinite(inp) & np.isfinite(outp) & np.isfinite(t)
-    bad.skipped.sort()
+    bad.skipped = sorted(dict(reversed(bad.skipped)).items())  # one entry per line (its first reason)
     specs = _request_specs(inp[keep].astype(np.int64), outp[keep].astype(np.int64), g)
     return _group(specs, t[keep], g, path, bad)
 
