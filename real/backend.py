@@ -70,7 +70,7 @@ class RealCluster:
         self._seq = 0
         self._deferred: list[tuple[Handle, Any]] = []
         self._background: list = []
-        self.profile: dict[str, list] = {"wake": [], "sleep": [], "train": [], "sync": [], "migration": []}
+        self.profile: dict[str, list] = {"wake": [], "sleep": [], "train": [], "sync": [], "migration": [], "requests": []}
         ray.get([a.sleep.remote() for a in pool._engines.values()])  # engines of an earlier run
         base = ray.get(pool.trainer.reset.remote(config.seed))
         if config.checkpoint and _exists(config.checkpoint):
@@ -181,6 +181,7 @@ class RealCluster:
         self._busy(eng)
         seed = int(np.random.default_rng([self.cfg.seed, ex.id, ex.generated, ex.turns, req]).integers(2**62))
         actor = eng.actor
+        ex.gen_t0, ex.gen_batch = self.now, eng.n_decoding
         ref = actor.generate.remote(action.seq, action.context, action.max_new, [T.SEP], seed)
         self._submit(ref, lambda res, err: self._on_generated(ex, req, eng, actor, res, err))
 
@@ -192,6 +193,7 @@ class RealCluster:
             raise err
         if req != ex.req:
             return
+        self.profile["requests"].append((res["prefill_tokens"], len(res["tokens"]), ex.gen_batch, self.now - ex.gen_t0))
         if getattr(ex, "migrated_at", None) is not None:
             self.profile["migration"].append((res["prefill_tokens"], res["prefill_s"], self.now - ex.migrated_at))
             ex.migrated_at = None

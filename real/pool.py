@@ -51,7 +51,21 @@ def ensure_ray(cfg: PoolConfig) -> None:
         ray.init(num_cpus=cfg.local_cpus, num_gpus=cfg.n_gpus, include_dashboard=False, log_to_driver=False)
 
 
+_SHARED: dict[PoolConfig, ActorPool] = {}
+
+
 class ActorPool:
+    @classmethod
+    def shared(cls, cfg: PoolConfig) -> ActorPool:
+        """The live pool of this process for `cfg` (created on first use): warm actors, one placement group."""
+        pool = _SHARED.get(cfg)
+        if pool is None or not ray.is_initialized():
+            for old in list(_SHARED.values()):  # a different shape: release the GPUs first
+                old.shutdown()
+            _SHARED.clear()
+            pool = _SHARED[cfg] = cls(cfg)
+        return pool
+
     def __init__(self, cfg: PoolConfig) -> None:
         if cfg.n_gpus % cfg.gpus_per_engine:
             raise ValueError(f"PoolConfig.n_gpus={cfg.n_gpus} is not a multiple of gpus_per_engine={cfg.gpus_per_engine}")

@@ -132,7 +132,7 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
         name, pol = policy, make_policy(policy, **cfg.policy_params.get(policy, {}))
     else:
         name, pol = getattr(policy, "name", type(policy).__name__), policy
-    pool = pool or ActorPool(cfg.pool)
+    pool = pool or ActorPool.shared(cfg.pool)
     cluster = RealCluster(pool=pool, config=cfg.cluster)
     t0 = time.perf_counter()
     try:
@@ -212,7 +212,9 @@ def write_outputs(out: str | Path, results: list[RealResult]) -> dict[str, Path]
         paths[f"trace_{name}"] = out / f"trace_{name}.jsonl"
         write_trace(paths[f"trace_{name}"], groups, workload=trace_workload(r.config), outcomes=outcomes,
                     run={"backend": "real", "preset": r.config.name, "policy": name, "seed": r.config.cluster.seed,
-                         "steps": len(m.steps), "makespan_s": m.makespan_s, "n_gpus": m.n_gpus})
+                         "steps": len(m.steps), "makespan_s": m.makespan_s, "n_gpus": m.n_gpus,
+                         "gpus_per_engine": r.config.pool.gpus_per_engine, "kv_capacity": r.config.cluster.kv_capacity,
+                         "min_train_gpus": r.config.cluster.min_train_gpus, "params": r.config.policy_params})
         (out / f"profile_{name}.json").write_text(json.dumps(r.profile, default=float))
     n = cfg.pool.n_gpus
     paths["timeline"] = plots.role_timelines([(f"{r.policy} (real)", r.log, n, r.makespan_s) for r in results],

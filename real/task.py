@@ -8,12 +8,12 @@ segment (an action token, an optional argument, SEP). Actions:
   failures that the agent retries from the point before the call: a retry branch in the trajectory);
 - DELEGATE: opens a sub-agent (a forked context ending in SUB) that gets one turn; if it emits LOOKUP
   the tool runs on its behalf and its result is returned to the parent as the tool output;
-- ANSWER d: ends the execution. Reward 1.0 if d == s, 0.3 if wrong after seeing s, 0.05 if wrong blind;
+- ANSWER d: ends the execution. Reward 1.0 if d == s, 0.5 if wrong after seeing s, 0.1 if wrong blind;
 - anything else: an immediate ERR observation (no tool runs).
 
 Past `context_limit` tokens the context is compacted into a fresh root [BOS SUM k (RES s) SEP]. An
 execution that reaches `max_turns` or its wall-clock deadline is truncated and scored on the state it
-reached (partial credit 0.15 if s is in its context). A random model almost never scores; the optimum
+reached (partial credit 0.1 if s is in its context). A random model almost never scores; the optimum
 (LOOKUP, then ANSWER s) is a copy a 2-layer model learns in a few hundred rollouts.
 
 Simplifications: one tool; the secret is a hash of (task seed, key), so tools are pure functions;
@@ -55,9 +55,9 @@ class TaskConfig:
     fail_p: float = 0.1  # transient tool failure
     max_retries: int = 2
     reward_correct: float = 1.0
-    reward_wrong_seen: float = 0.3
-    reward_wrong_blind: float = 0.05
-    partial_seen: float = 0.15
+    reward_wrong_seen: float = 0.5
+    reward_wrong_blind: float = 0.1
+    partial_seen: float = 0.1
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 2:

@@ -2,13 +2,13 @@
 
 What it models: one policy-gradient step per call. The driver sends each group's prefix tree (its
 DFS preorder) and per-execution advantages; the trainer packs them with gyre.trajectory.build_packs,
-takes the clipped GRPO loss of gyre.trajectory.torch_ops.packed_loss over the packs, and makes one
-AdamW step: version v -> v + 1. `weights()` returns a CPU state dict; the driver passes its Ray object
+takes the clipped GRPO loss of gyre.trajectory.torch_ops.packed_loss over the packs, and makes
+`epochs` AdamW steps: version v -> v + 1. `weights()` returns a CPU state dict; the driver passes its Ray object
 reference to every engine, so one copy travels through the object store (on a GPU cluster this is
 where a collective broadcast goes). `save`/`load` checkpoint model, optimizer and version.
 
 Simplifications: a single process (data parallel training over the step's GPUs is not modelled on
-CPU; the driver accounts the GPUs); one optimizer step per batch; gradient norm clipped at 1.
+CPU; the driver accounts the GPUs); `epochs` optimizer steps per batch; gradient norm clipped at 1.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class TrainerConfig:
     normalization: str = "sequence"
     clip: float = 0.2
     grad_clip: float = 1.0
+    epochs: int = 2  # optimizer steps per batch (PPO-style; the clipped ratio bounds each move)
     threads: int = 1
 
 
@@ -64,11 +65,12 @@ class Trainer:
                                                       normalization=self.cfg.normalization))
         t_pack = time.perf_counter() - t0
         self.model.train()
-        self.opt.zero_grad(set_to_none=True)
-        loss = packed_loss(self.model, packed.packs, LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip))
-        loss.backward()
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
-        self.opt.step()
+        for _ in range(self.cfg.epochs):
+            self.opt.zero_grad(set_to_none=True)
+            loss = packed_loss(self.model, packed.packs, LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip))
+            loss.backward()
+            gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+            self.opt.step()
         self.version += 1
         return {
             "version": self.version, "loss": float(loss.detach()), "grad_norm": gnorm,

@@ -1,0 +1,125 @@
+"""Sim-to-real: calibrate the simulator's cost model from a real run, then predict other policies.
+
+What it models: gyre.hardware.Costs is the simulator's whole cost model. From one real run's profile:
+- decode step time a + b*batch + c*KV tokens: least squares over every engine decode step;
+- prefill seconds per token: the engine's prefill time, plus the driver-measured request overhead the
+  simulator has no term for (RPC and event-loop latency), spread over the prefilled tokens;
+- training seconds per token x GPU: measured step wall time x the run's training GPUs / tokens;
+- weight sync, engine wake (role switch in) and sleep (role switch out): measured means.
+The run's rollout trace (measured segment lengths and tool latencies) is replayed as the workload, so
+a prediction differs from the measurement only by the cost model and the scheduling it drives.
+
+Simplifications: the real trainer is one process, so its step time does not shrink with more GPUs
+while the simulator's does; rollouts of the predicted policy are assumed to have the source run's
+shapes (same seeds; the learning trajectory differs slightly between policies).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gyre.hardware import Costs
+
+
+class CalibrationError(ValueError):
+    """Missing or unusable run output; the message names the file."""
+
+
+def costs_from_profile(profile: dict, *, engine_gpus: int, kv_capacity: int, train_gpus: int,
+                       min_train_gpus: int) -> Costs:
+    dec = np.asarray(profile.get("engine_decode") or [], dtype=np.float64).reshape(-1, 3)
+    if len(dec) < 3:
+        raise CalibrationError("profile has fewer than 3 decode steps; run longer")
+    X = np.column_stack([np.ones(len(dec)), dec[:, 0], dec[:, 1]])
+    coef, *_ = np.linalg.lstsq(X, dec[:, 2], rcond=None)
+    a, b, c = (max(0.0, float(x)) for x in coef)
+    if a == 0.0:
+        a = float(np.median(dec[:, 2]))
+    pre = np.asarray(profile.get("engine_prefill") or [[1, 0.0]], dtype=np.float64).reshape(-1, 2)
+    req = np.asarray(profile.get("requests") or [], dtype=np.float64).reshape(-1, 4)  # new, gen, batch, wall
+    overhead = 0.0
+    if len(req):
+        decode_s = np.array([a + b * n + c * 0 for n in req[:, 2]]) * req[:, 1]
+        overhead = float(np.maximum(req[:, 3] - decode_s, 0.0).sum()) - float(pre[:, 1].sum())
+    prefill = (float(pre[:, 1].sum()) + max(overhead, 0.0)) / max(float(pre[:, 0].sum()), 1.0)
+    tr = np.asarray(profile.get("train") or [], dtype=np.float64).reshape(-1, 3)
+    if not len(tr):
+        raise CalibrationError("profile has no training step")
+    train = float(np.sum(tr[:, 1]) / np.sum(tr[:, 0])) * train_gpus
+    mean = lambda k, d=0.0: float(np.mean(profile[k])) if profile.get(k) else d  # noqa: E731
+    return Costs(
+        engine_gpus=engine_gpus, kv_capacity_tokens=kv_capacity, step_a=a, step_b=b, step_c=c,
+        prefill_s_per_token=prefill, train_s_per_token_gpu=train, min_train_gpus=min_train_gpus,
+        sync_s=mean("sync"), engine_wake_s=mean("wake"), engine_sleep_s=mean("sleep"),
+        trainer_onload_s=0.0, trainer_offload_s=0.0, kv_transfer_s_per_token=0.0, migration="reprefill",
+    )
+
+
+class TraceSource:
+    """Replays a trace's groups in order (cycling if a policy asks for more) as a simulator source."""
+
+    def __init__(self, groups, workload) -> None:
+        if not groups:
+            raise CalibrationError("trace has no groups")
+        self.groups = groups
+        self.config = workload
+        self.i = 0
+
+    def next_group(self):
+        import dataclasses
+
+        g = self.groups[self.i % len(self.groups)]
+        k = self.i // len(self.groups)
+        self.i += 1
+        if k == 0:
+            return g
+        off = k * (max(e.exec_id for x in self.groups for e in x.executions) + 1)
+        gid = g.group_id + k * len(self.groups)
+        return dataclasses.replace(g, group_id=gid, executions=[
+            dataclasses.replace(e, exec_id=e.exec_id + off, group_id=gid) for e in g.executions])
+
+
+def simulate_with(costs: Costs, trace, policy: str, steps: int, n_gpus: int, params: dict | None = None) -> float:
+    """Simulated makespan of `policy` on the trace's workload with the calibrated costs."""
+    from gyre.metrics import compute_metrics
+    from gyre.policies import make_policy
+    from gyre.sim.backend import SimCluster
+
+    src = TraceSource(trace.groups, trace.workload)
+    sim = SimCluster(n_gpus=n_gpus, gpus_per_node=n_gpus, costs=costs, source=src)
+    sim.run(make_policy(policy, **(params or {})), steps)
+    return compute_metrics(sim.log, n_gpus=n_gpus, policy=policy).makespan_s
+
+
+def load_run(run_dir: Path, policy: str):
+    from gyre.traces.schema import TraceError, read_trace
+
+    prof, tr = run_dir / f"profile_{policy}.json", run_dir / f"trace_{policy}.jsonl"
+    if not prof.exists() or not tr.exists():
+        raise CalibrationError(f"{run_dir}: no profile/trace for policy {policy!r} (run gyre-real run first)")
+    try:
+        return json.loads(prof.read_text()), read_trace(tr)
+    except (ValueError, TraceError) as exc:
+        raise CalibrationError(f"{tr}: {exc}") from None
+
+
+def predict_makespans(run_dir: str | Path, source: str, predict: list[str]) -> pd.DataFrame:
+    """Predicted (calibrated on `source`) vs measured makespan for each policy in `predict`."""
+    run_dir = Path(run_dir)
+    profile, trace = load_run(run_dir, source)
+    run = trace.run
+    steps_src = pd.read_csv(run_dir / f"steps_{source}.csv")
+    costs = costs_from_profile(profile, engine_gpus=run["gpus_per_engine"], kv_capacity=run["kv_capacity"],
+                               train_gpus=int(steps_src["gpus"].median()), min_train_gpus=run["min_train_gpus"])
+    summary = pd.read_csv(run_dir / "summary.csv").set_index("policy")
+    rows = []
+    for p in predict:
+        pred = simulate_with(costs, trace, p, int(run["steps"]), int(run["n_gpus"]), run.get("params", {}).get(p))
+        meas = float(summary.loc[p, "makespan_s"]) if p in summary.index else float("nan")
+        rows.append({"policy": p, "calibrated_on": source, "predicted_s": pred, "measured_s": meas,
+                     "error": (pred - meas) / meas if meas == meas else float("nan")})
+    return pd.DataFrame(rows)

@@ -1,0 +1,127 @@
+"""`gyre-real`: run a scheduling policy for real on Ray (local logical GPUs or a cluster) and write the
+simulator's output files plus a rollout trace and a profile; `calibrate` predicts other policies' real
+makespans with the simulator calibrated from one real run's profile.
+
+Flags only override fields of a named preset or of a TOML config file (docs/real.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+console = Console()
+
+
+def fail(msg: str) -> None:
+    console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _config(preset: str, config: Path | None, steps: int | None, address: str | None, seed: int | None):
+    import dataclasses
+
+    from gyre.real.runner import RealConfigError, get_preset, load_config
+
+    try:
+        cfg = load_config(config) if config else get_preset(preset)
+    except RealConfigError as exc:
+        fail(str(exc))
+        raise
+    if steps is not None:
+        if steps < 1:
+            fail(f"--steps must be >= 1, got {steps}")
+        cfg = dataclasses.replace(cfg, steps=steps)
+    if address is not None:
+        cfg = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, address=address))
+    if seed is not None:
+        cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, seed=seed))
+    return cfg
+
+
+Preset = Annotated[str, typer.Option("--preset", "-p", help="named real preset (tiny-cpu, tiny-test)")]
+Config = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML run config (overrides a preset)")]
+Steps = Annotated[Optional[int], typer.Option("--steps", help="training steps")]
+Address = Annotated[Optional[str], typer.Option("--address", help="Ray cluster address (default: local Ray)")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="task and sampling seed")]
+
+
+@app.command()
+def run(
+    policy: Annotated[list[str], typer.Option("--policy", help="registered name or dotted path (repeatable)")],
+    preset: Preset = "tiny-cpu",
+    config: Config = None,
+    steps: Steps = None,
+    address: Address = None,
+    seed: Seed = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="results folder")] = Path("out/real"),
+) -> None:
+    """Run each policy for real (one after another, on warm actors) and write their outputs."""
+    from gyre.cluster import ClusterError
+    from gyre.policies import UnknownPolicy, make_policy
+    from gyre.real.pool import ActorPool
+    from gyre.real.runner import run_real, write_outputs
+
+    cfg = _config(preset, config, steps, address, seed)
+    for p in policy:
+        try:
+            make_policy(p, **cfg.policy_params.get(p, {}))
+        except UnknownPolicy as exc:
+            fail(str(exc))
+    try:
+        pool = ActorPool.shared(cfg.pool)
+    except (ValueError, TimeoutError) as exc:
+        fail(str(exc))
+        raise
+    results = []
+    for p in policy:
+        def tick(c, last=[-1]):  # noqa: B006 - per-policy progress line
+            if c.version != last[0]:
+                last[0] = c.version
+                console.print(f"{p}: version {c.version}/{cfg.steps} at {c.now:.1f}s", highlight=False)
+
+        try:
+            results.append(run_real(cfg, p, pool=pool, on_tick=tick))
+        except ClusterError as exc:
+            fail(f"{p}: {exc}")
+    paths = write_outputs(out, results)
+    for r in results:
+        lc = r.learning()
+        first = lc["reward_mean"].iloc[: max(1, len(lc) // 5)].mean()
+        last = lc["reward_mean"].iloc[-max(1, len(lc) // 5):].mean()
+        console.print(f"{r.policy}: makespan {r.makespan_s:.1f}s, {len(lc)} steps, reward {first:.3f} -> {last:.3f}",
+                      highlight=False)
+    console.print(f"wrote {paths['summary'].name}, {paths['timeline'].name}, traces and profiles in {out}/")
+
+
+@app.command()
+def calibrate(
+    run_dir: Annotated[Path, typer.Argument(help="output folder of a `gyre-real run`")],
+    source: Annotated[str, typer.Option("--from", help="policy whose profile calibrates the simulator")],
+    predict: Annotated[list[str], typer.Option("--predict", help="policies to predict (repeatable)")],
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write predictions CSV here")] = None,
+) -> None:
+    """Calibrate the simulator's cost model on one real run; predict (and compare) other policies."""
+    from gyre.real.calibrate import CalibrationError, predict_makespans
+
+    try:
+        table = predict_makespans(run_dir, source, predict)
+    except CalibrationError as exc:
+        fail(str(exc))
+        raise
+    console.print(table.to_string(index=False))
+    if out:
+        table.to_csv(out, index=False)
+        console.print(f"wrote {out}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
