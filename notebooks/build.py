@@ -1,0 +1,365 @@
+"""Write the notebooks from the cells below, without outputs: `python notebooks/build.py`.
+
+The notebooks are generated so that a review reads plain Python, and they are committed stripped
+(tests/test_notebooks.py executes them and checks that the files equal what this script writes).
+Edit the cells here, never the .ipynb files.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+# ----------------------------------------------------------------------------------------------- 01
+POLICIES = [
+    ("md", """
+# Scheduling policies: colocate, async, elastic, and your own
+
+Gyre decides, moment by moment, which GPUs generate rollouts and which train. This notebook runs the
+three built-in policies on one small simulated workload, shows *where the GPU time goes*, turns one knob
+to see the ranking change, and then writes a new policy in ~30 lines against the cluster interface and
+runs it beside the others. Everything here runs in seconds on a laptop CPU (the SimPy simulator).
+"""),
+    ("code", """
+import os
+
+import pandas as pd
+
+import gyre.notebook as nb
+from gyre.config import override
+from gyre.presets import MODELS, get_preset
+from gyre.sim.runner import simulate
+from gyre.workload import LogNormal
+
+%matplotlib inline
+pd.set_option("display.precision", 3)
+"""),
+    ("md", """
+## A small long-horizon workload
+
+`xlong-swe-small` is a software-engineering agent workload (median 120 turns per rollout, a tail ten
+times longer, tool calls between turns) on a 30B-A3B MoE and 64 H200s. A preset is a plain function
+returning a `RunConfig`; `override` changes fields by dotted name (exactly what `gyre-sim run --gpus ...`
+does). We shrink it to 32 GPUs, 8 GRPO groups of 8 executions per step and 4 steps.
+"""),
+    ("code", """
+cfg = override(get_preset("xlong-swe-small"), steps=4, **{"cluster.gpus": 32, "workload.groups_per_step": 8})
+costs = cfg.costs()  # derived from the model and GPU: never free knobs
+print(f"{cfg.name}: {cfg.cluster.gpus} x {cfg.cluster.gpu.name}, model {cfg.cluster.model.name}, "
+      f"{cfg.workload.groups_per_step} groups x {cfg.workload.group_size} executions per step, {cfg.steps} steps")
+print(f"an engine takes {costs.engine_gpus} GPU and holds {costs.kv_capacity_tokens:,} KV tokens; "
+      f"training needs >= {costs.min_train_gpus} GPUs; a weight sync takes {costs.sync_s:.1f} s")
+"""),
+    ("md", """
+## Three policies, same workload, same seed
+
+- **colocate**: every GPU generates the step's rollouts, then every GPU trains. On-policy.
+- **async**: a fixed split; rollout never stops, the trainer takes a batch when one is ready
+  (staleness bounded by `eta`). Here it runs at its defaults (`eta=1`, trainer = the minimum it needs);
+  `gyre-sim compare` sweeps the split and `eta` for a fair baseline.
+- **elastic**: GPUs move between roles as demand shifts; the thinning tail is consolidated onto fewer
+  engines by migrating executions at tool-call boundaries, and the freed GPUs train.
+
+`vs_bound` is the makespan over the work-conserving lower bound no policy can beat.
+"""),
+    ("code", """
+results = {name: simulate(cfg, name) for name in ["colocate", "async", "elastic"]}
+nb.summary(results)
+"""),
+    ("md", """
+### GPU-role timeline
+
+Each row is a GPU, each column a moment. Dark blue: an engine decoding; light blue: an engine holding
+executions that all wait on tools (or none); red: training; orange: switching roles; grey: idle. Look
+for the light-blue tail at the end of each colocate step: most GPUs wait for the slowest rollouts.
+"""),
+    ("code", "nb.timeline(results);"),
+    ("md", "### Utilization over time: the share of GPUs generating and training"),
+    ("code", "nb.utilization(results);"),
+    ("md", """
+### Step-time breakdown
+
+Left: where the GPU-hours went. Right: how long each training step took (time between consecutive
+new policy versions).
+"""),
+    ("code", "nb.breakdown(results);"),
+    ("md", """
+## Turn one knob, watch the ranking
+
+Every knob is a config field. Here: the tool latency (`workload.tool_s`, the median of a lognormal).
+Other one-line changes to try:
+
+```python
+override(cfg, **{"workload.turns": LogNormal(median=120, p99_ratio=30)})  # heavier rollout tail
+override(cfg, **{"cluster.gpus": 64})                                     # more GPUs
+override(cfg, **{"cluster.model": MODELS["dense-7b"]})                    # another model size
+```
+"""),
+    ("code", """
+knob, values = "workload.tool_s", {"0.9 s (preset)": cfg.workload.tool_s, "5 s": LogNormal(median=5.0, p99_ratio=3.5)}
+rows = {}
+for label, value in values.items():
+    runs = results if value == cfg.workload.tool_s else {p: simulate(override(cfg, **{knob: value}), p) for p in results}
+    rows[label] = {p: r.makespan_s / 3600 for p, r in runs.items()}
+ranking = pd.DataFrame(rows).T.rename_axis(f"{knob} median")
+ranking["ranking (fastest first)"] = [" < ".join(row.sort_values().index) for _, row in ranking.iterrows()]
+ranking
+"""),
+    ("md", """
+## Write your own policy
+
+A policy sees the cluster only through `gyre.cluster.Cluster` (observations: roles, engines and their
+load, live executions, the trainer's version, the clock) and acts through verbs that return handles:
+`start_engine`, `stop_engine`, `admit`, `migrate`, `train`, `sync`, `timeout`, `spawn`. `run(cluster,
+steps)` is a generator that *yields* a handle to wait for it and receives its value, SimPy style.
+`gyre.handles.all_of` waits for many. The policy never learns which backend runs it.
+
+Below, **pipeline**: a fixed split like async, but batch-synchronous and exactly one step off-policy.
+Batch k+1 is admitted the moment batch k is complete, so its generation overlaps batch k's training and
+weight sync; nothing new starts while a batch's tail is still running. Admission uses its own
+load-balancing rule (fewest live executions). It imports nothing but `gyre.cluster` and `gyre.handles`.
+"""),
+    ("code", """
+from gyre.cluster import Cluster
+from gyre.handles import all_of
+
+
+class Pipeline:
+    \"\"\"Fixed split; batch k+1 generates (weights one step old) while batch k trains. Staleness 1.\"\"\"
+
+    name = "pipeline"
+
+    def pick(self, engines):
+        \"\"\"Load balancing: the engine holding the fewest live executions (ties: lowest id).\"\"\"
+        return min(engines, key=lambda e: (e.n_live, e.id))
+
+    def run(self, cluster: Cluster, steps: int):
+        per, n = cluster.gpus_per_engine, cluster.n_gpus
+        n_roll = (n - cluster.min_train_gpus) // per * per  # the trainer keeps just what it needs
+        slots = [tuple(range(i, i + per)) for i in range(0, n_roll, per)]
+        engines = yield all_of([cluster.start_engine(s) for s in slots])
+
+        def admit_batch():
+            groups = [cluster.next_group() for _ in range(cluster.groups_per_step)]
+            return groups, all_of([cluster.admit(x, self.pick(engines)) for g in groups for x in g.executions])
+
+        batch = admit_batch()
+        for step in range(steps):
+            groups, done = batch
+            yield done  # every execution of this batch has finished
+            if step + 1 < steps:
+                batch = admit_batch()  # generates while this batch trains
+            yield cluster.train(range(n_roll, n), groups)
+            yield cluster.sync(engines)  # engines serve the new weights from here on
+"""),
+    ("md", """
+Run it exactly like the built-ins: `simulate` takes a registered name, a dotted path
+(`gyre-sim run --policy mypkg.mymodule:Pipeline`), or a policy object.
+"""),
+    ("code", """
+results["pipeline"] = simulate(cfg, Pipeline())
+assert results["pipeline"].metrics.summary()["staleness_max"] <= 1, "pipeline is one step off-policy at most"
+assert len(results["pipeline"].metrics.steps) == cfg.steps
+nb.summary(results)
+"""),
+    ("code", "nb.timeline(results);"),
+    ("md", """
+Compare the pipeline's timeline with async's: both keep a trainer busy beside the engines, but the
+pipeline's engines wait for each batch's slowest execution before they get new work, so the rollout
+tail still sets the pace. Hiding training behind generation pays only once the tail is handled.
+Try `pick` rules (most free KV: `max(engines, key=lambda e: e.kv_capacity - e.kv_used)`), or a larger
+trainer, and re-run the two cells above.
+
+## The same object on the real backend
+
+`gyre.real.runner.run_real` runs the very same policy object on Ray (local logical GPUs on a laptop, a
+real cluster via an address). Starting Ray and the torch engine actors takes about a minute on a CPU,
+so this cell runs only when `GYRE_NOTEBOOK_REAL=1` and `gyre.real` imports (it needs the `real` extra:
+ray and torch); otherwise it says so and the notebook goes on. `tests/test_notebooks.py` runs this
+notebook's `Pipeline` class on the real backend whenever Ray is installed.
+"""),
+    ("code", """
+if os.environ.get("GYRE_NOTEBOOK_REAL") != "1":
+    print("skipped: set GYRE_NOTEBOOK_REAL=1 to run Pipeline on local Ray (about a minute on a CPU)")
+else:
+    try:
+        from gyre.real.runner import get_preset as real_preset, run_real
+    except ImportError as exc:
+        print(f"skipped: the real backend does not import here ({exc})")
+    else:
+        real = run_real(real_preset("tiny-test"), Pipeline())
+        display(nb.summary({"pipeline (real, tiny-test)": real}))
+        nb.timeline({"pipeline (real, tiny-test)": real})
+"""),
+]
+
+# ----------------------------------------------------------------------------------------------- 02
+TRACES = [
+    ("md", """
+# Traces: calibrate a workload, inspect the fit, replay
+
+Heavy tails decide makespan, so Gyre's workloads come from traces. This notebook reads a real request
+trace (Azure LLM inference 2023, code completions: one row per request with its context and generated
+tokens), fits a tail-aware distribution on the first 70% of it (by time), judges the fit on the held-out
+30%, and replays the trace through the policies, both exactly and resampled from the fit.
+The command-line equivalents are `gyre-sim calibrate` and `gyre-sim replay` (docs/cli.md, docs/traces.md).
+"""),
+    ("code", """
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import gyre.notebook as nb
+from gyre.config import override
+from gyre.presets import get_preset
+from gyre.sim.runner import simulate
+from gyre.traces.calibrate import CalibrateOptions, calibrate, quantities, split_groups
+from gyre.traces.calibrated import CalibratedSource, load_workload, sample_quantities
+from gyre.traces.readers import Grouping, read_request_csv
+from gyre.workload import ReplaySource
+
+%matplotlib inline
+pd.set_option("display.precision", 3)
+"""),
+    ("md", """
+## Read the trace
+
+The file sits in `shared/data/` next to the repository (`../shared/data/` from the repository root);
+`GYRE_TRACE` overrides the path. Requests carry no task or GRPO group, so groups are windows of 8
+consecutive requests and a step is 16 groups.
+"""),
+    ("code", """
+def find_trace(name="azure_llm_inference_2023_code.csv"):
+    if os.environ.get("GYRE_TRACE"):
+        return Path(os.environ["GYRE_TRACE"])
+    for folder in [Path.cwd(), *Path.cwd().parents]:
+        if (folder / "shared" / "data" / name).exists():
+            return folder / "shared" / "data" / name
+    raise FileNotFoundError(f"{name} not found in shared/data/ above {Path.cwd()}; set GYRE_TRACE")
+
+
+trace = read_request_csv(find_trace(), grouping=Grouping(group_size=8, groups_per_step=16))
+first = trace.groups[0].executions[0]
+print(f"{trace.n_executions} requests in {len(trace.groups)} groups; "
+      f"the first: context {first.prompt} tokens, generated {first.gen[0]}")
+"""),
+    ("md", """
+## Calibrate
+
+`calibrate` fits each quantity with a `TailDist`: the empirical body below a threshold `u`, a
+generalized Pareto tail above it (shape `xi`; `xi > 0` is a heavy, power-law tail), and a point mass at
+the length cap if the trace has one. It also looks for drift across steps and per-task difficulty (none
+here: requests are not tasks). `model_execs` is how many executions it draws to judge the fit.
+"""),
+    ("code", """
+opts = CalibrateOptions(split=0.7, seed=0, model_execs=20_000)
+cw = calibrate(trace, opts)
+r = cw.report
+length = cw.dists["length"]
+print(f"fitted {r['fitted']} executions, held out {r['held_out']}; length = {r['scale_target']} tokens, "
+      f"cap {r['cap']}, drift/step {r['drift_per_step']:+.4f}")
+print(f"tail: threshold u = {length.u}, GPD shape xi = {length.xi:.3f}, mass at cap {length.p_cap:.4f}")
+"""),
+    ("md", """
+### Fit quality on the held-out 30%
+
+KS distance and Wasserstein (relative to the mean) judge the whole distribution; the p99 error and the
+error of the *maximum over K* draws (K = one batch) judge the tail, which is what a batch waits for.
+"""),
+    ("code", """
+cols = ["n_test", "ks_d", "wasserstein_rel", "p50_err", "p90_err", "p99_err", "maxk_model", "maxk_test", "maxk_err"]
+pd.DataFrame(r["quality"]).T[cols]
+"""),
+    ("md", """
+### CDF, QQ and tail
+
+Held-out data against draws from the calibrated workload for the same steps. A QQ plot on the diagonal
+and matching survival curves at the right edge of the tail plot are what the makespan needs.
+"""),
+    ("code", """
+_, held_groups = split_groups(trace.groups, opts.split)
+steps = np.array([g.step for g in held_groups], dtype=float)
+model = sample_quantities(cw, np.tile(steps, 20), seed=0)
+held = quantities(held_groups, cw.scale_target)
+nb.fit_plots({"generated tokens": model["length"], "context tokens": model["prompt"]},
+             {"generated tokens": held["length"], "context tokens": held["prompt"]},
+             ["generated tokens", "context tokens"]);
+"""),
+    ("md", """
+The calibrated workload is a JSON file (what `gyre-sim calibrate --out workload.json` writes and
+`gyre-sim run --workload workload.json` reads):
+"""),
+    ("code", """
+with tempfile.TemporaryDirectory() as tmp:
+    cw.save(Path(tmp) / "workload.json")
+    again = load_workload(Path(tmp) / "workload.json")
+print(again.base.name, again.scale_target, sorted(again.dists))
+"""),
+    ("md", """
+## Replay
+
+Two ways to drive the simulator with the trace, on the `short-math` cluster (a dense 7B model) cut to
+16 GPUs and 4 steps, with the trace's own workload shape (`cw.base`: group size, groups per step):
+
+- **exact replay** (`gyre.workload.ReplaySource`, what `gyre-sim replay` does): the recorded requests,
+  unchanged, in their recorded order;
+- **calibrated** (`gyre.traces.calibrated.CalibratedSource`, what `gyre-sim run --workload` does): fresh
+  draws from the fit, so longer runs and other seeds are possible.
+
+A good fit gives makespans of the same size and the same ranking; four steps of 128 short requests are a
+small sample, so expect differences of tens of percent from the draws alone.
+"""),
+    ("code", """
+cfg = override(dataclasses.replace(get_preset("short-math"), workload=cw.base), steps=4, **{"cluster.gpus": 16})
+exact = {p: simulate(cfg, p, source=ReplaySource(trace.groups, cw.base)) for p in ["colocate", "async", "elastic"]}
+fitted = {p: simulate(cfg, p, source=CalibratedSource(cw, seed=0)) for p in exact}
+pd.DataFrame({"exact replay (s)": {p: x.makespan_s for p, x in exact.items()},
+              "calibrated (s)": {p: x.makespan_s for p, x in fitted.items()}})
+"""),
+    ("code", "nb.timeline(exact);"),
+    ("md", """
+These requests generate a dozen tokens each, so a step is dominated by prefill, role switches and
+training rather than by a decode tail: a very different regime from the long-horizon agent workloads in
+`01_policies.ipynb`. Agentic session traces (`gyre.traces.readers.read_sessions`) and Gyre's own rollout
+traces (`gyre-sim run --trace-out`) go through the same calibrate and replay steps.
+"""),
+]
+
+
+def notebook(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
+    nb = new_notebook(metadata={
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    })
+    for i, (kind, src) in enumerate(cells):
+        cell = (new_markdown_cell if kind == "md" else new_code_cell)(src.strip("\n"))
+        cell["id"] = f"cell-{i:02d}"  # fixed ids: the built file is byte-for-byte reproducible
+        nb.cells.append(cell)
+    return nb
+
+
+NOTEBOOKS = {"01_policies.ipynb": POLICIES, "02_traces.ipynb": TRACES}
+
+
+def render(name: str) -> str:
+    return nbformat.writes(notebook(NOTEBOOKS[name])) + "\n"
+
+
+def main() -> int:
+    for name in NOTEBOOKS:
+        (HERE / name).write_text(render(name))
+        print(f"wrote notebooks/{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
