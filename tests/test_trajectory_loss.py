@@ -48,7 +48,7 @@ def assert_same(a, b, what):
 
 
 @pytest.mark.parametrize("normalization", ["token", "sequence"])
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1])
 def test_packed_equals_naive_loss_and_grads(seed, normalization):
     """Packed loss/grads equal naive per-branch ones, unsplit, split, accumulated and merged by sign."""
     model = TinyLlama(CFG, np.random.default_rng(100 + seed), dtype=torch.float64)
@@ -56,7 +56,7 @@ def test_packed_equals_naive_loss_and_grads(seed, normalization):
     ref = grads_of(model, [lambda: naive_loss(model, branches, normalization, LOSS)])
     assert ref[0] != 0.0 and any(g.abs().sum() > 0 for g in ref[1].values()), "reference loss is trivial"
     deepest = max(b.tokens.shape[0] for b in branches)
-    for bound in (10_000, deepest, deepest + 3):
+    for bound in (10_000, deepest):
         batch = build_packs(trees, advs, PackConfig(max_tokens=bound, normalization=normalization))
         if bound == deepest:
             assert batch.stats.num_packs > 2, "the tight bound should split trees"

@@ -39,8 +39,8 @@ class PackConfig:
     normalization: str = "token"
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 2:
-            raise ValueError(f"PackConfig.max_tokens must be >= 2, got {self.max_tokens}")
+        if self.max_tokens < 1:
+            raise ValueError(f"PackConfig.max_tokens must be >= 1, got {self.max_tokens}")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"PackConfig.normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
 
@@ -159,121 +159,140 @@ def _first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
     return out
 
 
+@dataclass
+class _TreeRows:
+    """Loss rows of one tree in target (preorder) order, and where each chunk's rows start."""
+
+    pred: np.ndarray  # prediction index inside the chunk (pack offset added at assembly)
+    target: np.ndarray
+    old_logprob: np.ndarray
+    execution: np.ndarray  # batch-global
+    branch: np.ndarray  # batch-global
+    chunk_bounds: np.ndarray  # row range of chunk c: chunk_bounds[c] .. chunk_bounds[c + 1]
+
+
+def _tree_rows(pre: Preorder, ca: np.ndarray, eoff: int, boff: int) -> _TreeRows:
+    """One row per (trained token with a parent, branch through it); branches through t have leaves in
+    [t, leave[t]), a contiguous range once leaves are sorted by preorder index."""
+    tgt = np.flatnonzero(pre.trained & (pre.parent >= 0))
+    border = np.argsort(pre.branch_leaf, kind="stable")
+    bl_sorted = pre.branch_leaf[border]
+    lo = np.searchsorted(bl_sorted, tgt, "left")
+    cnt = np.searchsorted(bl_sorted, pre.leave[tgt], "left") - lo
+    keep = cnt > 0
+    if not keep.all():
+        tgt, lo, cnt = tgt[keep], lo[keep], cnt[keep]
+    tc = np.searchsorted(ca, tgt, "right") - 1
+    par = pre.parent[tgt]
+    a = ca[tc]
+    pred_t = np.where(par >= a, pre.depth[a] + par - a, pre.depth[par])
+    rcum = np.concatenate([[0], np.cumsum(cnt)])
+    branch = border[concat_ranges(lo, cnt)]
+    unit = bool((cnt == 1).all())
+    rep = (lambda x: x) if unit else (lambda x: np.repeat(x, cnt))  # noqa: E731
+    return _TreeRows(
+        pred=rep(pred_t), target=rep(pre.tokens[tgt]), old_logprob=rep(pre.logprob[tgt]),
+        execution=pre.branch_execution[branch] + eoff, branch=branch + boff,
+        chunk_bounds=np.append(rcum[np.searchsorted(tgt, ca)], rcum[-1]),
+    )
+
+
 def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: PackConfig) -> PackedBatch:
     """Pack a batch of task trees; `advantages[i][e]` is the advantage of execution e of tree i."""
     if len(trees) != len(advantages):
         raise ValueError(f"got {len(trees)} trees but {len(advantages)} advantage arrays")
     pres = [t.preorder() if isinstance(t, TokenTree) else t for t in trees]
     B = config.max_tokens
-    # ---- concatenate trees into batch-global arrays ----
-    sizes = np.array([p.size for p in pres], np.int64)
-    toff = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    cat = lambda f: np.concatenate([getattr(p, f) for p in pres]) if pres else np.zeros(0)  # noqa: E731
-    tok, depth = cat("tokens").astype(np.int64), cat("depth").astype(np.int64)
-    trained, logprob = cat("trained").astype(bool), cat("logprob").astype(np.float64)
-    shift = np.repeat(toff[:-1], sizes)
-    parent = cat("parent").astype(np.int64)
-    parent = np.where(parent >= 0, parent + shift, -1)
-    leave = cat("leave").astype(np.int64) + shift
-    run_start = np.concatenate([p.run_start + o for p, o in zip(pres, toff)]) if pres else np.zeros(0, np.int64)
-    n_exec = []
-    for i, (p, adv) in enumerate(zip(pres, advantages)):
-        adv = np.asarray(adv, np.float64).reshape(-1)
+    advs = [np.asarray(a, np.float64).reshape(-1) for a in advantages]
+    eoff = np.concatenate([[0], np.cumsum([a.shape[0] for a in advs])]).astype(np.int64)
+    boff = np.concatenate([[0], np.cumsum([p.branch_leaf.shape[0] for p in pres])]).astype(np.int64)
+    adv_all = np.concatenate(advs) if advs else np.zeros(0)
+    chunks: list[tuple[int, int, int]] = []  # (tree, a, b)
+    cuts, rows = [], []
+    for i, (p, adv) in enumerate(zip(pres, advs)):
         if p.branch_execution.size and p.branch_execution.max() >= adv.shape[0]:
             raise ValueError(f"tree {i}: branch of execution {p.branch_execution.max()} has no advantage "
                              f"({adv.shape[0]} given)")
-        n_exec.append(adv.shape[0])
-    eoff = np.concatenate([[0], np.cumsum(n_exec)]).astype(np.int64)
-    adv_all = np.concatenate([np.asarray(a, np.float64).reshape(-1) for a in advantages]) if pres else np.zeros(0)
-    b_leaf = np.concatenate([p.branch_leaf + o for p, o in zip(pres, toff)]) if pres else np.zeros(0, np.int64)
-    b_exec = np.concatenate([p.branch_execution + o for p, o in zip(pres, eoff)]) if pres else np.zeros(0, np.int64)
-    b_leaf, b_exec = b_leaf.astype(np.int64), b_exec.astype(np.int64)
-    if depth.size and int(depth.max()) + 1 > B:
-        i = int(np.searchsorted(toff, int(np.argmax(depth)), "right") - 1)
-        raise ValueError(f"tree {i} has a context of {int(depth.max()) + 1} tokens, more than max_tokens={B}")
-
-    # ---- chunks and packs ----
-    ca = np.array([c for i, p in enumerate(pres) for c in _choose_cuts(p, int(toff[i]), B)], np.int64)
-    cb = np.append(ca[1:], toff[-1]) if ca.size else ca
-    tree_end = toff[np.searchsorted(toff, ca, "right")] if ca.size else ca
-    cb = np.minimum(cb, tree_end)
-    cctx = depth[ca]
-    csize = cctx + cb - ca
-    cpack = _first_fit_decreasing(csize, B)
-    corder = np.lexsort((ca, cpack))  # chunks in pack order
-    n_packs = int(cpack.max()) + 1 if ca.size else 0
-    coff = np.empty(ca.shape[0], np.int64)  # chunk's offset inside its pack
-    sizes_sorted = csize[corder]
-    pack_first = np.searchsorted(cpack[corder], np.arange(n_packs))
-    ends = np.cumsum(sizes_sorted)
-    coff[corder] = ends - sizes_sorted - np.repeat((ends - sizes_sorted)[pack_first], np.diff(np.append(pack_first, corder.shape[0])))
-    pack_len = np.bincount(cpack, weights=csize, minlength=n_packs).astype(np.int64)
-
-    # ---- token source of every pack position: replayed ancestor path, then the range ----
-    p_starts, p_lens = [], []
-    for c in corder.tolist():
-        pieces = []
-        x = int(parent[ca[c]])
-        while x >= 0:
-            s = int(run_start[np.searchsorted(run_start, x, "right") - 1])
-            pieces.append((s, x - s + 1))
-            x = int(parent[s])
-        for s, ln in reversed(pieces):
-            p_starts.append(s)
-            p_lens.append(ln)
-        p_starts.append(int(ca[c]))
-        p_lens.append(int(cb[c] - ca[c]))
-    src = concat_ranges(np.array(p_starts, np.int64), np.array(p_lens, np.int64))
-    chunk_of_pos = np.repeat(corder, csize[corder])
-    local_leave = (coff + cctx - ca)[chunk_of_pos] + np.minimum(leave[src], cb[chunk_of_pos])
-    ids, pos_ids = tok[src], depth[src]
-
-    # ---- loss rows: one per (trained token with a parent, branch through it) ----
-    tgt = np.flatnonzero(trained & (parent >= 0))
-    border = np.argsort(b_leaf, kind="stable")
-    bl_sorted = b_leaf[border]
-    lo = np.searchsorted(bl_sorted, tgt, "left")
-    cnt = np.searchsorted(bl_sorted, leave[tgt], "left") - lo
-    keep = cnt > 0
-    tgt, lo, cnt = tgt[keep], lo[keep], cnt[keep]
-    tc = np.searchsorted(ca, tgt, "right") - 1
-    par_t = parent[tgt]
-    pred_t = coff[tc] + np.where(par_t >= ca[tc], cctx[tc] + par_t - ca[tc], depth[par_t])
-    branch = border[concat_ranges(lo, cnt)]
-    row_pack = np.repeat(cpack[tc], cnt)
-    execution = b_exec[branch]
-    n_rows = int(branch.shape[0])
+        if p.size and int(p.depth.max()) + 1 > B:
+            raise ValueError(f"tree {i} has a context of {int(p.depth.max()) + 1} tokens, more than max_tokens={B}")
+        ca = np.asarray(_choose_cuts(p, 0, B), np.int64)
+        cuts.append(ca)
+        chunks.extend((i, int(a), int(b)) for a, b in zip(ca.tolist(), np.append(ca[1:], p.size).tolist()))
+        rows.append(_tree_rows(p, ca, int(eoff[i]), int(boff[i])))
+    n_rows = sum(int(r.pred.shape[0]) for r in rows)
     if config.normalization == "token":
-        weight = np.full(n_rows, 1.0 / max(n_rows, 1))
+        exec_weight = np.full(int(eoff[-1]), 1.0 / max(n_rows, 1))
     else:
-        per_exec = np.bincount(execution, minlength=int(eoff[-1])).astype(np.float64)
-        n_active = int((per_exec > 0).sum())
-        weight = 1.0 / (n_active * per_exec[execution]) if n_rows else np.zeros(0)
-    rows_all = dict(
-        pred=np.repeat(pred_t, cnt), target=np.repeat(tok[tgt], cnt), old_logprob=np.repeat(logprob[tgt], cnt),
-        advantage=adv_all[execution], execution=execution, branch=branch, weight=weight,
-    )
-    rorder = np.argsort(row_pack, kind="stable")
-    rbounds = np.searchsorted(row_pack[rorder], np.arange(n_packs + 1))
-    rows_sorted = {k: v[rorder] for k, v in rows_all.items()}
+        per_exec = np.bincount(np.concatenate([r.execution for r in rows]) if rows else np.zeros(0, np.int64),
+                               minlength=int(eoff[-1])).astype(np.float64)
+        n_active = max(int((per_exec > 0).sum()), 1)
+        exec_weight = np.where(per_exec > 0, 1.0 / (n_active * np.maximum(per_exec, 1)), 0.0)
 
-    pbounds = np.concatenate([[0], np.cumsum(pack_len)])
-    packs = []
+    ctx = np.array([int(pres[t].depth[a]) for t, a, _ in chunks], np.int64)
+    csize = ctx + np.array([b - a for _, a, b in chunks], np.int64)
+    cpack = _first_fit_decreasing(csize, B)
+    n_packs = int(cpack.max()) + 1 if chunks else 0
+    members: list[list[int]] = [[] for _ in range(n_packs)]
+    for c in np.lexsort((np.arange(len(chunks)), cpack)).tolist():
+        members[cpack[c]].append(c)
+    chunk_of_tree = np.concatenate([[0], np.cumsum([len(c) for c in cuts])]).astype(np.int64)
+
+    packs, chunk_off = [], np.zeros(len(chunks), np.int64)
     for p in range(n_packs):
-        s, e = int(pbounds[p]), int(pbounds[p + 1])
-        rs, re_ = int(rbounds[p]), int(rbounds[p + 1])
+        ids, pos, lv, parts = [], [], [], []
+        off = 0
+        for c in members[p]:
+            t, a, b = chunks[c]
+            pre = pres[t]
+            chunk_off[c] = off
+            pieces = [(a, b)]
+            x = int(pre.parent[a])
+            while x >= 0:  # replay the ancestor path of a, one unbranched run at a time
+                s = int(pre.run_start[np.searchsorted(pre.run_start, x, "right") - 1])
+                pieces.append((s, x + 1))
+                x = int(pre.parent[s])
+            base = off + int(ctx[c]) - a
+            for s, e in reversed(pieces):
+                ids.append(pre.tokens[s:e])
+                pos.append(pre.depth[s:e])
+                lv.append(np.minimum(pre.leave[s:e], b) + base)
+            k = c - int(chunk_of_tree[t])
+            r0, r1 = int(rows[t].chunk_bounds[k]), int(rows[t].chunk_bounds[k + 1])
+            parts.append((rows[t], r0, r1, off))
+            off += int(csize[c])
+        cat = lambda xs: np.concatenate(xs) if len(xs) > 1 else xs[0]  # noqa: E731
+        execution = cat([r.execution[r0:r1] for r, r0, r1, _ in parts])
         packs.append(Pack(
-            input_ids=ids[s:e], position_ids=pos_ids[s:e], leave=local_leave[s:e],
-            rows=LossRows(**{k: v[rs:re_] for k, v in rows_sorted.items()}),
+            input_ids=cat(ids), position_ids=cat(pos), leave=cat(lv),
+            rows=LossRows(
+                pred=cat([r.pred[r0:r1] + o for r, r0, r1, o in parts]),
+                target=cat([r.target[r0:r1] for r, r0, r1, _ in parts]),
+                old_logprob=cat([r.old_logprob[r0:r1] for r, r0, r1, _ in parts]),
+                advantage=adv_all[execution], execution=execution,
+                branch=cat([r.branch[r0:r1] for r, r0, r1, _ in parts]),
+                weight=exec_weight[execution],
+            ),
         ))
-    lc = np.searchsorted(ca, b_leaf, "right") - 1 if b_leaf.size else b_leaf
+
+    # Where each branch's leaf landed (for reconstruction and tests).
+    b_pack, b_index, b_exec, naive = [], [], [], 0
+    for t, pre in enumerate(pres):
+        leaves = pre.branch_leaf
+        lc = np.searchsorted(cuts[t], leaves, "right") - 1
+        gc = lc + int(chunk_of_tree[t])
+        b_pack.append(cpack[gc])
+        b_index.append(chunk_off[gc] + ctx[gc] + leaves - cuts[t][lc])
+        b_exec.append(pre.branch_execution + eoff[t])
+        naive += int((pre.depth[leaves] + 1).sum())
+    z = np.zeros(0, np.int64)
     stats = PackStats(
-        unique_tokens=int(tok.shape[0]), naive_tokens=int((depth[b_leaf] + 1).sum()) if b_leaf.size else 0,
-        packed_tokens=int(pack_len.sum()), num_packs=n_packs, loss_rows=n_rows,
+        unique_tokens=sum(p.size for p in pres), naive_tokens=naive, packed_tokens=int(csize.sum()),
+        num_packs=n_packs, loss_rows=n_rows,
     )
     return PackedBatch(
-        packs=packs, stats=stats, branch_pack=cpack[lc] if b_leaf.size else b_leaf,
-        branch_index=(coff + cctx - ca)[lc] + b_leaf if b_leaf.size else b_leaf, branch_execution=b_exec,
+        packs=packs, stats=stats, branch_pack=np.concatenate(b_pack) if b_pack else z,
+        branch_index=np.concatenate(b_index) if b_index else z,
+        branch_execution=np.concatenate(b_exec) if b_exec else z,
     )
 
 

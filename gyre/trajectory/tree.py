@@ -35,7 +35,6 @@ class Preorder:
     leave: np.ndarray  # int64 exclusive end of the token's subtree
     trained: np.ndarray  # bool: produced by the policy (a loss target on every branch through it)
     logprob: np.ndarray  # float64 old log-prob (0.0 for environment tokens)
-    source: np.ndarray  # int64 buffer index in the TokenTree of each preorder position
     run_start: np.ndarray  # int64 sorted preorder starts of maximal unbranched runs (good cut points)
     branch_leaf: np.ndarray  # int64 preorder index of each branch's last token (branch order)
     branch_execution: np.ndarray  # int64 execution id of each branch
@@ -203,26 +202,29 @@ class TokenTree:
     # ---- layout ------------------------------------------------------------------------------------
 
     def preorder(self) -> Preorder:
-        """DFS layout (children in insertion order), computed per unbranched run then expanded with numpy."""
+        """DFS layout (children in insertion order): a Python walk over unbranched runs, numpy per token.
+
+        A token starts a run iff it is registered as a fork (its parent is not the previous buffer token,
+        or it is a root) or it continues a token that also has forks; so runs come from `_forks` alone.
+        """
         n = self.size
-        par = self.parent
-        nchild = np.bincount(par[par >= 0], minlength=n) if n else np.zeros(0, np.int64)
-        is_start = np.ones(n, bool)
-        if n > 1:
-            is_start[1:] = (par[1:] != np.arange(n - 1)) | (nchild[:-1] > 1)
-        starts = np.flatnonzero(is_start)
+        par = self._parent
+        start_set = {c for kids in self._forks.values() for c in kids}
+        start_set.update(p + 1 for p in self._forks if 0 <= p < n - 1 and par[p + 1] == p)
+        starts = np.array(sorted(start_set), np.int64)
         lens = np.diff(np.append(starts, n))
-        run_of = np.cumsum(is_start) - 1
-        # A run hangs under the run holding its first token's parent; that parent always ends its run.
-        rpar = np.where(par[starts] >= 0, run_of[np.maximum(par[starts], 0)], -1)
+        nr = starts.shape[0]
+        # A run hangs under the run ending with its first token's parent (a fork point always ends a run).
+        first_par = par[starts]
+        rpar = np.where(first_par >= 0, np.searchsorted(starts, first_par, "right") - 1, -1)
         kids: dict[int, list[int]] = {}
         for r, pr in enumerate(rpar.tolist()):
             kids.setdefault(pr, []).append(r)
-        nr = starts.shape[0]
         pstart = np.zeros(nr, np.int64)
         rdepth = np.zeros(nr, np.int64)
         rleave = np.zeros(nr, np.int64)
         lens_l, kids_get = lens.tolist(), kids.get
+        order: list[int] = []
         pos = 0
         stack = [(r, 0, True) for r in reversed(kids_get(-1, []))]
         while stack:
@@ -230,33 +232,33 @@ class TokenTree:
             if not entering:
                 rleave[r] = pos
                 continue
+            order.append(r)
             pstart[r], rdepth[r] = pos, d
             pos += lens_l[r]
             stack.append((r, 0, False))
             child_depth = d + lens_l[r]
             stack.extend((c, child_depth, True) for c in reversed(kids_get(r, [])))
-        # Expand runs to tokens.
-        order_runs = np.argsort(pstart, kind="stable")
-        rl = lens[order_runs]
-        run_at = np.repeat(order_runs, rl)
-        offset = np.arange(n, dtype=np.int64) - np.repeat(pstart[order_runs], rl)
-        source = starts[run_at] + offset
-        depth = rdepth[run_at] + offset
-        leave = rleave[run_at]
-        pre_of_buf = np.empty(n, np.int64)
-        pre_of_buf[source] = np.arange(n, dtype=np.int64)
-        bpar = par[source]
-        parent = np.where(bpar >= 0, pre_of_buf[np.maximum(bpar, 0)], -1)
+        ro = np.asarray(order, np.int64)
+        rl = lens[ro]
+        sl = [slice(int(a), int(a + b)) for a, b in zip(starts[ro], rl)]
+        take = lambda arr: np.concatenate([arr[x] for x in sl]) if sl else arr[:0].copy()  # noqa: E731
+        idx = np.arange(n, dtype=np.int64)
+        depth = idx + np.repeat(rdepth[ro] - pstart[ro], rl)
+        parent = idx - 1
+        has_par = rpar[ro] >= 0
+        pr = rpar[ro][has_par]
+        parent[pstart[ro]] = -1
+        parent[pstart[ro][has_par]] = pstart[pr] + lens[pr] - 1
         leaves = np.asarray(self.branch_leaf, np.int64)
+        lr = np.searchsorted(starts, leaves, "right") - 1
         return Preorder(
-            tokens=self.tokens[source],
+            tokens=take(self._tok),
             depth=depth,
             parent=parent,
-            leave=leave,
-            trained=self.trained[source],
-            logprob=self.logprob[source],
-            source=source,
+            leave=np.repeat(rleave[ro], rl),
+            trained=take(self._trained),
+            logprob=take(self._logprob),
             run_start=np.sort(pstart),
-            branch_leaf=pre_of_buf[leaves] if leaves.size else leaves,
+            branch_leaf=pstart[lr] + leaves - starts[lr],
             branch_execution=np.asarray(self.branch_execution, np.int64),
         )
