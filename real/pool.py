@@ -38,6 +38,8 @@ class PoolConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine_config: TorchEngineConfig = field(default_factory=TorchEngineConfig)
     trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
+    vllm_model: str = ""  # engine == "vllm": the served model (path or hub name)
+    vllm_args: tuple[tuple[str, object], ...] = ()  # more gyre.real.engine_vllm.VllmEngineConfig fields
     pg_timeout_s: float = 60.0
 
 
@@ -58,7 +60,7 @@ class ActorPool:
     @classmethod
     def shared(cls, cfg: PoolConfig) -> ActorPool:
         """The live pool of this process for `cfg` (created on first use): warm actors, one placement group."""
-        pool = _SHARED.get(cfg)
+        pool = _SHARED.get(cfg)  # PoolConfig is frozen and hashable
         if pool is None or not ray.is_initialized():
             for old in list(_SHARED.values()):  # a different shape: release the GPUs first
                 old.shutdown()
@@ -67,6 +69,10 @@ class ActorPool:
         return pool
 
     def __init__(self, cfg: PoolConfig) -> None:
+        if cfg.engine not in ("torch", "vllm"):
+            raise ValueError(f"PoolConfig.engine must be 'torch' or 'vllm', got {cfg.engine!r}")
+        if cfg.engine == "vllm" and not cfg.vllm_model:
+            raise ValueError("PoolConfig.vllm_model must name the served model when engine = 'vllm'")
         if cfg.n_gpus % cfg.gpus_per_engine:
             raise ValueError(f"PoolConfig.n_gpus={cfg.n_gpus} is not a multiple of gpus_per_engine={cfg.gpus_per_engine}")
         ensure_ray(cfg)
@@ -90,9 +96,10 @@ class ActorPool:
         cfg = self.cfg
         strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=slot)
         if cfg.engine == "vllm":
-            from gyre.real.engine_vllm import VllmEngine
+            from gyre.real.engine_vllm import VllmEngine, VllmEngineConfig
 
-            cls, args = VllmEngine, (cfg.engine_config,)
+            vcfg = VllmEngineConfig(model=cfg.vllm_model, tensor_parallel_size=cfg.gpus_per_engine, **dict(cfg.vllm_args))
+            cls, args = VllmEngine, (vcfg,)
         else:
             cls, args = TorchEngine, (cfg.model, cfg.engine_config)
         return ray.remote(num_cpus=0, num_gpus=cfg.gpus_per_engine, max_concurrency=1000, max_restarts=0)(cls).options(

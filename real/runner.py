@@ -51,9 +51,9 @@ def preset_tiny_cpu() -> RealRunConfig:
     return RealRunConfig(
         name="tiny-cpu",
         pool=PoolConfig(n_gpus=4, gpus_per_engine=1, model=ModelConfig(vocab_size=T.VOCAB_SIZE),
-                        engine_config=TorchEngineConfig(), trainer_config=TrainerConfig()),
+                        engine_config=TorchEngineConfig(), trainer_config=TrainerConfig(lr=1e-2, epochs=4)),
         cluster=RealClusterConfig(groups_per_step=4, group_size=8),
-        steps=40,
+        steps=30,
     )
 
 
@@ -73,23 +73,25 @@ def get_preset(name: str) -> RealRunConfig:
     return PRESETS[name]()
 
 
-def _replace(obj, table: dict, where: str):
+def _replace(obj, table: dict, where: str, prefix: str = ""):
     """dataclasses.replace with nested tables; unknown fields are one-line errors naming them."""
     fields = {f.name: f for f in dataclasses.fields(obj)}
     kw = {}
     for k, v in table.items():
         if k not in fields:
-            raise RealConfigError(f"{where}: unknown field {k!r} (known: {', '.join(sorted(fields))})")
+            raise RealConfigError(f"{where}: unknown field {prefix + k!r} (known: {', '.join(sorted(fields))})")
         cur = getattr(obj, k)
         if dataclasses.is_dataclass(cur) and isinstance(v, dict):
-            v = _replace(cur, v, f"{where}.{k}")
+            v = _replace(cur, v, where, f"{prefix}{k}.")
         elif isinstance(cur, tuple) and isinstance(v, list):
             v = tuple(v)
+        elif isinstance(cur, tuple) and isinstance(v, dict):
+            v = tuple(sorted(v.items()))
         kw[k] = v
     try:
         return dataclasses.replace(obj, **kw)
     except (TypeError, ValueError) as exc:
-        raise RealConfigError(f"{where}: {exc}") from None
+        raise RealConfigError(f"{where}: {prefix or 'run'}: {exc}") from None
 
 
 def load_config(path: str | Path) -> RealRunConfig:

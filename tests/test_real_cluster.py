@@ -112,3 +112,16 @@ def test_contract_every_policy_on_both_backends(pool, policy):
     sim = simulate(dataclasses.replace(get_preset("xlong-swe-small"), steps=2), policy)
     assert len(sim.metrics.steps) == 2, f"{policy}: simulator did not finish"
     check_run(run_real(CFG, policy, pool=pool), CFG.steps)
+
+
+def test_cli_run_then_calibrate(pool, tmp_path):
+    """`gyre-real run` writes the outputs; `gyre-real calibrate` predicts a makespan from them."""
+    from typer.testing import CliRunner
+
+    from gyre.real.cli import app
+
+    res = CliRunner().invoke(app, ["run", "--preset", "tiny-test", "--policy", "colocate", "--out", str(tmp_path)])
+    assert res.exit_code == 0, f"run failed: {res.output}"
+    assert (tmp_path / "role_timeline.png").exists() and (tmp_path / "trace_colocate.jsonl").exists(), "outputs"
+    res = CliRunner().invoke(app, ["calibrate", str(tmp_path), "--from", "colocate", "--predict", "colocate"])
+    assert res.exit_code == 0 and "predicted_s" in res.output, f"calibrate failed: {res.output}"

@@ -150,3 +150,39 @@ def test_trainer_step_raises_good_samples_probability():
     after = torch.log_softmax(tr.model(ids, torch.arange(3)[None])[0, -1], -1)[T.LOOKUP].item()
     assert after > before, f"log-prob of the rewarded action fell: {before:.3f} -> {after:.3f}"
     assert tr.version == 1, f"trainer version {tr.version} after one step"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["run", "--policy", "nope"], "unknown policy"),
+    (["run", "--policy", "colocate", "--preset", "huge"], "unknown real preset"),
+    (["run", "--policy", "colocate", "--steps", "0"], "--steps must be >= 1"),
+])
+def test_cli_user_errors_are_one_line(args, needle):
+    """A user's mistake exits 2 with one line naming it, before Ray starts."""
+    from typer.testing import CliRunner
+
+    from gyre.real.cli import app
+
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and needle in res.output, f"exit {res.exit_code}: {res.output}"
+    assert "Traceback" not in res.output, "a user error must not print a traceback"
+
+
+def test_bad_config_file_names_the_field(tmp_path):
+    """A TOML config with an unknown field fails with the file and the dotted field name."""
+    from gyre.real.runner import RealConfigError, load_config
+
+    p = tmp_path / "run.toml"
+    p.write_text('preset = "tiny-cpu"\n[cluster.task]\nmax_turn = 3\n')
+    with pytest.raises(RealConfigError, match=r"run.toml: unknown field 'cluster.task.max_turn'"):
+        load_config(p)
+
+
+def test_example_gpu_config_parses():
+    """configs/real_gpu_example.toml builds a vLLM run config."""
+    from pathlib import Path
+
+    from gyre.real.runner import load_config
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "real_gpu_example.toml")
+    assert cfg.pool.engine == "vllm" and cfg.pool.n_gpus == 16, f"parsed {cfg.pool}"
