@@ -10,12 +10,14 @@ The run's rollout trace (measured segment lengths and tool latencies) is replaye
 a prediction differs from the measurement only by the cost model and the scheduling it drives.
 
 Simplifications: the real trainer is one process, so its step time does not shrink with more GPUs
-while the simulator's does; rollouts of the predicted policy are assumed to have the source run's
+while the simulator's does (predictions rescale its per-token cost to the predicted policy's training
+GPU count); rollouts of the predicted policy are assumed to have the source run's
 shapes (same seeds; the learning trajectory differs slightly between policies).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -83,8 +85,10 @@ class TraceSource:
             dataclasses.replace(e, exec_id=e.exec_id + off, group_id=gid) for e in g.executions])
 
 
-def simulate_with(costs: Costs, trace, policy: str, steps: int, n_gpus: int, params: dict | None = None) -> float:
-    """Simulated makespan of `policy` on the trace's workload with the calibrated costs."""
+def simulate_with(costs: Costs, trace, policy: str, steps: int, n_gpus: int, params: dict | None = None
+                  ) -> tuple[float, float]:
+    """Simulated makespan of `policy` on the trace's workload with the calibrated costs, and its median
+    training GPU count."""
     from gyre.metrics import compute_metrics
     from gyre.policies import make_policy
     from gyre.sim.backend import SimCluster
@@ -92,7 +96,8 @@ def simulate_with(costs: Costs, trace, policy: str, steps: int, n_gpus: int, par
     src = TraceSource(trace.groups, trace.workload)
     sim = SimCluster(n_gpus=n_gpus, gpus_per_node=n_gpus, costs=costs, source=src)
     sim.run(make_policy(policy, **(params or {})), steps)
-    return compute_metrics(sim.log, n_gpus=n_gpus, policy=policy).makespan_s
+    m = compute_metrics(sim.log, n_gpus=n_gpus, policy=policy)
+    return m.makespan_s, float(m.steps["gpus"].median())
 
 
 def load_run(run_dir: Path, policy: str):
@@ -107,18 +112,28 @@ def load_run(run_dir: Path, policy: str):
         raise CalibrationError(f"{tr}: {exc}") from None
 
 
-def predict_makespans(run_dir: str | Path, source: str, predict: list[str]) -> pd.DataFrame:
-    """Predicted (calibrated on `source`) vs measured makespan for each policy in `predict`."""
+def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, train_scales: bool = False
+                      ) -> pd.DataFrame:
+    """Predicted (calibrated on `source`) vs measured makespan for each policy in `predict`.
+
+    `train_scales`: whether the real trainer's step time shrinks with its GPU count (False for the
+    one-process trainer: the prediction is re-run with the per-token cost at the predicted policy's
+    median training GPU count)."""
     run_dir = Path(run_dir)
     profile, trace = load_run(run_dir, source)
     run = trace.run
     steps_src = pd.read_csv(run_dir / f"steps_{source}.csv")
+    src_gpus = float(steps_src["gpus"].median())
     costs = costs_from_profile(profile, engine_gpus=run["gpus_per_engine"], kv_capacity=run["kv_capacity"],
-                               train_gpus=int(steps_src["gpus"].median()), min_train_gpus=run["min_train_gpus"])
+                               train_gpus=src_gpus, min_train_gpus=run["min_train_gpus"])
     summary = pd.read_csv(run_dir / "summary.csv").set_index("policy")
     rows = []
     for p in predict:
-        pred = simulate_with(costs, trace, p, int(run["steps"]), int(run["n_gpus"]), run.get("params", {}).get(p))
+        args = (trace, p, int(run["steps"]), int(run["n_gpus"]), run.get("params", {}).get(p))
+        pred, gpus = simulate_with(costs, *args)
+        if not train_scales:  # one-process trainer: its time per token is the same on any GPU count
+            c2 = dataclasses.replace(costs, train_s_per_token_gpu=costs.train_s_per_token_gpu / src_gpus * gpus)
+            pred, _ = simulate_with(c2, *args)
         meas = float(summary.loc[p, "makespan_s"]) if p in summary.index else float("nan")
         rows.append({"policy": p, "calibrated_on": source, "predicted_s": pred, "measured_s": meas,
                      "error": (pred - meas) / meas if meas == meas else float("nan")})

@@ -125,3 +125,22 @@ def test_cli_run_then_calibrate(pool, tmp_path):
     assert (tmp_path / "role_timeline.png").exists() and (tmp_path / "trace_colocate.jsonl").exists(), "outputs"
     res = CliRunner().invoke(app, ["calibrate", str(tmp_path), "--from", "colocate", "--predict", "colocate"])
     assert res.exit_code == 0 and "predicted_s" in res.output, f"calibrate failed: {res.output}"
+
+
+def test_elastic_moves_gpus_between_roles(pool):
+    """elastic on Ray: a GPU goes from rollout to training while another keeps generating, and back."""
+    r = run_real(dataclasses.replace(CFG, steps=3), "elastic", pool=pool)
+    check_run(r, 3)
+    role: dict[int, int] = {}
+    path: dict[int, list[int]] = {}
+    overlap = False
+    for _, _, gpus, new in (x for x in r.log if x[0] == "role"):
+        for g in gpus:
+            role[g] = new
+            if new in (int(Role.ROLLOUT), int(Role.TRAIN)) and path.setdefault(g, [-1])[-1] != new:
+                path[g].append(new)
+        overlap |= {int(Role.ROLLOUT), int(Role.TRAIN)} <= set(role.values())
+    assert overlap, "no GPU trained while another kept generating"
+    cycled = [g for g, p in path.items() if p[1:4] == [int(Role.ROLLOUT), int(Role.TRAIN), int(Role.ROLLOUT)]]
+    assert cycled, f"no GPU went rollout -> train -> rollout: {path}"
+    assert r.metrics.staleness["staleness"].max() <= 1, "elastic staleness above eta=1"
