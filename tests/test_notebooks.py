@@ -127,14 +127,21 @@ def test_notebook_policy_in_simulator():
 @pytest.mark.slow
 def test_notebook_policy_on_real_backend():
     """The same policy class runs unchanged on the real backend (local Ray, logical GPUs, torch engines)."""
-    pytest.importorskip("ray", reason="the real backend needs ray (pip install -e '.[real]')")
+    ray = pytest.importorskip("ray", reason="the real backend needs ray (pip install -e '.[real]')")
     pytest.importorskip("torch", reason="the real backend needs torch (pip install -e '.[real]')")
     try:
+        from gyre.real.pool import ActorPool
         from gyre.real.runner import get_preset, run_real
     except ImportError as exc:
-        pytest.skip(f"gyre.real.runner does not import: {exc}")
+        pytest.skip(f"gyre.real does not import: {exc}")
     cfg = get_preset("tiny-test")
-    r = run_real(cfg, notebook_policy()(), steps=2)
+    ray.init(num_cpus=2, num_gpus=cfg.pool.n_gpus, include_dashboard=False, log_to_driver=False)
+    try:
+        r = run_real(cfg, notebook_policy()(), pool=ActorPool.shared(cfg.pool), steps=2)
+    finally:
+        ray.shutdown()
     s = r.metrics.summary()
     assert s["steps"] == 2, f"trained {s['steps']} steps on the real backend, expected 2"
     assert s["staleness_max"] <= 1, f"staleness max {s['staleness_max']} on the real backend"
+    trained = r.metrics.staleness["exec"]
+    assert trained.is_unique and set(trained) == {x[2] for x in r.log if x[0] == "admit"}, "each execution trained once"
