@@ -51,8 +51,11 @@ def load_trace(path: Path, fmt: str = "auto", *, skip_bad: bool = False, groupin
 
 def replay_source(path: str, fmt: str, skip_bad: bool, grouping: Grouping, fields: tuple) -> ReplaySource:
     """A picklable source factory for worker processes: each re-reads the trace (cheap to ship)."""
+    import gc
+
     tr = load_trace(Path(path), fmt, skip_bad=skip_bad, grouping=grouping, time_field=fields[0],
                     input_field=fields[1], output_field=fields[2])
+    gc.freeze()  # the trace lives for the whole run: keep the collector from rescanning it
     return ReplaySource(tr.groups, trace_workload(tr))
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gyre.traces.schema import BadLines, Trace, TraceError
+from gyre.traces.schema import BadLines, Trace, TraceError, no_gc
 from gyre.workload import ExecutionSpec, GroupSpec
 
 
@@ -125,8 +125,9 @@ def _finish_requests(path: str, lines: list[int], t_raw: list | None, in_raw: li
     t = _to_seconds(t_raw, lines, bad) if t_raw is not None else np.arange(n, dtype=float)
     keep = np.isfinite(inp) & np.isfinite(outp) & np.isfinite(t)
     bad.skipped = sorted(dict(reversed(bad.skipped)).items())  # one entry per line (its first reason)
-    specs = _request_specs(inp[keep].astype(np.int64), outp[keep].astype(np.int64), g)
-    return _group(specs, t[keep], g, path, bad)
+    with no_gc():
+        specs = _request_specs(inp[keep].astype(np.int64), outp[keep].astype(np.int64), g)
+        return _group(specs, t[keep], g, path, bad)
 
 
 def read_request_csv(path: str | Path, *, fields: RequestFields = AZURE_FIELDS, grouping: Grouping = Grouping(),
@@ -241,6 +242,11 @@ def read_sessions(path: str | Path, *, fields: SessionFields = SessionFields(), 
     """Agentic session JSONL: one session (one execution) per line with a list of sub-requests."""
     bad = BadLines(path, skip_bad)
     specs: list[ExecutionSpec] = []
+    with no_gc():
+        return _read_sessions(path, fields, grouping, bad, specs)
+
+
+def _read_sessions(path, fields: SessionFields, grouping: Grouping, bad: BadLines, specs: list) -> Trace:
     t_raw: list = []
     lines: list[int] = []
     for lineno, obj in _json_lines(path, bad):
