@@ -9,10 +9,12 @@ from typing import Any
 
 from gyre.policies.async_split import AsyncSplit
 from gyre.policies.colocate import Colocate
+from gyre.policies.elastic import Elastic
 
 REGISTRY: dict[str, Callable[..., Any]] = {
     "colocate": Colocate,
     "async": AsyncSplit,
+    "elastic": Elastic,
 }
 
 

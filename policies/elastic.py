@@ -1,0 +1,181 @@
+"""Elastic: GPUs move between rollout and training as observed demand shifts.
+
+Generation runs on every GPU that is not training, continuously; admission is policies.common.Batcher
+(staleness <= eta). When the Batcher has a batch, the trainer needs >= min_train_gpus GPUs: free GPUs
+first, then engines are drained (policies.elastic_plan: fewest live executions first) by migrating
+their executions to the staying engines with the most free KV. A migration of a decoding execution
+happens at its next tool-call boundary (the backend waits for it); a queued or tool-waiting one moves
+at once and pays a re-prefill (or KV transfer) on the target. Nothing is aborted or restarted. When
+`greedy`, every engine the live KV does not need (at `kv_fill` of capacity) is drained too, so more GPUs
+train and the step is shorter. When training ends, all free GPUs start engines again (serving the new
+weights) and the staying engines sync.
+
+Tail consolidation (`consolidate`): while admission is blocked by the staleness bound and the live
+executions would fit on fewer engines at `tail_fill`, the spare engines are drained early; their GPUs
+wait idle for the coming step. If demand returns first (an engine queues executions while GPUs are
+idle), engines are started on the idle GPUs again (grow on demand).
+
+Every decision reads only observations: engines' live/decoding/queued counts and KV use, the live
+executions' current contexts, and the Batcher's state (trainer backlog). No future lengths.
+
+Simplifications: one drain at a time (a drain's targets are never another drain's victims); GPUs are
+taken in engine-sized pieces; the trainer's GPU count is fixed for the whole step.
+"""
+
+from __future__ import annotations
+
+from gyre.cluster import Cluster, EngineView
+from gyre.handles import Handle, all_of, any_of
+from gyre.policies.common import Batcher, Signal, engine_slots, least_loaded
+from gyre.policies.elastic_plan import DrainPlan, plan_drain, spare_engines
+
+
+class Elastic:
+    name = "elastic"
+
+    def __init__(
+        self,
+        eta: int = 1,
+        greedy: bool = False,
+        kv_fill: float = 0.5,
+        consolidate: bool = False,
+        tail_fill: float = 0.5,
+        reserve: bool = False,
+        high_fill: float = 0.9,
+    ) -> None:
+        if eta < 0:
+            raise ValueError(f"elastic: eta must be >= 0, got {eta}")
+        if not (0 < kv_fill <= 1 and 0 < tail_fill <= 1):
+            raise ValueError(f"elastic: kv_fill and tail_fill must be in (0, 1], got {kv_fill}, {tail_fill}")
+        self.eta = eta
+        self.greedy = greedy
+        self.kv_fill = kv_fill
+        self.consolidate = consolidate
+        self.tail_fill = tail_fill
+        self.reserve = reserve
+        self.high_fill = high_fill
+
+    # ------------------------------------------------------------------ the control loop
+    def run(self, cluster: Cluster, steps: int):
+        self.cluster = cluster
+        self.pool: list[EngineView] = []  # engines that accept admissions (starting or ready)
+        self.draining: Handle | None = None  # the one drain in flight
+        self.load = Signal()  # an execution finished, or the pool changed
+        self.training = False
+        self.batcher = batcher = Batcher(cluster, steps, self.eta)
+        yield from self._grow()
+        producer = cluster.spawn(self._produce(steps), "elastic-producer")
+        while cluster.version < steps:
+            batch = batcher.next_batch()
+            if batch is None:
+                self._react()
+                yield any_of([batcher.changed.wait(), self.load.wait()])
+                continue
+            batcher.trained(batch)
+            gpus = yield from self._gather()
+            self.training = True
+            cluster.note("elastic_train", gpus=len(gpus), engines=len(self.pool))
+            yield cluster.train(gpus, batch)
+            self.training = False
+            yield from self._grow()
+            batcher.changed.fire()
+        if not producer.done:
+            yield any_of([producer])
+
+    def _produce(self, steps: int):
+        """Admit groups while the staleness bound allows, each execution to the least-loaded engine."""
+        cluster, batcher = self.cluster, self.batcher
+        while batcher.n_admitted < steps * batcher.gps:
+            ready = [e for e in self.pool if e.ready]
+            if not batcher.can_admit() or not ready:
+                yield any_of([batcher.changed.wait(), self.load.wait()])
+                continue
+            version = min(e.version for e in self.pool)  # the oldest weights a member may run on
+            g = batcher.admit_group(version)
+            handles = [cluster.admit(x, least_loaded(ready)) for x in g.executions]
+            for h in handles:
+                h.on_done(self._finished)
+            batcher.watch(g, handles)
+
+    def _finished(self, _h: Handle) -> None:
+        self.load.fire()
+
+    # ------------------------------------------------------------------ shrink
+    def _gather(self):
+        """GPUs for the coming step: free ones, then drained engines. Returns the GPU list."""
+        cluster = self.cluster
+        while self.draining is not None and not self.draining.done:
+            yield self.draining
+        while any(not e.ready for e in self.pool):  # engines still starting cannot be drained yet
+            yield any_of([self.load.wait(), cluster.timeout(1.0)])
+        need = max(0, cluster.min_train_gpus - len(cluster.free_gpus()))
+        plan = plan_drain(self.pool, cluster.live(), need, kv_fill=self.kv_fill, greedy=self.greedy)
+        if plan.victims:
+            yield from self._drain(plan, "train")
+        return cluster.free_gpus()
+
+    def _drain(self, plan: DrainPlan, why: str):
+        cluster = self.cluster
+        ids = {e.id for e in plan.victims}
+        self.pool = [e for e in self.pool if e.id not in ids]
+        cluster.note("elastic_drain", why=why, engines=sorted(ids), moves=len(plan.moves))
+        yield all_of([cluster.migrate(x, t) for x, t in plan.moves])
+        yield all_of([cluster.stop_engine(e) for e in plan.victims])
+        self.load.fire()
+
+    def _react(self) -> None:
+        """Between steps: grow when demand returns, keep a trainer reserve free, or consolidate a thin tail."""
+        if self.training or (self.draining is not None and not self.draining.done):
+            return
+        cluster = self.cluster
+        ready = [e for e in self.pool if e.ready]
+        if len(ready) < len(self.pool):
+            return
+        per = cluster.gpus_per_engine
+        free = len(cluster.free_gpus())
+        kv = sum(e.kv_used for e in ready)
+        cap = sum(e.kv_capacity for e in ready)
+        pressure = any(e.n_queued for e in ready) or kv > self.high_fill * cap
+        if free >= per and pressure:
+            self.draining = cluster.spawn(self._grow(sync=False, keep_free=0), "elastic-grow")
+            return
+        if pressure:
+            return
+        if self.reserve and free < self._reserve_gpus():
+            plan = plan_drain(ready, cluster.live(), self._reserve_gpus() - free, kv_fill=1.0)
+            left = cap - sum(e.kv_capacity for e in plan.victims)
+            if plan.victims and kv <= self.kv_fill * left:
+                self.draining = cluster.spawn(self._drain(plan, "reserve"), "elastic-reserve")
+            return
+        if not self.consolidate or self.batcher.can_admit():
+            return
+        spare = spare_engines(ready, kv_fill=self.tail_fill)
+        if spare <= 0:
+            return
+        plan = plan_drain(ready, cluster.live(), spare * per, kv_fill=1.0)
+        if plan.victims:
+            self.draining = cluster.spawn(self._drain(plan, "tail"), "elastic-tail")
+
+    def _reserve_gpus(self) -> int:
+        per = self.cluster.gpus_per_engine
+        return -(-self.cluster.min_train_gpus // per) * per
+
+    # ------------------------------------------------------------------ grow
+    def _grow(self, sync: bool = True, keep_free: int | None = None):
+        """Start engines on the free GPUs but `keep_free` (latest weights); sync the staying engines."""
+        cluster = self.cluster
+        if keep_free is None:
+            keep_free = self._reserve_gpus() if self.reserve and self.pool else 0
+        free = sorted(cluster.free_gpus())
+        slots = engine_slots(free[: max(0, len(free) - keep_free)], cluster.gpus_per_engine)
+        stale = [e for e in self.pool if e.ready and e.version < cluster.version] if sync else []
+        if slots:
+            cluster.note("elastic_grow", engines=len(slots))
+        if not slots and not stale:
+            return
+        waits = [cluster.start_engine(s) for s in slots]
+        if stale:
+            waits.append(cluster.sync(stale))
+        done = yield all_of(waits)
+        self.pool.extend(done[: len(slots)])
+        self.load.fire()
