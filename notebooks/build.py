@@ -193,6 +193,7 @@ else:
         print(f"skipped: the real backend does not import here ({exc})")
     else:
         real = run_real(real_preset("tiny-test"), Pipeline())
+        print(f"real run: {len(real.metrics.steps)} steps in {real.makespan_s:.1f} s of wall-clock time")
         display(nb.summary({"pipeline (real, tiny-test)": real}))
         nb.timeline({"pipeline (real, tiny-test)": real})
 """),
