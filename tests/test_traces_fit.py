@@ -46,7 +46,7 @@ def test_small_data_uses_log_mixture():
 def test_azure_held_out_acceptance(tmp_path):
     """Fit on the first 70% of the Azure trace by time: generated tokens KS D <= 0.05, p99 and max-of-512 <= 15%."""
     tr = read_request_csv(AZURE, grouping=Grouping(group_size=8, groups_per_step=64))
-    cw = calibrate(tr, CalibrateOptions(split=0.7, model_execs=200_000))
+    cw = calibrate(tr, CalibrateOptions(split=0.7, model_draws=200_000))
     q = cw.report["quality"]["gen"]
     assert cw.report["k"] == 512, "K is the batch size"
     assert q["ks_d"] <= 0.05, f"KS D {q['ks_d']:.4f}"

@@ -11,7 +11,7 @@ boundary) are fitted, the rest held out. On the fitted part:
    TailDist (fit.fit_tail_dist); lengths at the cap are the point mass, kept out of the scaling.
 
 The held-out part is compared with groups drawn from the calibrated source for the same steps
-(`MODEL_EXECS` executions at least): per quantity, fit.fit_quality with K = the batch size.
+(`MODEL_DRAWS` executions at least): per quantity, fit.fit_quality with K = the batch size.
 
 Simplifications: difficulty and drift act on the length only; segments of different executions
 are pooled; the cap is read from the trace (max_turns of a rollout trace) or given.
@@ -29,7 +29,8 @@ from gyre.traces.fit import detect_cap, fit_quality, fit_tail_dist
 from gyre.traces.schema import Trace, TraceError
 from gyre.workload import GroupSpec, LogNormal, WorkloadConfig
 
-MODEL_EXECS = 400_000
+MODEL_DRAWS = 400_000
+MIN_MODEL_DRAWS = 20_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +39,7 @@ class CalibrateOptions:
     cap: float | None = None  # length cap; None: the trace's max_turns, or a repeated maximum
     k: int | None = None  # the K of "max over K"; None: the batch size
     seed: int = 0
-    model_execs: int = MODEL_EXECS
+    model_draws: int = MODEL_DRAWS  # model segments drawn for the held-out comparison (at least)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.split <= 1.0:
@@ -191,11 +192,19 @@ def drift_windows(length: np.ndarray, step: np.ndarray, n: int = 8) -> list[dict
     return rows
 
 
+def model_steps(cw: CalibratedWorkload, test: list[GroupSpec], opts: CalibrateOptions) -> np.ndarray:
+    """The held-out groups' steps, repeated until the draws hold >= model_draws segments and
+    >= MIN_MODEL_DRAWS executions (Monte Carlo error well under the held-out data's own)."""
+    steps = np.array([g.step for g in test], dtype=float)
+    n_exec = max(sum(len(g.executions) for g in test), 1)
+    n_seg = max(sum(len(e.gen) for g in test for e in g.executions), 1)
+    reps = max(1, math.ceil(opts.model_draws / n_seg), math.ceil(MIN_MODEL_DRAWS / n_exec))
+    return np.tile(steps, reps)
+
+
 def evaluate(cw: CalibratedWorkload, test: list[GroupSpec], k: int, opts: CalibrateOptions) -> dict[str, dict]:
     """fit_quality per quantity: the calibrated source's draws vs the held-out groups."""
-    steps = np.array([g.step for g in test], dtype=float)
-    reps = max(1, math.ceil(opts.model_execs / max(len(steps) * cw.base.group_size, 1)))
-    model = sample_quantities(cw, np.tile(steps, reps), opts.seed)
+    model = sample_quantities(cw, model_steps(cw, test, opts), opts.seed)
     held = quantities(test, cw.scale_target)
     out = {}
     for name in ("length", "gen", "tool_s", "tool_out", "prompt"):
@@ -217,9 +226,7 @@ def fit_figures(cw: CalibratedWorkload, trace: Trace, folder, opts: CalibrateOpt
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     _, test = split_groups(trace.groups, opts.split)
-    steps = np.array([g.step for g in test], dtype=float)
-    reps = max(1, math.ceil(opts.model_execs / max(len(steps) * cw.base.group_size, 1)))
-    model = sample_quantities(cw, np.tile(steps, reps), opts.seed)
+    model = sample_quantities(cw, model_steps(cw, test, opts), opts.seed)
     held = quantities(test, cw.scale_target)
     names = [n for n in ("length", "gen", "tool_s", "tool_out", "prompt")
              if n != cw.scale_target and len(held[n]) and len(model[n])]
