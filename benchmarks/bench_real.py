@@ -25,22 +25,29 @@ POLICIES = ["colocate", "async", "elastic"]
 
 
 def switch_costs(log: list[tuple]) -> dict[str, float]:
-    """Median seconds a GPU spends switching rollout -> train and train -> rollout (from the role log)."""
-    last: dict[int, tuple[int, float]] = {}
+    """Median seconds per GPU from leaving rollout to training, and from leaving training to serving again.
+
+    Both include everything the control plane does in between (draining to a tool-call boundary,
+    engine sleep, trainer start; engine wake with the latest weights), read off the role log."""
+    role: dict[int, int] = {}
+    left: dict[tuple[int, int], float] = {}
     out_s, in_s = [], []
     for rec in log:
         if rec[0] != "role":
             continue
         _, t, gpus, r = rec
         for g in gpus:
-            prev = last.get(g)
-            if prev is not None and prev[0] == 3 and r == 2:
-                out_s.append(t - prev[1])  # switching -> train: the engine slept
-            if prev is not None and prev[0] == 3 and r == 1:
-                in_s.append(t - prev[1])  # switching -> rollout: the engine woke with the latest weights
-            last[g] = (r, t)
+            prev = role.get(g)
+            if prev in (1, 2) and r != prev:
+                left[(g, prev)] = t
+            if r == 2 and (g, 1) in left:
+                out_s.append(t - left.pop((g, 1)))
+            if r == 1 and (g, 2) in left:
+                in_s.append(t - left.pop((g, 2)))
+            role[g] = r
     return {"rollout_to_train_s": float(np.median(out_s)) if out_s else float("nan"),
-            "train_to_rollout_s": float(np.median(in_s)) if in_s else float("nan")}
+            "train_to_rollout_s": float(np.median(in_s)) if in_s else float("nan"),
+            "moves": len(out_s)}
 
 
 def learning_figure(results, path: Path) -> None:
@@ -70,16 +77,25 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", type=Path, default=Path("out/bench_real"))
     ap.add_argument("--policies", nargs="*", default=POLICIES)
+    ap.add_argument("--eta", type=int, default=None, help="staleness bound for async and elastic (default: theirs)")
     args = ap.parse_args()
     from gyre.real.calibrate import predict_makespans
     from gyre.real.pool import ActorPool
     from gyre.real.runner import preset_tiny_cpu, run_real, write_outputs
 
     cfg = dataclasses.replace(preset_tiny_cpu(), steps=args.steps)
+    if args.eta is not None:
+        cfg = dataclasses.replace(cfg, policy_params={p: {"eta": args.eta} for p in ("async", "elastic")})
     pool = ActorPool.shared(cfg.pool)
     results = []
+    from gyre.cluster import ClusterError
+
     for p in args.policies:
-        r = run_real(cfg, p, pool=pool)
+        try:
+            r = run_real(cfg, p, pool=pool)
+        except ClusterError as exc:  # reported, and the other policies still run
+            print(f"{p}: FAILED: {exc}", flush=True)
+            continue
         lc = r.learning()
         print(f"{p}: makespan {r.makespan_s:.1f}s, reward {lc['reward_mean'].iloc[:5].mean():.3f} -> "
               f"{lc['reward_mean'].iloc[-5:].mean():.3f}", flush=True)

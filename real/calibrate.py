@@ -5,7 +5,8 @@ What it models: gyre.hardware.Costs is the simulator's whole cost model. From on
 - prefill seconds per token: the engine's prefill time, plus the driver-measured request overhead the
   simulator has no term for (RPC and event-loop latency), spread over the prefilled tokens;
 - training seconds per token x GPU: measured step wall time x the run's training GPUs / tokens;
-- weight sync, engine wake (role switch in) and sleep (role switch out): measured means.
+- weight sync, engine wake (role switch in) and sleep (role switch out): measured means; the simulator
+  charges a sync on every engine start, so the wake it is given is the measured wake minus a sync.
 The run's rollout trace (measured segment lengths and tool latencies) is replayed as the workload, so
 a prediction differs from the measurement only by the cost model and the scheduling it drives.
 
@@ -56,7 +57,7 @@ def costs_from_profile(profile: dict, *, engine_gpus: int, kv_capacity: int, tra
     return Costs(
         engine_gpus=engine_gpus, kv_capacity_tokens=kv_capacity, step_a=a, step_b=b, step_c=c,
         prefill_s_per_token=prefill, train_s_per_token_gpu=train, min_train_gpus=min_train_gpus,
-        sync_s=mean("sync"), engine_wake_s=mean("wake"), engine_sleep_s=mean("sleep"),
+        sync_s=mean("sync"), engine_wake_s=max(0.0, mean("wake") - mean("sync")), engine_sleep_s=mean("sleep"),
         trainer_onload_s=0.0, trainer_offload_s=0.0, kv_transfer_s_per_token=0.0, migration="reprefill",
     )
 

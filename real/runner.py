@@ -5,7 +5,7 @@ see docs/real.md) -> `run_real` -> `RealResult` -> `write_outputs`, which writes
 (summary.csv/json, steps_<policy>.csv, staleness_<policy>.csv, utilization_<policy>.parquet,
 role_timeline.png, utilization.png) and, for replay and calibration, `trace.jsonl` (gyre.traces.schema),
 `profile.json` (measured engine step, prefill, train, sync and role-switch times) and
-`learning_<policy>.csv` (reward vs step and wall time).
+`learning_<policy>.csv` (reward vs step and wall time) and `log_<policy>.jsonl` (the raw event log).
 
 Simplifications: one policy per run; the actor pool is created on first use and may be passed in to
 reuse warm actors across runs (tests, benchmarks).
@@ -218,6 +218,9 @@ def write_outputs(out: str | Path, results: list[RealResult]) -> dict[str, Path]
                          "gpus_per_engine": r.config.pool.gpus_per_engine, "kv_capacity": r.config.cluster.kv_capacity,
                          "min_train_gpus": r.config.cluster.min_train_gpus, "params": r.config.policy_params})
         (out / f"profile_{name}.json").write_text(json.dumps(r.profile, default=float))
+        with open(out / f"log_{name}.jsonl", "w") as f:  # the raw event log (gyre.metrics schema)
+            for rec in r.log:
+                f.write(json.dumps(list(rec), default=float) + "\n")
     n = cfg.pool.n_gpus
     paths["timeline"] = plots.role_timelines([(f"{r.policy} (real)", r.log, n, r.makespan_s) for r in results],
                                              out / "role_timeline.png")
