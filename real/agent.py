@@ -46,12 +46,14 @@ class RealGroup:
     """One task's GRPO group: its executions and the prefix tree they are recorded into."""
 
     def __init__(self, group_id: int, spec: T.TaskSpec, size: int, first_exec_id: int, cfg: T.TaskConfig,
-                 rng: np.random.Generator) -> None:
+                 seed: int) -> None:
         self.id = group_id
         self.task_id = spec.task_id
         self.spec = spec
         self.recorder = TaskRecorder(f"task{spec.task_id}", np.asarray(spec.prompt, np.int64))
-        self.executions = [RealExecution(first_exec_id + i, self, cfg, rng) for i in range(size)]
+        # one generator per execution: its tool latencies do not depend on how executions interleave
+        self.executions = [RealExecution(first_exec_id + i, self, cfg, np.random.default_rng([seed, first_exec_id + i]))
+                           for i in range(size)]
 
     @property
     def done(self) -> bool:

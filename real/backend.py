@@ -61,7 +61,6 @@ class RealCluster:
         self._engines: dict[int, RealEngine] = {}
         self._next_engine = 0
         self._rng = np.random.default_rng(config.seed)
-        self._tool_rng = np.random.default_rng([config.seed, 1])
         self.log: list[tuple] = []
         self.groups: dict[int, RealGroup] = {}
         self.executions: dict[int, RealExecution] = {}
@@ -292,7 +291,7 @@ class RealCluster:
     def next_group(self) -> RealGroup:
         gid = len(self.groups)
         spec = T.make_task(gid, self._rng)
-        grp = RealGroup(gid, spec, self.cfg.group_size, len(self.executions), self.cfg.task, self._tool_rng)
+        grp = RealGroup(gid, spec, self.cfg.group_size, len(self.executions), self.cfg.task, self.cfg.seed)
         self.groups[gid] = grp
         for ex in grp.executions:
             self.executions[ex.id] = ex

@@ -129,8 +129,8 @@ def test_cli_run_then_calibrate(pool, tmp_path):
 
 def test_elastic_moves_gpus_between_roles(pool):
     """elastic on Ray: a GPU goes from rollout to training while another keeps generating, and back."""
-    r = run_real(dataclasses.replace(CFG, steps=3), "elastic", pool=pool)
-    check_run(r, 3)
+    r = run_real(CFG, "elastic", pool=pool)
+    check_run(r, CFG.steps)
     role: dict[int, int] = {}
     path: dict[int, list[int]] = {}
     overlap = False

@@ -19,8 +19,7 @@ CFG = T.TaskConfig(fail_p=0.0, slow_tool_p=0.0)
 
 
 def group(cfg=CFG, size=1, seed=0):
-    rng = np.random.default_rng(seed)
-    return RealGroup(0, T.make_task(0, rng), size, 0, cfg, rng)
+    return RealGroup(0, T.make_task(0, np.random.default_rng(seed)), size, 0, cfg, seed)
 
 
 def test_lookup_then_answer_earns_full_reward():
@@ -186,3 +185,12 @@ def test_example_gpu_config_parses():
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / "real_gpu_example.toml")
     assert cfg.pool.engine == "vllm" and cfg.pool.n_gpus == 16, f"parsed {cfg.pool}"
+
+
+def test_tool_plans_depend_only_on_seed_and_execution():
+    """An execution's tool latencies and failures are the same whatever order executions call tools in."""
+    a, b = group(size=3, seed=5), group(size=3, seed=5)
+    fwd = [T.plan_lookup(a.spec, CFG, x.rng) for x in a.executions]
+    rev = [T.plan_lookup(b.spec, CFG, x.rng) for x in reversed(b.executions)][::-1]
+    assert fwd == rev, "tool plans changed with call order"
+    assert len({c.latency_s for c in fwd}) == 3, "executions must draw different latencies"
