@@ -24,7 +24,7 @@ def test_bad_trace_exits_2_with_file_line(tmp_path):
 def test_run_trace_out_then_replay_same_makespan(tmp_path):
     """`run --trace-out` then `replay --policy` of that trace reports the run's makespan."""
     trace, w = tmp_path / "t.jsonl", tmp_path / "w.json"
-    r = runner.invoke(app, ["run", "--preset", "short-math", "--steps", "2", "--policy", "colocate",
+    r = runner.invoke(app, ["run", "--preset", "short-math", "--steps", "1", "--policy", "colocate",
                             "--out", str(tmp_path / "run"), "--trace-out", str(trace)])
     assert r.exit_code == 0, r.output
     made = json.loads(trace.read_text().splitlines()[0])["run"]["makespan_s"]
