@@ -36,7 +36,7 @@ def test_subagent_tree_and_packs_exact():
     one = build_packs([t], [np.array([1.0])], PackConfig(max_tokens=16))
     (p,) = one.packs
     assert p.input_ids.tolist() == [1, 2, 3, 4, 5, 6, 7] and p.position_ids.tolist() == [0, 1, 2, 3, 4, 4, 5], "pack"
-    assert rows_of(p) == [(1, 3, 0), (1, 3, 1), (2, 4, 0), (2, 4, 1), (3, 5, 0), (5, 7, 1)], "rows"
+    assert rows_of(p) == [(1, 3, 0), (2, 4, 0), (1, 3, 1), (2, 4, 1), (3, 5, 0), (5, 7, 1)], "rows"
     assert (one.stats.unique_tokens, one.stats.naive_tokens, one.stats.packed_tokens) == (7, 11, 7), "stats"
 
     split = build_packs([t], [np.array([1.0])], PackConfig(max_tokens=6))
@@ -44,7 +44,7 @@ def test_subagent_tree_and_packs_exact():
     assert a.input_ids.tolist() == [1, 2, 3, 4, 6, 7] and a.position_ids.tolist() == [0, 1, 2, 3, 4, 5], "replay"
     assert a.leave.tolist() == [6] * 6 and rows_of(a) == [(4, 7, 1)], "main-line chunk with replayed context"
     assert b.input_ids.tolist() == [1, 2, 3, 4, 5], "sub-agent chunk"
-    assert rows_of(b) == [(1, 3, 0), (1, 3, 1), (2, 4, 0), (2, 4, 1), (3, 5, 0)], "rows of the first chunk"
+    assert rows_of(b) == [(1, 3, 0), (2, 4, 0), (1, 3, 1), (2, 4, 1), (3, 5, 0)], "rows of the first chunk"
     assert split.stats.packed_tokens == 11, "cut placed after the fork: 4 replayed tokens"
 
 

@@ -121,12 +121,12 @@ def concat_ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return np.cumsum(step)
 
 
-def _choose_cuts(pre: Preorder, offset: int, max_tokens: int) -> list[int]:
-    """Chunk starts (global preorder indices) for one tree."""
+def _choose_cuts(pre: Preorder, max_tokens: int) -> list[int]:
+    """Chunk starts (preorder indices) for one tree."""
     depth, runs, n = pre.depth, pre.run_start, pre.size
     cuts, a = [], 0
     while a < n:
-        cuts.append(a + offset)
+        cuts.append(a)
         r = a + max_tokens - int(depth[a])
         if r >= n:
             break
@@ -172,28 +172,54 @@ class _TreeRows:
 
 
 def _tree_rows(pre: Preorder, ca: np.ndarray, eoff: int, boff: int) -> _TreeRows:
-    """One row per (trained token with a parent, branch through it); branches through t have leaves in
-    [t, leave[t]), a contiguous range once leaves are sorted by preorder index."""
-    tgt = np.flatnonzero(pre.trained & (pre.parent >= 0))
+    """One row per (trained token with a parent, branch through it), built per *segment*: a maximal piece
+    of an unbranched run holding no branch leaf but its last token and no chunk start but its first. All
+    tokens of a segment have the same branches through them (leaves in [start, leave[start])), the same
+    chunk, and their parent is the previous token, except possibly for the first one."""
+    n = pre.size
     border = np.argsort(pre.branch_leaf, kind="stable")
     bl_sorted = pre.branch_leaf[border]
-    lo = np.searchsorted(bl_sorted, tgt, "left")
-    cnt = np.searchsorted(bl_sorted, pre.leave[tgt], "left") - lo
-    keep = cnt > 0
-    if not keep.all():
-        tgt, lo, cnt = tgt[keep], lo[keep], cnt[keep]
-    tc = np.searchsorted(ca, tgt, "right") - 1
-    par = pre.parent[tgt]
-    a = ca[tc]
-    pred_t = np.where(par >= a, pre.depth[a] + par - a, pre.depth[par])
-    rcum = np.concatenate([[0], np.cumsum(cnt)])
-    branch = border[concat_ranges(lo, cnt)]
-    unit = bool((cnt == 1).all())
-    rep = (lambda x: x) if unit else (lambda x: np.repeat(x, cnt))  # noqa: E731
+    bounds = np.unique(np.concatenate([pre.run_start, pre.branch_leaf + 1, ca, [n]]))
+    seg_s, seg_e = bounds[:-1], bounds[1:]
+    lo = np.searchsorted(bl_sorted, seg_s, "left").tolist()
+    hi = np.searchsorted(bl_sorted, pre.leave[seg_s], "left").tolist()
+    seg_chunk = (np.searchsorted(ca, seg_s, "right") - 1).tolist()
+    ctx = pre.depth[ca].tolist()
+    ca_l, exe = ca.tolist(), pre.branch_execution
+    pred, target, olp, execution, branch = [], [], [], [], []
+    counts, chunk_rows = [], np.zeros(ca.shape[0] + 1, np.int64)
+    trained, parent, depth = pre.trained, pre.parent, pre.depth
+    for k, (s, e) in enumerate(zip(seg_s.tolist(), seg_e.tolist())):
+        if hi[k] == lo[k]:
+            continue
+        ts = np.flatnonzero(trained[s:e])
+        if ts.shape[0] == 0:
+            continue
+        ts += s
+        a, c = ca_l[seg_chunk[k]], ctx[seg_chunk[k]]
+        pr = ts + (c - a - 1)
+        if ts[0] == s:
+            par = int(parent[s])
+            if par < 0:
+                ts, pr = ts[1:], pr[1:]
+                if ts.shape[0] == 0:
+                    continue
+            else:
+                pr[0] = c + par - a if par >= a else int(depth[par])
+        tg, lp = pre.tokens[ts], pre.logprob[ts]
+        m = ts.shape[0]
+        for b in border[lo[k] : hi[k]].tolist():
+            pred.append(pr)
+            target.append(tg)
+            olp.append(lp)
+            execution.append(np.full(m, int(exe[b]) + eoff, np.int64))
+            branch.append(np.full(m, b + boff, np.int64))
+            counts.append(m)
+            chunk_rows[seg_chunk[k] + 1] += m
+    cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt)  # noqa: E731
     return _TreeRows(
-        pred=rep(pred_t), target=rep(pre.tokens[tgt]), old_logprob=rep(pre.logprob[tgt]),
-        execution=pre.branch_execution[branch] + eoff, branch=branch + boff,
-        chunk_bounds=np.append(rcum[np.searchsorted(tgt, ca)], rcum[-1]),
+        pred=cat(pred, np.int64), target=cat(target, np.int64), old_logprob=cat(olp, np.float64),
+        execution=cat(execution, np.int64), branch=cat(branch, np.int64), chunk_bounds=np.cumsum(chunk_rows),
     )
 
 
@@ -215,7 +241,7 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
                              f"({adv.shape[0]} given)")
         if p.size and int(p.depth.max()) + 1 > B:
             raise ValueError(f"tree {i} has a context of {int(p.depth.max()) + 1} tokens, more than max_tokens={B}")
-        ca = np.asarray(_choose_cuts(p, 0, B), np.int64)
+        ca = np.asarray(_choose_cuts(p, B), np.int64)
         cuts.append(ca)
         chunks.extend((i, int(a), int(b)) for a, b in zip(ca.tolist(), np.append(ca[1:], p.size).tolist()))
         rows.append(_tree_rows(p, ca, int(eoff[i]), int(boff[i])))
@@ -265,7 +291,7 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
         packs.append(Pack(
             input_ids=cat(ids), position_ids=cat(pos), leave=cat(lv),
             rows=LossRows(
-                pred=cat([r.pred[r0:r1] + o for r, r0, r1, o in parts]),
+                pred=cat([r.pred[r0:r1] + o if o else r.pred[r0:r1] for r, r0, r1, o in parts]),
                 target=cat([r.target[r0:r1] for r, r0, r1, _ in parts]),
                 old_logprob=cat([r.old_logprob[r0:r1] for r, r0, r1, _ in parts]),
                 advantage=adv_all[execution], execution=execution,
