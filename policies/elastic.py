@@ -77,7 +77,8 @@ class Elastic:
             cluster.note("elastic_train", gpus=len(gpus), engines=len(self.pool))
             yield cluster.train(gpus, batch)
             self.training = False
-            yield from self._grow()
+            if cluster.version < steps:
+                yield from self._grow()
             batcher.changed.fire()
         if not producer.done:
             yield any_of([producer])
