@@ -2,7 +2,7 @@
 
 The async baseline is only fair at its best split and staleness bound, so `compare` sweeps
 rollout_gpus R (leaving the trainer 1x, 2x, and N/4 of the GPUs it needs) and eta in {1, 2, 4}, and
-reports the best. Runs go to worker processes (one per core); results are DataFrames written as
+reports the best; any other policy with a staleness bound (elastic) sweeps the same eta range. Runs go to worker processes (one per core); results are DataFrames written as
 CSV/Parquet/JSON plus figures.
 """
 
@@ -44,13 +44,25 @@ def async_grid(cfg: RunConfig, etas: tuple[int, ...] = (1, 2, 4)) -> list[Candid
     return [Candidate("async", {"rollout_gpus": r, "eta": e}) for r in rs for e in etas]
 
 
-def candidates(cfg: RunConfig, policies: list[str] | None = None) -> list[Candidate]:
+def _takes_eta(name: str) -> bool:
+    import inspect
+
+    return "eta" in inspect.signature(REGISTRY[name]).parameters
+
+
+def candidates(cfg: RunConfig, policies: list[str] | None = None, etas: tuple[int, ...] = (1, 2, 4)) -> list[Candidate]:
+    """Every policy at its configured params; where none are configured, async sweeps (R, eta) and
+    every other policy with a staleness bound sweeps eta over the same range, so each is at its best."""
     out = []
     for name in policies or list(REGISTRY):
-        if name == "async" and "async" not in cfg.policy_params:
-            out += async_grid(cfg)
+        if name in cfg.policy_params:
+            out.append(Candidate(name, dict(cfg.policy_params[name])))
+        elif name == "async":
+            out += async_grid(cfg, etas)
+        elif _takes_eta(name):
+            out += [Candidate(name, {"eta": e}) for e in etas]
         else:
-            out.append(Candidate(name, dict(cfg.policy_params.get(name, {}))))
+            out.append(Candidate(name, {}))
     return out
 
 
