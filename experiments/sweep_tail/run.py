@@ -1,0 +1,104 @@
+"""Where elastic wins and where it does not: its speedup over colocate and over async as the rollout tail
+gets heavier (turns per execution, p99/median from 2 to 20) and as tool calls get slower.
+
+Base workload: xlong-swe's shape on the small cluster (preset xlong-swe-small: 64 H200s, the 30B-A3B
+MoE, 16 groups of 8 per step), `--steps` steps, one seed. Each point changes one knob of that preset:
+- tail: workload.turns p99/median in {2, 3.5, 5, 10, 20} (median kept at 120 turns);
+- tool latency: workload.tool_s and slow_tool_s medians scaled by {0.33, 1, 3, 10}.
+Policies: colocate; async (the largest rollout split, eta as elastic); elastic. Both use `--eta`.
+
+Outputs (results/): sweep.csv (one row per point and policy) and speedup.png (two panels).
+Usage: python experiments/sweep_tail/run.py [--steps 8] [--eta 1] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+from gyre.config import override
+from gyre.presets import get_preset
+from gyre.sim.runner import simulate
+from gyre.workload import LogNormal
+
+HERE = Path(__file__).resolve().parent
+TAILS = (2.0, 3.5, 5.0, 10.0, 20.0)
+TOOL_SCALES = (0.33, 1.0, 3.0, 10.0)
+POLICIES = ("colocate", "async", "elastic")
+
+
+def config(steps: int, knob: str, value: float):
+    cfg = override(get_preset("xlong-swe-small"), steps=steps)
+    w = cfg.workload
+    if knob == "tail":
+        w = dataclasses.replace(w, turns=LogNormal(median=w.turns.median, p99_ratio=value))
+    else:
+        w = dataclasses.replace(
+            w,
+            tool_s=dataclasses.replace(w.tool_s, median=w.tool_s.median * value),
+            slow_tool_s=dataclasses.replace(w.slow_tool_s, median=w.slow_tool_s.median * value),
+        )
+    return dataclasses.replace(cfg, workload=w)
+
+
+def run_one(job: tuple[int, str, float, str, int]) -> dict:
+    steps, knob, value, policy, eta = job
+    params = {} if policy == "colocate" else {"eta": eta}
+    r = simulate(config(steps, knob, value), policy, params)
+    return {"knob": knob, "value": value, "policy": policy, "eta": eta if params else 0,
+            "makespan_s": r.makespan_s, "bound_s": r.bound.makespan_s,
+            "utilization": r.metrics.summary()["utilization"], "migrations": r.metrics.migrations,
+            "reallocations": r.metrics.reallocations, "wall_s": r.wall_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--eta", type=int, default=1)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    jobs = [(a.steps, "tail", v, p, a.eta) for v in TAILS for p in POLICIES]
+    jobs += [(a.steps, "tool", v, p, a.eta) for v in TOOL_SCALES for p in POLICIES]
+    with ProcessPoolExecutor(a.jobs) as ex:
+        df = pd.DataFrame(list(ex.map(run_one, jobs)))
+    wide = df.pivot_table(index=["knob", "value"], columns="policy", values="makespan_s").reset_index()
+    wide["elastic_vs_colocate"] = wide["colocate"] / wide["elastic"]
+    wide["elastic_vs_async"] = wide["async"] / wide["elastic"]
+    df = df.merge(wide[["knob", "value", "elastic_vs_colocate", "elastic_vs_async"]], on=["knob", "value"])
+    df.to_csv(a.out / "sweep.csv", index=False)
+    print(wide.to_string(), flush=True)
+    figure(wide, a.out / "speedup.png")
+    print(f"done in {time.perf_counter() - t0:.0f}s")
+
+
+def figure(wide: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    for ax, knob, label in ((axes[0], "tail", "turns p99/median"), (axes[1], "tool", "tool latency x (median 0.9 s)")):
+        d = wide[wide.knob == knob].sort_values("value")
+        ax.plot(d.value, d.elastic_vs_colocate, marker="o", label="elastic vs colocate")
+        ax.plot(d.value, d.elastic_vs_async, marker="s", label="elastic vs async")
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+    axes[0].set_ylabel("speedup (makespan ratio)")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
