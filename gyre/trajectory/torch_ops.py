@@ -11,7 +11,8 @@ Per row, with r = exp(logp_new - logp_old) and c = weight * advantage:
   term = -c * max(r, clip(r, 1-eps_low, 1+eps_high))   if c < 0
 which is -weight * min(r*A, clip(r)*A) and stays exact for rows merged by advantage sign.
 
-Simplifications: no KL or entropy terms; one pack per forward call (batch 1); the dense mask costs T^2.
+Simplifications: no KL or entropy terms; one pack per forward call (batch 1); the dense mask costs T^2;
+on CPU, torch's FlexAttention runs forward only (no backward), so `use_flex` is for GPUs or inference.
 This is the only module of gyre.trajectory that imports torch.
 """
 
