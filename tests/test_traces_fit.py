@@ -63,3 +63,23 @@ def test_fit_quality_zero_for_identical_samples():
     x = np.arange(1, 1001, dtype=float)
     f = fit_quality(x, x, 64)
     assert f["ks_d"] == 0 and f["p99_err"] == 0 and f["maxk_err"] == 0, f
+
+
+def test_calibrated_source_is_deterministic_and_follows_drift(tmp_path):
+    """Same seed, same groups; a calibrated multi-turn workload keeps turns >= 1 and caps at max_turns."""
+    import dataclasses
+
+    from gyre.presets import xlong_swe
+    from gyre.traces.schema import Trace
+    from gyre.workload import WorkloadSource
+
+    w = dataclasses.replace(xlong_swe(), groups_per_step=8, max_turns=300)
+    src = WorkloadSource(w, 4)
+    tr = Trace(path="mem", groups=[src.next_group() for _ in range(48)], workload=w)
+    cw = calibrate(tr, CalibrateOptions(split=0.75, model_draws=20_000))
+    assert cw.scale_target == "turns" and cw.dists["length"].cap == 300, "turns with the trace's cap"
+    a = [CalibratedSource(cw, seed=9).next_group() for _ in range(2)]
+    b = [CalibratedSource(cw, seed=9).next_group() for _ in range(2)]
+    assert a[0] == b[0], "same seed must give the same group"
+    turns = [len(e.gen) for g in a for e in g.executions]
+    assert min(turns) >= 1 and max(turns) <= 300, f"turns out of range: {turns}"

@@ -114,11 +114,11 @@ def sample_calibrated_group(cw: CalibratedWorkload, group_id: int, step: int, se
     gen = np.maximum(1, np.round(_draw(cw, "gen", rng, total, 1))).astype(np.int64)
     if cw.scale_target == "gen":  # single-turn: the length is the (first) segment's tokens
         gen[np.cumsum(turns) - turns] = np.maximum(1, np.round(length)).astype(np.int64)
-    tool_out = np.maximum(0, np.round(_draw(cw, "tool_out", rng, total, 0))).astype(np.int64).tolist()
+    tool_out_a = np.maximum(0, np.round(_draw(cw, "tool_out", rng, total, 0))).astype(np.int64)
     tool_s = np.maximum(0.0, _draw(cw, "tool_s", rng, total, 0.0)).tolist()
     u = rng.random(total)
-    events = np.where(u < w.subagent_p, 1, np.where(u < w.subagent_p + w.retry_p, 2, 0)).tolist()
-    gen_l, capped_l = gen.tolist(), capped.tolist()
+    events = np.where(u < w.subagent_p, 1, np.where(u < w.subagent_p + w.retry_p, 2, 0))
+    gen_l, tool_out, capped_l = gen.tolist(), tool_out_a.tolist(), capped.tolist()
     execs = []
     lo = 0
     for j, n in enumerate(turns.tolist()):
@@ -127,7 +127,7 @@ def sample_calibrated_group(cw: CalibratedWorkload, group_id: int, step: int, se
         if n == 1 and prompt <= w.context_window:  # the walk, for one segment
             kv, branches = [prompt], []
         else:
-            kv, branches = _kv_footprint(prompt, g, tool_out[lo:hi], events[lo:hi], w)
+            kv, branches = _kv_footprint(prompt, gen[lo:hi], tool_out_a[lo:hi], events[lo:hi], w)
         execs.append(ExecutionSpec(
             exec_id=group_id * k + j, group_id=group_id, task_id=group_id, step=step, prompt=prompt, gen=g,
             tool_s=tool_s[lo : hi - 1], tool_out=tool_out[lo : hi - 1], kv=kv, branches=branches,
