@@ -200,10 +200,14 @@ def bench_training(repeats: int, seed: int) -> None:
         return float(loss.detach())
 
     step(tree.packs), step(naive)  # warm-up
-    t_tree, c_tree = median_times(lambda: step(tree.packs), repeats)
-    l_tree = LAST[0]
-    t_naive, c_naive = median_times(lambda: step(naive), repeats)
-    l_naive = LAST[0]
+    # Interleave the two so that both see the same background load on a shared host.
+    timed = [(median_times(lambda: step(naive), 1), LAST[0], median_times(lambda: step(tree.packs), 1), LAST[0])
+             for _ in range(repeats)]
+    t_naive = statistics.median(x[0][0] for x in timed)
+    c_naive = statistics.median(x[0][1] for x in timed)
+    t_tree = statistics.median(x[2][0] for x in timed)
+    c_tree = statistics.median(x[2][1] for x in timed)
+    l_naive, l_tree = timed[-1][1], timed[-1][3]
     reduction = naive_tokens / tree.stats.packed_tokens
     speedup = t_naive / t_tree
     print(f"[train step] tiny Llama {mcfg.dim}d x {mcfg.n_layers}L, vocab {mcfg.vocab_size}, fp32, bound {bound}")
