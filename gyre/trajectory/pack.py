@@ -17,7 +17,8 @@ so that sum(weight * term) over all packs of the batch is the naive loss ("token
 "sequence": 1 / (executions * rows of the row's execution)). Duplicates are counted, as in the naive one.
 
 Simplifications: children are visited in insertion order; a context deeper than the bound is an error
-(exact attention needs every ancestor in the pack); packs are not padded.
+(exact attention needs every ancestor in the pack); packs are not padded; tokens on no closed branch (an
+execution still running) are packed but never trained; cut choice is greedy, not a global optimum.
 """
 
 from __future__ import annotations
