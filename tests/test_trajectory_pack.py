@@ -142,6 +142,34 @@ def test_merged_rows_preserve_coefficients_by_sign(seed):
             assert all(np.isclose(got[k], want[k], rtol=1e-12, atol=0) for k in want), "merged coefficient"
 
 
+def exhaustive_min_replay(depth: np.ndarray, bound: int) -> int:
+    """Least total replayed context over every partition of the preorder into fitting chunks (O(n * bound))."""
+    n = depth.shape[0]
+    f = [None] * (n + 1)
+    f[0] = 0
+    for a in range(n):
+        if f[a] is None:
+            continue
+        for b in range(a + 1, min(n, a + bound - int(depth[a])) + 1):
+            c = f[a] + (int(depth[b]) if b < n else 0)
+            if f[b] is None or c < f[b]:
+                f[b] = c
+    return f[n]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31), slack=st.integers(0, 12))
+def test_cuts_replay_as_little_as_any_partition(seed, slack):
+    """The chosen cut points replay exactly as few context tokens as the best of all possible partitions."""
+    rng = np.random.default_rng(seed)
+    rec, _ = random_group(rng, 3, 10)
+    pre = rec.tree.preorder()
+    bound = int(pre.depth.max()) + 1 + slack
+    batch = build_packs([pre], [np.zeros(3)], PackConfig(max_tokens=bound))
+    best = exhaustive_min_replay(pre.depth, bound)
+    assert batch.stats.packed_tokens - pre.size == best, f"replayed {batch.stats.packed_tokens - pre.size} > {best}"
+
+
 def test_same_seed_same_packs():
     """Packing is deterministic: the same seed yields identical packs."""
     out = []

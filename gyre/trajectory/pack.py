@@ -6,9 +6,9 @@ of token a replayed as context, so every token in a pack sees all of its ancesto
 position id is the token's depth and attention is ancestor-or-self: with enter = the pack index,
 k may be attended by q iff enter[k] <= enter[q] < leave[k].
 
-Cut points: from chunk start a the chunk may reach r = a + max_tokens - depth(a); among the starts of
-unbranched runs in (a, r] (and r itself) the cut with the smallest depth (= replayed context of the next
-chunk) wins, ties going to the later cut. Chunks are then placed into packs first-fit decreasing.
+Cut points: a chunk starting at a may reach a + max_tokens - depth(a); the cuts minimize the total
+replayed context (sum of the chunk starts' depths) exactly, by dynamic programming over the starts of
+unbranched runs (see `_choose_cuts`). Chunks are then placed into packs first-fit decreasing.
 
 Loss rows: the naive expansion trains, on every branch, each policy token of the branch that has a
 parent. Here each such (token, branch) pair is one row: prediction index (the pack index of the token's
@@ -18,11 +18,12 @@ so that sum(weight * term) over all packs of the batch is the naive loss ("token
 
 Simplifications: children are visited in insertion order; a context deeper than the bound is an error
 (exact attention needs every ancestor in the pack); packs are not padded; tokens on no closed branch (an
-execution still running) are packed but never trained; cut choice is greedy, not a global optimum.
+execution still running) are packed but never trained; cuts minimize replayed tokens, not pack count.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,24 +124,38 @@ def concat_ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
 
 
 def _choose_cuts(pre: Preorder, max_tokens: int) -> list[int]:
-    """Chunk starts (preorder indices) for one tree."""
-    depth, runs, n = pre.depth, pre.run_start, pre.size
-    cuts, a = [], 0
-    while a < n:
-        cuts.append(a)
-        r = a + max_tokens - int(depth[a])
-        if r >= n:
+    """Chunk starts (preorder indices) of one tree minimizing the replayed context, sum of depth(start).
+
+    A chunk [a, b) fits iff b <= reach(a) = a + max_tokens - depth(a). Inside an unbranched run depth grows
+    one per token, so every position of a run has its run start's reach; moving a cut back to its run start
+    is never worse, and two cuts in one run merge. Hence an optimal set of cuts uses run starts only, and
+    f(k) = depth(s_k) + min{f(j) : j < k, reach(s_j) >= s_k} is solved left to right with a lazy heap
+    (a start whose reach is passed never becomes valid again). Ties go to the earlier predecessor.
+    """
+    n = pre.size
+    starts = pre.run_start.tolist()
+    reach = (pre.run_start + max_tokens - pre.depth[pre.run_start]).tolist()
+    depth = pre.depth[pre.run_start].tolist()
+    f = [0] * len(starts)
+    prev = [-1] * len(starts)
+    heap: list[tuple[int, int]] = [(0, 0)]
+    for k in range(1, len(starts) + 1):
+        target = starts[k] if k < len(starts) else n
+        while reach[heap[0][1]] < target:  # never empty: the previous start always reaches this one
+            heapq.heappop(heap)
+        best, j = heap[0]
+        if k == len(starts):
+            end = j
             break
-        lo, hi = np.searchsorted(runs, a, "right"), np.searchsorted(runs, r, "right")
-        best, best_depth = r, int(depth[r])
-        if hi > lo:
-            cand = runs[lo:hi]
-            cd = depth[cand]
-            j = hi - lo - 1 - int(np.argmin(cd[::-1]))  # smallest depth, latest on ties
-            if cd[j] < best_depth:
-                best = int(cand[j])
-        a = best
-    return cuts
+        f[k], prev[k] = best + depth[k], j
+        heapq.heappush(heap, (f[k], k))
+    else:
+        end = 0
+    cuts = []
+    while end >= 0:
+        cuts.append(starts[end])
+        end = prev[end]
+    return cuts[::-1]
 
 
 def _first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
