@@ -50,6 +50,35 @@ def switch_costs(log: list[tuple]) -> dict[str, float]:
             "moves": len(out_s)}
 
 
+class MoveProbe:
+    """Two engines; mid-step every live execution on engine A migrates to B, A's GPU trains, then serves again."""
+
+    name = "move-probe"
+
+    def run(self, cluster, steps):
+        from gyre.handles import all_of
+
+        a, b = yield all_of([cluster.start_engine([0]), cluster.start_engine([1])])
+        for _ in range(steps):
+            groups = [cluster.next_group() for _ in range(cluster.groups_per_step)]
+            done = [cluster.admit(x, a) for g in groups for x in g.executions]
+            yield cluster.timeout(0.15)
+            t = cluster.now
+            yield all_of([cluster.migrate(x, b) for x in cluster.live() if x.engine_id == a.id])
+            drain = cluster.now - t
+            gpus, t = a.gpus, cluster.now
+            yield cluster.stop_engine(a)
+            stop = cluster.now - t
+            yield all_of(done)
+            yield cluster.train(gpus, groups)
+            t = cluster.now
+            a = yield cluster.start_engine(gpus)
+            start = cluster.now - t
+            yield cluster.sync([b])
+            cluster.note("probe", drain_s=drain, stop_s=stop, start_s=start)
+            a, b = b, a
+
+
 def learning_figure(results, path: Path) -> None:
     import matplotlib
 
@@ -110,6 +139,17 @@ def main() -> None:
         rows.append({"policy": r.policy, **switch_costs(r.log),
                      "migrations": len(mig), "migration_pause_s": float(np.median(mig[:, 2])) if len(mig) else np.nan,
                      "reprefill_s": float(np.median(mig[:, 1])) if len(mig) else np.nan})
+    # one GPU rollout -> train -> rollout, and migrations, measured by a probe policy (the user-policy path)
+    from gyre.real.runner import preset_tiny_test
+
+    probe = run_real(dataclasses.replace(preset_tiny_test(), pool=cfg.pool, steps=4), MoveProbe(), pool=pool)
+    notes = pd.DataFrame([x[3] for x in probe.log if x[0] == "note" and x[2] == "probe"])
+    mig = np.asarray(probe.profile["migration"], dtype=float).reshape(-1, 3)
+    rows.append({"policy": "move-probe", "rollout_to_train_s": float(notes["stop_s"].median()),
+                 "train_to_rollout_s": float(notes["start_s"].median()), "moves": len(notes),
+                 "migrations": len(mig), "migration_pause_s": float(np.median(mig[:, 2])) if len(mig) else np.nan,
+                 "reprefill_s": float(np.median(mig[:, 1])) if len(mig) else np.nan,
+                 "drain_s": float(notes["drain_s"].median())})
     control = pd.DataFrame(rows)
     control.to_csv(args.out / "control_plane.csv", index=False)
     print(control.to_string(index=False))
