@@ -259,10 +259,10 @@ print(f"{trace.n_executions} requests in {len(trace.groups)} groups; "
 `calibrate` fits each quantity with a `TailDist`: the empirical body below a threshold `u`, a
 generalized Pareto tail above it (shape `xi`; `xi > 0` is a heavy, power-law tail), and a point mass at
 the length cap if the trace has one. It also looks for drift across steps and per-task difficulty (none
-here: requests are not tasks). `model_execs` is how many executions it draws to judge the fit.
+here: requests are not tasks). The fit is judged against many draws from the calibrated workload.
 """),
     ("code", """
-opts = CalibrateOptions(split=0.7, seed=0, model_execs=20_000)
+opts = CalibrateOptions(split=0.7, seed=0)
 cw = calibrate(trace, opts)
 r = cw.report
 length = cw.dists["length"]
