@@ -6,6 +6,8 @@ MoE, 16 groups of 8 per step), `--steps` steps, one seed. Each point changes one
 - tail: workload.turns p99/median in {2, 3.5, 5, 10, 20} (median kept at 120 turns);
 - tool latency: workload.tool_s and slow_tool_s medians scaled by {0.33, 1, 3, 10}.
 Policies: colocate; async (the largest rollout split, eta as elastic); elastic. Both use `--eta`.
+With `--cluster`, a third knob: the headline xlong-swe (2.4T MoE) on {384, 512, 1024} GPUs, `--steps`
+steps, eta 4 (the trainer alone needs 328 GPUs, so a fixed split starves rollout on small clusters).
 
 Outputs (results/): sweep.csv (one row per point and policy) and speedup.png (two panels).
 Usage: python experiments/sweep_tail/run.py [--steps 8] [--eta 1] [--jobs 2]
@@ -29,10 +31,13 @@ from gyre.workload import LogNormal
 HERE = Path(__file__).resolve().parent
 TAILS = (2.0, 3.5, 5.0, 10.0, 20.0)
 TOOL_SCALES = (0.33, 1.0, 3.0, 10.0)
+CLUSTERS = (384, 512, 1024)
 POLICIES = ("colocate", "async", "elastic")
 
 
 def config(steps: int, knob: str, value: float):
+    if knob == "gpus":
+        return override(get_preset("xlong-swe"), steps=steps, **{"cluster.gpus": int(value)})
     cfg = override(get_preset("xlong-swe-small"), steps=steps)
     w = cfg.workload
     if knob == "tail":
@@ -62,20 +67,26 @@ def main() -> None:
     ap.add_argument("--eta", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--cluster", action="store_true", help="only the cluster-size knob (xlong-swe, eta 4)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    jobs = [(a.steps, "tail", v, p, a.eta) for v in TAILS for p in POLICIES]
-    jobs += [(a.steps, "tool", v, p, a.eta) for v in TOOL_SCALES for p in POLICIES]
+    if a.cluster:
+        jobs = [(a.steps, "gpus", v, p, 4) for v in CLUSTERS for p in POLICIES]
+    else:
+        jobs = [(a.steps, "tail", v, p, a.eta) for v in TAILS for p in POLICIES]
+        jobs += [(a.steps, "tool", v, p, a.eta) for v in TOOL_SCALES for p in POLICIES]
     with ProcessPoolExecutor(a.jobs) as ex:
         df = pd.DataFrame(list(ex.map(run_one, jobs)))
     wide = df.pivot_table(index=["knob", "value"], columns="policy", values="makespan_s").reset_index()
     wide["elastic_vs_colocate"] = wide["colocate"] / wide["elastic"]
     wide["elastic_vs_async"] = wide["async"] / wide["elastic"]
     df = df.merge(wide[["knob", "value", "elastic_vs_colocate", "elastic_vs_async"]], on=["knob", "value"])
-    df.to_csv(a.out / "sweep.csv", index=False)
+    name = "cluster" if a.cluster else "sweep"
+    df.to_csv(a.out / f"{name}.csv", index=False)
     print(wide.to_string(), flush=True)
-    figure(wide, a.out / "speedup.png")
+    if not a.cluster:
+        figure(wide, a.out / "speedup.png")
     print(f"done in {time.perf_counter() - t0:.0f}s")
 
 
