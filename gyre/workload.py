@@ -150,43 +150,49 @@ def _kv_footprint(prompt: int, gen: np.ndarray, tool_out: np.ndarray, events: np
 
 
 def sample_group(w: WorkloadConfig, group_id: int, step: int, seed: int) -> GroupSpec:
-    """One GRPO group. Deterministic in (seed, group_id): every policy sees the same workload."""
+    """One GRPO group. Deterministic in (seed, group_id): every policy sees the same workload.
+
+    Per-turn quantities of the whole group are drawn in one vectorized call each, then split.
+    """
     rng = np.random.default_rng([seed, group_id])
-    task_id = group_id
+    g = w.group_size
     difficulty = LogNormal(median=1.0, p99_ratio=w.difficulty_p99_ratio).sample(rng, 1)[0]
     scale = difficulty * (1.0 + w.drift_per_step) ** step
     prompt = int(max(1, w.prompt_tokens.sample(rng, 1)[0]))  # one task, one prompt
+    turns_f = w.turns.sample(rng, g, scale)
+    capped = turns_f >= w.max_turns
+    n = np.clip(np.rint(turns_f), 1, w.max_turns).astype(np.int64)
+    total = int(n.sum())
+    gen = np.maximum(1, w.gen_tokens.sample(rng, total)).astype(np.int64)
+    tool_out = np.maximum(0, w.tool_out_tokens.sample(rng, total)).astype(np.int64)
+    lat = w.tool_s.sample(rng, total)
+    if w.slow_tool_p > 0:
+        slow = rng.random(total) < w.slow_tool_p
+        lat = np.where(slow, w.slow_tool_s.sample(rng, total), lat)
+    u = rng.random(total)
+    events = np.where(u < w.subagent_p, 1, np.where(u < w.subagent_p + w.retry_p, 2, 0))
+    bounds = np.concatenate(([0], np.cumsum(n)))
     execs = []
-    for k in range(w.group_size):
-        turns_f = w.turns.sample(rng, 1, scale)[0]
-        capped = turns_f >= w.max_turns
-        n = int(min(max(1, round(turns_f)), w.max_turns))
-        gen = np.maximum(1, w.gen_tokens.sample(rng, n)).astype(np.int64)
-        tool_out = np.maximum(0, w.tool_out_tokens.sample(rng, n)).astype(np.int64)
-        lat = w.tool_s.sample(rng, n)
-        if w.slow_tool_p > 0:
-            slow = rng.random(n) < w.slow_tool_p
-            lat = np.where(slow, w.slow_tool_s.sample(rng, n), lat)
-        u = rng.random(n)
-        events = np.where(u < w.subagent_p, 1, np.where(u < w.subagent_p + w.retry_p, 2, 0))
-        kv, branches = _kv_footprint(prompt, gen, tool_out, events, w)
+    for k in range(g):
+        a, b = int(bounds[k]), int(bounds[k + 1])
+        kv, branches = _kv_footprint(prompt, gen[a:b], tool_out[a:b], events[a:b], w)
         execs.append(
             ExecutionSpec(
-                exec_id=group_id * w.group_size + k,
+                exec_id=group_id * g + k,
                 group_id=group_id,
-                task_id=task_id,
+                task_id=group_id,
                 step=step,
                 prompt=prompt,
-                gen=gen.tolist(),
-                tool_s=lat[: n - 1].tolist(),
-                tool_out=tool_out[: n - 1].tolist(),
+                gen=gen[a:b].tolist(),
+                tool_s=lat[a : b - 1].tolist(),
+                tool_out=tool_out[a : b - 1].tolist(),
                 kv=kv,
                 branches=branches,
-                capped=bool(capped),
+                capped=bool(capped[k]),
                 deadline_s=w.deadline_s,
             )
         )
-    return GroupSpec(group_id=group_id, task_id=task_id, step=step, executions=execs)
+    return GroupSpec(group_id=group_id, task_id=group_id, step=step, executions=execs)
 
 
 class WorkloadSource:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gyre.cluster import Cluster, ClusterError
 from gyre.handles import all_of, any_of
-from gyre.policies.common import Batcher, engine_slots, least_loaded
+from gyre.policies.common import Batcher, engine_slots, spread
 
 
 class AsyncSplit:
@@ -43,7 +43,7 @@ class AsyncSplit:
                     continue
                 version = min(e.version for e in engines)
                 g = batcher.admit_group(version)
-                batcher.watch(g, [cluster.admit(x, least_loaded(engines)) for x in g.executions])
+                batcher.watch(g, spread(cluster, g.executions, engines))
 
         producer = cluster.spawn(produce(), "async-producer")
         while cluster.version < steps:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from gyre.cluster import Cluster
 from gyre.handles import all_of
-from gyre.policies.common import engine_slots, least_loaded
+from gyre.policies.common import engine_slots, spread
 
 
 class Colocate:
@@ -19,7 +19,6 @@ class Colocate:
         for _ in range(steps):
             engines = yield all_of([cluster.start_engine(s) for s in slots])
             groups = [cluster.next_group() for _ in range(cluster.groups_per_step)]
-            done = [cluster.admit(x, least_loaded(engines)) for g in groups for x in g.executions]
-            yield all_of(done)
+            yield all_of(spread(cluster, [x for g in groups for x in g.executions], engines))
             yield all_of([cluster.stop_engine(e) for e in engines])
             yield cluster.train(cluster.free_gpus(), groups)

@@ -24,8 +24,24 @@ def engine_slots(gpus: Sequence[int], per_engine: int) -> list[tuple[int, ...]]:
 
 
 def least_loaded(engines: Sequence[EngineView]) -> EngineView:
-    """The ready engine with the most free KV per live execution; ties by id (deterministic)."""
+    """The ready engine holding the fewest executions per KV token of capacity; ties by id."""
     return min((e for e in engines if e.ready), key=lambda e: (e.n_live / max(e.kv_capacity, 1), e.id))
+
+
+def spread(cluster: Cluster, executions: Sequence, engines: Sequence[EngineView]) -> list[Handle]:
+    """Admit executions one by one, each to the then least-loaded ready engine (as `least_loaded`
+    would choose), in O(log engines) per admission. Returns their completion handles."""
+    import heapq
+
+    heap = [(e.n_live / max(e.kv_capacity, 1), e.id, i) for i, e in enumerate(engines) if e.ready]
+    heapq.heapify(heap)
+    handles = []
+    for x in executions:
+        load, eid, i = heap[0]
+        e = engines[i]
+        handles.append(cluster.admit(x, e))
+        heapq.heapreplace(heap, (e.n_live / max(e.kv_capacity, 1), eid, i))
+    return handles
 
 
 class Signal:

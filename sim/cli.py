@@ -15,6 +15,7 @@ from rich.table import Table
 
 from gyre.config import ConfigError, RunConfig, override
 from gyre.presets import DEFAULT_PRESET, PRESETS, get_preset
+from gyre.sim import cli_traces
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulator: compare RL scheduling policies.")
 console = Console(width=None if __import__("sys").stdout.isatty() else 140)
@@ -59,6 +60,8 @@ def run(
     seed: Seed = None,
     eta: Annotated[Optional[int], typer.Option("--eta", help="staleness bound (async, elastic)")] = None,
     out: Out = Path("out/run"),
+    workload: Annotated[Optional[Path], typer.Option("--workload", help="calibrated workload JSON (gyre-sim calibrate)")] = None,
+    trace_out: Annotated[Optional[Path], typer.Option("--trace-out", help="also write the run as a rollout trace (JSONL)")] = None,
 ) -> None:
     """Simulate one policy and write its metrics."""
     from gyre.policies import UnknownPolicy
@@ -69,14 +72,20 @@ def run(
     with _progress() as prog:
         task = prog.add_task(f"{policy} on {cfg.name}", total=cfg.steps)
         try:
-            r = simulate(cfg, policy, progress=lambda v, t: prog.update(task, completed=v))
-        except (UnknownPolicy, ValueError) as exc:
+            source = None
+            if workload is not None:
+                cfg, source = cli_traces.calibrated_source(cfg, workload)
+            r = simulate(cfg, policy, source=source, progress=lambda v, t: prog.update(task, completed=v))
+        except (UnknownPolicy, ValueError, OSError) as exc:
             fail(str(exc))
             raise
+    if trace_out is not None:
+        n = cli_traces.write_run_trace(r, trace_out, preset)
+        console.print(f"wrote {trace_out} ({n} executions)")
     best = {r.policy: (Candidate(r.policy, cfg.policy_params.get(policy, {})), r)}
     table = comparison_table(best)
     write_outputs(out, cfg, best, table)
-    _print_table(table, f"{policy} on {cfg.name} ({cfg.cluster.gpus} GPUs, {cfg.steps} steps)")
+    _print_table(table, f"{policy} on {cfg.workload.name}, {cfg.cluster.model.name} ({cfg.cluster.gpus} GPUs, {cfg.steps} steps)")
     console.print(f"wrote {out}/")
 
 
@@ -142,10 +151,9 @@ def presets() -> None:
     console.print(t)
 
 
+cli_traces.register(app)
+
+
 def main() -> None:
     app()
 
-
-from gyre.sim import cli_traces  # noqa: E402
-
-cli_traces.register(app)

@@ -1,9 +1,9 @@
 """`gyre-sim calibrate`, `gyre-sim replay`, and `run --workload/--trace-out`: traces on the command line.
 
-register(app) adds the two commands and wraps the existing `run` command with two options:
-`--workload workload.json` runs a calibrated workload (gyre.traces.calibrated) instead of the
-preset's, and `--trace-out trace.jsonl` writes the finished run as a rollout trace (every issued
-group, in issue order, so replaying it reproduces the run). Without them `run` is untouched.
+register(app) adds the two commands. `run` (sim/cli.py) calls `calibrated_source` for
+`--workload workload.json` (a calibrated workload, gyre.traces.calibrated, instead of the preset's)
+and `write_run_trace` for `--trace-out trace.jsonl` (the finished run as a rollout trace: every
+issued group, in issue order, so replaying it reproduces the run).
 
 Replay feeds the trace's executions, unchanged and in order, to each policy (gyre.workload.
 ReplaySource); steps default to the whole groups_per_step batches the trace holds. Every bad input
@@ -217,63 +217,16 @@ def replay_cmd(
     console.print(f"wrote {out}/")
 
 
-def _wrap_run(original):
-    """`run` plus --workload and --trace-out; without them it calls the original unchanged."""
-    sig = inspect.signature(original)
-    extra = [
-        inspect.Parameter("workload", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-            Optional[Path], typer.Option("--workload", help="calibrated workload JSON (gyre-sim calibrate)")]),
-        inspect.Parameter("trace_out", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
-            Optional[Path], typer.Option("--trace-out", help="write the run as a rollout trace (JSONL)")]),
-    ]
-
-    @functools.wraps(original)
-    def run(**kw: Any) -> None:
-        workload, trace_out = kw.pop("workload", None), kw.pop("trace_out", None)
-        if workload is None and trace_out is None:
-            return original(**kw)
-        return _run_traced(kw, workload, trace_out)
-
-    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values()] + extra
-    run.__signature__ = sig.replace(parameters=params)
-    return run
-
-
-def _run_traced(kw: dict[str, Any], workload: Path | None, trace_out: Path | None) -> None:
+def calibrated_source(cfg, workload: Path):
+    """(config with the calibrated workload, its source) for `gyre-sim run --workload`."""
     from dataclasses import replace
 
-    from gyre.policies import UnknownPolicy
-    from gyre.sim.cli import _print_table, build_config, console
-    from gyre.sim.compare import Candidate, comparison_table, write_outputs
-    from gyre.sim.runner import simulate
-
-    policy, preset = kw.get("policy", "colocate"), kw.get("preset")
-    cfg = build_config(preset, kw.get("gpus"), kw.get("steps"), kw.get("seed"), kw.get("eta"), [policy])
-    source = None
-    try:
-        if workload is not None:
-            cw = load_workload(workload)
-            cfg = replace(cfg, workload=cw.base).validate()
-            source = CalibratedSource(cw, cfg.seed)
-        r = simulate(cfg, policy, source=source)
-    except (UnknownPolicy, ValueError) as exc:
-        _fail(exc)
-        raise
-    best = {r.policy: (Candidate(r.policy, cfg.policy_params.get(policy, {})), r)}
-    table = comparison_table(best)
-    out = kw.get("out") or Path("out/run")
-    write_outputs(out, cfg, best, table)
-    _print_table(table, f"{policy} on {cfg.workload.name} ({cfg.cluster.gpus} GPUs, {cfg.steps} steps)")
-    if trace_out is not None:
-        n = write_run_trace(r, trace_out, preset)
-        console.print(f"wrote {trace_out} ({n} executions)")
-    console.print(f"wrote {out}/")
+    cw = load_workload(workload)
+    cfg = replace(cfg, workload=cw.base).validate()
+    return cfg, CalibratedSource(cw, cfg.seed)
 
 
 def register(app: typer.Typer) -> None:
-    """Add `calibrate` and `replay`; give `run` the --workload and --trace-out options."""
+    """Add `calibrate` and `replay` (`run --workload/--trace-out` call into this module)."""
     app.command("calibrate")(calibrate_cmd)
     app.command("replay")(replay_cmd)
-    for info in app.registered_commands:
-        if (info.name or getattr(info.callback, "__name__", "")) == "run":
-            info.callback = _wrap_run(info.callback)
