@@ -10,10 +10,8 @@ The run loop drives the policy's gyre.handles.Process: it waits on the outstandi
 handle completions are deferred until a result is fully booked, so a policy never observes an engine
 half-way through an update. Times in the log are seconds since the cluster was built.
 
-Faults: when an engine actor dies its executions lose at most the segment in flight (nothing of it
-was recorded); they move to the least-loaded ready engine (or wait for the replacement actor), whose
-next request re-prefills their context from the last tool-call boundary. The engine is respawned on
-the same GPUs with the latest weights. No execution is aborted or restarted.
+How executions flow through engines, migrations and engine faults live in gyre.real.flow (a mixin):
+no execution is ever aborted or restarted.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ import math
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,8 +30,9 @@ import ray
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.handles import Handle, Process, done_handle
 from gyre.real import task as T
-from gyre.real.agent import Done, Generate, RealExecution, RealGroup, Tool
+from gyre.real.agent import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
+from gyre.real.flow import ExecutionFlow
 from gyre.trajectory import AdvantageConfig, group_advantages, score_group
 
 TRAINER = -1
@@ -51,7 +51,7 @@ class RealClusterConfig:
     checkpoint: str | None = None  # trainer checkpoint path: saved every step, resumed from if present
 
 
-class RealCluster:
+class RealCluster(ExecutionFlow):
     def __init__(self, *, pool, config: RealClusterConfig) -> None:
         self.pool = pool
         self.cfg = config
@@ -72,7 +72,7 @@ class RealCluster:
         self.profile: dict[str, list] = {"wake": [], "sleep": [], "train": [], "sync": [], "migration": [], "requests": []}
         ray.get([a.sleep.remote() for a in pool._engines.values()])  # engines of an earlier run
         base = ray.get(pool.trainer.reset.remote(config.seed))
-        if config.checkpoint and _exists(config.checkpoint):
+        if config.checkpoint and Path(config.checkpoint).exists():
             base = ray.get(pool.trainer.load.remote(config.checkpoint))
         self.base_version = base  # trainer versions count from here in this run
         self._version = 0
@@ -145,147 +145,6 @@ class RealCluster:
         if b != eng.busy:
             eng.busy = b
             self._log(("busy", self.now, eng.id, int(b)))
-
-    # --- the execution loop: issue a request, book its result ---
-    def _drain_queue(self, eng: RealEngine) -> None:
-        while eng.queue and eng.ready and eng.fits(len(eng.queue[0].group.spec.prompt)):
-            ex = eng.queue.popleft()
-            action = ex.start(self.now)
-            self._log(("start", self.now, ex.id, eng.id))
-            self._issue(ex, action)
-
-    def _issue(self, ex: RealExecution, action) -> None:
-        ex.req = getattr(ex, "req", 0) + 1
-        req, eng = ex.req, ex.engine
-        ex.inflight = action
-        if isinstance(action, Done):
-            self._finish(ex, action.truncated)
-            return
-        if isinstance(action, Tool):
-            ex.phase = Phase.TOOL
-            if ex.migrate_to is not None:
-                self._do_migrate(ex)
-            self._busy(eng)
-            ex.tool_t0 = self.now
-            self._submit(self.pool.tools.call.remote(action.call), lambda out, err: self._on_tool(ex, req, out, err))
-            return
-        if ex.migrate_to is not None:  # between segments: a boundary
-            self._do_migrate(ex)
-            eng = ex.engine
-        if not eng.ready:  # its engine is restarting: re-issued when it is back
-            ex.phase = Phase.PREFILL
-            ex.lost = True
-            return
-        ex.phase = Phase.DECODE
-        self._busy(eng)
-        seed = int(np.random.default_rng([self.cfg.seed, ex.id, ex.generated, ex.turns, req]).integers(2**62))
-        actor = eng.actor
-        ex.gen_t0, ex.gen_batch = self.now, eng.n_decoding
-        ref = actor.generate.remote(action.seq, action.context, action.max_new, [T.SEP], seed)
-        self._submit(ref, lambda res, err: self._on_generated(ex, req, eng, actor, res, err))
-
-    def _on_generated(self, ex, req, eng, actor, res, err) -> None:
-        if err is not None:
-            if isinstance(err, ray.exceptions.RayActorError):
-                self._on_engine_dead(eng, actor)
-                return
-            raise err
-        if req != ex.req:
-            return
-        self.profile["requests"].append((res["prefill_tokens"], len(res["tokens"]), ex.gen_batch, self.now - ex.gen_t0))
-        if getattr(ex, "migrated_at", None) is not None:
-            self.profile["migration"].append((res["prefill_tokens"], res["prefill_s"], self.now - ex.migrated_at))
-            ex.migrated_at = None
-        action = ex.on_generated(res["tokens"], res["logprobs"], res["version"], self.now)
-        self._issue(ex, action)
-        self._busy(eng)
-
-    def _on_tool(self, ex, req, out, err) -> None:
-        if err is not None:
-            raise err
-        if req != ex.req:
-            return
-        ex.segs[-1]["tool_s"] = self.now - ex.tool_t0
-        self._issue(ex, ex.on_tool(out, self.now))
-
-    def _finish(self, ex: RealExecution, truncated: bool) -> None:
-        eng = ex.engine
-        del eng.members[ex.id]
-        ex.engine = None
-        ex.phase = Phase.DONE
-        ex.finished_at, ex.truncated = self.now, truncated
-        self._background.append(eng.actor.release.remote(str(ex.id)))
-        self._log(("finish", self.now, ex.id, int(truncated), ex.generated))
-        self._log(("note", self.now, "reward", {"exec": ex.id, "group": ex.group_id, "reward": ex.reward,
-                                                 "truncated": truncated, "turns": ex.turns}))
-        self._deferred.append((ex.handle, ex))
-        if ex.migrate_handle is not None:
-            self._deferred.append((ex.migrate_handle, False))
-            ex.migrate_to = ex.migrate_handle = None
-        self._busy(eng)
-        self._drain_queue(eng)
-
-    def _move(self, ex: RealExecution, dst: RealEngine) -> None:
-        src = ex.engine
-        del src.members[ex.id]
-        ex.engine = dst
-        dst.members[ex.id] = ex
-        if ex.phase == Phase.QUEUED:
-            src.queue.remove(ex)
-            dst.queue.append(ex)
-        else:
-            ex.migrated_at = self.now
-            if src.ready:
-                self._background.append(src.actor.release.remote(str(ex.id)))
-        self._log(("migrate", self.now, ex.id, src.id, dst.id))
-        self._busy(src)
-        self._drain_queue(src)
-
-    def _do_migrate(self, ex: RealExecution) -> None:
-        dst, h = ex.migrate_to, ex.migrate_handle
-        ex.migrate_to = ex.migrate_handle = None
-        self._move(ex, dst)
-        self._drain_queue(dst)
-        self._deferred.append((h, True))
-
-    def _on_engine_dead(self, eng: RealEngine, actor) -> None:
-        if eng.actor is not actor or eng.state != "ready":
-            return  # already handled
-        eng.state = "restarting"
-        self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": sorted(eng.members)}))
-        others = [e for e in self._engines.values() if e.ready and e is not eng]
-        for ex in sorted(eng.members.values(), key=lambda x: x.id):
-            lost = ex.phase == Phase.DECODE
-            ex.phase = Phase.PREFILL if lost else ex.phase
-            if others:
-                self._move(ex, min(others, key=lambda e: (e.n_live, e.id)))
-            if lost:
-                ex.lost = True
-        for e in others:
-            self._drain_queue(e)
-            self._resume_lost(e)
-        self._busy(eng)
-        eng.actor = self.pool.respawn(eng.gpus)
-        v = self._version
-        self._submit(eng.actor.wake.remote(self._weights, v), lambda dt, err: self._on_respawned(eng, v, err))
-
-    def _resume_lost(self, eng: RealEngine) -> None:
-        for ex in sorted(eng.members.values(), key=lambda x: x.id):
-            if getattr(ex, "lost", False) and ex.phase != Phase.TOOL:
-                ex.lost = False
-                self._issue(ex, ex.inflight)
-
-    def _on_respawned(self, eng: RealEngine, version: int, err) -> None:
-        if err is not None:
-            raise ClusterError(f"engine {eng.id}: replacement actor failed to start: {err}")
-        eng.state, eng._version = "ready", version
-        self._log(("note", self.now, "engine_restarted", {"engine": eng.id}))
-        if eng.stop_after_restart is not None:
-            h, eng.stop_after_restart = eng.stop_after_restart, None
-            self._stop(eng, h)
-            return
-        self._resume_lost(eng)
-        self._drain_queue(eng)
 
     # ------------------------------------------------------------------ verbs
     def next_group(self) -> RealGroup:
@@ -538,8 +397,3 @@ class RealCluster:
             self.profile["engine_" + key] = [r for p in profs for r in p[key]]
         return self.profile
 
-
-def _exists(path: str) -> bool:
-    from pathlib import Path
-
-    return Path(path).exists()
