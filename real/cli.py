@@ -77,7 +77,7 @@ def run(
     except (ValueError, TimeoutError) as exc:
         fail(str(exc))
         raise
-    results = []
+    results, failed = [], []
     for p in policy:
         def tick(c, last=[-1]):  # noqa: B006 - per-policy progress line
             if c.version != last[0]:
@@ -86,8 +86,10 @@ def run(
 
         try:
             results.append(run_real(cfg, p, pool=pool, on_tick=tick))
-        except ClusterError as exc:
-            fail(f"{p}: {exc}")
+        except ClusterError as exc:  # the other policies still run and are written
+            failed.append(f"{p}: {exc}")
+    if not results:
+        fail("; ".join(failed))
     paths = write_outputs(out, results)
     for r in results:
         lc = r.learning()
@@ -96,6 +98,8 @@ def run(
         console.print(f"{r.policy}: makespan {r.makespan_s:.1f}s, {len(lc)} steps, reward {first:.3f} -> {last:.3f}",
                       highlight=False)
     console.print(f"wrote {paths['summary'].name}, {paths['timeline'].name}, traces and profiles in {out}/")
+    if failed:
+        fail("; ".join(failed))
 
 
 @app.command()
