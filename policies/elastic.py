@@ -42,6 +42,7 @@ class Elastic:
         tail_fill: float = 0.5,
         reserve: bool = False,
         high_fill: float = 0.9,
+        adapt_trainer: bool = True,
     ) -> None:
         if eta < 0:
             raise ValueError(f"elastic: eta must be >= 0, got {eta}")
@@ -54,6 +55,7 @@ class Elastic:
         self.tail_fill = tail_fill
         self.reserve = reserve
         self.high_fill = high_fill
+        self.adapt_trainer = adapt_trainer
 
     # ------------------------------------------------------------------ the control loop
     def run(self, cluster: Cluster, steps: int):
@@ -62,6 +64,7 @@ class Elastic:
         self.draining: Handle | None = None  # the one drain in flight
         self.load = Signal()  # an execution finished, or the pool changed
         self.training = False
+        self.train_target = self._reserve_gpus()  # GPUs the next step should train on
         self.batcher = batcher = Batcher(cluster, steps, self.eta)
         yield from self._grow()
         producer = cluster.spawn(self._produce(steps), "elastic-producer")
@@ -77,6 +80,7 @@ class Elastic:
             cluster.note("elastic_train", gpus=len(gpus), engines=len(self.pool))
             yield cluster.train(gpus, batch)
             self.training = False
+            self._adapt()
             if cluster.version < steps:
                 yield from self._grow()
             batcher.changed.fire()
@@ -109,7 +113,7 @@ class Elastic:
             yield self.draining
         while any(not e.ready for e in self.pool):  # engines still starting cannot be drained yet
             yield any_of([self.load.wait(), cluster.timeout(1.0)])
-        need = max(0, cluster.min_train_gpus - len(cluster.free_gpus()))
+        need = max(0, max(cluster.min_train_gpus, self.train_target) - len(cluster.free_gpus()))
         plan = plan_drain(self.pool, cluster.live(), need, kv_fill=self.kv_fill, greedy=self.greedy)
         if plan.victims:
             yield from self._drain(plan, "train")
@@ -138,7 +142,7 @@ class Elastic:
         cap = sum(e.kv_capacity for e in ready)
         pressure = any(e.n_queued for e in ready) or kv > self.high_fill * cap
         if free >= per and pressure:
-            self.draining = cluster.spawn(self._grow(sync=False, keep_free=0), "elastic-grow")
+            self.draining = cluster.spawn(self._grow(sync=False, keep_free=self._keep()), "elastic-grow")
             return
         if pressure:
             return
@@ -157,6 +161,26 @@ class Elastic:
         if plan.victims:
             self.draining = cluster.spawn(self._drain(plan, "tail"), "elastic-tail")
 
+    def _adapt(self) -> None:
+        """Trainer backlog: if the next batch is already waiting when a step ends, the trainer is the
+        bottleneck, so the next step trains on twice the GPUs (kept free instead of restarting engines);
+        otherwise the target decays by one engine towards the minimum."""
+        if not self.adapt_trainer:
+            return
+        cluster, per = self.cluster, self.cluster.gpus_per_engine
+        floor, ceil = self._reserve_gpus(), max(self._reserve_gpus(), cluster.n_gpus - per)
+        if cluster.version < self.batcher.steps and self.batcher.next_batch() is not None:
+            self.train_target = min(ceil, 2 * self.train_target)
+        else:
+            self.train_target = max(floor, self.train_target - per)
+        cluster.note("elastic_trainer_target", gpus=self.train_target)
+
+    def _keep(self) -> int:
+        """GPUs left free for the trainer when engines (re)start."""
+        if self.reserve:
+            return self._reserve_gpus()
+        return self.train_target if self.train_target > self._reserve_gpus() else 0
+
     def _reserve_gpus(self) -> int:
         per = self.cluster.gpus_per_engine
         return -(-self.cluster.min_train_gpus // per) * per
@@ -166,7 +190,7 @@ class Elastic:
         """Start engines on the free GPUs but `keep_free` (latest weights); sync the staying engines."""
         cluster = self.cluster
         if keep_free is None:
-            keep_free = self._reserve_gpus() if self.reserve and self.pool else 0
+            keep_free = self._keep() if self.pool else 0
         free = sorted(cluster.free_gpus())
         slots = engine_slots(free[: max(0, len(free) - keep_free)], cluster.gpus_per_engine)
         stale = [e for e in self.pool if e.ready and e.version < cluster.version] if sync else []
