@@ -187,3 +187,13 @@ def test_bad_params_one_line():
     with pytest.raises(ValueError, match="kv_fill"):
         Elastic(kv_fill=0.0)
     assert short_math().max_turns == 1, "short-math is single-turn"
+
+
+def test_trainer_grows_under_backlog():
+    """On a trainer-bound workload (short-math, eta 4) the trainer's GPU count grows from the minimum."""
+    r = simulate(override(get_preset("short-math"), steps=6), "elastic", {"eta": 4}, check=False)
+    gpus = [rec[3] for rec in r.log if rec[0] == "step"]
+    assert gpus[0] == r.costs.min_train_gpus, f"starts at the minimum: {gpus}"
+    assert max(gpus) >= 4 * gpus[0], f"backlog should grow the trainer: {gpus}"
+    off = simulate(override(get_preset("short-math"), steps=6), "elastic", {"eta": 4, "adapt_trainer": False})
+    assert off.makespan_s > r.makespan_s, "adapting the trainer should pay off when training is the bottleneck"
