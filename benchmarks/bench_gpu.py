@@ -179,10 +179,13 @@ def bench_decode(dev: str, smoke: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU check of the script)")
+    ap.add_argument("--only", default="exactness,training,decode", help="comma-separated sections")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     res = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__}
     for name, fn in (("exactness", check_exactness), ("training", bench_training), ("decode", bench_decode)):
+        if name not in args.only.split(","):
+            continue
         t = time.perf_counter()
         try:
             res[name] = fn(dev, args.smoke)

@@ -121,7 +121,8 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
     """cos/sin [B, 1, T, head_dim] for explicit integer positions (rotate-half convention)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device=position_ids.device)
+    inv_freq = 1.0 / (theta ** (steps / head_dim))
     angles = position_ids.to(torch.float64)[..., None] * inv_freq  # [B, T, head_dim/2]
     angles = torch.cat([angles, angles], dim=-1)[:, None]
     return angles.cos().to(dtype), angles.sin().to(dtype)
@@ -133,13 +134,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+_FLEX_COMPILED = None
+
+
+def _flex(q: torch.Tensor):
+    """FlexAttention; compiled on CUDA (eager flex materializes scores and is ~10x slower there)."""
+    global _FLEX_COMPILED
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not q.is_cuda:
+        return flex_attention
+    if _FLEX_COMPILED is None:
+        _FLEX_COMPILED = torch.compile(flex_attention, dynamic=False)
+    return _FLEX_COMPILED
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
     """q [B,H,T,D], k/v [B,H,S,D]; mask bool [B,T,S] (True = may attend) or a FlexAttention BlockMask."""
     if isinstance(mask, torch.Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return flex_attention(q, k, v, block_mask=mask)
+    return _flex(q)(q, k, v, block_mask=mask)
 
 
 class Attention(nn.Module):
