@@ -38,10 +38,10 @@ class AsyncSplit:
 
         def produce():
             while batcher.n_admitted < steps * batcher.gps:
-                if not batcher.can_admit():
+                version = min(e.version for e in engines)
+                if not batcher.can_admit(version):
                     yield batcher.changed.wait()
                     continue
-                version = min(e.version for e in engines)
                 g = batcher.admit_group(version)
                 batcher.watch(g, spread(cluster, g.executions, engines))
 

@@ -1,12 +1,17 @@
 """Pieces every policy uses: engine layout, load balancing, a wake-up signal, and the batcher that
 enforces the staleness bound.
 
-Staleness rule (Batcher): a group is admitted at version a (the oldest weights any of its engines
-serve). Admission is allowed while admitted < (version + eta + 1) * groups_per_step. The batch for
-step v contains every unfinished-or-finished group with a <= v - eta ("due": it would be too stale
-one step later; the trainer waits for them), then finished groups with the lowest (a, finish order)
-up to groups_per_step. So every trained sample has staleness v - a <= eta, and every admitted group
-is trained exactly once.
+Staleness rule (Batcher): a group admitted at version a (the oldest weights its engines serve) must be
+trained by step a + eta, its deadline; step v trains exactly groups_per_step groups. This is unit-capacity
+deadline scheduling, and the Batcher keeps it feasible at all times:
+- admission: a group may join only if, for every deadline T >= its own, the untrained groups due by T
+  fit into the steps left until T: |{untrained: deadline <= T}| <= (T - s + 1) * groups_per_step, where
+  s is the next step to batch (a batch already taken but still training no longer has room);
+- batching: step v takes every group due at v (the trainer waits for them), then finished groups in
+  (deadline, finish order), and only if the groups left over stay feasible for the steps after v;
+  otherwise it waits for more groups to finish.
+So every trained sample has staleness <= eta, every admitted group is trained exactly once, and no
+batch is larger than groups_per_step.
 """
 
 from __future__ import annotations
@@ -72,11 +77,23 @@ class Batcher:
         self.finished: list[int] = []  # group ids in finish order
         self.n_admitted = 0
         self.n_trained = 0
+        self.step = 0  # the step the next batch trains (batches are taken in step order)
         self.changed = Signal()
 
-    def can_admit(self) -> bool:
-        v = self.cluster.version
-        return self.n_admitted < min((v + self.eta + 1) * self.gps, self.steps * self.gps)
+    def _feasible(self, deadlines: list[int], first_step: int) -> bool:
+        """Can groups with these deadlines all be trained in steps first_step, first_step + 1, ...?"""
+        for i, d in enumerate(sorted(deadlines)):  # the i+1 earliest must fit by step d
+            if i + 1 > (d - first_step + 1) * self.gps:
+                return False
+        return True
+
+    def can_admit(self, version: int | None = None) -> bool:
+        """May a group admitted now at `version` (default: the trainer's) join without breaking the bound?"""
+        v = self.step
+        a = self.cluster.version if version is None else version
+        if self.n_admitted >= self.steps * self.gps or a + self.eta < v:
+            return False
+        return self._feasible([x + self.eta for x, _ in self.admitted] + [a + self.eta], v)
 
     def admit_group(self, version: int) -> Group:
         """Take the next group; the caller admits its executions and calls `watch`."""
@@ -95,27 +112,26 @@ class Batcher:
         all_of(handles).on_done(done)
 
     def next_batch(self) -> list[Group] | None:
-        """The batch for step `version`, or None if the trainer must wait."""
-        v = self.cluster.version
+        """The batch for the next step (`self.step`), or None if the trainer must wait."""
+        v = self.step
+        if v >= self.steps:
+            return None
         rank = {gid: i for i, gid in enumerate(self.finished)}
-        due = [(a, g) for a, g in self.admitted if a <= v - self.eta]
-        if any(g.id not in rank for _, g in due):
+        due = [g for a, g in self.admitted if a + self.eta <= v]
+        if any(g.id not in rank for g in due):
             return None
-        ready = sorted(((a, rank[g.id], g) for a, g in self.admitted if g.id in rank), key=lambda x: x[:2])
-        last = v == self.steps - 1
-        want = len(self.admitted) if last else self.gps
-        if last and self.n_admitted < self.steps * self.gps:
-            return None
-        if len(ready) < want:
-            return None
-        batch = [g for _, g in due]
+        batch = list(due)
         ids = {g.id for g in batch}
-        for _, _, g in ready:
-            if len(batch) >= want:
+        for _, _, g in sorted((a, rank[g.id], g) for a, g in self.admitted if g.id in rank and g.id not in ids):
+            if len(batch) >= self.gps:
                 break
-            if g.id not in ids:
-                batch.append(g)
-                ids.add(g.id)
+            batch.append(g)
+            ids.add(g.id)
+        if len(batch) < self.gps:
+            return None
+        rest = [a + self.eta for a, g in self.admitted if g.id not in ids]
+        if not self._feasible(rest, v + 1):
+            return None
         return batch
 
     def trained(self, batch: Sequence[Group]) -> None:
@@ -123,3 +139,4 @@ class Batcher:
         self.admitted = [(a, g) for a, g in self.admitted if g.id not in ids]
         self.finished = [gid for gid in self.finished if gid not in ids]
         self.n_trained += len(batch)
+        self.step += 1

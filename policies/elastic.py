@@ -92,10 +92,10 @@ class Elastic:
         cluster, batcher = self.cluster, self.batcher
         while batcher.n_admitted < steps * batcher.gps:
             ready = [e for e in self.pool if e.ready]
-            if not batcher.can_admit() or not ready:
+            version = min((e.version for e in self.pool), default=cluster.version)  # oldest weights a member may run on
+            if not ready or not batcher.can_admit(version):
                 yield any_of([batcher.changed.wait(), self.load.wait()])
                 continue
-            version = min(e.version for e in self.pool)  # the oldest weights a member may run on
             g = batcher.admit_group(version)
             handles = [cluster.admit(x, least_loaded(ready)) for x in g.executions]
             for h in handles:
