@@ -54,14 +54,11 @@ def preset_tiny_cpu() -> RealRunConfig:
                         engine_config=TorchEngineConfig(), trainer_config=TrainerConfig(lr=1e-2, epochs=4)),
         cluster=RealClusterConfig(groups_per_step=4, group_size=8),
         steps=30,
-        # eta 0 until policies.common.Batcher gates admission on the engines' version: with eta 1, groups
-        # admitted during a real weight sync make a late batch empty (docs/real.md, "Known issue")
-        policy_params={"async": {"eta": 0}, "elastic": {"eta": 0}},
     )
 
 
 def preset_tiny_test() -> RealRunConfig:
-    """tiny-cpu with 2 small groups per step and 2 steps (the test tier; policies at their default eta)."""
+    """tiny-cpu with 2 small groups per step and 2 steps (the test tier)."""
     base = preset_tiny_cpu()
     return dataclasses.replace(base, name="tiny-test", steps=2, policy_params={},
                                cluster=dataclasses.replace(base.cluster, groups_per_step=2, group_size=4))
