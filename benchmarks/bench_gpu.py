@@ -26,7 +26,7 @@ import torch
 
 from gyre.nn.model import ModelConfig, TinyLlama
 from gyre.trajectory import PackConfig, TaskRecorder, build_packs
-from gyre.trajectory.torch_ops import LossConfig, branches_of, naive_loss, packed_loss
+from gyre.trajectory.torch_ops import branches_of, naive_loss, packed_loss
 
 
 def sharing_groups(rng, tasks: int, vocab: int, prompt: int, turns: int, model_tok: int, env_tok: int):

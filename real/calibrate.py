@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -137,5 +138,5 @@ def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, t
             pred, _ = simulate_with(c2, *args)
         meas = float(summary.loc[p, "makespan_s"]) if p in summary.index else float("nan")
         rows.append({"policy": p, "calibrated_on": source, "predicted_s": pred, "measured_s": meas,
-                     "error": (pred - meas) / meas if meas == meas else float("nan")})
+                     "error": (pred - meas) / meas if not math.isnan(meas) else float("nan")})
     return pd.DataFrame(rows)

@@ -13,10 +13,9 @@ is one line, `file:line: reason`, and exit code 2.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
