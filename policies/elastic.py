@@ -163,12 +163,14 @@ class Elastic:
 
     def _adapt(self) -> None:
         """Trainer backlog: if the next batch is already waiting when a step ends, the trainer is the
-        bottleneck, so the next step trains on twice the GPUs (kept free instead of restarting engines);
-        otherwise the target decays by one engine towards the minimum."""
+        bottleneck, so the next step trains on twice the GPUs (kept free instead of restarting engines),
+        up to half the pool (or the trainer's memory minimum, if larger); otherwise the target decays by
+        one engine towards the minimum."""
         if not self.adapt_trainer:
             return
         cluster, per = self.cluster, self.cluster.gpus_per_engine
-        floor, ceil = self._reserve_gpus(), max(self._reserve_gpus(), cluster.n_gpus - per)
+        floor = self._reserve_gpus()
+        ceil = max(floor, cluster.n_gpus // 2 // per * per)  # beyond its memory need, at most half the pool
         if cluster.version < self.batcher.steps and self.batcher.next_batch() is not None:
             self.train_target = min(ceil, 2 * self.train_target)
         else:
