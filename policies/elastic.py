@@ -7,8 +7,16 @@ their executions to the staying engines with the most free KV. A migration of a 
 happens at its next tool-call boundary (the backend waits for it); a queued or tool-waiting one moves
 at once and pays a re-prefill (or KV transfer) on the target. Nothing is aborted or restarted. When
 `greedy`, every engine the live KV does not need (at `kv_fill` of capacity) is drained too, so more GPUs
-train and the step is shorter. When training ends, all free GPUs start engines again (serving the new
+train and the step is shorter. When training ends, the free GPUs start engines again (serving the new
 weights) and the staying engines sync.
+
+Trainer size (`adapt_trainer`, on by default): if the next batch is already waiting when a step ends
+(trainer backlog), the next step's target doubles, up to half the pool (or the memory minimum if
+larger), and that many GPUs are kept free instead of restarting engines on them; without a backlog the
+target decays by one engine per step towards the minimum.
+
+Reserve (`reserve`): keep a trainer-sized set of GPUs free whenever the live KV fits on the other
+engines at `kv_fill`, so a step can start without draining.
 
 Tail consolidation (`consolidate`): while admission is blocked by the staleness bound and the live
 executions would fit on fewer engines at `tail_fill`, the spare engines are drained early; their GPUs
