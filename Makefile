@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/gyre-sim compare --out out/compare
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_sim.py

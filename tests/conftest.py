@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray node (4 logical GPUs) for every test of this process that needs one."""
+    ray = pytest.importorskip("ray", reason="the real backend needs ray (pip install -e '.[real]')")
+    if not ray.is_initialized():
+        for attempt in (1, 2):  # a loaded machine can time out starting the node: once more then
+            try:
+                ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+                break
+            except Exception:
+                ray.shutdown()
+                if attempt == 2:
+                    raise
+    yield ray
+    ray.shutdown()

@@ -134,9 +134,9 @@ def test_notebook_policy_in_simulator():
 
 
 @pytest.mark.slow
-def test_notebook_policy_on_real_backend():
+@pytest.mark.xdist_group("ray")  # with the other local-Ray tests, in one worker
+def test_notebook_policy_on_real_backend(local_ray):
     """The same policy class runs unchanged on the real backend (local Ray, logical GPUs, torch engines)."""
-    ray = pytest.importorskip("ray", reason="the real backend needs ray (pip install -e '.[real]')")
     pytest.importorskip("torch", reason="the real backend needs torch (pip install -e '.[real]')")
     try:
         from gyre.real.pool import ActorPool
@@ -144,18 +144,7 @@ def test_notebook_policy_on_real_backend():
     except ImportError as exc:
         pytest.skip(f"gyre.real does not import: {exc}")
     cfg = get_preset("tiny-test")
-    for attempt in (1, 2):  # a loaded machine can time out starting the local Ray node; once more then
-        try:
-            ray.init(num_cpus=2, num_gpus=cfg.pool.n_gpus, include_dashboard=False, log_to_driver=False)
-            break
-        except Exception:
-            ray.shutdown()
-            if attempt == 2:
-                raise
-    try:
-        r = run_real(cfg, notebook_policy()(), pool=ActorPool.shared(cfg.pool), steps=2)
-    finally:
-        ray.shutdown()
+    r = run_real(cfg, notebook_policy()(), pool=ActorPool.shared(cfg.pool), steps=2)
     s = r.metrics.summary()
     assert s["steps"] == 2, f"trained {s['steps']} steps on the real backend, expected 2"
     assert s["staleness_max"] <= 1, f"staleness max {s['staleness_max']} on the real backend"

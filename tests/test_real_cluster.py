@@ -16,14 +16,13 @@ from gyre.real.pool import ActorPool  # noqa: E402
 from gyre.real.runner import preset_tiny_test, run_real, write_outputs  # noqa: E402
 
 CFG = preset_tiny_test()
+# every test that starts a local Ray node runs in one xdist worker (two nodes on one host collide)
+pytestmark = pytest.mark.xdist_group("ray")
 
 
 @pytest.fixture(scope="module")
-def pool():
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
-    p = ActorPool.shared(CFG.pool)
-    yield p
-    ray.shutdown()
+def pool(local_ray):
+    return ActorPool.shared(CFG.pool)
 
 
 def check_run(r, steps: int) -> None:
@@ -128,8 +127,13 @@ def test_cli_run_then_calibrate(pool, tmp_path):
 
 
 def test_elastic_moves_gpus_between_roles(pool):
-    """elastic on Ray: a GPU goes from rollout to training while another keeps generating, and back."""
-    r = run_real(CFG, "elastic", pool=pool)
+    """elastic on Ray: a GPU goes from rollout to training while another keeps generating, and back.
+
+    The trainer's size is held fixed: with backlog-driven sizing, a 2-step run may keep its trainer GPUs
+    for the second step and never grow back before the end."""
+    from gyre.policies import make_policy
+
+    r = run_real(CFG, make_policy("elastic", adapt_trainer=False), pool=pool)
     check_run(r, CFG.steps)
     role: dict[int, int] = {}
     path: dict[int, list[int]] = {}
