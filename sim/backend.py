@@ -105,20 +105,6 @@ class SimCluster:
             self._role[g] = role
         self._log(("role", self.now, tuple(gpus), int(role)))
 
-    def _schedule_ready(self, ex: SimExecution, t: float) -> None:
-        self._push(t, self._on_ready, ex)
-
-    def _on_ready(self, t: float, ex: SimExecution) -> None:
-        if t < ex.ready_min:  # a migrated context is still being prefilled on its new engine
-            self._push(ex.ready_min, self._on_ready, ex)
-            return
-        eng = ex.engine
-        if t >= ex.deadline_at:
-            eng.remove(ex)
-            self._finish(ex, t, truncated=True)
-            return
-        eng.begin_segment(ex, t)
-
     def _finish(self, ex: SimExecution, t: float, truncated: bool) -> None:
         ex.phase = Phase.DONE
         ex.finished_at = t
@@ -133,6 +119,7 @@ class SimCluster:
         src, dst, h = ex.engine, ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
         src.remove(ex)
+        src._touch(t)
         if ex.phase != Phase.QUEUED:
             ex.ready_min = t + self.costs.migration_time(ex.resident)
         dst.add_migrated(ex, t)

@@ -5,8 +5,10 @@ clock V (tokens per sequence since the engine started). With n decoding sequence
 tokens, a step takes a + b*n + c*K seconds (hardware.Costs), so dV/dt = 1 / step_time. The rate is
 held constant between changes of batch membership (the fluid model): events happen only when a
 segment ends, a tool returns, an execution is admitted, migrated or finished, or weights sync.
-A heap of per-sequence target V values gives the next segment end in O(log n): cost grows with
-executions and turns, never with tokens.
+A heap of per-sequence target V values gives the next segment end in O(log n), and a second heap
+holds the executions between turns (tool call or prefill) by the time they rejoin; the engine keeps
+one wakeup in the backend's queue at the earlier of the two. Cost grows with executions and turns,
+never with tokens.
 
 Memory: an execution's resident KV is its context; admission is gated on current usage (plus the
 new prompt) against capacity; contexts then grow turn by turn. Admitted executions are never evicted;
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from gyre.sim.execution import SimExecution
 
 _EPS = 1e-9
+_INF = float("inf")
 _TOOL = Phase.TOOL
 
 
@@ -42,7 +45,8 @@ class SimEngine:
         self.state = "starting"  # starting -> ready -> stopping -> stopped
         self.members: dict[int, SimExecution] = {}  # every execution it holds, any phase
         self.queue: deque[SimExecution] = deque()
-        self._heap: list[tuple[float, int, SimExecution]] = []
+        self._heap: list[tuple[float, int, SimExecution]] = []  # decoding: (target V, seq, execution)
+        self._ready: list[tuple[float, int, SimExecution]] = []  # between turns: (rejoin time, seq, execution)
         self.V = 0.0
         self.t_last = 0.0
         self.rate = 0.0
@@ -53,7 +57,6 @@ class SimEngine:
         self.epoch = 0  # invalidates stale wakeups
         self._q = cluster._q  # the backend's fine-event heap, pushed directly on the hot path
         self._qseq = cluster._seq
-        self._on_ready = cluster._on_ready
         self._prefill = cluster.costs.prefill_s_per_token
         self.kv_peak = 0.0
         self._seq = 0
@@ -95,22 +98,33 @@ class SimEngine:
         self.t_last = t
 
     def _reschedule(self) -> None:
+        """Put this engine's next wakeup in the backend's queue (earlier ones become stale)."""
         self.epoch += 1
         n = self.n_dec
+        wake = self._ready[0][0] if self._ready else _INF
         if n == 0 or self.paused:
             self.rate = 0.0
-            return
-        kv = self.kv_dec_base + n * self.V
-        c = self.costs
-        rate = self.rate = 1.0 / (c.step_a + c.step_b * n + c.step_c * kv)
-        used = self.mem_fixed + kv
-        if used > self.kv_peak:
-            self.kv_peak = used
-        dt = (self._heap[0][0] - self.V) / rate
-        heapq.heappush(self._q, (self.t_last + (dt if dt > 0.0 else 0.0), next(self._qseq), self.fire, self.epoch))
+        else:
+            kv = self.kv_dec_base + n * self.V
+            c = self.costs
+            rate = self.rate = 1.0 / (c.step_a + c.step_b * n + c.step_c * kv)
+            used = self.mem_fixed + kv
+            if used > self.kv_peak:
+                self.kv_peak = used
+            dt = (self._heap[0][0] - self.V) / rate
+            t_dec = self.t_last + (dt if dt > 0.0 else 0.0)
+            if t_dec < wake:
+                wake = t_dec
+        if wake < _INF:
+            heapq.heappush(self._q, (wake, next(self._qseq), self.fire, self.epoch))
+
+    def _touch(self, t: float) -> None:
+        """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup."""
+        self._advance(t)
+        self._reschedule()
 
     def fire(self, t: float, epoch: int) -> None:
-        """Wakeup: the earliest decoding sequence(s) reached the end of their segment."""
+        """Wakeup: segments that end now leave the batch; executions whose tool returned rejoin it."""
         if epoch != self.epoch:
             return
         if self.rate:
@@ -120,6 +134,7 @@ class SimEngine:
         V = self.V
         limit = V + _EPS * (V if V > 1.0 else 1.0)
         pop = heapq.heappop
+        busy = self.n_dec > 0
         while heap and heap[0][0] <= limit:
             ex = pop(heap)[2]
             # the execution leaves the decode batch
@@ -137,9 +152,15 @@ class SimEngine:
             r = ex.resident = ex.kv_seg + gen + out
             self.mem_fixed += r
             ex.seg = seg + 1
-            heapq.heappush(self._q, (t + ex.tool_s[seg] + out * self._prefill, next(self._qseq), self._on_ready, ex))
-        if self.n_dec == 0:
+            r = ex.ready_at = t + ex.tool_s[seg] + out * self._prefill
+            heapq.heappush(self._ready, (r, next(self._qseq), ex))
+        if busy and self.n_dec == 0:
             self.cluster.log.append(("busy", t, self.id, 0))
+        ready = self._ready
+        while ready and ready[0][0] <= t:
+            ex = pop(ready)[2]
+            ex.ready_at = None
+            self._rejoin(ex, t)
         self._reschedule()
 
     # --- execution lifecycle on this engine ---
@@ -149,6 +170,7 @@ class SimEngine:
         self.members[ex.id] = ex
         self.queue.append(ex)
         self._drain_queue(t)
+        self._touch(t)
 
     def _fits(self, tokens: float) -> bool:
         if self.n_live == len(self.queue):  # nothing running: always take one
@@ -165,13 +187,19 @@ class SimEngine:
             ex.phase = Phase.PREFILL
             ex.resident = ex.kv[0]
             self.mem_fixed += ex.resident
-            self.cluster._schedule_ready(ex, t + ex.spec.prompt * self.costs.prefill_s_per_token)
+            r = ex.ready_at = t + ex.spec.prompt * self._prefill
+            heapq.heappush(self._ready, (r, next(self._qseq), ex))
 
-    def begin_segment(self, ex: SimExecution, t: float) -> None:
-        """The execution's context is prefilled: it joins the decode batch."""
-        if self.rate:
-            self.V += (t - self.t_last) * self.rate
-        self.t_last = t
+    def _rejoin(self, ex: SimExecution, t: float) -> None:
+        """A tool call (or prefill) is over: the execution decodes its next segment, unless it is late."""
+        if t < ex.ready_min:  # a migrated context is still being prefilled here
+            ex.ready_at = ex.ready_min
+            heapq.heappush(self._ready, (ex.ready_min, next(self._qseq), ex))
+            return
+        if t >= ex.deadline_at:
+            self.remove(ex)
+            self.cluster._finish(ex, t, truncated=True)
+            return
         self.mem_fixed -= ex.resident
         ex.resident = 0
         ex.phase = Phase.DECODE
@@ -188,7 +216,6 @@ class SimEngine:
         self.kv_dec_base += kv - V
         self._seq += 1
         heapq.heappush(self._heap, (target, self._seq, ex))
-        self._reschedule()
 
     def _end_segment(self, ex: SimExecution, t: float, seg: int, gen: int) -> None:
         """Segment end off the common path: the execution finishes, or migrates at this boundary."""
@@ -204,16 +231,22 @@ class SimEngine:
         ex.resident = ex.kv_seg + gen + out
         self.mem_fixed += ex.resident
         ex.seg = seg + 1
-        heapq.heappush(self._q, (t + ex.tool_s[seg] + out * self._prefill, next(self._qseq), self._on_ready, ex))
+        r = ex.ready_at = t + ex.tool_s[seg] + out * self._prefill
+        heapq.heappush(self._ready, (r, next(self._qseq), ex))
         self.cluster._do_migrate(ex, t)
 
     def remove(self, ex: SimExecution) -> None:
-        """Take a non-decoding execution off this engine (finish or migration) and free its KV."""
+        """Take a non-decoding execution off this engine (finish or migration) and free its KV.
+
+        A pending rejoin leaves with it (ex.ready_at keeps its time for the next engine)."""
         del self.members[ex.id]
         if ex.phase == Phase.QUEUED:
             self.queue.remove(ex)
-        elif ex.phase != Phase.DECODE:  # a decoding execution's KV is counted in the batch, not here
+        else:
             self.mem_fixed -= ex.resident
+        if ex.ready_at is not None:
+            self._ready = [x for x in self._ready if x[2] is not ex]
+            heapq.heapify(self._ready)
         ex.engine = None
         self._drain_queue(self.cluster.now)
 
@@ -226,6 +259,8 @@ class SimEngine:
             self._drain_queue(t)
         else:
             self.mem_fixed += ex.resident
+            heapq.heappush(self._ready, (ex.ready_at, next(self._qseq), ex))
+        self._touch(t)
 
     # --- weights ---
     def pause(self, t: float) -> None:

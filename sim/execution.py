@@ -16,7 +16,7 @@ class SimExecution:
         "id", "group_id", "task_id", "spec", "engine", "phase", "seg", "first_version", "started_at",
         "deadline_at", "handle", "v_target", "v_start", "kv_seg", "resident", "ready_min",
         "migrate_to", "migrate_handle", "finished_at", "truncated", "generated", "gen", "kv", "tool_s",
-        "tool_out", "last",
+        "tool_out", "last", "ready_at",
     )
 
     def __init__(self, spec: ExecutionSpec) -> None:
@@ -44,6 +44,7 @@ class SimExecution:
         # the spec's per-segment lists, held directly for the hot path
         self.gen, self.kv, self.tool_s, self.tool_out = spec.gen, spec.kv, spec.tool_s, spec.tool_out
         self.last = len(spec.gen) - 1
+        self.ready_at: float | None = None  # when it rejoins the batch (while between turns)
 
     # --- ExecutionView ---
     @property
