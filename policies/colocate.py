@@ -12,6 +12,7 @@ from gyre.policies.common import engine_slots, spread
 
 class Colocate:
     name = "colocate"
+    eta = 0  # strictly on-policy
 
     def run(self, cluster: Cluster, steps: int):
         all_gpus = list(range(cluster.n_gpus))

@@ -59,7 +59,7 @@ def simulate(
     wall = time.perf_counter() - t0
     specs = [g_spec for g_spec in _group_specs(cluster)]
     metrics = compute_metrics(cluster.log, n_gpus=cfg.cluster.gpus, policy=name)
-    bound = lower_bound(specs, costs, cfg.cluster.gpus, cfg.workload.groups_per_step)
+    bound = lower_bound(specs, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None))
     issued = [
         GroupSpec(group_id=g.id, task_id=g.task_id, step=g.step, executions=[e.spec for e in g.executions])
         for g in cluster.groups.values()

@@ -90,3 +90,22 @@ def test_tool_wait_frees_the_batch_and_deadline_truncates():
     fin = [rec for rec in c.log if rec[0] == "finish"]
     # starts 3, decodes to 4, tool returns at 14 > deadline 8: truncated at the boundary with 100 tokens
     assert [(round(r[1], 9), r[3], r[4]) for r in fin] == [(14.0, 1, 100)], fin
+
+
+def test_staleness_aware_bound_by_hand():
+    """The eta-bound sums each step's longest solo group along chains eta+1 steps apart, and holds."""
+    from gyre.policies.bound import lower_bound
+    from tests.simkit import ROUND_COSTS
+
+    g0 = group(0, spec(0, 0, gen=[200]))  # alone: 2 s
+    g1 = group(1, spec(1, 1, gen=[100, 100], tool_s=[1.0]))  # alone: 1 + 1 + 1 = 3 s
+    # trained tokens 300 + 300 at 0.01 GPU-s each on 2 GPUs: 3 s in all; the last step alone 1.5 s
+    on_policy = lower_bound([g0, g1], ROUND_COSTS, n_gpus=2, groups_per_step=1, eta=0)
+    assert round(on_policy.staleness_s, 9) == 8.0, on_policy  # (3 + 2) + 3
+    assert round(on_policy.critical_path_s, 9) == 4.5, on_policy  # 3 + 1.5
+    one_stale = lower_bound([g0, g1], ROUND_COSTS, n_gpus=2, groups_per_step=1, eta=1)
+    assert round(one_stale.staleness_s, 9) == 4.0 and round(one_stale.makespan_s, 9) == 4.5, one_stale
+    c = cluster([g0, g1], n_gpus=2, groups_per_step=1)
+    c.run(make_policy("colocate"), steps=2)
+    end = max(rec[1] for rec in c.log if rec[0] == "step")
+    assert end >= on_policy.makespan_s, (end, on_policy)
