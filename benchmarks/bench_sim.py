@@ -63,14 +63,14 @@ def main() -> None:
         scale.append(measure(cfg, "async", {"eta": 2}))
     print(pd.DataFrame(scale)[["gpus", "executions", "events", "wall_s", "events_per_s", "events_per_exec"]].to_string(index=False))
 
-    print("\n== scaling with tokens per rollout (turns fixed; 256 GPUs, async eta=2, 4 steps) ==")
+    print("\n== scaling with tokens per rollout (turns fixed; 512 GPUs, async eta=2, 4 steps) ==")
     tok = []
     for factor, label in ((0.1, "70K"), (1.0, "700K"), (10.0, "7M")):
         w = base.workload
         w = replace(w, gen_tokens=LogNormal(median=w.gen_tokens.median * factor, p99_ratio=w.gen_tokens.p99_ratio),
                     tool_out_tokens=LogNormal(median=w.tool_out_tokens.median * factor, p99_ratio=w.tool_out_tokens.p99_ratio),
                     context_window=int(w.context_window * max(1.0, factor)), groups_per_step=8)
-        cfg = override(replace(base, workload=w), steps=4, **{"cluster.gpus": 256})
+        cfg = override(replace(base, workload=w), steps=4, **{"cluster.gpus": 512})
         row = measure(cfg, "async", {"eta": 2})
         row["p99_tokens_per_rollout"] = label
         tok.append(row)
