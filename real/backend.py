@@ -29,13 +29,13 @@ import ray
 
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.handles import Handle, Process, done_handle
+from gyre.pool import TRAINER, GpuPool
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
 from gyre.real.flow import ExecutionFlow
 from gyre.trajectory import AdvantageConfig, group_advantages, score_group
 
-TRAINER = -1
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -55,13 +55,11 @@ class RealCluster(ExecutionFlow):
     def __init__(self, *, pool, config: RealClusterConfig) -> None:
         self.pool = pool
         self.cfg = config
-        self._n = pool.cfg.n_gpus
-        self._role = [Role.IDLE] * self._n
-        self._owner: list[int | None] = [None] * self._n
         self._engines: dict[int, RealEngine] = {}
         self._next_engine = 0
         self._rng = np.random.default_rng(config.seed)
         self.log: list[tuple] = []
+        self.gpu_pool = GpuPool(pool.cfg.n_gpus, self.log)
         self.groups: dict[int, RealGroup] = {}
         self.executions: dict[int, RealExecution] = {}
         self._pending: dict[Any, tuple[int, Callable[[Any, BaseException | None], None]]] = {}
@@ -86,7 +84,7 @@ class RealCluster(ExecutionFlow):
 
     @property
     def n_gpus(self) -> int:
-        return self._n
+        return self.gpu_pool.n
 
     @property
     def gpus_per_engine(self) -> int:
@@ -105,10 +103,10 @@ class RealCluster(ExecutionFlow):
         return self.cfg.groups_per_step
 
     def role(self, gpu: int) -> Role:
-        return self._role[gpu]
+        return self.gpu_pool.role[gpu]
 
     def free_gpus(self) -> list[int]:
-        return [g for g in range(self._n) if self._owner[g] is None and self._role[g] == Role.IDLE]
+        return self.gpu_pool.free()
 
     def engines(self) -> list[RealEngine]:
         return [e for e in self._engines.values() if e.state in ("starting", "ready", "restarting")]
@@ -123,22 +121,6 @@ class RealCluster(ExecutionFlow):
     def _submit(self, ref, fn: Callable[[Any, BaseException | None], None]) -> None:
         self._seq += 1
         self._pending[ref] = (self._seq, fn)
-
-    def _set_role(self, gpus: Sequence[int], role: Role) -> None:
-        for g in gpus:
-            self._role[g] = role
-        self._log(("role", self.now, tuple(gpus), int(role)))
-
-    def _check_gpus(self, gpus: Sequence[int], what: str) -> tuple[int, ...]:
-        gpus = tuple(int(g) for g in gpus)
-        if len(set(gpus)) != len(gpus):
-            raise ClusterError(f"{what}: GPU list has duplicates: {gpus}")
-        for g in gpus:
-            if not 0 <= g < self._n:
-                raise ClusterError(f"{what}: GPU {g} does not exist (cluster has {self._n})")
-            if self._owner[g] is not None or self._role[g] != Role.IDLE:
-                raise ClusterError(f"{what}: GPU {g} is busy ({Role(self._role[g]).name})")
-        return gpus
 
     def _busy(self, eng: RealEngine) -> None:
         b = any(x.phase == Phase.DECODE for x in eng.members.values())
@@ -158,7 +140,7 @@ class RealCluster(ExecutionFlow):
         return grp
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
-        gpus = self._check_gpus(gpus, "start_engine")
+        gpus = self.gpu_pool.check_free(gpus, "start_engine")
         if len(gpus) != self.gpus_per_engine:
             raise ClusterError(f"start_engine: an engine needs {self.gpus_per_engine} GPUs, got {len(gpus)}")
         eid = self._next_engine
@@ -166,9 +148,8 @@ class RealCluster(ExecutionFlow):
         v = self._version
         eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity)
         self._engines[eid] = eng
-        for g in gpus:
-            self._owner[g] = eid
-        self._set_role(gpus, Role.SWITCHING)
+        self.gpu_pool.hold(gpus, eid)
+        self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
         h = Handle(f"start_engine{eid}")
         t0 = self.now
 
@@ -177,7 +158,7 @@ class RealCluster(ExecutionFlow):
                 raise ClusterError(f"start_engine: engine {eid} on GPUs {gpus} failed: {err}")
             eng.state = "ready"
             self.profile["wake"].append(self.now - t0)
-            self._set_role(gpus, Role.ROLLOUT)
+            self.gpu_pool.set_role(gpus, Role.ROLLOUT, self.now)
             self._log(("engine_up", self.now, eid, gpus))
             self._deferred.append((h, eng))
 
@@ -199,7 +180,7 @@ class RealCluster(ExecutionFlow):
 
     def _stop(self, eng: RealEngine, h: Handle) -> None:
         eng.state = "stopping"
-        self._set_role(eng.gpus, Role.SWITCHING)
+        self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
         t0 = self.now
 
         def down(_dt, err) -> None:
@@ -207,9 +188,8 @@ class RealCluster(ExecutionFlow):
                 raise ClusterError(f"stop_engine: engine {eng.id} failed to sleep: {err}")
             eng.state = "stopped"
             self.profile["sleep"].append(self.now - t0)
-            for g in eng.gpus:
-                self._owner[g] = None
-            self._set_role(eng.gpus, Role.IDLE)
+            self.gpu_pool.hold(eng.gpus, None)
+            self.gpu_pool.set_role(eng.gpus, Role.IDLE, self.now)
             self._log(("engine_down", self.now, eng.id))
             del self._engines[eng.id]
             self._deferred.append((h, None))
@@ -249,7 +229,7 @@ class RealCluster(ExecutionFlow):
         return h
 
     def train(self, gpus: Sequence[int], groups: Sequence[RealGroup]) -> Handle:
-        gpus = self._check_gpus(gpus, "train")
+        gpus = self.gpu_pool.check_free(gpus, "train")
         if len(gpus) < self.cfg.min_train_gpus:
             raise ClusterError(f"train: the model needs >= {self.cfg.min_train_gpus} GPUs to train, got {len(gpus)}")
         if not groups:
@@ -267,9 +247,8 @@ class RealCluster(ExecutionFlow):
             for e in g.executions:
                 fv = e.first_version if e.first_version is not None else v
                 self._log(("trained", self.now, e.id, g.id, v, v - fv))
-        for g in gpus:
-            self._owner[g] = TRAINER
-        self._set_role(gpus, Role.TRAIN)
+        self.gpu_pool.hold(gpus, TRAINER)
+        self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)
         h = Handle(f"train{v}")
         t0 = self.now
 
@@ -281,9 +260,8 @@ class RealCluster(ExecutionFlow):
             if self.cfg.checkpoint:
                 self._background.append(self.pool.trainer.save.remote(self.cfg.checkpoint))
             self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
-            for g in gpus:
-                self._owner[g] = None
-            self._set_role(gpus, Role.IDLE)
+            self.gpu_pool.hold(gpus, None)
+            self.gpu_pool.set_role(gpus, Role.IDLE, self.now)
             self._log(("step", self.now, self._version, len(gpus), stats["tokens"]))
             self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
                                                    "version": self._version}))

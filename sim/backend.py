@@ -22,24 +22,18 @@ import simpy
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.handles import Handle, Process, done_handle
 from gyre.hardware import Costs
+from gyre.pool import TRAINER, GpuPool
 from gyre.sim.engine import SimEngine
 from gyre.sim.execution import SimExecution, SimGroup
 
-TRAINER = -1
 
 
 class SimCluster:
     def __init__(self, *, n_gpus: int, gpus_per_node: int, costs: Costs, source, check: bool = False) -> None:
-        if n_gpus < 1:
-            raise ClusterError(f"cluster.gpus must be >= 1, got {n_gpus}")
         self.env = simpy.Environment()
         self.costs = costs
         self.source = source
-        self._n = n_gpus
         self.gpus_per_node = gpus_per_node
-        self._role = [Role.IDLE] * n_gpus
-        self._owner: list[int | None] = [None] * n_gpus  # engine id, TRAINER, or None
-        self._resident: list[str | None] = [None] * n_gpus  # what memory holds: "engine" / "trainer"
         self._engines: dict[int, SimEngine] = {}
         self._next_engine = 0
         self._version = 0
@@ -47,6 +41,7 @@ class SimCluster:
         self._seq = itertools.count()
         self._deferred: list[tuple[Handle, Any]] = []
         self.log: list[tuple] = []
+        self.gpu_pool = GpuPool(n_gpus, self.log)
         self.groups: dict[int, SimGroup] = {}
         self.executions: dict[int, SimExecution] = {}
         self.events = 0
@@ -59,7 +54,7 @@ class SimCluster:
 
     @property
     def n_gpus(self) -> int:
-        return self._n
+        return self.gpu_pool.n
 
     @property
     def gpus_per_engine(self) -> int:
@@ -78,10 +73,10 @@ class SimCluster:
         return self.source.config.groups_per_step
 
     def role(self, gpu: int) -> Role:
-        return self._role[gpu]
+        return self.gpu_pool.role[gpu]
 
     def free_gpus(self) -> list[int]:
-        return [g for g in range(self._n) if self._owner[g] is None and self._role[g] == Role.IDLE]
+        return self.gpu_pool.free()
 
     def engines(self) -> list[SimEngine]:
         return [e for e in self._engines.values() if e.state in ("starting", "ready")]
@@ -99,11 +94,6 @@ class SimCluster:
     def _after(self, dt: float, fn: Callable[[], None]) -> None:
         ev = self.env.timeout(dt)
         ev.callbacks.append(lambda _ev: fn())
-
-    def _set_role(self, gpus: Sequence[int], role: Role) -> None:
-        for g in gpus:
-            self._role[g] = role
-        self._log(("role", self.now, tuple(gpus), int(role)))
 
     def _finish(self, ex: SimExecution, t: float, truncated: bool) -> None:
         ex.phase = Phase.DONE
@@ -126,22 +116,11 @@ class SimCluster:
         self._log(("migrate", t, ex.id, src.id, dst.id))
         self._deferred.append((h, True))
 
-    def _check_gpus(self, gpus: Sequence[int], what: str) -> tuple[int, ...]:
-        gpus = tuple(int(g) for g in gpus)
-        if len(set(gpus)) != len(gpus):
-            raise ClusterError(f"{what}: GPU list has duplicates: {gpus}")
-        for g in gpus:
-            if not 0 <= g < self._n:
-                raise ClusterError(f"{what}: GPU {g} does not exist (cluster has {self._n})")
-            if self._owner[g] is not None or self._role[g] != Role.IDLE:
-                raise ClusterError(f"{what}: GPU {g} is busy ({Role(self._role[g]).name})")
-        return gpus
-
     def _switch_in_s(self, gpus: Sequence[int], to: str) -> float:
         c = self.costs
         out = 0.0
         for g in gpus:
-            r = self._resident[g]
+            r = self.gpu_pool.resident[g]
             if to == "engine":
                 s = c.engine_wake_s + c.sync_s + (c.trainer_offload_s if r == "trainer" else 0.0)
             else:
@@ -161,26 +140,24 @@ class SimCluster:
         return grp
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
-        gpus = self._check_gpus(gpus, "start_engine")
+        gpus = self.gpu_pool.check_free(gpus, "start_engine")
         if len(gpus) != self.costs.engine_gpus:
             raise ClusterError(f"start_engine: an engine needs {self.costs.engine_gpus} GPUs, got {len(gpus)}")
         eid = self._next_engine
         self._next_engine += 1
         eng = SimEngine(self, eid, gpus, self._version)
         self._engines[eid] = eng
-        for g in gpus:
-            self._owner[g] = eid
+        self.gpu_pool.hold(gpus, eid)
         dt = self._switch_in_s(gpus, "engine")
-        self._set_role(gpus, Role.SWITCHING)
+        self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
         h = Handle(f"start_engine{eid}")
 
         def up() -> None:
-            for g in gpus:
-                self._resident[g] = "engine"
+            self.gpu_pool.load(gpus, "engine")
             eng.state = "ready"
             eng._version = self._version
             eng.t_last = self.now
-            self._set_role(gpus, Role.ROLLOUT)
+            self.gpu_pool.set_role(gpus, Role.ROLLOUT, self.now)
             self._log(("engine_up", self.now, eid, gpus))
             h.succeed(eng)
 
@@ -194,14 +171,13 @@ class SimCluster:
         if eng.members:
             raise ClusterError(f"stop_engine: engine {eng.id} still holds {len(eng.members)} executions")
         eng.state = "stopping"
-        self._set_role(eng.gpus, Role.SWITCHING)
+        self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
         h = Handle(f"stop_engine{eng.id}")
 
         def down() -> None:
             eng.state = "stopped"
-            for g in eng.gpus:
-                self._owner[g] = None
-            self._set_role(eng.gpus, Role.IDLE)
+            self.gpu_pool.hold(eng.gpus, None)
+            self.gpu_pool.set_role(eng.gpus, Role.IDLE, self.now)
             self._log(("engine_down", self.now, eng.id))
             del self._engines[eng.id]
             h.succeed(None)
@@ -238,7 +214,7 @@ class SimCluster:
         return h
 
     def train(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
-        gpus = self._check_gpus(gpus, "train")
+        gpus = self.gpu_pool.check_free(gpus, "train")
         if len(gpus) < self.costs.min_train_gpus:
             raise ClusterError(f"train: the model needs >= {self.costs.min_train_gpus} GPUs to train, got {len(gpus)}")
         if not groups:
@@ -252,25 +228,22 @@ class SimCluster:
         for g in groups:
             for e in g.executions:
                 self._log(("trained", self.now, e.id, g.id, v, v - e.first_version))
-        for g in gpus:
-            self._owner[g] = TRAINER
+        self.gpu_pool.hold(gpus, TRAINER)
         onload = self._switch_in_s(gpus, "trainer")
         compute = self.costs.train_time(tokens, len(gpus))
         h = Handle(f"train{v}")
         if onload > 0:
-            self._set_role(gpus, Role.SWITCHING)
+            self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
 
         def start() -> None:
-            for g in gpus:
-                self._resident[g] = "trainer"
-            self._set_role(gpus, Role.TRAIN)
+            self.gpu_pool.load(gpus, "trainer")
+            self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)
             self._after(compute, end)
 
         def end() -> None:
             self._version += 1
-            for g in gpus:
-                self._owner[g] = None
-            self._set_role(gpus, Role.IDLE)
+            self.gpu_pool.hold(gpus, None)
+            self.gpu_pool.set_role(gpus, Role.IDLE, self.now)
             self._log(("step", self.now, self._version, len(gpus), tokens))
             h.succeed(self._version)
 
@@ -359,7 +332,7 @@ class SimCluster:
         seen: dict[int, int] = {}
         for e in self._engines.values():
             for g in e.gpus:
-                assert self._owner[g] == e.id, f"GPU {g} owner {self._owner[g]} != engine {e.id}"
+                assert self.gpu_pool.owner[g] == e.id, f"GPU {g} owner {self.gpu_pool.owner[g]} != engine {e.id}"
             assert e.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
             assert e.n_dec == len(e._heap), "heap size != decoding count"
             assert e.mem_fixed >= -1e-6, f"engine {e.id} negative memory"
@@ -367,11 +340,11 @@ class SimCluster:
                 assert x.engine is e and x.phase != Phase.DONE, f"{x} misplaced"
                 assert x.id not in seen, f"exec {x.id} on two engines"
                 seen[x.id] = e.id
-        for g in range(self._n):
-            o = self._owner[g]
+        for g in range(self.gpu_pool.n):
+            o = self.gpu_pool.owner[g]
             if o is None:
-                assert self._role[g] in (Role.IDLE, Role.SWITCHING), f"GPU {g} unowned but {self._role[g].name}"
+                assert self.gpu_pool.role[g] in (Role.IDLE, Role.SWITCHING), f"GPU {g} unowned but {self.gpu_pool.role[g].name}"
             elif o == TRAINER:
-                assert self._role[g] in (Role.TRAIN, Role.SWITCHING), f"GPU {g} training but {self._role[g].name}"
+                assert self.gpu_pool.role[g] in (Role.TRAIN, Role.SWITCHING), f"GPU {g} training but {self.gpu_pool.role[g].name}"
             else:
-                assert self._role[g] in (Role.ROLLOUT, Role.SWITCHING), f"GPU {g} engine but {self._role[g].name}"
+                assert self.gpu_pool.role[g] in (Role.ROLLOUT, Role.SWITCHING), f"GPU {g} engine but {self.gpu_pool.role[g].name}"
