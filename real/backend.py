@@ -29,7 +29,7 @@ import ray
 
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.handles import Handle, Process, done_handle
-from gyre.pool import TRAINER, GpuPool
+from gyre.pool import TRAINER, GpuPool, check_admit, check_migrate
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
@@ -198,11 +198,8 @@ class RealCluster(ExecutionFlow):
 
     def admit(self, execution: RealExecution, engine: RealEngine) -> Handle:
         ex = self.executions.get(execution.id)
-        if ex is None or ex.engine is not None or ex.phase != Phase.QUEUED or ex.started_at is not None:
-            raise ClusterError(f"admit: execution {execution.id} is not a fresh execution")
         eng = self._engines.get(engine.id)
-        if eng is None or eng.state not in ("ready", "restarting"):
-            raise ClusterError(f"admit: engine {engine.id} is not ready")
+        check_admit(ex, eng, execution.id, engine.id, ("ready", "restarting"))
         self._log(("admit", self.now, ex.id, eng.id))
         ex.engine = eng
         eng.members[ex.id] = ex
@@ -213,12 +210,7 @@ class RealCluster(ExecutionFlow):
     def migrate(self, execution: RealExecution, engine: RealEngine) -> Handle:
         ex = self.executions.get(execution.id)
         dst = self._engines.get(engine.id)
-        if ex is None or ex.engine is None:
-            raise ClusterError(f"migrate: execution {execution.id} is not live on an engine")
-        if dst is None or dst.state != "ready":
-            raise ClusterError(f"migrate: target engine {engine.id} is not ready")
-        if ex.migrate_to is not None:
-            raise ClusterError(f"migrate: execution {ex.id} already has a migration pending")
+        check_migrate(ex, dst, execution.id, engine.id)
         h = Handle(f"migrate{ex.id}")
         if dst is ex.engine:
             return h.succeed(False)

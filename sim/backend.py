@@ -22,7 +22,7 @@ import simpy
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.handles import Handle, Process, done_handle
 from gyre.hardware import Costs
-from gyre.pool import TRAINER, GpuPool
+from gyre.pool import TRAINER, GpuPool, check_admit, check_migrate
 from gyre.sim.engine import SimEngine
 from gyre.sim.execution import SimExecution, SimGroup
 
@@ -187,11 +187,8 @@ class SimCluster:
 
     def admit(self, execution: SimExecution, engine: SimEngine) -> Handle:
         ex = self.executions.get(execution.id)
-        if ex is None or ex.engine is not None or ex.phase != Phase.QUEUED or ex.started_at is not None:
-            raise ClusterError(f"admit: execution {execution.id} is not a fresh execution")
         eng = self._engines.get(engine.id)
-        if eng is None or eng.state != "ready":
-            raise ClusterError(f"admit: engine {engine.id} is not ready")
+        check_admit(ex, eng, execution.id, engine.id)
         self._log(("admit", self.now, ex.id, eng.id))
         eng.admit(ex, self.now)
         return ex.handle
@@ -199,12 +196,7 @@ class SimCluster:
     def migrate(self, execution: SimExecution, engine: SimEngine) -> Handle:
         ex = self.executions.get(execution.id)
         dst = self._engines.get(engine.id)
-        if ex is None or ex.engine is None:
-            raise ClusterError(f"migrate: execution {execution.id} is not live on an engine")
-        if dst is None or dst.state != "ready":
-            raise ClusterError(f"migrate: target engine {engine.id} is not ready")
-        if ex.migrate_to is not None:
-            raise ClusterError(f"migrate: execution {ex.id} already has a migration pending")
+        check_migrate(ex, dst, execution.id, engine.id)
         h = Handle(f"migrate{ex.id}")
         if dst is ex.engine:
             return h.succeed(False)
