@@ -13,7 +13,9 @@ Log records are tuples whose first two fields are (kind, time):
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 import pandas as pd
@@ -62,8 +64,49 @@ def _role_changes(log: list[tuple]) -> list[tuple[float, tuple[int, ...], int]]:
     return [(r[1], r[2], r[3]) for r in log if r[0] == "role"]
 
 
+def by_kind(log: list[tuple]) -> dict[str, list[tuple]]:
+    """The log's records split by kind, in log order (one pass; a 1M-execution run logs ~5M records)."""
+    out: dict[str, list[tuple]] = {}
+    for r in log:
+        lst = out.get(r[0])
+        if lst is None:
+            lst = out[r[0]] = []
+        lst.append(r)
+    return out
+
+
+def _frame(records: list[tuple], first: int, columns: list[str]) -> pd.DataFrame:
+    """Fields records[i][first:] as columns (column-wise construction: fast for millions of rows)."""
+    if not records:
+        return pd.DataFrame(columns=columns)
+    return pd.DataFrame({c: np.array(list(map(itemgetter(first + i), records))) for i, c in enumerate(columns)})
+
+
+@dataclass
+class _RoleEvents:
+    """Every GPU role change flattened to one row per GPU, in log order: (t, gpu, new role, previous role)."""
+
+    t: np.ndarray
+    gpu: np.ndarray
+    role: np.ndarray
+    prev: np.ndarray
+
+    @classmethod
+    def of(cls, changes: list[tuple[float, tuple[int, ...], int]]) -> _RoleEvents:
+        sizes = np.fromiter((len(g) for _, g, _ in changes), np.int64, len(changes))
+        t = np.repeat(np.fromiter((c[0] for c in changes), np.float64, len(changes)), sizes)
+        gpu = np.fromiter(itertools.chain.from_iterable(g for _, g, _ in changes), np.int64, int(sizes.sum()))
+        role = np.repeat(np.fromiter((c[2] for c in changes), np.int64, len(changes)), sizes)
+        order = np.argsort(gpu, kind="stable")  # per GPU, in log order
+        prev = np.zeros_like(role)  # every GPU starts idle
+        same = gpu[order][1:] == gpu[order][:-1]
+        prev[order[1:][same]] = role[order[:-1][same]]
+        return cls(t, gpu, role, prev)
+
+
 def compute_metrics(log: list[tuple], *, n_gpus: int, policy: str) -> RunMetrics:
-    steps = pd.DataFrame([r[1:] for r in log if r[0] == "step"], columns=["t_end", "version", "gpus", "tokens"])
+    kinds = by_kind(log)
+    steps = _frame(kinds.get("step", []), 1, ["t_end", "version", "gpus", "tokens"])
     makespan = float(steps["t_end"].max()) if len(steps) else 0.0
     if len(steps):
         steps["duration_s"] = steps["t_end"].diff().fillna(steps["t_end"].iloc[0])
@@ -71,36 +114,35 @@ def compute_metrics(log: list[tuple], *, n_gpus: int, policy: str) -> RunMetrics
         steps["duration_s"] = []
 
     # GPU-seconds by role, and how often a GPU moved between rollout and train
-    role = np.zeros(n_gpus, dtype=np.int64)
-    since = np.zeros(n_gpus)
-    last_work = np.full(n_gpus, -1)
-    secs = np.zeros(4)
-    realloc = 0
-    changes = _role_changes(log)
-    for t, gpus, r in changes:
-        if t > makespan:
-            t = makespan
-        idx = np.fromiter(gpus, dtype=np.int64, count=len(gpus))
-        np.add.at(secs, role[idx], t - since[idx])
-        since[idx] = t
-        role[idx] = r
-        if r in (1, 2):
-            realloc += int(np.count_nonzero((last_work[idx] >= 0) & (last_work[idx] != r)))
-            last_work[idx] = r
-    np.add.at(secs, role, makespan - since)
+    # (vectorized over GPUs: each GPU's role is a step function, each change closes an interval)
+    changes = [(r[1], r[2], r[3]) for r in kinds.get("role", [])]
+    ev = _RoleEvents.of(changes)
+    t = np.minimum(ev.t, makespan)
+    order = np.argsort(ev.gpu, kind="stable")
+    g, ts = ev.gpu[order], t[order]
+    first = np.ones(len(g), dtype=bool)
+    first[1:] = g[1:] != g[:-1]
+    since = np.where(first, 0.0, np.roll(ts, 1))
+    secs = np.bincount(ev.prev[order], ts - since, minlength=4)  # the interval each change ends
+    last = np.ones(len(g), dtype=bool)
+    last[:-1] = g[1:] != g[:-1]
+    role_now = np.zeros(n_gpus, dtype=np.int64)
+    t_now = np.zeros(n_gpus)
+    role_now[g[last]], t_now[g[last]] = ev.role[order][last], ts[last]
+    secs = secs + np.bincount(role_now, makespan - t_now, minlength=4)  # the open interval at the end
+    # reallocations: consecutive work roles (rollout 1 / train 2) of one GPU that differ
+    w = order[(ev.role[order] == 1) | (ev.role[order] == 2)]
+    realloc = int(np.count_nonzero((ev.gpu[w][1:] == ev.gpu[w][:-1]) & (ev.role[w][1:] != ev.role[w][:-1])))
 
     # rollout GPU-seconds in which the engine had something to decode
-    engine_gpus: dict[int, int] = {}
+    engine_gpus = {r[2]: len(r[3]) for r in kinds.get("engine_up", [])}
     busy_since: dict[int, float] = {}
     rollout_busy = 0.0
-    for rec in log:
-        if rec[0] == "engine_up":
-            engine_gpus[rec[2]] = len(rec[3])
-        elif rec[0] == "busy":
-            if rec[3]:
-                busy_since[rec[2]] = rec[1]
-            elif rec[2] in busy_since:
-                rollout_busy += (min(rec[1], makespan) - busy_since.pop(rec[2])) * engine_gpus[rec[2]]
+    for rec in kinds.get("busy", []):
+        if rec[3]:
+            busy_since[rec[2]] = rec[1]
+        elif rec[2] in busy_since:
+            rollout_busy += (min(rec[1], makespan) - busy_since.pop(rec[2])) * engine_gpus[rec[2]]
     for eid, t0 in busy_since.items():
         rollout_busy += max(0.0, makespan - t0) * engine_gpus[eid]
 
@@ -111,44 +153,39 @@ def compute_metrics(log: list[tuple], *, n_gpus: int, policy: str) -> RunMetrics
         "switching": float(secs[3]),
         "idle": float(secs[0]),
     }
-    staleness = pd.DataFrame(
-        [r[2:] for r in log if r[0] == "trained"], columns=["exec", "group", "version", "staleness"]
-    )
-    starts = {r[2]: r[1] for r in log if r[0] == "start"}
-    executions = pd.DataFrame(
-        [(r[2], starts.get(r[2], np.nan), r[1], r[3], r[4]) for r in log if r[0] == "finish"],
-        columns=["exec", "start_s", "end_s", "truncated", "generated"],
-    )
+    staleness = _frame(kinds.get("trained", []), 2, ["exec", "group", "version", "staleness"])
+    executions = _frame(kinds.get("finish", []), 1, ["end_s", "exec", "truncated", "generated"])
+    executions = executions[["exec", "end_s", "truncated", "generated"]]
+    start = _frame(kinds.get("start", []), 1, ["t", "exec"])
+    start_s = pd.Series(start["t"].to_numpy(dtype=float), index=start["exec"].to_numpy())
+    start_s = start_s[~start_s.index.duplicated(keep="last")]
+    executions.insert(1, "start_s", start_s.reindex(executions["exec"].to_numpy()).to_numpy())
     return RunMetrics(
         policy=policy,
         n_gpus=n_gpus,
         makespan_s=makespan,
         steps=steps,
         gpu_seconds=gpu_seconds,
-        utilization=utilization_series(log, n_gpus, makespan),
+        utilization=utilization_series(log, n_gpus, makespan, changes=changes),
         staleness=staleness,
         executions=executions,
-        migrations=sum(1 for r in log if r[0] == "migrate"),
+        migrations=len(kinds.get("migrate", [])),
         reallocations=realloc,
     )
 
 
-def utilization_series(log: list[tuple], n_gpus: int, makespan: float, bins: int = 400) -> pd.DataFrame:
+def utilization_series(log: list[tuple], n_gpus: int, makespan: float, bins: int = 400,
+                       changes: list[tuple] | None = None) -> pd.DataFrame:
     """GPUs per role, sampled on a uniform time grid (a step function of the role log)."""
     grid = np.linspace(0.0, makespan, bins + 1) if makespan > 0 else np.zeros(1)
-    counts = np.zeros((len(grid), 4))
-    role = np.zeros(n_gpus, dtype=np.int64)
-    cur = np.bincount(role, minlength=4).astype(float)
-    j = 0
-    for t, gpus, r in _role_changes(log):
-        while j < len(grid) and grid[j] < t:
-            counts[j] = cur
-            j += 1
-        idx = np.fromiter(gpus, dtype=np.int64, count=len(gpus))
-        np.subtract.at(cur, role[idx], 1)
-        role[idx] = r
-        np.add.at(cur, role[idx], 1)
-    counts[j:] = cur
+    ev = _RoleEvents.of(_role_changes(log) if changes is None else changes)
+    # GPUs per role after each change (log order), then the state after the last change at or before each grid time
+    delta = np.zeros((len(ev.t) + 1, 4))
+    delta[0, 0] = n_gpus  # every GPU starts idle
+    np.add.at(delta, (np.arange(1, len(ev.t) + 1), ev.role), 1.0)
+    np.add.at(delta, (np.arange(1, len(ev.t) + 1), ev.prev), -1.0)
+    after = np.cumsum(delta, axis=0)
+    counts = after[np.searchsorted(np.maximum.accumulate(ev.t) if len(ev.t) else ev.t, grid, side="right")]
     df = pd.DataFrame(counts, columns=ROLE_NAMES)
     df.insert(0, "t_s", grid)
     return df

@@ -18,7 +18,10 @@ the longest groups share steps: sum over k of the (k * groups_per_step)-th longe
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+
+import numpy as np
 
 from gyre.hardware import Costs
 from gyre.workload import GroupSpec
@@ -40,36 +43,52 @@ class Bound:
 
 def lower_bound(groups: list[GroupSpec], costs: Costs, n_gpus: int, groups_per_step: int,
                 eta: int | None = None) -> Bound:
-    gen_tokens = 0
-    ctx_weighted = 0.0
-    prefill_tokens = 0
-    longest = 0.0
-    group_solo = []
-    for g in groups:
-        group_longest = 0.0
-        for e in g.executions:
-            gen_tokens += sum(e.gen)
-            ctx_weighted += sum(k * n for k, n in zip(e.kv, e.gen))
-            prefill_tokens += e.prompt + sum(e.tool_out)
-            alone = sum(costs.step_time(1, k) * n for k, n in zip(e.kv, e.gen))
-            alone += sum(e.tool_s) + (e.prompt + sum(e.tool_out)) * costs.prefill_s_per_token
-            group_longest = max(group_longest, min(alone, e.deadline_s))
-        group_solo.append(group_longest)
-        longest = max(longest, group_longest)
-    mean_ctx = ctx_weighted / max(gen_tokens, 1)
-    rollout = gen_tokens / costs.best_decode_tokens_per_gpu_s(mean_ctx) + prefill_tokens * costs.prefill_s_per_token * costs.engine_gpus
-    trained = [g.executions[0].prompt + sum(e.tokens - e.prompt for e in g.executions) for g in groups]
-    train = sum(trained) * costs.train_s_per_token_gpu
-    last = sum(trained[-groups_per_step:]) * costs.train_s_per_token_gpu / n_gpus
+    execs = [e for g in groups for e in g.executions]
+    if not execs:
+        return Bound(work_s=0.0, critical_path_s=0.0, rollout_gpu_s=0.0, train_gpu_s=0.0, eta=eta)
+    # per-execution sums over segments, vectorized (a 1M-execution trace is one pass over its lists)
+    n = len(execs)
+    gen, seg_of = _flat([e.gen for e in execs], n)
+    kv, _ = _flat([e.kv for e in execs], n)
+    tool_s, tool_of = _flat([e.tool_s for e in execs], n)
+    tool_out, _ = _flat([e.tool_out for e in execs], n)
+    G = np.bincount(seg_of, gen, minlength=n)  # generated tokens
+    KG = np.bincount(seg_of, kv * gen, minlength=n)  # sum of context x tokens decoded at it
+    TS = np.bincount(tool_of, tool_s, minlength=n)
+    TO = np.bincount(tool_of, tool_out, minlength=n)
+    prompt = np.fromiter((e.prompt for e in execs), np.float64, n)
+    deadline = np.fromiter((e.deadline_s for e in execs), np.float64, n)
+    prefill = prompt + TO
+    # alone at batch size 1: step_time(1, k) = a + b + c*k per token decoded at context k
+    alone = (costs.step_a + costs.step_b) * G + costs.step_c * KG + TS + prefill * costs.prefill_s_per_token
+    solo = np.minimum(alone, deadline)
+    sizes = np.fromiter((len(g.executions) for g in groups), np.int64, len(groups))
+    first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    group_solo = np.maximum.reduceat(solo, first)
+    gen_tokens = G.sum()
+    mean_ctx = KG.sum() / max(gen_tokens, 1.0)
+    rollout = gen_tokens / costs.best_decode_tokens_per_gpu_s(mean_ctx) \
+        + prefill.sum() * costs.prefill_s_per_token * costs.engine_gpus
+    # trained tokens per group: the shared prompt once, then every execution's own tokens
+    trained = prompt[first] + np.add.reduceat(G + TO, first)
+    train = float(trained.sum()) * costs.train_s_per_token_gpu
+    last = float(trained[-groups_per_step:].sum()) * costs.train_s_per_token_gpu / n_gpus
     stale = 0.0
     if eta is not None:
-        per_step = sorted(group_solo, reverse=True)[::groups_per_step]
-        stale = (sum(per_step) + train / n_gpus) / (eta + 1)
+        per_step = np.sort(group_solo)[::-1][::groups_per_step]
+        stale = (float(per_step.sum()) + train / n_gpus) / (eta + 1)
     return Bound(
-        work_s=(rollout + train) / n_gpus,
-        critical_path_s=longest + last,
-        rollout_gpu_s=rollout,
+        work_s=float(rollout + train) / n_gpus,
+        critical_path_s=float(group_solo.max()) + last,
+        rollout_gpu_s=float(rollout),
         train_gpu_s=train,
         staleness_s=stale,
         eta=eta,
     )
+
+
+def _flat(lists: list[list], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate per-execution lists into one float array, with the execution index of each item."""
+    lens = np.fromiter(map(len, lists), np.int64, n)
+    flat = np.fromiter(itertools.chain.from_iterable(lists), np.float64, int(lens.sum()))
+    return flat, np.repeat(np.arange(n), lens)

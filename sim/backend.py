@@ -40,6 +40,7 @@ class SimCluster:
         self._q: list[tuple[float, int, Callable, Any]] = []
         self._seq = itertools.count()
         self._deferred: list[tuple[Handle, Any]] = []
+        self._dirty: list[SimEngine] = []  # engines whose next wakeup must be re-planned (SimEngine._touch)
         self.log: list[tuple] = []
         self.gpu_pool = GpuPool(n_gpus, self.log)
         self.groups: dict[int, SimGroup] = {}
@@ -189,8 +190,9 @@ class SimCluster:
         ex = self.executions.get(execution.id)
         eng = self._engines.get(engine.id)
         check_admit(ex, eng, execution.id, engine.id)
-        self._log(("admit", self.now, ex.id, eng.id))
-        eng.admit(ex, self.now)
+        t = self.env._now
+        self.log.append(("admit", t, ex.id, eng.id))
+        eng.admit(ex, t)
         return ex.handle
 
     def migrate(self, execution: SimExecution, engine: SimEngine) -> Handle:
@@ -290,6 +292,7 @@ class SimCluster:
         ended: list[bool] = []
         proc.on_done(lambda _h: ended.append(True))
         self._drain()
+        self._flush()
         while not ended:
             tq = q[0][0] if q else inf
             ts = simq[0][0] if simq else inf
@@ -304,6 +307,8 @@ class SimCluster:
             self.events += 1
             if self._deferred:
                 self._drain()
+            if self._dirty:
+                self._flush()
             if self.check:
                 self.check_invariants()
             if progress is not None and self._version != last_version:
@@ -312,6 +317,12 @@ class SimCluster:
         if proc.error is not None:
             raise proc.error
         return proc
+
+    def _flush(self) -> None:
+        dirty, self._dirty = self._dirty, []
+        for e in dirty:
+            if e._dirty:
+                e._reschedule()
 
     def _drain(self) -> None:
         while self._deferred:

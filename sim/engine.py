@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 _EPS = 1e-9
 _INF = float("inf")
 _TOOL = Phase.TOOL
+_PREFILL = Phase.PREFILL
 
 
 class SimEngine:
@@ -58,8 +59,11 @@ class SimEngine:
         self._q = cluster._q  # the backend's fine-event heap, pushed directly on the hot path
         self._qseq = cluster._seq
         self._prefill = cluster.costs.prefill_s_per_token
+        self._kv_cap = cluster.costs.kv_capacity_tokens
+        self._log = cluster.log.append
         self.kv_peak = 0.0
         self._seq = 0
+        self._dirty = False  # a re-plan is pending in cluster._dirty
 
     # --- EngineView ---
     @property
@@ -99,6 +103,7 @@ class SimEngine:
 
     def _reschedule(self) -> None:
         """Put this engine's next wakeup in the backend's queue (earlier ones become stale)."""
+        self._dirty = False
         self.epoch += 1
         n = self.n_dec
         wake = self._ready[0][0] if self._ready else _INF
@@ -119,9 +124,15 @@ class SimEngine:
             heapq.heappush(self._q, (wake, next(self._qseq), self.fire, self.epoch))
 
     def _touch(self, t: float) -> None:
-        """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup."""
+        """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup.
+
+        The re-plan waits until the current event is fully processed (SimCluster.run flushes
+        cluster._dirty), so admitting a whole batch to an engine costs one wakeup, not one each.
+        Nothing changes in simulated time meanwhile, so the plan is the same."""
         self._advance(t)
-        self._reschedule()
+        if not self._dirty:
+            self._dirty = True
+            self.cluster._dirty.append(self)
 
     def fire(self, t: float, epoch: int) -> None:
         """Wakeup: segments that end now leave the batch; executions whose tool returned rejoin it."""
@@ -155,7 +166,7 @@ class SimEngine:
             r = ex.ready_at = t + ex.tool_s[seg] + out * self._prefill
             heapq.heappush(self._ready, (r, next(self._qseq), ex))
         if busy and self.n_dec == 0:
-            self.cluster.log.append(("busy", t, self.id, 0))
+            self._log(("busy", t, self.id, 0))
         ready = self._ready
         while ready and ready[0][0] <= t:
             ex = pop(ready)[2]
@@ -172,21 +183,24 @@ class SimEngine:
         self._drain_queue(t)
         self._touch(t)
 
-    def _fits(self, tokens: float) -> bool:
-        if self.n_live == len(self.queue):  # nothing running: always take one
+    def _fits(self, tokens: float, t: float) -> bool:
+        """Admission gate: KV in use at time t plus `tokens` within capacity (an idle engine takes one)."""
+        if len(self.members) == len(self.queue):  # nothing running: always take one
             return True
-        return self.kv_used + tokens <= self.costs.kv_capacity_tokens
+        used = self.mem_fixed + self.kv_dec_base + self.n_dec * (self.V + (t - self.t_last) * self.rate)
+        return used + tokens <= self._kv_cap
 
     def _drain_queue(self, t: float) -> None:
-        while self.queue and self.state == "ready" and self._fits(self.queue[0].spec.kv[0]):
-            ex = self.queue.popleft()
+        queue = self.queue
+        while queue and self.state == "ready" and self._fits(queue[0].kv[0], t):
+            ex = queue.popleft()
             if ex.started_at is None:
                 ex.started_at = t
                 ex.deadline_at = t + ex.spec.deadline_s
-                self.cluster._log(("start", t, ex.id, self.id))
-            ex.phase = Phase.PREFILL
-            ex.resident = ex.kv[0]
-            self.mem_fixed += ex.resident
+                self._log(("start", t, ex.id, self.id))
+            ex.phase = _PREFILL
+            r = ex.resident = ex.kv[0]
+            self.mem_fixed += r
             r = ex.ready_at = t + ex.spec.prompt * self._prefill
             heapq.heappush(self._ready, (r, next(self._qseq), ex))
 
@@ -211,7 +225,7 @@ class SimEngine:
         if ex.first_version is None or self._version < ex.first_version:
             ex.first_version = self._version
         if self.n_dec == 0:
-            self.cluster.log.append(("busy", t, self.id, 1))
+            self._log(("busy", t, self.id, 1))
         self.n_dec += 1
         self.kv_dec_base += kv - V
         self._seq += 1

@@ -19,6 +19,7 @@ an execution is capped when its generated tokens reach `cap` (when given).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ class Grouping:
 
 def _to_seconds(raw: list, lines: list[int], bad: BadLines) -> np.ndarray:
     """Timestamps (numbers or date-time strings) to seconds; NaN where bad (reported)."""
+    if isinstance(raw, np.ndarray) and raw.dtype.kind in "iuf":  # already parsed (the CSV fast path)
+        return raw.astype(float)
     s = pd.Series(raw, dtype=object)
     num = pd.to_numeric(s, errors="coerce")
     if num.notna().all():
@@ -83,33 +86,41 @@ def _to_seconds(raw: list, lines: list[int], bad: BadLines) -> np.ndarray:
 
 def _group(specs: list[ExecutionSpec], times: np.ndarray, g: Grouping, path: str, bad: BadLines) -> Trace:
     """Sort executions by time (stable), cut into groups, renumber ids; keep the arrival times."""
-    order = np.argsort(times, kind="stable")
-    groups: list[GroupSpec] = []
-    out_times: dict[int, float] = {}
-    for k, i in enumerate(order):
-        s = specs[i]
+    order = np.argsort(times, kind="stable").tolist()
+    specs = [specs[i] for i in order]
+    for k, s in enumerate(specs):
         gid = k // g.group_size
-        if k % g.group_size == 0:
-            groups.append(GroupSpec(group_id=gid, task_id=gid, step=gid // g.groups_per_step, executions=[]))
         s.exec_id, s.group_id, s.task_id, s.step = k, gid, gid, gid // g.groups_per_step
-        groups[-1].executions.append(s)
-        out_times[k] = float(times[i])
-    if not groups:
+    return _cut(specs, np.asarray(times)[order], g, path, bad)
+
+
+def _cut(specs: list[ExecutionSpec], times: np.ndarray, g: Grouping, path: str, bad: BadLines) -> Trace:
+    """Groups of consecutive, already numbered executions (ids 0..n-1 in time order)."""
+    if not specs:
         raise TraceError(f"{path}: no executions (every line was bad or the file is empty)")
-    return Trace(path=path, groups=groups, times=out_times, skipped=bad.skipped)
+    k = g.group_size
+    groups = [GroupSpec(group_id=gid, task_id=gid, step=gid // g.groups_per_step, executions=specs[i : i + k])
+              for gid, i in enumerate(range(0, len(specs), k))]
+    return Trace(path=path, groups=groups, times=dict(enumerate(np.asarray(times, dtype=float).tolist())),
+                 skipped=bad.skipped)
 
 
 def _request_specs(inp: np.ndarray, outp: np.ndarray, g: Grouping) -> list[ExecutionSpec]:
+    """One-segment executions, numbered 0..n-1 in the given order and grouped by g."""
     cap = g.cap if g.cap is not None else math.inf
+    k, per_step, inf = g.group_size, g.groups_per_step, math.inf
     return [
-        ExecutionSpec(exec_id=0, group_id=0, task_id=0, step=0, prompt=int(a), gen=[int(b)], tool_s=[], tool_out=[],
-                      kv=[int(a)], branches=[], capped=bool(b >= cap), deadline_s=math.inf)
-        for a, b in zip(inp.tolist(), outp.tolist())
+        ExecutionSpec(exec_id=i, group_id=i // k, task_id=i // k, step=i // k // per_step, prompt=a, gen=[b],
+                      tool_s=[], tool_out=[], kv=[a], branches=[], capped=b >= cap, deadline_s=inf)
+        for i, (a, b) in enumerate(zip(inp.tolist(), outp.tolist()))
     ]
 
 
-def _check_tokens(name: str, lo: int, lines: list[int], raw: list, bad: BadLines) -> np.ndarray:
-    num = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(dtype=float, copy=True)
+def _check_tokens(name: str, lo: int, lines: list[int], raw, bad: BadLines) -> np.ndarray:
+    if isinstance(raw, np.ndarray) and raw.dtype.kind in "iu":  # already parsed (the CSV fast path)
+        num = raw.astype(float)
+    else:
+        num = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(dtype=float, copy=True)
     ok = np.isfinite(num) & (num >= lo) & (num == np.floor(num))
     for i in np.flatnonzero(~ok):
         bad.bad(lines[i], f"bad {name} {raw[i]!r} (an integer >= {lo})")
@@ -125,9 +136,38 @@ def _finish_requests(path: str, lines: list[int], t_raw: list | None, in_raw: li
     t = _to_seconds(t_raw, lines, bad) if t_raw is not None else np.arange(n, dtype=float)
     keep = np.isfinite(inp) & np.isfinite(outp) & np.isfinite(t)
     bad.skipped = sorted(dict(reversed(bad.skipped)).items())  # one entry per line (its first reason)
+    t = t[keep]
+    order = np.argsort(t, kind="stable")  # time order (stable: ties keep file order)
     with no_gc():
-        specs = _request_specs(inp[keep].astype(np.int64), outp[keep].astype(np.int64), g)
-        return _group(specs, t[keep], g, path, bad)
+        specs = _request_specs(inp[keep].astype(np.int64)[order], outp[keep].astype(np.int64)[order], g)
+        return _cut(specs, t[order], g, path, bad)
+
+
+def _clean_csv(path: str | Path, f: RequestFields):
+    """The C parser's reading of a well-formed request CSV: (lines, times, inputs, outputs), or None.
+
+    Only a file where every line after the header is one row, with integer token columns and no
+    missing value, takes this path; anything else (blank lines, quoted newlines, bad or missing
+    values, wrong field counts) returns None and is read line by line, so every bad line is still
+    reported as `file:line: reason`, exactly as before."""
+    need = [c for c in (f.time, f.input, f.output) if c]
+    try:
+        raw = Path(path).read_bytes()
+        df = pd.read_csv(io.BytesIO(raw), usecols=lambda c: c.strip() in need, skip_blank_lines=False,
+                         encoding="utf-8", low_memory=False)
+    except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError):
+        return None
+    df.columns = [c.strip() for c in df.columns]
+    n_lines = raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
+    if sorted(df.columns) != sorted(need) or len(df) != n_lines - 1 or df.isna().any().any():
+        return None
+    if not all(df[c].dtype.kind in "iu" for c in (f.input, f.output)):
+        return None
+    lines = range(2, len(df) + 2)
+    t = df[f.time].to_numpy() if f.time else None
+    if t is not None and t.dtype.kind not in "iuf":
+        t = t.tolist()  # date-time strings: parsed (and checked) by _to_seconds
+    return lines, t, df[f.input].to_numpy(), df[f.output].to_numpy()
 
 
 def read_request_csv(path: str | Path, *, fields: RequestFields = AZURE_FIELDS, grouping: Grouping = Grouping(),
@@ -135,6 +175,9 @@ def read_request_csv(path: str | Path, *, fields: RequestFields = AZURE_FIELDS, 
     """A CSV of requests with context and generated token columns (header row required)."""
     f = fields
     bad = BadLines(path, skip_bad)
+    fast = _clean_csv(path, f)
+    if fast is not None:
+        return _finish_requests(str(path), *fast, f, grouping, bad)
     with open(path, newline="", encoding="utf-8") as fh:
         rd = csv.reader(fh)
         try:
