@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gyre.cluster import Phase
 from gyre.handles import Handle
-from gyre.workload import ExecutionSpec
+from gyre.workload import ExecutionSpec, GroupSpec
 
 
 class SimExecution:
@@ -68,13 +68,14 @@ class SimExecution:
 
 
 class SimGroup:
-    __slots__ = ("id", "task_id", "step", "executions")
+    __slots__ = ("id", "task_id", "step", "executions", "spec")
 
-    def __init__(self, group_id: int, task_id: int, step: int, executions: list[SimExecution]) -> None:
-        self.id = group_id
-        self.task_id = task_id
-        self.step = step
+    def __init__(self, spec: GroupSpec, executions: list[SimExecution]) -> None:
+        self.id = spec.group_id
+        self.task_id = spec.task_id
+        self.step = spec.step
         self.executions = executions
+        self.spec = spec  # private to the backend, like SimExecution.spec
 
     @property
     def done(self) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gyre.config import RunConfig
+from gyre.gc_pause import no_gc
 from gyre.hardware import Costs
 from gyre.metrics import RunMetrics, compute_metrics
 from gyre.policies import make_policy
@@ -55,22 +56,11 @@ def simulate(
         n_gpus=cfg.cluster.gpus, gpus_per_node=cfg.cluster.gpu.gpus_per_node, costs=costs, source=src, check=check
     )
     t0 = time.perf_counter()
-    cluster.run(pol, cfg.steps, progress=progress)
-    wall = time.perf_counter() - t0
-    specs = [g_spec for g_spec in _group_specs(cluster)]
-    metrics = compute_metrics(cluster.log, n_gpus=cfg.cluster.gpus, policy=name)
-    bound = lower_bound(specs, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None))
-    issued = [
-        GroupSpec(group_id=g.id, task_id=g.task_id, step=g.step, executions=[e.spec for e in g.executions])
-        for g in cluster.groups.values()
-    ]
+    with no_gc():  # millions of log records and executions: see gyre.gc_pause
+        cluster.run(pol, cfg.steps, progress=progress)
+        wall = time.perf_counter() - t0
+        specs = [cluster.groups[gid].spec for gid in sorted(cluster.trained_groups)]
+        metrics = compute_metrics(cluster.log, n_gpus=cfg.cluster.gpus, policy=name)
+        bound = lower_bound(specs, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None))
+        issued = [g.spec for g in cluster.groups.values()]
     return SimResult(name, cfg, costs, cluster.log, metrics, bound, wall, cluster.events, issued)
-
-
-def _group_specs(cluster: SimCluster):
-    from gyre.workload import GroupSpec
-
-    trained = {rec[3] for rec in cluster.log if rec[0] == "trained"}
-    for gid in sorted(trained):
-        g = cluster.groups[gid]
-        yield GroupSpec(group_id=g.id, task_id=g.task_id, step=g.step, executions=[e.spec for e in g.executions])

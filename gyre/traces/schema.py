@@ -23,9 +23,7 @@ Python objects); validation is per line and stops at the first bad line unless s
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import json
 import math
 from collections import Counter
@@ -34,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gyre.gc_pause import no_gc  # noqa: F401  (used here, and by the readers)
 from gyre.workload import ExecutionSpec, GroupSpec, LogNormal, WorkloadConfig
 
 SCHEMA_VERSION = 1
@@ -77,19 +76,6 @@ class Trace:
         why = Counter(reason.split(":")[0] for _, reason in self.skipped)
         parts = ", ".join(f"{n} x {r}" for r, n in why.most_common())
         return f"{self.path}: skipped {len(self.skipped)} bad lines ({parts}); first at line {self.skipped[0][0]}"
-
-
-@contextlib.contextmanager
-def no_gc():
-    """Pause the cyclic garbage collector while building millions of small objects (no cycles are
-    made; without this, collections rescan every live object and reading slows ~5x)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 class BadLines:
