@@ -153,15 +153,16 @@ def _clean_csv(path: str | Path, f: RequestFields):
     need = [c for c in (f.time, f.input, f.output) if c]
     try:
         raw = Path(path).read_bytes()
-        df = pd.read_csv(io.BytesIO(raw), usecols=lambda c: c.strip() in need, skip_blank_lines=False,
-                         encoding="utf-8", low_memory=False)
+        df = pd.read_csv(io.BytesIO(raw), skip_blank_lines=False, encoding="utf-8", low_memory=False)
     except (ValueError, pd.errors.ParserError, UnicodeDecodeError, OSError):
-        return None
-    df.columns = [c.strip() for c in df.columns]
+        return None  # e.g. a row with more fields than the header
+    df.columns = [str(c).strip() for c in df.columns]
     n_lines = raw.count(b"\n") + (0 if raw.endswith(b"\n") else 1)
-    if sorted(df.columns) != sorted(need) or len(df) != n_lines - 1 or df.isna().any().any():
-        return None
-    if not all(df[c].dtype.kind in "iu" for c in (f.input, f.output)):
+    if (any(c not in df.columns for c in need) or len(set(df.columns)) != df.shape[1]
+            or not isinstance(df.index, pd.RangeIndex) or len(df) != n_lines - 1):
+        return None  # a column missing or twice, rows longer than the header, blank lines or quoted newlines
+    df = df[need]
+    if df.isna().any().any() or not all(df[c].dtype.kind in "iu" for c in (f.input, f.output)):
         return None
     lines = range(2, len(df) + 2)
     t = df[f.time].to_numpy() if f.time else None

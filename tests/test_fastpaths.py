@@ -1,0 +1,166 @@
+"""Vectorized paths equal their plain reference: the CSV fast reader, metrics and the lower bound.
+
+The references below are the straightforward per-record loops (the definitions); the library uses
+numpy / pandas versions of them so that a 1M-execution replay stays fast.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gyre.config import override
+from gyre.metrics import compute_metrics
+from gyre.policies.bound import lower_bound
+from gyre.presets import get_preset
+from gyre.sim.runner import simulate
+from gyre.traces import readers
+from gyre.traces.readers import Grouping, read_request_csv
+from gyre.workload import WorkloadSource
+
+
+# ---------------------------------------------------------------- CSV: C parser vs line reader
+def _trace_tuple(tr):
+    return ([(e.exec_id, e.group_id, e.step, e.prompt, e.gen, e.kv, e.capped) for g in tr.groups for e in g.executions],
+            tr.times, tr.skipped)
+
+
+@pytest.mark.parametrize("times", ["numbers", "datetimes", "none"])
+def test_clean_csv_fast_path_equals_line_reader(tmp_path, monkeypatch, times):
+    """A well-formed CSV takes the C parser and reads exactly as the line-by-line reader does."""
+    rng = np.random.default_rng(1)
+    n = 500
+    t = rng.permutation(n) * 0.5  # out of order: the reader sorts by time (stably)
+    t[10] = t[11]  # a tie keeps file order
+    if times == "datetimes":
+        col = [f"2023-11-16 18:{int(x) // 60 % 60:02d}:{int(x) % 60:02d}.{int(x * 10) % 10}" for x in t]
+    else:
+        col = [repr(float(x)) for x in t]
+    head = "TIMESTAMP,ContextTokens,GeneratedTokens" if times != "none" else "ContextTokens,GeneratedTokens"
+    rows = [(f"{c}," if times != "none" else "") + f"{rng.integers(0, 9000)},{rng.integers(1, 900)}" for c in col]
+    p = tmp_path / "r.csv"
+    p.write_text(head + "\n" + "\n".join(rows) + "\n")
+    fields = readers.RequestFields(time="" if times == "none" else "TIMESTAMP")
+    g = Grouping(group_size=8, groups_per_step=4, cap=800)
+    assert readers._clean_csv(p, fields) is not None, "a clean file takes the fast path"
+    fast = _trace_tuple(read_request_csv(p, fields=fields, grouping=g))
+    monkeypatch.setattr(readers, "_clean_csv", lambda *_: None)
+    slow = _trace_tuple(read_request_csv(p, fields=fields, grouping=g))
+    assert fast == slow, "fast and line-by-line readers disagree"
+
+
+@pytest.mark.parametrize("body", [
+    "1,10,5\n\n2,20,6\n",  # a blank line
+    '1,10,5\n"2",20,6\n3,"3\n0",7\n',  # a quoted newline
+    "1,10,5\n2,20\n",  # a missing field
+    "1,10,5\n2,20,6,9\n",  # an extra field
+    "1,10,5\n2,x,6\n",  # a bad value
+    "1,10,5\n2,1.5,6\n",  # a non-integer token count
+])
+def test_irregular_csv_takes_the_line_reader(tmp_path, body):
+    """Anything irregular is left to the line reader (which names file:line)."""
+    p = tmp_path / "r.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + body)
+    assert readers._clean_csv(p, readers.AZURE_FIELDS) is None
+
+
+# ---------------------------------------------------------------- metrics: reference loops
+def _reference_role_seconds(log, n_gpus, makespan):
+    role = np.zeros(n_gpus, dtype=np.int64)
+    since = np.zeros(n_gpus)
+    last_work = np.full(n_gpus, -1)
+    secs = np.zeros(4)
+    realloc = 0
+    for r in log:
+        if r[0] != "role":
+            continue
+        t, gpus, new = min(r[1], makespan), list(r[2]), r[3]
+        for g in gpus:
+            secs[role[g]] += t - since[g]
+            since[g] = t
+            role[g] = new
+            if new in (1, 2):
+                realloc += int(last_work[g] >= 0 and last_work[g] != new)
+                last_work[g] = new
+    for g in range(n_gpus):
+        secs[role[g]] += makespan - since[g]
+    return secs, realloc
+
+
+def _reference_utilization(log, n_gpus, grid):
+    changes = [(r[1], list(r[2]), r[3]) for r in log if r[0] == "role"]
+    out = []
+    for x in grid:
+        role = np.zeros(n_gpus, dtype=np.int64)
+        for t, gpus, new in changes:
+            if t <= x:
+                role[gpus] = new
+        out.append(np.bincount(role, minlength=4))
+    return np.array(out, dtype=float)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out = []
+    for preset in ("xlong-swe-small", "short-math"):
+        for policy in ("colocate", "async", "elastic"):
+            out.append(simulate(override(get_preset(preset), steps=3), policy))
+    return out
+
+
+def test_metrics_equal_reference_loops(runs):
+    """GPU-seconds by role, reallocations, utilization grid and execution times match plain loops."""
+    for r in runs:
+        n = r.config.cluster.gpus
+        m = compute_metrics(r.log, n_gpus=n, policy=r.policy)
+        secs, realloc = _reference_role_seconds(r.log, n, m.makespan_s)
+        got = [m.gpu_seconds["idle"], m.gpu_seconds["rollout_busy"] + m.gpu_seconds["rollout_idle"],
+               m.gpu_seconds["train"], m.gpu_seconds["switching"]]
+        np.testing.assert_allclose(got, secs, rtol=1e-9, atol=1e-6, err_msg=f"{r.policy}: GPU-seconds by role")
+        assert m.reallocations == realloc, f"{r.policy}: reallocations {m.reallocations} != {realloc}"
+        ref = _reference_utilization(r.log, n, m.utilization["t_s"].to_numpy())
+        np.testing.assert_array_equal(m.utilization[["idle", "rollout", "train", "switching"]].to_numpy(), ref)
+        start = {x[2]: x[1] for x in r.log if x[0] == "start"}
+        fin = [(x[2], start[x[2]], x[1], x[3], x[4]) for x in r.log if x[0] == "finish"]
+        assert [tuple(v) for v in m.executions.itertuples(index=False)] == fin, f"{r.policy}: executions frame"
+        assert len(m.staleness) == sum(1 for x in r.log if x[0] == "trained")
+
+
+# ---------------------------------------------------------------- bound: reference loop
+def _reference_bound(groups, costs, n_gpus, gps, eta):
+    gen_tokens, ctx_weighted, prefill_tokens, group_solo = 0, 0.0, 0, []
+    for g in groups:
+        longest = 0.0
+        for e in g.executions:
+            gen_tokens += sum(e.gen)
+            ctx_weighted += sum(k * n for k, n in zip(e.kv, e.gen))
+            prefill_tokens += e.prompt + sum(e.tool_out)
+            alone = sum(costs.step_time(1, k) * n for k, n in zip(e.kv, e.gen))
+            alone += sum(e.tool_s) + (e.prompt + sum(e.tool_out)) * costs.prefill_s_per_token
+            longest = max(longest, min(alone, e.deadline_s))
+        group_solo.append(longest)
+    mean_ctx = ctx_weighted / max(gen_tokens, 1)
+    rollout = gen_tokens / costs.best_decode_tokens_per_gpu_s(mean_ctx) \
+        + prefill_tokens * costs.prefill_s_per_token * costs.engine_gpus
+    trained = [g.executions[0].prompt + sum(e.tokens - e.prompt for e in g.executions) for g in groups]
+    train = sum(trained) * costs.train_s_per_token_gpu
+    last = sum(trained[-gps:]) * costs.train_s_per_token_gpu / n_gpus
+    per_step = sorted(group_solo, reverse=True)[::gps]
+    return ((rollout + train) / n_gpus, max(group_solo) + last, rollout, train,
+            (sum(per_step) + train / n_gpus) / (eta + 1))
+
+
+@pytest.mark.parametrize("preset, deadline", [("xlong-swe-small", math.inf), ("xlong-swe-small", 3000.0),
+                                              ("short-math", math.inf)])
+def test_bound_equals_reference_loop(preset, deadline):
+    """Multi-turn executions (tools, compaction, sub-agents) and deadlines: the vectorized sums agree."""
+    cfg = override(get_preset(preset), steps=2, **{"workload.deadline_s": deadline})
+    src = WorkloadSource(cfg.workload, seed=3)
+    groups = [src.next_group() for _ in range(2 * cfg.workload.groups_per_step)]
+    assert any(len(e.gen) > 1 for g in groups for e in g.executions) or preset == "short-math"
+    b = lower_bound(groups, cfg.costs(), cfg.cluster.gpus, cfg.workload.groups_per_step, eta=2)
+    ref = _reference_bound(groups, cfg.costs(), cfg.cluster.gpus, cfg.workload.groups_per_step, 2)
+    np.testing.assert_allclose([b.work_s, b.critical_path_s, b.rollout_gpu_s, b.train_gpu_s, b.staleness_s], ref,
+                               rtol=1e-9)
