@@ -3,7 +3,17 @@
 The same policy objects that run in the simulator run here unchanged. The driver process owns all
 bookkeeping (GPU roles and owners, engine membership, execution phases, the event log in the schema
 of gyre.metrics); actors do the work: engines generate (gyre.real.engine_torch), the tool server
-sleeps and answers (gyre.real.task), the trainer trains and publishes weights (gyre.real.trainer).
+sleeps and answers (gyre.real.task), trainer workers train and publish weights (gyre.real.trainer).
+
+Training: a step on GPUs G runs data-parallel on the trainer workers of G (one per GPU, in the GPUs'
+placement-group bundles), rank 0 = the lowest GPU; steps run one after another (a step asked for while
+one runs starts when it ends). The driver keeps which version each worker holds: the step's rank 0
+becomes the worker of record, and a worker that missed steps gets the state of record first.
+
+Weights (`RealClusterConfig.weight_sync`): "object_store" publishes each version as one Ray object
+reference that engines load; "collective" broadcasts it from the worker of record to the engines being
+woken or synced over a standalone group (gyre.real.collective), falling back to the object store for an
+engine whose broadcast failed (a peer died) and, on NCCL, for the engine sharing the sender's GPU.
 
 The run loop drives the policy's gyre.handles.Process: it waits on the outstanding Ray futures with
 `ray.wait` (bounded by the next policy timer), and handles the completed ones in submission order;
@@ -19,6 +29,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +43,12 @@ from gyre.handles import Handle, Process, done_handle
 from gyre.pool import TRAINER, GpuPool, check_admit, check_migrate
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
+from gyre.real.collective import plan_broadcast
 from gyre.real.engine_view import RealEngine
 from gyre.real.flow import ExecutionFlow
 from gyre.trajectory import AdvantageConfig, group_advantages, score_group
 
+WEIGHT_SYNC = ("object_store", "collective")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -49,6 +62,11 @@ class RealClusterConfig:
     seed: int = 0
     max_wall_s: float = 1800.0
     checkpoint: str | None = None  # trainer checkpoint path: saved every step, resumed from if present
+    weight_sync: str = "object_store"  # or "collective": a broadcast from the trainer worker of record
+
+    def __post_init__(self) -> None:
+        if self.weight_sync not in WEIGHT_SYNC:
+            raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")
 
 
 class RealCluster(ExecutionFlow):
@@ -69,12 +87,17 @@ class RealCluster(ExecutionFlow):
         self._background: list = []
         self.profile: dict[str, list] = {"wake": [], "sleep": [], "train": [], "sync": [], "migration": [], "requests": []}
         ray.get([a.sleep.remote() for a in pool._engines.values()])  # engines of an earlier run
-        base = ray.get(pool.trainer.reset.remote(config.seed))
+        base = ray.get([t.reset.remote(config.seed) for t in pool.trainers])[0]
         if config.checkpoint and Path(config.checkpoint).exists():
-            base = ray.get(pool.trainer.load.remote(config.checkpoint))
+            base = ray.get([t.load.remote(config.checkpoint) for t in pool.trainers])[0]
         self.base_version = base  # trainer versions count from here in this run
         self._version = 0
-        self._weights = pool.trainer.weights.remote()
+        self._tv = base  # the trainer's version of record
+        self._record = 0  # the trainer worker (= GPU) holding it
+        self._held = [base] * len(pool.trainers)  # the version each trainer worker holds
+        self._weights = None  # object ref of the latest weights, made when needed
+        self._stepping = False
+        self._steps: deque[Callable[[], None]] = deque()  # steps waiting for the running one
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ observations
@@ -101,6 +124,15 @@ class RealCluster(ExecutionFlow):
     @property
     def groups_per_step(self) -> int:
         return self.cfg.groups_per_step
+
+    @property
+    def trainer_version(self) -> int:
+        """The trainer's version of record (base_version + version once no step runs)."""
+        return self._tv
+
+    def trainer_weights(self) -> dict:
+        """The latest published weights, as the worker of record holds them (tests, benchmarks)."""
+        return ray.get(self.pool.trainers[self._record].weights.remote(self._tv))
 
     def role(self, gpu: int) -> Role:
         return self.gpu_pool.role[gpu]
@@ -162,7 +194,7 @@ class RealCluster(ExecutionFlow):
             self._log(("engine_up", self.now, eid, gpus))
             self._deferred.append((h, eng))
 
-        self._submit(eng.actor.wake.remote(self._weights, v), up)
+        self._wake(eng, v, up)
         return h
 
     def stop_engine(self, engine: RealEngine) -> Handle:
@@ -248,9 +280,11 @@ class RealCluster(ExecutionFlow):
             if err is not None:
                 raise ClusterError(f"train: step {v} failed: {err}")
             self._version += 1
-            self._weights = self.pool.trainer.weights.remote()
-            if self.cfg.checkpoint:
-                self._background.append(self.pool.trainer.save.remote(self.cfg.checkpoint))
+            self._tv, self._record, self._weights = stats["version"], gpus[0], None
+            for g in gpus:
+                self._held[g] = self._tv
+            if self.cfg.weight_sync == "object_store":
+                self._weights_ref()
             self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
             self.gpu_pool.hold(gpus, None)
             self.gpu_pool.set_role(gpus, Role.IDLE, self.now)
@@ -258,9 +292,111 @@ class RealCluster(ExecutionFlow):
             self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
                                                    "version": self._version}))
             self._deferred.append((h, self._version))
+            self._stepping = False
+            if self._steps:
+                self._steps.popleft()()
 
-        self._submit(self.pool.trainer.train.remote(batch), end)
+        start = lambda: self._start_step(gpus, ray.put(batch), end)  # noqa: E731
+        if self._stepping:
+            self._steps.append(start)
+        else:
+            start()
         return h
+
+    def _start_step(self, gpus: tuple[int, ...], batch, end: Callable[[Any, BaseException | None], None]) -> None:
+        """Run one step data-parallel on the workers of `gpus`; workers that missed steps catch up first."""
+        self._stepping = True
+        stale = [g for g in gpus if self._held[g] != self._tv]
+        if stale:
+            def go(state, err) -> None:
+                if err is not None:
+                    raise ClusterError(f"train: the state of record could not be read: {err}")
+                self._launch_step(gpus, batch, state[0], set(stale), end)
+
+            self._submit(self.pool.trainers[self._record].get_state.remote(), go)
+        else:
+            self._launch_step(gpus, batch, None, set(), end)
+
+    def _launch_step(self, gpus, batch, state, stale: set[int], end) -> None:
+        trainers = self.pool.trainers
+        specs = self.pool.book.specs(tuple(f"t{g}" for g in gpus), "dp") if len(gpus) > 1 else [None]
+        left, stats0 = [len(gpus)], {}
+
+        def one(rank: int):
+            def done(stats, err) -> None:
+                if err is not None:
+                    if len(gpus) > 1:
+                        self.pool.book.broken("dp", tuple(f"t{g}" for g in gpus))
+                    raise ClusterError(f"train: rank {rank} (GPU {gpus[rank]}) failed: {err}")
+                if rank == 0:
+                    stats0.update(stats, caught_up=len(stale))
+                left[0] -= 1
+                if left[0] == 0:
+                    end(stats0, None)
+            return done
+
+        for rank, (g, spec) in enumerate(zip(gpus, specs)):
+            ref = trainers[g].train.remote(batch, spec, state if g in stale else None,
+                                           self.cfg.checkpoint if rank == 0 else None)
+            self._submit(ref, one(rank))
+
+    def _weights_ref(self):
+        """The object ref of the latest weights (the worker of record's snapshot), made once per version."""
+        if self._weights is None:
+            self._weights = self.pool.trainers[self._record].weights.remote(self._tv)
+        return self._weights
+
+    def _wake(self, eng: RealEngine, v: int, done: Callable[[Any, BaseException | None], None]) -> None:
+        """Wake the engine's actor with version `v` (the latest): in the call, or by a broadcast after it."""
+        actor = eng.actor
+        if self.cfg.weight_sync == "object_store":
+            self._submit(actor.wake.remote(self._weights_ref(), v), done)
+            return
+
+        def woken(_dt, err) -> None:
+            if err is not None:
+                done(None, err)
+            else:
+                self._publish([eng], lambda e: done)
+
+        self._submit(actor.wake.remote(None, v), woken)
+
+    def _publish(self, engines: list[RealEngine], done_for: Callable[[RealEngine], Callable]) -> None:
+        """Load the latest version into awake engines; `done_for(e)(seconds, error)` when each has it."""
+        pool, v = self.pool, self._version
+        if self.cfg.weight_sync == "object_store":
+            for e in engines:
+                self._submit(e.actor.load_weights.remote(self._weights_ref(), v), done_for(e))
+            return
+        src = self._record
+        by_slot = {pool.slot(e.gpus): e for e in engines}
+        coll, store = plan_broadcast(pool.slot((src,)), sorted(by_slot), pool.cfg.collective.backend)
+        for s in store:
+            e = by_slot[s]
+            self._submit(e.actor.load_weights.remote(self._weights_ref(), v), done_for(e))
+        if not coll:
+            return
+        targets = [by_slot[s] for s in coll]
+        members = (f"t{src}",) + tuple(pool.member(e.gpus) for e in targets)
+        specs = pool.book.specs(members, "sync")
+
+        def sent(_dt, err) -> None:
+            if err is not None:
+                pool.book.broken("sync", members)
+
+        def received(e: RealEngine, actor):
+            def cb(dt, err) -> None:
+                if err is None or isinstance(err, ray.exceptions.RayActorError):
+                    done_for(e)(dt, err)  # this engine has it, or died (its caller handles that)
+                    return
+                pool.book.broken("sync", members)  # a peer failed: this one takes the object store
+                self._log(("note", self.now, "weights_fallback", {"engine": e.id, "error": str(err)[:200]}))
+                self._submit(actor.load_weights.remote(self._weights_ref(), self._version), done_for(e))
+            return cb
+
+        self._submit(pool.trainers[src].send_weights.remote(specs[0], self._tv), sent)
+        for e, spec in zip(targets, specs[1:]):
+            self._submit(e.actor.receive_weights.remote(spec, v), received(e, e.actor))
 
     def sync(self, engines: Sequence[RealEngine]) -> Handle:
         todo = [self._engines[e.id] for e in engines if e.id in self._engines and e.version < self._version]
@@ -284,8 +420,7 @@ class RealCluster(ExecutionFlow):
                     self._deferred.append((h, None))
             return done
 
-        for e in todo:
-            self._submit(e.actor.load_weights.remote(self._weights, v), one(e))
+        self._publish(todo, one)
         return h
 
     def timeout(self, seconds: float) -> Handle:

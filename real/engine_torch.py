@@ -5,8 +5,11 @@ token ids and their log-probs out) join and leave one running decode batch betwe
 sequence keeps its KV cache between turns, keyed by its sequence id, so a follow-up turn only
 prefills the new tokens (tool output). A context that does not extend the cached one (a migrated
 execution, a retry, a compaction, a restarted engine) is prefilled from scratch. Weights update in
-place between decode steps (`load_weights`); `sleep` drops weights and caches (a role change),
-`wake` loads the latest weights.
+place between decode steps; `sleep` drops weights and caches (a role change), `wake` loads the latest
+weights. Weights arrive two ways: a state dict through the Ray object store (`wake(weights, v)`,
+`load_weights(weights, v)`), or a broadcast over a standalone group from the trainer worker of record
+(`wake(None, v)` then `receive_weights(group, v)`, gyre.real.collective): the buckets arrive in a thread
+while decoding goes on, and are loaded between two decode steps.
 
 It runs as an asyncio Ray actor: `generate` awaits its result while one background task runs the
 decode loop; weight loads and releases run between steps. Every step's timing is kept as a profile
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from gyre.nn.model import KVCache, ModelConfig, TinyLlama
+from gyre.real import collective as C
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -72,14 +77,17 @@ class TorchEngine:
         self.batch: KVCache | None = None
         self.loop_task: asyncio.Task | None = None
         self.profile = {"prefill": [], "decode": [], "load": []}  # (tokens, s) / (batch, kv, s) / (s,)
+        self.comm = C.Comm()  # weight broadcast groups this engine belongs to
 
     # --- lifecycle and weights ---
-    async def wake(self, weights: dict, version: int) -> float:
+    async def wake(self, weights: Mapping | None, version: int) -> float:
+        """Build the model; load `weights` if given (None: they follow by `receive_weights`)."""
         t0 = time.perf_counter()
         if self.model is None:
             self.model = TinyLlama(self.model_config, np.random.default_rng(0), getattr(torch, self.cfg.dtype))
             self.model.eval()
-        self._load(weights, version)
+        if weights is not None:
+            self._load(weights, version)
         return time.perf_counter() - t0
 
     async def sleep(self) -> float:
@@ -99,7 +107,27 @@ class TorchEngine:
         self.profile["load"].append((dt,))
         return dt
 
-    def _load(self, weights: dict, version: int) -> None:
+    async def receive_weights(self, group: dict, version: int) -> float:
+        """In-place update from a broadcast (rank `group["rank"]` > 0 of the sender's group); returns seconds."""
+        t0 = time.perf_counter()
+        state = await asyncio.to_thread(self._receive, group)
+        if self.model is None:
+            raise RuntimeError("receive_weights: the engine is asleep")
+        self._load(state, version)
+        dt = time.perf_counter() - t0
+        self.profile["load"].append((dt,))
+        return dt
+
+    def _receive(self, group: dict) -> dict:
+        with self.comm.turnstile.turn(group["seq"], group["timeout_s"]):
+            pg = self.comm.group(group)
+            return C.receive(pg, group["layout"], group["bucket_bytes"], group["device"])
+
+    def get_weights(self) -> dict:
+        """The served weights as a CPU state dict (tests compare them with the trainer's)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+
+    def _load(self, weights: Mapping, version: int) -> None:
         self.model.load_state_dict(weights)
         self.version = int(version)
 

@@ -8,7 +8,7 @@ its context), or, when the engine actor died, move it to another engine from its
 same GPUs. Handle completions are only queued here (`_deferred`); the run loop releases them.
 
 `ExecutionFlow` is a mixin of gyre.real.backend.RealCluster and uses its bookkeeping (`_engines`, `_log`,
-`_submit`, `_busy`, `pool`, `profile`, `cfg`).
+`_submit`, `_busy`, `_wake`, `pool`, `profile`, `cfg`).
 
 Simplifications: a dead engine is noticed on its next failed call; a released KV cache on a dead engine is
 not retried.
@@ -147,7 +147,7 @@ class ExecutionFlow:
         self._busy(eng)
         eng.actor = self.pool.respawn(eng.gpus)
         v = self._version
-        self._submit(eng.actor.wake.remote(self._weights, v), lambda dt, err: self._on_respawned(eng, v, err))
+        self._wake(eng, v, lambda dt, err: self._on_respawned(eng, v, err))
 
     def _resume_lost(self, eng: RealEngine) -> None:
         for ex in sorted(eng.members.values(), key=lambda x: x.id):

@@ -3,13 +3,22 @@
 What it models: GPUs are Ray resources. The pool reserves the cluster's GPUs as one placement group
 of engine-sized bundles ({"GPU": gpus_per_engine} each), so an engine on policy GPUs (g, ..) is an
 actor pinned to bundle g // gpus_per_engine: on a multi-node cluster the policy's GPU index names a
-real device. On a machine without GPUs, `ray.init(num_gpus=N)` gives N logical GPUs and the same code
-path runs. Actors are created once and reused across role changes and across runs (an engine's
-`sleep`/`wake` is the role switch, as vLLM's sleep mode), because starting a torch process costs
-seconds. A killed engine actor is replaced by `respawn`.
+real device. Each GPU g also has a trainer worker (gyre.real.trainer), pinned to the same bundle and
+holding a Ray GPU share of it: a training step on GPUs G runs data-parallel on the workers of G. Both
+roles of a GPU live in it at once, as veRL's colocated workers do, and the policy's role says which is
+busy (`engine_gpu_share`):
+- one GPU per engine: the engine and the worker hold `1 - share` and `share` of the bundle's GPU, so Ray
+  gives both the same device;
+- k > 1 GPUs per engine: Ray shares only a single GPU fractionally, so the k workers hold one whole GPU
+  each and the engine, pinned to the bundle with no GPU of its own, is shown the workers' devices
+  (CUDA_VISIBLE_DEVICES, which Ray then leaves alone).
+On a machine without GPUs, `ray.init(num_gpus=N)` gives N logical GPUs and the same code path runs.
+Actors are created once and reused across role changes and across runs (an engine's `sleep`/`wake` is
+the role switch, as vLLM's sleep mode), because starting a torch process costs seconds. A killed engine
+actor is replaced by `respawn` (a new member for the collective groups: `GroupBook.forget`).
 
-Simplifications: the trainer is one actor holding no Ray GPU (on CPU it trains in-process; the
-backend accounts its GPUs); the tool server is one asyncio actor with high concurrency.
+Simplifications: the tool server is one asyncio actor with high concurrency; trainer worker 0 serves the
+TCPStore of the collective groups (workers live as long as the pool).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from gyre.nn.model import ModelConfig
+from gyre.real.collective import CollectiveConfig, GroupBook
 from gyre.real.engine_torch import TorchEngine, TorchEngineConfig
 from gyre.real.task import ToolServer
 from gyre.real.trainer import Trainer, TrainerConfig
@@ -41,6 +51,8 @@ class PoolConfig:
     vllm_model: str = ""  # engine == "vllm": the served model (path or hub name)
     vllm_args: tuple[tuple[str, object], ...] = ()  # more gyre.real.engine_vllm.VllmEngineConfig fields
     pg_timeout_s: float = 60.0
+    engine_gpu_share: float = 0.5  # one GPU per engine: the engine's share of it, the trainer worker has the rest
+    collective: CollectiveConfig = field(default_factory=CollectiveConfig)
 
 
 def ensure_ray(cfg: PoolConfig) -> None:
@@ -75,6 +87,8 @@ class ActorPool:
             raise ValueError("PoolConfig.vllm_model must name the served model when engine = 'vllm'")
         if cfg.n_gpus % cfg.gpus_per_engine:
             raise ValueError(f"PoolConfig.n_gpus={cfg.n_gpus} is not a multiple of gpus_per_engine={cfg.gpus_per_engine}")
+        if not 0 < cfg.engine_gpu_share < 1:
+            raise ValueError(f"PoolConfig.engine_gpu_share must be in (0, 1), got {cfg.engine_gpu_share}")
         ensure_ray(cfg)
         have = ray.cluster_resources().get("GPU", 0)
         if have < cfg.n_gpus:
@@ -85,16 +99,28 @@ class ActorPool:
         if not self.pg.wait(cfg.pg_timeout_s):
             raise TimeoutError(f"placement group of {cfg.n_gpus} GPUs not ready after {cfg.pg_timeout_s}s")
         self._engines: dict[int, ray.actor.ActorHandle] = {}
+        self._incarnation: dict[int, int] = {}
         self.respawns = 0
-        self.trainer = ray.remote(num_cpus=0)(Trainer).remote(cfg.model, cfg.trainer_config)
+        worker_gpus = 1 - cfg.engine_gpu_share if k == 1 else 1
+        worker = ray.remote(num_cpus=0, num_gpus=worker_gpus, concurrency_groups={"sync": 4})(Trainer)
+        self.trainers = [worker.options(scheduling_strategy=self._bundle(g // k)).remote(cfg.model, cfg.trainer_config)
+                         for g in range(cfg.n_gpus)]  # one data-parallel worker per GPU
         self.tools = ray.remote(num_cpus=0, max_concurrency=10000)(ToolServer).remote()
+        self._devices = [ray.get([t.gpu_ids.remote() for t in self.trainers[s * k:(s + 1) * k]])
+                         for s in range(cfg.n_gpus // k)] if k > 1 else []
         for slot in range(cfg.n_gpus // k):  # start every engine process now, in parallel
             self._engines[slot] = self._spawn(slot)
-        ray.get([e.ping.remote() for e in self._engines.values()] + [self.trainer.ping.remote(), self.tools.ping.remote()])
+        store = ray.get(self.trainers[0].serve_store.remote(cfg.collective.timeout_s))
+        self.book = GroupBook(store, cfg.collective, ray.get(self.trainers[0].layout.remote()))
+        ray.get([e.ping.remote() for e in self._engines.values()] + [t.ping.remote() for t in self.trainers]
+                + [self.tools.ping.remote()])
+
+    def _bundle(self, slot: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=slot)
 
     def _spawn(self, slot: int):
         cfg = self.cfg
-        strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=slot)
+        self._incarnation[slot] = self._incarnation.get(slot, -1) + 1
         if cfg.engine == "vllm":
             from gyre.real.engine_vllm import VllmEngine, VllmEngineConfig
 
@@ -102,12 +128,24 @@ class ActorPool:
             cls, args = VllmEngine, (vcfg,)
         else:
             cls, args = TorchEngine, (cfg.model, cfg.engine_config)
-        return ray.remote(num_cpus=0, num_gpus=cfg.gpus_per_engine, max_concurrency=1000, max_restarts=0)(cls).options(
-            scheduling_strategy=strategy
-        ).remote(*args)
+        opts: dict = {"scheduling_strategy": self._bundle(slot)}
+        if cfg.gpus_per_engine == 1:
+            opts["num_gpus"] = cfg.engine_gpu_share
+        else:  # the bundle's devices, held by its trainer workers
+            devices = ",".join(str(d) for ids in self._devices[slot] for d in ids)
+            opts["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": devices}}
+        return ray.remote(num_cpus=0, num_gpus=0, max_concurrency=1000, max_restarts=0)(cls).options(**opts).remote(*args)
+
+    def slot(self, gpus: tuple[int, ...]) -> int:
+        return gpus[0] // self.cfg.gpus_per_engine
 
     def engine(self, gpus: tuple[int, ...]):
-        return self._engines[gpus[0] // self.cfg.gpus_per_engine]
+        return self._engines[self.slot(gpus)]
+
+    def member(self, gpus: tuple[int, ...]) -> str:
+        """The engine of these GPUs as a collective-group member: one name per actor incarnation."""
+        slot = self.slot(gpus)
+        return f"e{slot}.{self._incarnation[slot]}"
 
     def kill(self, gpus: tuple[int, ...]) -> None:
         """Fault injection: kill the engine process on these GPUs (no restart)."""
@@ -115,12 +153,13 @@ class ActorPool:
 
     def respawn(self, gpus: tuple[int, ...]):
         """A fresh engine actor on the slot of a dead one (its bundle's GPUs are free again)."""
-        slot = gpus[0] // self.cfg.gpus_per_engine
+        slot = self.slot(gpus)
+        self.book.forget(self.member(gpus))
         self._engines[slot] = self._spawn(slot)
         self.respawns += 1
         return self._engines[slot]
 
     def shutdown(self) -> None:
-        for a in [*self._engines.values(), self.trainer, self.tools]:
+        for a in [*self._engines.values(), *self.trainers, self.tools]:
             ray.kill(a)
         remove_placement_group(self.pg)

@@ -1,14 +1,23 @@
-"""The trainer: a PyTorch actor that trains TinyLlama on packed trajectory trees and publishes weights.
+"""The trainer: data-parallel PyTorch workers that train TinyLlama on packed trajectory trees.
 
-What it models: one policy-gradient step per call. The driver sends each group's prefix tree (its
-DFS preorder) and per-execution advantages; the trainer packs them with gyre.trajectory.build_packs,
-takes the clipped GRPO loss of gyre.trajectory.torch_ops.packed_loss over the packs, and makes
-`epochs` AdamW steps: version v -> v + 1. `weights()` returns a CPU state dict; the driver passes its Ray object
-reference to every engine, so one copy travels through the object store (on a GPU cluster this is
-where a collective broadcast goes). `save`/`load` checkpoint model, optimizer and version.
+What it models: one policy-gradient step per call. The driver sends each group's prefix tree (its DFS
+preorder) and per-execution advantages; every worker of the step packs the whole batch with
+gyre.trajectory.build_packs (deterministic) and takes its shard of the packs (`shard_packs`: largest first
+onto the least-loaded rank). Pack loss weights are batch-global, so the batch loss is the sum of the
+shards' losses: each rank backpropagates its shard, the gradients (and the loss) are summed over the
+step's group with one all-reduce (gyre.real.collective), the norm is clipped and every rank makes the same
+AdamW step, `epochs` times: version v -> v + 1. The ranks keep identical replicas; rank 0 is the worker of
+record (it snapshots the weights it publishes and writes the checkpoint). A worker that missed steps
+catches up from the worker of record (`get_state` -> `train(state=...)`) before it trains again.
 
-Simplifications: a single process (data parallel training over the step's GPUs is not modelled on
-CPU; the driver accounts the GPUs); `epochs` optimizer steps per batch; gradient norm clipped at 1.
+Weights leave a worker two ways (`RealClusterConfig.weight_sync`): `weights(version)` returns the CPU
+snapshot of a published version for the Ray object store, or `send_weights(spec, version)` broadcasts it to
+engines over a standalone group. Both run in the "sync" concurrency group and read snapshots, so they never
+wait for, nor see half of, a step running meanwhile. `save`/`load` checkpoint model, optimizer and version.
+
+Simplifications: data parallelism only (no tensor or pipeline parallelism, every rank holds the whole
+model and optimizer); `epochs` optimizer steps per batch; gradient norm clipped at 1; the last 3 published
+versions are kept.
 """
 
 from __future__ import annotations
@@ -19,11 +28,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import ray
 import torch
 
 from gyre.nn.model import ModelConfig, TinyLlama
+from gyre.real import collective as C
 from gyre.trajectory import PackConfig, build_packs
 from gyre.trajectory.torch_ops import LossConfig, packed_loss
+
+KEEP_PUBLISHED = 3
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -36,6 +49,18 @@ class TrainerConfig:
     grad_clip: float = 1.0
     epochs: int = 2  # optimizer steps per batch (PPO-style; the clipped ratio bounds each move)
     threads: int = 1
+    device: str = "cpu"  # "cuda": the worker's Ray GPU (its gradient all-reduce then needs backend "nccl")
+
+
+def shard_packs(sizes: list[int], n: int) -> list[list[int]]:
+    """Pack indices per rank: largest first onto the least-loaded rank (ties: lower index), each in order."""
+    load = [0] * n
+    out: list[list[int]] = [[] for _ in range(n)]
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        r = min(range(n), key=lambda r: (load[r], r))
+        out[r].append(i)
+        load[r] += sizes[i]
+    return [sorted(s) for s in out]
 
 
 class Trainer:
@@ -43,42 +68,127 @@ class Trainer:
         self.cfg = config or TrainerConfig()
         torch.set_num_threads(self.cfg.threads)
         self.model_config = model_config
+        self.device = torch.device(self.cfg.device)
+        self.dp = C.Comm()  # gradient all-reduce groups (the step's thread)
+        self.sync = C.Comm()  # weight broadcast groups (the "sync" threads)
         self.reset(seed)
 
+    # --- state ---
     def reset(self, seed: int) -> int:
         """Fresh random weights from `seed` (a new run); returns the version (0)."""
         torch.manual_seed(seed)
-        self.model = TinyLlama(self.model_config, np.random.default_rng(seed))
+        self.model = TinyLlama(self.model_config, np.random.default_rng(seed)).to(self.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         self.version = 0
+        self._published: dict[int, dict[str, torch.Tensor]] = {}
+        self._publish()
         return self.version
 
-    def weights(self) -> dict:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+    def _publish(self) -> None:
+        self._published[self.version] = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        for v in sorted(self._published)[:-KEEP_PUBLISHED]:
+            del self._published[v]
 
-    def train(self, batch: list[tuple[object, np.ndarray]]) -> dict:
-        """One step on [(preorder of a group's tree, advantages per execution)]; returns stats."""
+    def get_state(self) -> list:
+        """[object ref of model + optimizer state and version]: what a worker that missed steps loads."""
+        return [ray.put({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "version": self.version})]
+
+    def _set_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.version = int(state["version"])
+        self._publish()
+
+    def layout(self) -> C.Layout:
+        return C.layout_of(self.model.state_dict())
+
+    def serve_store(self, timeout_s: float) -> tuple[str, int]:
+        return C.serve_store(timeout_s)
+
+    def ping(self) -> int:
+        return self.version
+
+    def gpu_ids(self) -> list[str]:
+        """The devices Ray gave this worker (node-local ids)."""
+        return [str(i) for i in ray.get_gpu_ids()]
+
+    # --- training ---
+    def train(self, batch: list[tuple[object, np.ndarray]], dp: dict | None = None, state: dict | None = None,
+              save_to: str | None = None) -> dict:
+        """One step on [(preorder of a group's tree, advantages per execution)]; returns stats.
+
+        `dp`: this rank's spec of the step's group (None: the whole batch here); `state`: the state of record
+        to load first (this worker missed steps); `save_to`: checkpoint path written after the step."""
         t0 = time.perf_counter()
+        if state is not None:
+            self._set_state(state)
+        packed, packs, pg = self._shard(batch, dp)
+        t_pack = time.perf_counter() - t0
+        params = list(self.model.parameters())
+        for _ in range(self.cfg.epochs):
+            loss = self._backward(packs, pg)
+            gnorm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+            self.opt.step()
+        self.version += 1
+        self._publish()
+        if save_to:
+            self.save(save_to)
+        return {
+            "version": self.version, "loss": float(loss), "grad_norm": gnorm,
+            "tokens": packed.stats.packed_tokens, "unique_tokens": packed.stats.unique_tokens,
+            "packs": packed.stats.num_packs, "rows": packed.stats.loss_rows, "ranks": dp["size"] if dp else 1,
+            "pack_s": t_pack, "train_s": time.perf_counter() - t0,
+        }
+
+    def gradient(self, batch: list[tuple[object, np.ndarray]], dp: dict | None = None) -> dict[str, torch.Tensor]:
+        """The batch's loss gradient at the current weights (summed over the group of `dp`), on CPU; no step."""
+        _, packs, pg = self._shard(batch, dp)
+        self._backward(packs, pg)
+        return {n: p.grad.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
+
+    def _shard(self, batch, dp: dict | None):
+        """(the batch's packs, this rank's packs, the step's group or None)."""
         trees = [t for t, _ in batch]
         advs = [a for _, a in batch]
         packed = build_packs(trees, advs, PackConfig(max_tokens=self.cfg.max_pack_tokens,
                                                       normalization=self.cfg.normalization))
-        t_pack = time.perf_counter() - t0
-        self.model.train()
-        for _ in range(self.cfg.epochs):
-            self.opt.zero_grad(set_to_none=True)
-            loss = packed_loss(self.model, packed.packs, LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip))
-            loss.backward()
-            gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
-            self.opt.step()
-        self.version += 1
-        return {
-            "version": self.version, "loss": float(loss.detach()), "grad_norm": gnorm,
-            "tokens": packed.stats.packed_tokens, "unique_tokens": packed.stats.unique_tokens,
-            "packs": packed.stats.num_packs, "rows": packed.stats.loss_rows,
-            "pack_s": t_pack, "train_s": time.perf_counter() - t0,
-        }
+        if dp is None or dp["size"] == 1:
+            return packed, packed.packs, None
+        mine = shard_packs([p.size for p in packed.packs], dp["size"])[dp["rank"]]
+        return packed, [packed.packs[i] for i in mine], self.dp.group(dp)
 
+    def _backward(self, packs: list, pg) -> torch.Tensor:
+        """Gradient of the packs' loss into .grad, summed over `pg` (the batch's gradient); returns the loss."""
+        self.model.train()
+        self.opt.zero_grad(set_to_none=True)
+        loss = packed_loss(self.model, packs, LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip),
+                           device=self.device)
+        loss.backward()
+        loss = loss.detach().reshape(1)
+        if pg is not None:  # sum the shards: the batch's gradient and loss
+            C.allreduce_sum(pg, [p.grad for p in self.model.parameters()] + [loss])
+        return loss
+
+    # --- publishing (the "sync" concurrency group: runs while a step trains) ---
+    @ray.method(concurrency_group="sync")
+    def weights(self, version: int | None = None) -> dict:
+        """The CPU state dict of a published version (default: the latest)."""
+        v = self.version if version is None else version
+        if v not in self._published:
+            raise KeyError(f"weights: version {v} is not among the published {sorted(self._published)}")
+        return self._published[v]
+
+    @ray.method(concurrency_group="sync")
+    def send_weights(self, spec: dict, version: int) -> float:
+        """Broadcast published `version` as rank 0 of the group of `spec`; returns seconds."""
+        t0 = time.perf_counter()
+        with self.sync.turnstile.turn(spec["seq"], spec["timeout_s"]):
+            state = self.weights(version)
+            pg = self.sync.group(spec)
+            C.send(pg, state, spec["layout"], spec["bucket_bytes"], spec["device"])
+        return time.perf_counter() - t0
+
+    # --- checkpoints ---
     def save(self, path: str) -> str:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -89,13 +199,8 @@ class Trainer:
         return str(p)
 
     def load(self, path: str) -> int:
-        state = torch.load(path, weights_only=False)
+        state = torch.load(path, weights_only=False, map_location=self.device)
         if state["model_config"] != asdict(self.model_config):
             raise ValueError(f"checkpoint {path} is for model {state['model_config']}, not {asdict(self.model_config)}")
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["opt"])
-        self.version = int(state["version"])
-        return self.version
-
-    def ping(self) -> int:
+        self._set_state(state)
         return self.version
