@@ -1,7 +1,9 @@
 """Benchmark: calibrate and replay a 1M-execution request trace (wall time and peak memory per phase).
 
-The trace is the Azure code trace resampled (seeded) to N rows with increasing timestamps. Each phase
-runs in its own process, so its peak RSS and CPU time are its own (os.wait4). CPU time (user + sys) is
+The trace is the Azure code trace resampled (seeded) to N rows with increasing timestamps. Phases:
+`calibrate` and `replay` call the library (read + fit, read + simulate + metrics + bound);
+`calibrate-cli` and `replay-cli` run the `gyre-sim` commands a user runs (outputs and figures included).
+Each phase runs in its own process, so its peak RSS and CPU time are its own (os.wait4). CPU time (user + sys) is
 reported beside wall time because a shared machine's wall time says more about its load than about
 the code. Target: each under 60 s and 4 GiB.
 
@@ -34,7 +36,6 @@ def make_trace(path: Path, rows: int, seed: int = 0) -> None:
 
 
 def phase(name: str, trace: str, policy: str, steps: int) -> None:
-    from gyre.traces.calibrate import CalibrateOptions, calibrate
     from gyre.traces.readers import Grouping, read_request_csv
 
     t0 = time.perf_counter()
@@ -44,6 +45,8 @@ def phase(name: str, trace: str, policy: str, steps: int) -> None:
 
     gc.freeze()  # the trace lives for the whole run: keep the collector from rescanning it
     if name == "calibrate":
+        from gyre.traces.calibrate import CalibrateOptions, calibrate
+
         cw = calibrate(tr, CalibrateOptions(split=0.7))
         q = cw.report["quality"]["gen"]
         extra = f"ks_d={q['ks_d']:.4f} p99_err={q['p99_err']:.3f} maxk_err={q['maxk_err']:.3f}"
@@ -65,13 +68,28 @@ def phase(name: str, trace: str, policy: str, steps: int) -> None:
     print(f"read_s={t_read:.2f} total_s={time.perf_counter() - t0:.2f} {extra}", flush=True)
 
 
+def _command(name: str, trace: Path, a, tmp: Path) -> list[str]:
+    """The library phase (this script, in a child), or the CLI a user runs (`-cli`: outputs included)."""
+    cli = str(Path(sys.executable).with_name("gyre-sim"))
+    if name == "calibrate-cli":
+        return [cli, "calibrate", str(trace), "-o", str(tmp / "workload.json"), "--group-size", "8",
+                "--groups-per-step", "128"]
+    if name == "replay-cli":
+        steps = ["--steps", str(a.steps)] if a.steps else []
+        return [cli, "replay", str(trace), "--policy", a.policy, "--preset", "short-math", "--group-size", "8",
+                "--groups-per-step", "128", "--out", str(tmp / "replay"), *steps]
+    return [sys.executable, __file__, "--phase", name, "--trace", str(trace), "--policy", a.policy,
+            "--steps", str(a.steps)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--policy", default="colocate")
     ap.add_argument("--steps", type=int, default=0, help="replay steps (0: every whole batch)")
-    ap.add_argument("--phases", default="calibrate,replay")
+    ap.add_argument("--phases", default="calibrate,replay,calibrate-cli,replay-cli",
+                    help="calibrate/replay: the library calls; calibrate-cli/replay-cli: the gyre-sim commands")
     ap.add_argument("--phase", default=None)
     ap.add_argument("--trace", default=None)
     a = ap.parse_args()
@@ -84,8 +102,7 @@ def main() -> None:
             walls, peaks, cpus = [], [], []
             for _ in range(a.repeat):
                 t0 = time.perf_counter()
-                p = subprocess.Popen([sys.executable, __file__, "--phase", name, "--trace", str(trace), "--policy",
-                                      a.policy, "--steps", str(a.steps)])
+                p = subprocess.Popen(_command(name, trace, a, Path(tmp)))
                 _, status, ru = os.wait4(p.pid, 0)
                 walls.append(time.perf_counter() - t0)
                 peaks.append(ru.ru_maxrss / 2**20)  # KiB -> GiB

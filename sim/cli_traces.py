@@ -202,7 +202,11 @@ def replay_cmd(
         if p not in REGISTRY and "." not in p:
             _fail(ValueError(f"unknown policy {p!r}; known: {', '.join(sorted(REGISTRY))}"))
     cands = candidates(cfg, policy)
-    factory = functools.partial(replay_source, str(trace), fmt, skip_bad, g, (time_field, input_field, output_field))
+    if len(cands) == 1:  # runs in this process: replay the trace already read
+        def factory():
+            return ReplaySource(tr.groups, w)
+    else:  # worker processes re-read the trace (cheaper than shipping a million specs to each)
+        factory = functools.partial(replay_source, str(trace), fmt, skip_bad, g, (time_field, input_field, output_field))
     try:
         results = run_candidates(cfg, cands, source_factory=factory)
     except (ValueError, IndexError) as exc:
