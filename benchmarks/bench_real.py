@@ -7,8 +7,10 @@
    execution (from its move to its first token on the target: re-prefill + queueing).
 3. Sim-to-real: the simulator calibrated on each policy's profile predicts every policy's real
    makespan on that run's trace; predicted vs measured, error per pair.
+4. Weight sync: seconds to publish a new version from a trainer worker to 1 and to 3 awake engines, by
+   the Ray object store and by a gloo broadcast (`weight_sync_times`), per round and per engine.
 
-Usage: .venv/bin/python benchmarks/bench_real.py [--steps N] [--out DIR]
+Usage: .venv/bin/python benchmarks/bench_real.py [--steps N] [--out DIR] [--sync-only]
 """
 
 from __future__ import annotations
@@ -79,6 +81,47 @@ class MoveProbe:
             a, b = b, a
 
 
+def weight_sync_times(pool, rounds: int = 20) -> pd.DataFrame:
+    """Publish the weights of trainer worker N-1 to engines 0.. (awake) `rounds` times by each path.
+
+    object_store: a fresh object ref of the snapshot per round (as a step's end makes one), loaded by every
+    engine (`load_weights`); collective: `send_weights` + `receive_weights` over one cached group (its first
+    round, which builds the group, is reported apart). Times are from submit to the last engine done."""
+    import time
+
+    import ray
+
+    src = len(pool.trainers) - 1
+    trainer = pool.trainers[src]
+    v = ray.get(trainer.reset.remote(0))
+    engines = [pool.engine((g,)) for g in range(0, src, pool.cfg.gpus_per_engine)]
+    ray.get([e.wake.remote(trainer.weights.remote(v), v) for e in engines])
+    rows = []
+    for n in (1, len(engines)):
+        targets = engines[:n]
+        times = {"object_store": [], "collective": []}
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            ref = trainer.weights.remote(v)
+            ray.get([e.load_weights.remote(ref, v) for e in targets])
+            times["object_store"].append(time.perf_counter() - t0)
+        members = (f"t{src}",) + tuple(pool.member((g,)) for g in range(n))
+        for _ in range(rounds + 1):
+            specs = pool.book.specs(members, "sync")
+            t0 = time.perf_counter()
+            ray.get([trainer.send_weights.remote(specs[0], v)]
+                    + [e.receive_weights.remote(s, v) for e, s in zip(targets, specs[1:])])
+            times["collective"].append(time.perf_counter() - t0)
+        first = times["collective"].pop(0)
+        for how, ts in times.items():
+            med = float(np.median(ts))
+            rows.append({"path": how, "engines": n, "round_s": med, "per_engine_s": med / n,
+                         "p90_round_s": float(np.quantile(ts, 0.9)),
+                         "first_round_s": first if how == "collective" else float(ts[0])})
+    ray.get([e.sleep.remote() for e in engines])
+    return pd.DataFrame(rows)
+
+
 def learning_figure(results, path: Path) -> None:
     import matplotlib
 
@@ -107,6 +150,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("out/bench_real"))
     ap.add_argument("--policies", nargs="*", default=POLICIES)
     ap.add_argument("--eta", type=int, default=None, help="staleness bound for async and elastic (default: theirs)")
+    ap.add_argument("--sync-only", action="store_true", help="only the weight-sync timing (section 4)")
     args = ap.parse_args()
     from gyre.real.calibrate import predict_makespans
     from gyre.real.pool import ActorPool
@@ -116,6 +160,12 @@ def main() -> None:
     if args.eta is not None:
         cfg = dataclasses.replace(cfg, policy_params={p: {"eta": args.eta} for p in ("async", "elastic")})
     pool = ActorPool.shared(cfg.pool)
+    args.out.mkdir(parents=True, exist_ok=True)
+    sync = weight_sync_times(pool)
+    sync.to_csv(args.out / "weight_sync.csv", index=False)
+    print(sync.to_string(index=False), flush=True)
+    if args.sync_only:
+        return
     results = []
     from gyre.cluster import ClusterError
 
@@ -160,6 +210,7 @@ def main() -> None:
     print(preds.to_string(index=False))
     (args.out / "bench.json").write_text(json.dumps({
         "control_plane": control.to_dict(orient="records"), "sim_to_real": preds.to_dict(orient="records"),
+        "weight_sync": sync.to_dict(orient="records"),
         "learning": {r.policy: r.learning()[["version", "t_s", "reward_mean"]].to_dict(orient="list")
                      for r in results},
     }, default=float, indent=1))

@@ -86,6 +86,9 @@ class RealCluster(ExecutionFlow):
         self._deferred: list[tuple[Handle, Any]] = []
         self._background: list = []
         self.profile: dict[str, list] = {"wake": [], "sleep": [], "train": [], "sync": [], "migration": [], "requests": []}
+        if config.weight_sync == "collective" and not all(hasattr(a, "receive_weights") for a in pool._engines.values()):
+            raise ValueError(f"RealClusterConfig.weight_sync = 'collective' needs engines with receive_weights(group, "
+                             f"version); engine {pool.cfg.engine!r} has none (use 'object_store')")
         ray.get([a.sleep.remote() for a in pool._engines.values()])  # engines of an earlier run
         base = ray.get([t.reset.remote(config.seed) for t in pool.trainers])[0]
         if config.checkpoint and Path(config.checkpoint).exists():

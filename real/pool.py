@@ -134,7 +134,8 @@ class ActorPool:
         else:  # the bundle's devices, held by its trainer workers
             devices = ",".join(str(d) for ids in self._devices[slot] for d in ids)
             opts["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": devices}}
-        return ray.remote(num_cpus=0, num_gpus=0, max_concurrency=1000, max_restarts=0)(cls).options(**opts).remote(*args)
+        actor = ray.remote(num_cpus=0, num_gpus=0, max_concurrency=1000, max_restarts=0)(cls)
+        return actor.options(**opts).remote(*args)
 
     def slot(self, gpus: tuple[int, ...]) -> int:
         return gpus[0] // self.cfg.gpus_per_engine
