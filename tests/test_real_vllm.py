@@ -117,6 +117,19 @@ class TestVllmEngine:
         r = run(engine.generate("s", [1, 2, 3], 10, list(range(CFG.vocab_size)), 1))
         assert len(r["tokens"]) == 1 and len(r["logprobs"]) == 1, f"stop ignored: {r['tokens']}"
 
+    def test_concurrent_requests_beyond_one_step_budget_complete(self, eng):
+        """More prompt tokens than one engine step takes (2048): every seeded request completes, batched."""
+        engine, run = eng
+        rng = np.random.default_rng(6)
+        ctxs = [[int(t) for t in rng.integers(0, CFG.vocab_size, 100)] for _ in range(24)]
+
+        async def all_at_once():
+            return await asyncio.gather(*[engine.generate(f"c{i}", c, 6, [], i) for i, c in enumerate(ctxs)])
+
+        outs = run(all_at_once())
+        assert [len(o["tokens"]) for o in outs] == [6] * 24, "a request came back short"
+        assert all(lp <= 0 for o in outs for lp in o["logprobs"]), "log-probs must be <= 0"
+
     def test_follow_up_turn_hits_the_prefix_cache(self, eng):
         """The next turn (context + output + tool tokens) prefills only what is past the cached whole blocks."""
         engine, run = eng
