@@ -62,6 +62,17 @@ def pool(local_ray):
     return ActorPool.shared(CFG.pool)
 
 
+@pytest.mark.xdist_group("ray")
+def test_each_gpu_hosts_its_engine_and_its_trainer_worker_on_one_device(pool):
+    """GPU roles are Ray resources: engine g and trainer worker g share GPU g's bundle and device."""
+    n = CFG.pool.n_gpus
+    workers = ray.get([t.gpu_ids.remote() for t in pool.trainers])
+    engines = ray.get([pool.engine((g,)).__ray_call__.remote(lambda self: [str(i) for i in ray.get_gpu_ids()])
+                       for g in range(n)])
+    assert workers == engines, f"trainer workers on {workers}, engines on {engines}"
+    assert len({d for ids in workers for d in ids}) == n, f"GPUs not one per bundle: {workers}"
+
+
 def batch_of(seed: int, groups: int = 12):
     """Random task trees (sub-agents, retries, compactions) with GRPO advantages: several packs' worth."""
     rng = np.random.default_rng(seed)
