@@ -73,7 +73,7 @@ def test_each_gpu_hosts_its_engine_and_its_trainer_worker_on_one_device(pool):
     assert len({d for ids in workers for d in ids}) == n, f"GPUs not one per bundle: {workers}"
 
 
-def batch_of(seed: int, groups: int = 12):
+def batch_of(seed: int, groups: int = 8):
     """Random task trees (sub-agents, retries, compactions) with GRPO advantages: several packs' worth."""
     rng = np.random.default_rng(seed)
     out = []
@@ -100,7 +100,7 @@ def test_data_parallel_step_equals_single_process_step(pool):
 
     w_init = ref.weights()
     single = ref.train(batch)
-    assert single["packs"] >= 4, f"the batch should span several packs, got {single['packs']}"
+    assert single["packs"] >= 3, f"the batch should span several packs, got {single['packs']}"
     stats = ray.get([w.train.remote(batch, s) for w, s in zip((w0, w1), specs)])
     a, b = ray.get([w0.weights.remote(), w1.weights.remote()])
     assert all(torch.equal(a[k], b[k]) for k in a), "the two ranks' replicas differ"
