@@ -102,7 +102,7 @@ class SimCluster:
         ex.phase = Phase.DONE
         ex.finished_at = t
         ex.truncated = truncated
-        self._log(("finish", t, ex.id, int(truncated), ex.generated))
+        self.log.append(("finish", t, ex.id, int(truncated), ex.generated))
         self._deferred.append((ex.handle, ex))
         if ex.migrate_handle is not None:  # finished before reaching a tool-call boundary
             self._deferred.append((ex.migrate_handle, False))
@@ -220,11 +220,10 @@ class SimCluster:
             if not g.done:
                 raise ClusterError(f"train: group {g.id} has unfinished executions")
             tokens += g.executions[0].spec.prompt + sum(e.spec.tokens - e.spec.prompt for e in g.executions)
-        v = self._version
+        v, now, log = self._version, self.now, self.log
         for g in groups:
             self.trained_groups.append(g.id)
-            for e in g.executions:
-                self._log(("trained", self.now, e.id, g.id, v, v - e.first_version))
+            log.extend([("trained", now, e.id, g.id, v, v - e.first_version) for e in g.executions])
         self.gpu_pool.hold(gpus, TRAINER)
         onload = self._switch_in_s(gpus, "trainer")
         compute = self.costs.train_time(tokens, len(gpus))

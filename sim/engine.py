@@ -262,7 +262,7 @@ class SimEngine:
             self._ready = [x for x in self._ready if x[2] is not ex]
             heapq.heapify(self._ready)
         ex.engine = None
-        self._drain_queue(self.cluster.now)
+        self._drain_queue(self.cluster.env._now)
 
     def add_migrated(self, ex: SimExecution, t: float) -> None:
         """Take an execution that is between turns (or still queued) from another engine."""
