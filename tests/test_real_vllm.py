@@ -207,7 +207,7 @@ def test_colocate_run_on_vllm_engines(local_ray, model_dir):
     """A real run (colocate, 2 steps) through ActorPool/RealCluster with a vLLM engine serving the trainer's
     TinyLlama: nothing lost, on-policy, and the engine serves the trained weights exactly."""
     from gyre.real import task as T
-    from gyre.real.pool import ActorPool, PoolConfig
+    from gyre.real.pool import ActorPool
     from gyre.real.runner import preset_tiny_test, run_real
 
     ray = local_ray
