@@ -195,22 +195,23 @@ def role_matrix(log: list[tuple], n_gpus: int, makespan: float, bins: int = 600)
     """roles[gpu, time-bin] at each bin start, for the timeline figure: 0 idle, 1 rollout (decoding),
     2 train, 3 switching, 4 rollout with nothing to decode (every execution in a tool call, or none)."""
     grid = np.linspace(0.0, makespan, bins, endpoint=False)
-    out = np.zeros((n_gpus, bins), dtype=np.int8)
-    for t, gpus, r in _role_changes(log):
-        j = int(np.searchsorted(grid, t, side="left"))
-        out[list(gpus), j:] = r
+    kinds = by_kind(log)
+    ev = _RoleEvents.of([(r[1], r[2], r[3]) for r in kinds.get("role", [])])
+    # the last change at or before each bin start (changes are in log order, so a later one wins)
+    last = np.full((n_gpus, bins + 1), -1, dtype=np.int64)
+    j = np.searchsorted(grid, ev.t, side="left")
+    np.maximum.at(last, (ev.gpu, j), np.arange(len(ev.t)))
+    last = np.maximum.accumulate(last[:, :bins], axis=1)
+    out = np.where(last >= 0, ev.role[np.maximum(last, 0)], 0).astype(np.int8)
     busy = np.zeros((n_gpus, bins), dtype=bool)
-    engine_gpus: dict[int, list[int]] = {}
+    engine_gpus = {r[2]: list(r[3]) for r in kinds.get("engine_up", [])}
     since: dict[int, float] = {}
-    for rec in log:
-        if rec[0] == "engine_up":
-            engine_gpus[rec[2]] = list(rec[3])
-        elif rec[0] == "busy":
-            if rec[3]:
-                since[rec[2]] = rec[1]
-            elif rec[2] in since:
-                a, b = np.searchsorted(grid, [since.pop(rec[2]), rec[1]], side="left")
-                busy[engine_gpus[rec[2]], max(a - 1, 0) if a == b else a:b] = True
+    for rec in kinds.get("busy", []):
+        if rec[3]:
+            since[rec[2]] = rec[1]
+        elif rec[2] in since:
+            a, b = np.searchsorted(grid, [since.pop(rec[2]), rec[1]], side="left")
+            busy[engine_gpus[rec[2]], max(a - 1, 0) if a == b else a:b] = True
     for eid, t0 in since.items():
         busy[engine_gpus[eid], int(np.searchsorted(grid, t0)):] = True
     out[(out == 1) & ~busy] = 4

@@ -5,6 +5,8 @@ Every flag overrides one field of a named preset; user errors exit with code 2 a
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,7 +20,7 @@ from gyre.presets import DEFAULT_PRESET, PRESETS, get_preset
 from gyre.sim import cli_traces
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulator: compare RL scheduling policies.")
-console = Console(width=None if __import__("sys").stdout.isatty() else 140)
+console = Console(width=None if sys.stdout.isatty() else 140)
 
 
 def fail(msg: str) -> None:
@@ -157,5 +159,18 @@ cli_traces.register(app)
 
 
 def main() -> None:
-    app()
+    """The `gyre-sim` entry point. A replay holds millions of small objects; freeing them one by one
+    at interpreter exit takes seconds, so once the command is done and its output flushed the process
+    ends at once (every file it writes is already closed)."""
+    try:
+        app()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 

@@ -189,3 +189,21 @@ def test_gc_pause_leaks_no_cycle():
     assert gc.isenabled()
     gc.collect()
     assert all(r() is None for r in refs), "a cycle made during the pause leaked"
+
+
+def test_role_matrix_equals_reference_loop(runs):
+    """The timeline's role per GPU and time bin: the last role change at or before each bin start."""
+    from gyre.metrics import role_matrix
+
+    for r in runs:
+        n = r.config.cluster.gpus
+        for bins in (7, 300):
+            got = role_matrix(r.log, n, r.makespan_s, bins=bins)
+            grid = np.linspace(0.0, r.makespan_s, bins, endpoint=False)
+            ref = np.zeros((n, bins), dtype=np.int8)
+            for x in r.log:
+                if x[0] == "role":
+                    ref[list(x[2]), int(np.searchsorted(grid, x[1], side="left")):] = x[3]
+            got_roles = np.where(got == 4, 1, got)  # 4 = rollout with nothing decoding
+            np.testing.assert_array_equal(got_roles, ref, err_msg=f"{r.policy}, {bins} bins")
+            assert not np.any((got == 4) & (ref != 1)), "only rollout GPUs can be 'nothing decoding'"
