@@ -43,7 +43,6 @@ attention kernels need head_dim in {32, 64, 80, ...} (gyre's default TinyLlama h
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gyre.nn.hf_llama import hf_llama_name, hf_llama_state  # noqa: F401 (hf_llama_name: re-exported)
 from gyre.nn.model import ModelConfig, TinyLlama
 
 
@@ -72,37 +72,8 @@ class VllmEngineConfig:
 
 # ---------------------------------------------------------------- TinyLlama <-> Hugging Face Llama
 
-_LAYER_NAMES = {  # gyre.nn.model.Block -> transformers LlamaDecoderLayer
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn.wq.weight": "self_attn.q_proj.weight",
-    "attn.wk.weight": "self_attn.k_proj.weight",
-    "attn.wv.weight": "self_attn.v_proj.weight",
-    "attn.wo.weight": "self_attn.o_proj.weight",
-    "mlp_norm.weight": "post_attention_layernorm.weight",
-    "mlp.w1.weight": "mlp.gate_proj.weight",
-    "mlp.w3.weight": "mlp.up_proj.weight",
-    "mlp.w2.weight": "mlp.down_proj.weight",
-}
-_TOP_NAMES = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-              "head.weight": "lm_head.weight"}
-_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
-
-
-def hf_llama_name(name: str) -> str:
-    """The Hugging Face Llama name of a TinyLlama parameter (same tensor, same layout: both rotate halves)."""
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    m = _LAYER.fullmatch(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-    raise ValueError(f"hf_llama_name: {name!r} is not a gyre TinyLlama parameter")
-
-
-def hf_llama_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A TinyLlama state dict under Hugging Face Llama names; a state already in HF names is returned as is."""
-    if "embed.weight" not in state:
-        return dict(state)
-    return {hf_llama_name(k): v for k, v in state.items()}
+# The name mapping (hf_llama_name, hf_llama_state) lives in gyre.nn.hf_llama, which also reads such a directory
+# back for the trainer (load_hf_llama); it is imported above and stays importable from here.
 
 
 def hf_llama_config(cfg: ModelConfig, *, max_position_embeddings: int = 4096, dtype: str = "float32"):
