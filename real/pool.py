@@ -14,7 +14,8 @@ busy (`engine_gpu_share`):
   (CUDA_VISIBLE_DEVICES, which Ray then leaves alone).
 On a machine without GPUs, `ray.init(num_gpus=N)` gives N logical GPUs and the same code path runs.
 Actors are created once and reused across role changes and across runs (an engine's `sleep`/`wake` is
-the role switch, as vLLM's sleep mode), because starting a torch process costs seconds. A killed engine
+the role switch, as vLLM's sleep mode), because starting a torch process costs seconds; a pool that differs
+only in `init_checkpoint` (the weights runs start from) keeps them too. A killed engine
 actor is replaced by `respawn` (a new member for the collective groups: `GroupBook.forget`).
 
 Simplifications: the tool server is one asyncio actor with high concurrency; trainer worker 0 serves the
@@ -23,12 +24,14 @@ TCPStore of the collective groups (workers live as long as the pool).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from gyre.nn.hf_llama import check_hf_llama, config_mismatch
 from gyre.nn.model import ModelConfig
 from gyre.real.collective import CollectiveConfig, GroupBook
 from gyre.real.engine_torch import TorchEngine, TorchEngineConfig
@@ -49,10 +52,28 @@ class PoolConfig:
     engine_config: TorchEngineConfig = field(default_factory=TorchEngineConfig)
     trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
     vllm_model: str = ""  # engine == "vllm": the served model (path or hub name)
+    # a Llama model directory (config.json + *.safetensors, e.g. vllm_model's): trainer workers start every run
+    # from its weights instead of random ones; `model` must be its config (with_init_checkpoint sets both)
+    init_checkpoint: str = ""
     vllm_args: tuple[tuple[str, object], ...] = ()  # more gyre.real.engine_vllm.VllmEngineConfig fields
     pg_timeout_s: float = 60.0
     engine_gpu_share: float = 0.5  # one GPU per engine: the engine's share of it, the trainer worker has the rest
     collective: CollectiveConfig = field(default_factory=CollectiveConfig)
+
+
+def with_init_checkpoint(cfg: PoolConfig, path: str) -> PoolConfig:
+    """`cfg` whose trainers start from the Llama model directory `path`, with the model config read from it."""
+    return replace(cfg, init_checkpoint=str(Path(path).resolve()), model=check_hf_llama(path))
+
+
+def check_init_checkpoint(cfg: PoolConfig) -> None:
+    """A one-line ValueError unless `init_checkpoint` is a loadable Llama directory of model `cfg.model`."""
+    if not cfg.init_checkpoint:
+        return
+    bad = config_mismatch(cfg.model, check_hf_llama(cfg.init_checkpoint))
+    if bad:
+        raise ValueError(f"PoolConfig.model differs from init_checkpoint {cfg.init_checkpoint}: {bad} "
+                         f"(gyre.real.pool.with_init_checkpoint reads the model from the checkpoint)")
 
 
 def ensure_ray(cfg: PoolConfig) -> None:
@@ -73,6 +94,13 @@ class ActorPool:
     def shared(cls, cfg: PoolConfig) -> ActorPool:
         """The live pool of this process for `cfg` (created on first use): warm actors, one placement group."""
         pool = _SHARED.get(cfg)  # PoolConfig is frozen and hashable
+        if pool is None and ray.is_initialized():  # only the initial weights differ: keep the warm actors
+            same = [p for c, p in _SHARED.items() if replace(c, init_checkpoint=cfg.init_checkpoint) == cfg]
+            if same:
+                pool = same[0]
+                pool.set_init_checkpoint(cfg)
+                _SHARED.clear()
+                _SHARED[cfg] = pool
         if pool is None or not ray.is_initialized():
             for old in list(_SHARED.values()):  # a different shape: release the GPUs first
                 old.shutdown()
@@ -89,6 +117,7 @@ class ActorPool:
             raise ValueError(f"PoolConfig.n_gpus={cfg.n_gpus} is not a multiple of gpus_per_engine={cfg.gpus_per_engine}")
         if not 0 < cfg.engine_gpu_share < 1:
             raise ValueError(f"PoolConfig.engine_gpu_share must be in (0, 1), got {cfg.engine_gpu_share}")
+        check_init_checkpoint(cfg)
         ensure_ray(cfg)
         have = ray.cluster_resources().get("GPU", 0)
         if have < cfg.n_gpus:
@@ -103,7 +132,9 @@ class ActorPool:
         self.respawns = 0
         worker_gpus = 1 - cfg.engine_gpu_share if k == 1 else 1
         worker = ray.remote(num_cpus=0, num_gpus=worker_gpus, concurrency_groups={"sync": 4})(Trainer)
-        self.trainers = [worker.options(scheduling_strategy=self._bundle(g // k)).remote(cfg.model, cfg.trainer_config)
+        init = str(Path(cfg.init_checkpoint).resolve()) if cfg.init_checkpoint else ""
+        self.trainers = [worker.options(scheduling_strategy=self._bundle(g // k)).remote(
+                             cfg.model, cfg.trainer_config, init_checkpoint=init)
                          for g in range(cfg.n_gpus)]  # one data-parallel worker per GPU
         self.tools = ray.remote(num_cpus=0, max_concurrency=10000)(ToolServer).remote()
         self._devices = [ray.get([t.gpu_ids.remote() for t in self.trainers[s * k:(s + 1) * k]])
@@ -114,6 +145,15 @@ class ActorPool:
         self.book = GroupBook(store, cfg.collective, ray.get(self.trainers[0].layout.remote()))
         ray.get([e.ping.remote() for e in self._engines.values()] + [t.ping.remote() for t in self.trainers]
                 + [self.tools.ping.remote()])
+
+    def set_init_checkpoint(self, cfg: PoolConfig) -> None:
+        """Take `cfg` (this pool's shape, another `init_checkpoint`): trainer workers start later runs from it."""
+        if replace(self.cfg, init_checkpoint=cfg.init_checkpoint) != cfg:
+            raise ValueError("set_init_checkpoint: the pool's shape differs; make a new pool")
+        check_init_checkpoint(cfg)
+        init = str(Path(cfg.init_checkpoint).resolve()) if cfg.init_checkpoint else ""
+        ray.get([t.set_init_checkpoint.remote(init) for t in self.trainers])
+        self.cfg = cfg
 
     def _bundle(self, slot: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=slot)

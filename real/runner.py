@@ -25,6 +25,7 @@ import pandas as pd
 
 from gyre import plots
 from gyre.metrics import RunMetrics, compute_metrics
+from gyre.nn.hf_llama import check_hf_llama, config_mismatch
 from gyre.nn.model import ModelConfig
 from gyre.real import task as T
 from gyre.real.backend import RealCluster, RealClusterConfig
@@ -95,14 +96,28 @@ def _replace(obj, table: dict, where: str, prefix: str = ""):
 
 
 def load_config(path: str | Path) -> RealRunConfig:
-    """A TOML file: `preset = "tiny-cpu"` plus tables overriding its fields ([pool], [cluster.task], ...)."""
+    """A TOML file: `preset = "tiny-cpu"` plus tables overriding its fields ([pool], [cluster.task], ...).
+
+    With `[pool] init_checkpoint = "dir"` (a Llama model directory) the model config is read from dir/config.json."""
     p = Path(path)
     try:
         data = tomllib.loads(p.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise RealConfigError(f"{p}: {exc}") from None
     base = get_preset(data.pop("preset", "tiny-cpu"))
-    return _replace(base, data, str(p))
+    init = (data.get("pool") or {}).get("init_checkpoint")
+    if not init:
+        return _replace(base, data, str(p))
+    try:  # the model is the checkpoint's; a [pool.model] table may only restate it
+        ckpt = check_hf_llama(init)
+    except ValueError as exc:
+        raise RealConfigError(f"{p}: pool.init_checkpoint: {exc}") from None
+    cfg = _replace(dataclasses.replace(base, pool=dataclasses.replace(base.pool, model=ckpt)), data, str(p))
+    bad = config_mismatch(cfg.pool.model, ckpt)
+    if bad:
+        raise RealConfigError(f"{p}: pool.model.{bad} (pool.init_checkpoint = {init!r}); omit [pool.model] to "
+                              f"take the checkpoint's")
+    return cfg
 
 
 @dataclass

@@ -8,7 +8,9 @@ shards' losses: each rank backpropagates its shard, the gradients (and the loss)
 step's group with one all-reduce (gyre.real.collective), the norm is clipped and every rank makes the same
 AdamW step, `epochs` times: version v -> v + 1. The ranks keep identical replicas; rank 0 is the worker of
 record (it snapshots the weights it publishes and writes the checkpoint). A worker that missed steps
-catches up from the worker of record (`get_state` -> `train(state=...)`) before it trains again.
+catches up from the worker of record (`get_state` -> `train(state=...)`) before it trains again. A run
+starts from random weights (`reset(seed)`), or from a Llama model directory (`init_checkpoint`: config.json
++ safetensors, gyre.nn.hf_llama), e.g. the one a vLLM engine serves, so trainer and engines agree at version 0.
 
 Weights leave a worker two ways (`RealClusterConfig.weight_sync`): `weights(version)` returns the CPU
 snapshot of a published version for the Ray object store, or `send_weights(spec, version)` broadcasts it to
@@ -31,6 +33,7 @@ import numpy as np
 import ray
 import torch
 
+from gyre.nn.hf_llama import config_mismatch, load_hf_llama
 from gyre.nn.model import ModelConfig, TinyLlama
 from gyre.real import collective as C
 from gyre.trajectory import PackConfig, build_packs
@@ -64,8 +67,10 @@ def shard_packs(sizes: list[int], n: int) -> list[list[int]]:
 
 
 class Trainer:
-    def __init__(self, model_config: ModelConfig, config: TrainerConfig | None = None, seed: int = 0) -> None:
+    def __init__(self, model_config: ModelConfig, config: TrainerConfig | None = None, seed: int = 0,
+                 init_checkpoint: str = "") -> None:
         self.cfg = config or TrainerConfig()
+        self.init_checkpoint = init_checkpoint  # a Llama model directory: every reset starts from its weights
         torch.set_num_threads(self.cfg.threads)
         self.model_config = model_config
         self.device = torch.device(self.cfg.device)
@@ -75,14 +80,26 @@ class Trainer:
 
     # --- state ---
     def reset(self, seed: int) -> int:
-        """Fresh random weights from `seed` (a new run); returns the version (0)."""
+        """Fresh weights for a new run: drawn from `seed`, or `init_checkpoint`'s (cast to fp32); returns the
+        version (0)."""
         torch.manual_seed(seed)
-        self.model = TinyLlama(self.model_config, np.random.default_rng(seed)).to(self.device)
+        model = TinyLlama(self.model_config, np.random.default_rng(seed))
+        if self.init_checkpoint:
+            cfg, state = load_hf_llama(self.init_checkpoint)
+            bad = config_mismatch(self.model_config, cfg)
+            if bad:
+                raise ValueError(f"init_checkpoint {self.init_checkpoint}: the trainer's model has {bad}")
+            model.load_state_dict(state)
+        self.model = model.to(self.device)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
         self.version = 0
         self._published: dict[int, dict[str, torch.Tensor]] = {}
         self._publish()
         return self.version
+
+    def set_init_checkpoint(self, path: str) -> None:
+        """The Llama model directory later `reset`s start from ("": random weights)."""
+        self.init_checkpoint = path
 
     def _publish(self) -> None:
         self._published[self.version] = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}

@@ -149,3 +149,46 @@ def test_missing_and_misshapen_tensors_are_named(tmp_path):
     save_file({"model.norm.weight": torch.ones(32)}, str(tmp_path / "extra.safetensors"))
     with pytest.raises(ValueError, match=r"'model.norm.weight' is in both extra.safetensors and model.safetensors"):
         load_hf_llama(tmp_path)
+
+
+def test_toml_init_checkpoint_takes_the_model_and_refuses_a_different_one(tmp_path):
+    """[pool] init_checkpoint: the model config comes from the checkpoint; a [pool.model] that differs is one line."""
+    pytest.importorskip("ray")
+    from gyre.real.pool import check_init_checkpoint
+    from gyre.real.runner import RealConfigError, load_config
+
+    ck = write_hf_llama(tmp_path / "llama", CFG, weights(CFG))
+    toml = tmp_path / "run.toml"
+    toml.write_text(f'preset = "tiny-test"\n[pool]\ninit_checkpoint = "{ck}"\n[pool.model]\nn_layers = 2\n')
+    cfg = load_config(toml)
+    assert cfg.pool.model == CFG and cfg.pool.init_checkpoint == str(ck)
+    check_init_checkpoint(cfg.pool)  # consistent: no error
+    toml.write_text(f'[pool]\ninit_checkpoint = "{ck}"\n[pool.model]\nn_layers = 3\n')
+    with pytest.raises(RealConfigError, match=r"run.toml: pool.model.n_layers = 3, the checkpoint has 2 ") as err:
+        load_config(toml)
+    assert "\n" not in str(err.value)
+    toml.write_text(f'[pool]\ninit_checkpoint = "{tmp_path / "nowhere"}"\n')
+    with pytest.raises(RealConfigError, match=r"run.toml: pool.init_checkpoint: .*nowhere: not a model directory"):
+        load_config(toml)
+    import dataclasses
+
+    with pytest.raises(ValueError, match=r"PoolConfig.model differs from init_checkpoint .*: vocab_size = 256, the "
+                                         r"checkpoint has 40"):
+        check_init_checkpoint(dataclasses.replace(cfg.pool, model=ModelConfig()))
+
+
+def test_trainer_resets_to_the_checkpoint(tmp_path):
+    """A trainer worker (in process) publishes the checkpoint's weights as version 0, cast to fp32, at every reset."""
+    pytest.importorskip("ray")
+    from gyre.real.trainer import Trainer
+
+    w = weights(CFG, seed=5)
+    ck = write_hf_llama(tmp_path / "bf16", CFG, w, dtype="bfloat16")
+    t = Trainer(CFG, init_checkpoint=str(ck))
+    got = t.weights(0)
+    assert all(got[k].dtype == torch.float32 and torch.equal(got[k], w[k].to(torch.bfloat16).float()) for k in w)
+    with torch.no_grad():
+        t.model.embed.weight.add_(1.0)
+    assert t.reset(seed=1) == 0 and torch.equal(t.weights(0)["embed.weight"], got["embed.weight"])
+    with pytest.raises(ValueError, match=r"init_checkpoint .*bf16: the trainer's model has n_layers = 1, the checkpoint has 2"):
+        Trainer(ModelConfig(**{**CFG.__dict__, "n_layers": 1}), init_checkpoint=str(ck))

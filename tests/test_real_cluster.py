@@ -148,3 +148,41 @@ def test_elastic_moves_gpus_between_roles(pool):
     cycled = [g for g, p in path.items() if p[1:4] == [int(Role.ROLLOUT), int(Role.TRAIN), int(Role.ROLLOUT)]]
     assert cycled, f"no GPU went rollout -> train -> rollout: {path}"
     assert r.metrics.staleness["staleness"].max() <= 1, "elastic staleness above eta=1"
+
+
+def test_run_starts_from_an_init_checkpoint(pool, tmp_path):
+    """`init_checkpoint`: trainer workers start at the Llama directory's weights (version 0), engines serve them.
+    The pool differs only in init_checkpoint, so its warm actors are kept (and kept again for the next test)."""
+    import numpy as np
+    import torch
+
+    from gyre.nn.hf_llama import load_hf_llama, write_hf_llama
+    from gyre.nn.model import TinyLlama
+    from gyre.real.pool import with_init_checkpoint
+
+    model = CFG.pool.model
+    ck = write_hf_llama(tmp_path / "llama", model, TinyLlama(model, np.random.default_rng(7)).state_dict(), shards=2)
+    _, want = load_hf_llama(ck)
+    cfg = dataclasses.replace(CFG, pool=with_init_checkpoint(CFG.pool, str(ck)))
+    warm = pool
+    pool = ActorPool.shared(cfg.pool)
+    assert pool is warm and pool.cfg.init_checkpoint == str(ck.resolve()), "warm actors kept, checkpoint taken"
+    served = []
+
+    def grab(c: Cluster) -> None:  # an engine's weights while the run is still at version 0
+        if not served and c.version == 0:
+            up = [e for e in c.engines() if e.ready]
+            if up:
+                served.append(ray.get(pool.engine(up[0].gpus).get_weights.remote()))
+
+    r = run_real(cfg, "colocate", pool=pool, steps=1, on_tick=grab)
+    check_run(r, 1)
+    for name, got in [("trainer worker of record", r.cluster.pool.trainers[0].weights.remote(0)),
+                      *[(f"trainer worker {g}", t.weights.remote(0)) for g, t in enumerate(pool.trainers)]]:
+        got = ray.get(got)
+        assert all(torch.equal(got[k], want[k]) for k in want) and set(got) == set(want), f"{name}: not the file's"
+    assert served and all(torch.equal(served[0][k], want[k]) for k in want), "engine at version 0: not the file's"
+    assert any(not torch.equal(v, want[k]) for k, v in ray.get(pool.trainers[0].weights.remote(1)).items()), "no step"
+    assert ActorPool.shared(CFG.pool) is warm, "back to random initial weights on the same actors"
+    r = run_real(CFG, "colocate", pool=warm, steps=1)
+    assert not torch.equal(ray.get(warm.trainers[0].weights.remote(0))["embed.weight"], want["embed.weight"])

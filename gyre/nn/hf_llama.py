@@ -236,44 +236,83 @@ def write_hf_llama(path: str | Path, cfg: ModelConfig, weights: Mapping[str, Any
     return path
 
 
-def load_hf_llama(path: str | Path) -> tuple[ModelConfig, dict]:
-    """(ModelConfig, state dict under TinyLlama names) of a Llama model directory: config.json plus every
-    *.safetensors file in it. Tensors keep their stored dtype and bits. A missing, duplicated, unexpected or
-    misshapen tensor is one ValueError naming the folder and the tensor."""
-    load_file, _ = _safetensors()
-    p = Path(path)
-    if not p.is_dir():
-        raise ValueError(f"{p}: not a model directory (config.json + *.safetensors)")
-    cfg = read_model_config(p)
+def _index(p: Path, cfg: ModelConfig) -> dict[str, tuple[str, str]]:
+    """TinyLlama name -> (HF name, file) of every tensor the model needs, checked from the files' headers only
+    (names and shapes; no tensor data is read)."""
+    from safetensors import safe_open
+
     files = sorted(p.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{p}: no *.safetensors file")
-    hf: dict[str, Any] = {}
+    shapes: dict[str, tuple] = {}
     where: dict[str, str] = {}
     for f in files:
-        for k, v in load_file(str(f)).items():
-            if k in hf:
-                raise ValueError(f"{p}: tensor {k!r} is in both {where[k]} and {f.name}")
-            hf[k], where[k] = v, f.name
-    state = {}
-    for k, v in hf.items():
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                if k in where:
+                    raise ValueError(f"{p}: tensor {k!r} is in both {where[k]} and {f.name}")
+                shapes[k], where[k] = tuple(h.get_slice(k).get_shape()), f.name
+    index = {}
+    for k in shapes:
         if k.endswith("rotary_emb.inv_freq") or (k == "lm_head.weight" and cfg.tie_embeddings):
             continue  # recomputed / tied to the embedding
         try:
-            state[tinyllama_name(k)] = v
+            index[tinyllama_name(k)] = (k, where[k])
         except ValueError:
             raise ValueError(f"{p}/{where[k]}: tensor {k!r} is not a parameter of a Llama model TinyLlama "
                              f"computes") from None
     want = tinyllama_shapes(cfg)
     for k, shape in want.items():
-        if k not in state:
+        if k not in index:
             raise ValueError(f"{p}: tensor {hf_llama_name(k)!r} is missing (config.json: "
                              f"tie_word_embeddings = {str(cfg.tie_embeddings).lower()})")
-        if tuple(state[k].shape) != shape:
-            raise ValueError(f"{p}/{where[hf_llama_name(k)]}: tensor {hf_llama_name(k)!r} has shape "
-                             f"{list(state[k].shape)}, config.json implies {list(shape)}")
-    extra = sorted(set(state) - set(want))
+        name, fname = index[k]
+        if shapes[name] != shape:
+            raise ValueError(f"{p}/{fname}: tensor {name!r} has shape {list(shapes[name])}, config.json implies "
+                             f"{list(shape)}")
+    extra = sorted(set(index) - set(want))
     if extra:
-        raise ValueError(f"{p}: tensor {hf_llama_name(extra[0])!r} is beyond config.json's "
+        raise ValueError(f"{p}: tensor {index[extra[0]][0]!r} is beyond config.json's "
                          f"num_hidden_layers = {cfg.n_layers}")
-    return cfg, {k: state[k] for k in want}
+    return {k: index[k] for k in want}
+
+
+def check_hf_llama(path: str | Path) -> ModelConfig:
+    """The ModelConfig of a Llama model directory whose tensors load_hf_llama would accept, from config.json and
+    the safetensors headers only (cheap: a driver validates a checkpoint its workers will load)."""
+    _safetensors()
+    p = Path(path)
+    if not p.is_dir():
+        raise ValueError(f"{p}: not a model directory (config.json + *.safetensors)")
+    cfg = read_model_config(p)
+    _index(p, cfg)
+    return cfg
+
+
+def load_hf_llama(path: str | Path) -> tuple[ModelConfig, dict]:
+    """(ModelConfig, state dict under TinyLlama names) of a Llama model directory: config.json plus every
+    *.safetensors file in it (sharded checkpoints too). Tensors keep their stored dtype and bits. A missing,
+    duplicated, unexpected or misshapen tensor is one ValueError naming the folder (or file) and the tensor."""
+    from safetensors import safe_open
+
+    cfg = check_hf_llama(path)
+    p = Path(path)
+    index = _index(p, cfg)
+    state = {}
+    for fname in sorted({f for _, f in index.values()}):
+        with safe_open(str(p / fname), framework="pt") as h:
+            for k, (name, f) in index.items():
+                if f == fname:
+                    state[k] = h.get_tensor(name)
+    return cfg, {k: state[k] for k in index}
+
+
+def config_mismatch(given: ModelConfig, checkpoint: ModelConfig) -> str | None:
+    """The first field (init_std aside: loaded weights make it moot) where `given` differs from a checkpoint's
+    ModelConfig, as 'field = given, the checkpoint has value'; None when they agree."""
+    for f in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta", "norm_eps",
+              "tie_embeddings"):
+        a, b = getattr(given, f), getattr(checkpoint, f)
+        if a != b:
+            return f"{f} = {a!r}, the checkpoint has {b!r}"
+    return None
