@@ -76,6 +76,34 @@ def test_tinyllama_names_map_onto_hf_llama(tied):
         hf_llama_name("layers.0.attn.bogus")
 
 
+@pytest.mark.parametrize("writer", ["transformers", "gyre-2-shards"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_checkpoint_loaded_by_gyre_computes_transformers_logits(tmp_path, writer, tied):
+    """transformers' LlamaForCausalLM from a folder and gyre's TinyLlama from load_hf_llama(folder): same fp32
+    logits, for the folder transformers writes (config.json in transformers 5's spelling) and the one gyre writes."""
+    from transformers import LlamaForCausalLM
+
+    from gyre.nn.hf_llama import load_hf_llama, write_hf_llama
+
+    cfg = dataclasses.replace(CFG, tie_embeddings=tied, rope_theta=5e5, norm_eps=1e-5)
+    w = TinyLlama(cfg, np.random.default_rng(11)).state_dict()
+    if writer == "transformers":
+        folder = save_hf_llama(tmp_path, cfg, w, max_position_embeddings=512)
+    else:
+        folder = write_hf_llama(tmp_path, cfg, w, shards=2, max_position_embeddings=512)
+    got_cfg, state = load_hf_llama(folder)
+    assert got_cfg == cfg
+    ours = TinyLlama(got_cfg, np.random.default_rng(0))
+    ours.load_state_dict(state)
+    hf = LlamaForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]])
+    with torch.no_grad():
+        want = hf(input_ids=ids).logits
+        out = ours(ids, torch.arange(ids.shape[1])[None])
+    err = (out - want).abs().max().item()
+    assert err < 1e-5, f"TinyLlama vs transformers logits: max |diff| {err:.2e} (scale {want.abs().max().item():.2f})"
+
+
 class TestVllmEngine:
     """One engine for the class (starting vLLM costs ~1 min on 2 CPU cores); its event loop outlives each test."""
 
@@ -88,6 +116,18 @@ class TestVllmEngine:
         yield engine, run
         engine.shutdown()
         loop.close()
+
+    def test_trainer_from_the_served_folder_agrees_at_version_0(self, eng, model_dir):
+        """A trainer worker initialised from the folder vLLM serves (init_checkpoint) scores the engine's samples
+        as the engine does (first in the class: the engine still serves the folder's weights)."""
+        from gyre.real.trainer import Trainer
+
+        engine, run = eng
+        weights = Trainer(CFG, init_checkpoint=model_dir).weights(0)
+        ctx = [5, 6, 7, 8, 9]
+        out = run(engine.generate("init", ctx, 8, [], 3))
+        err = np.abs(np.array(out["logprobs"]) - reference_logprobs(weights, ctx, out["tokens"])).max()
+        assert err < 1e-3, f"engine (served folder) vs trainer (init_checkpoint) log-probs: {err:.2e}"
 
     def test_generate_returns_sampled_ids_and_logprobs(self, eng):
         """Token ids in, max_new sampled ids and their log-probs (<= 0) out; a seed fixes the sample."""
