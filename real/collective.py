@@ -139,6 +139,13 @@ class Comm:
             self.groups[spec["name"]] = pg
             return pg
 
+    def receive_weights(self, spec: dict) -> dict[str, torch.Tensor]:
+        """The state dict of the broadcast a "sync" `spec` names, received in the spec's turn (`seq`) into
+        `spec["device"]` tensors; blocks until it has arrived (engines run it in a thread)."""
+        with self.turnstile.turn(spec["seq"], spec["timeout_s"]):
+            pg = self.group(spec)
+            return receive(pg, spec["layout"], spec["bucket_bytes"], spec["device"])
+
     def drop(self, name: str) -> None:
         pg = self.groups.pop(name, None)
         if pg is not None:

@@ -110,18 +110,13 @@ class TorchEngine:
     async def receive_weights(self, group: dict, version: int) -> float:
         """In-place update from a broadcast (rank `group["rank"]` > 0 of the sender's group); returns seconds."""
         t0 = time.perf_counter()
-        state = await asyncio.to_thread(self._receive, group)
+        state = await asyncio.to_thread(self.comm.receive_weights, group)
         if self.model is None:
             raise RuntimeError("receive_weights: the engine is asleep")
         self._load(state, version)
         dt = time.perf_counter() - t0
         self.profile["load"].append((dt,))
         return dt
-
-    def _receive(self, group: dict) -> dict:
-        with self.comm.turnstile.turn(group["seq"], group["timeout_s"]):
-            pg = self.comm.group(group)
-            return C.receive(pg, group["layout"], group["bucket_bytes"], group["device"])
 
     def get_weights(self) -> dict:
         """The served weights as a CPU state dict (tests compare them with the trainer's)."""
