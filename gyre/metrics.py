@@ -84,12 +84,14 @@ def _frame(records: list[tuple], first: int, columns: list[str]) -> pd.DataFrame
 
 @dataclass
 class _RoleEvents:
-    """Every GPU role change flattened to one row per GPU, in log order: (t, gpu, new role, previous role)."""
+    """Every GPU role change flattened to one row per GPU, in log order: (t, gpu, new role, previous role);
+    `order` sorts the rows by GPU, keeping log order within a GPU."""
 
     t: np.ndarray
     gpu: np.ndarray
     role: np.ndarray
     prev: np.ndarray
+    order: np.ndarray
 
     @classmethod
     def of(cls, changes: list[tuple[float, tuple[int, ...], int]]) -> _RoleEvents:
@@ -101,7 +103,7 @@ class _RoleEvents:
         prev = np.zeros_like(role)  # every GPU starts idle
         same = gpu[order][1:] == gpu[order][:-1]
         prev[order[1:][same]] = role[order[:-1][same]]
-        return cls(t, gpu, role, prev)
+        return cls(t, gpu, role, prev, order)
 
 
 def compute_metrics(log: list[tuple], *, n_gpus: int, policy: str) -> RunMetrics:
@@ -115,10 +117,10 @@ def compute_metrics(log: list[tuple], *, n_gpus: int, policy: str) -> RunMetrics
 
     # GPU-seconds by role, and how often a GPU moved between rollout and train
     # (vectorized over GPUs: each GPU's role is a step function, each change closes an interval)
-    changes = [(r[1], r[2], r[3]) for r in kinds.get("role", [])]
+    changes = _role_changes(kinds.get("role", []))
     ev = _RoleEvents.of(changes)
     t = np.minimum(ev.t, makespan)
-    order = np.argsort(ev.gpu, kind="stable")
+    order = ev.order
     g, ts = ev.gpu[order], t[order]
     first = np.ones(len(g), dtype=bool)
     first[1:] = g[1:] != g[:-1]
@@ -196,7 +198,7 @@ def role_matrix(log: list[tuple], n_gpus: int, makespan: float, bins: int = 600)
     2 train, 3 switching, 4 rollout with nothing to decode (every execution in a tool call, or none)."""
     grid = np.linspace(0.0, makespan, bins, endpoint=False)
     kinds = by_kind(log)
-    ev = _RoleEvents.of([(r[1], r[2], r[3]) for r in kinds.get("role", [])])
+    ev = _RoleEvents.of(_role_changes(kinds.get("role", [])))
     # the last change at or before each bin start (changes are in log order, so a later one wins)
     last = np.full((n_gpus, bins + 1), -1, dtype=np.int64)
     j = np.searchsorted(grid, ev.t, side="left")

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gyre.traces.schema import BadLines, Trace, TraceError, no_gc
+from gyre.gc_pause import no_gc
+from gyre.traces.schema import BadLines, Trace, TraceError
 from gyre.workload import ExecutionSpec, GroupSpec
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gyre.gc_pause import no_gc  # noqa: F401  (used here, and by the readers)
+from gyre.gc_pause import no_gc
 from gyre.workload import ExecutionSpec, GroupSpec, LogNormal, WorkloadConfig
 
 SCHEMA_VERSION = 1
