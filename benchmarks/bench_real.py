@@ -6,11 +6,14 @@
    start/end bookkeeping, engine wake; measured from the role log), and the pause per migrated
    execution (from its move to its first token on the target: re-prefill + queueing).
 3. Sim-to-real: the simulator calibrated on each policy's profile predicts every policy's real
-   makespan on that run's trace; predicted vs measured, error per pair.
+   makespan, replaying the calibrating run's trace ("source" workload: what a user has before running the
+   other policy) and each predicted policy's own trace ("own": the cost model's error alone); predicted
+   vs measured, error per pair. With --repeat N the whole set runs N times (RL runs differ run to run)
+   and the errors are summarized by median and worst over the repeats.
 4. Weight sync: seconds to publish a new version from a trainer worker to 1 and to 3 awake engines, by
    the Ray object store and by a gloo broadcast (`weight_sync_times`), per round and per engine.
 
-Usage: .venv/bin/python benchmarks/bench_real.py [--steps N] [--out DIR] [--sync-only]
+Usage: .venv/bin/python benchmarks/bench_real.py [--steps N] [--eta E] [--repeat N] [--out DIR] [--sync-only]
 """
 
 from __future__ import annotations
@@ -144,17 +147,71 @@ def learning_figure(results, path: Path) -> None:
     plt.close(fig)
 
 
+def run_policies(cfg, policies, pool, out: Path) -> list:
+    """One real run per policy into `out` (outputs, learning figure); a failed policy is reported, not fatal."""
+    from gyre.cluster import ClusterError
+    from gyre.real.runner import run_real, write_outputs
+
+    results = []
+    for p in policies:
+        try:
+            r = run_real(cfg, p, pool=pool)
+        except ClusterError as exc:  # reported, and the other policies still run
+            print(f"{p}: FAILED: {exc}", flush=True)
+            continue
+        lc = r.learning()
+        print(f"{p}: makespan {r.makespan_s:.1f}s, reward {lc['reward_mean'].iloc[:5].mean():.3f} -> "
+              f"{lc['reward_mean'].iloc[-5:].mean():.3f}", flush=True)
+        results.append(r)
+    out.mkdir(parents=True, exist_ok=True)
+    write_outputs(out, results)
+    learning_figure(results, out / "learning.png")
+    return results
+
+
+def sim_to_real(out: Path, policies: list[str]) -> pd.DataFrame:
+    """Every (calibrated on, predicted) pair of the runs in `out`, on the source's and on the own workload."""
+    from gyre.real.calibrate import predict_makespans
+
+    return pd.concat([predict_makespans(out, src, policies, workload=w) for w in ("source", "own")
+                      for src in policies], ignore_index=True)
+
+
+def control_plane(results, cfg, pool) -> pd.DataFrame:
+    """Role moves and migrations read off the runs, and a probe policy's rollout -> train -> rollout."""
+    from gyre.real.runner import preset_tiny_test, run_real
+
+    rows = []
+    for r in results:
+        mig = np.asarray(r.profile["migration"], dtype=float).reshape(-1, 3)
+        rows.append({"policy": r.policy, **switch_costs(r.log),
+                     "migrations": len(mig), "migration_pause_s": float(np.median(mig[:, 2])) if len(mig) else np.nan,
+                     "reprefill_s": float(np.median(mig[:, 1])) if len(mig) else np.nan})
+    # one GPU rollout -> train -> rollout, and migrations, measured by a probe policy (the user-policy path)
+    probe = run_real(dataclasses.replace(preset_tiny_test(), pool=cfg.pool, steps=4), MoveProbe(), pool=pool)
+    notes = pd.DataFrame([x[3] for x in probe.log if x[0] == "note" and x[2] == "probe"])
+    mig = np.asarray(probe.profile["migration"], dtype=float).reshape(-1, 3)
+    rows.append({"policy": "move-probe", "rollout_to_train_s": float(notes["stop_s"].median()),
+                 "train_to_rollout_s": float(notes["start_s"].median()), "moves": len(notes),
+                 "migrations": len(mig), "migration_pause_s": float(np.median(mig[:, 2])) if len(mig) else np.nan,
+                 "reprefill_s": float(np.median(mig[:, 1])) if len(mig) else np.nan,
+                 "drain_s": float(notes["drain_s"].median())})
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", type=Path, default=Path("out/bench_real"))
     ap.add_argument("--policies", nargs="*", default=POLICIES)
     ap.add_argument("--eta", type=int, default=None, help="staleness bound for async and elastic (default: theirs)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the policies this many times (into OUT/run<i>/); sim-to-real errors are summarized "
+                         "over the repeats (median and worst)")
     ap.add_argument("--sync-only", action="store_true", help="only the weight-sync timing (section 4)")
     args = ap.parse_args()
-    from gyre.real.calibrate import predict_makespans
     from gyre.real.pool import ActorPool
-    from gyre.real.runner import preset_tiny_cpu, run_real, write_outputs
+    from gyre.real.runner import preset_tiny_cpu
 
     cfg = dataclasses.replace(preset_tiny_cpu(), steps=args.steps)
     if args.eta is not None:
@@ -166,53 +223,48 @@ def main() -> None:
     print(sync.to_string(index=False), flush=True)
     if args.sync_only:
         return
-    results = []
-    from gyre.cluster import ClusterError
 
-    for p in args.policies:
-        try:
-            r = run_real(cfg, p, pool=pool)
-        except ClusterError as exc:  # reported, and the other policies still run
-            print(f"{p}: FAILED: {exc}", flush=True)
-            continue
-        lc = r.learning()
-        print(f"{p}: makespan {r.makespan_s:.1f}s, reward {lc['reward_mean'].iloc[:5].mean():.3f} -> "
-              f"{lc['reward_mean'].iloc[-5:].mean():.3f}", flush=True)
-        results.append(r)
-    args.out.mkdir(parents=True, exist_ok=True)
-    write_outputs(args.out, results)
-    learning_figure(results, args.out / "learning.png")
-
-    rows = []
-    for r in results:
-        mig = np.asarray(r.profile["migration"], dtype=float).reshape(-1, 3)
-        rows.append({"policy": r.policy, **switch_costs(r.log),
-                     "migrations": len(mig), "migration_pause_s": float(np.median(mig[:, 2])) if len(mig) else np.nan,
-                     "reprefill_s": float(np.median(mig[:, 1])) if len(mig) else np.nan})
-    # one GPU rollout -> train -> rollout, and migrations, measured by a probe policy (the user-policy path)
-    from gyre.real.runner import preset_tiny_test
-
-    probe = run_real(dataclasses.replace(preset_tiny_test(), pool=cfg.pool, steps=4), MoveProbe(), pool=pool)
-    notes = pd.DataFrame([x[3] for x in probe.log if x[0] == "note" and x[2] == "probe"])
-    mig = np.asarray(probe.profile["migration"], dtype=float).reshape(-1, 3)
-    rows.append({"policy": "move-probe", "rollout_to_train_s": float(notes["stop_s"].median()),
-                 "train_to_rollout_s": float(notes["start_s"].median()), "moves": len(notes),
-                 "migrations": len(mig), "migration_pause_s": float(np.median(mig[:, 2])) if len(mig) else np.nan,
-                 "reprefill_s": float(np.median(mig[:, 1])) if len(mig) else np.nan,
-                 "drain_s": float(notes["drain_s"].median())})
-    control = pd.DataFrame(rows)
+    preds, runs, first = [], [], None
+    for i in range(args.repeat):
+        out = args.out if args.repeat == 1 else args.out / f"run{i}"
+        if args.repeat > 1:
+            print(f"--- repeat {i + 1}/{args.repeat} -> {out}", flush=True)
+        results = run_policies(cfg, args.policies, pool, out)
+        first = first or results
+        ran = [r.policy for r in results]
+        p = sim_to_real(out, ran).assign(repeat=i)
+        p.to_csv(out / "sim_to_real.csv", index=False)
+        print(p.to_string(index=False), flush=True)
+        preds.append(p)
+        for r in results:
+            lc = r.learning()
+            runs.append({"repeat": i, "policy": r.policy, "makespan_s": r.makespan_s,
+                         "reward_first5": float(lc["reward_mean"].iloc[:5].mean()),
+                         "reward_last5": float(lc["reward_mean"].iloc[-5:].mean())})
+    preds = pd.concat(preds, ignore_index=True)
+    runs = pd.DataFrame(runs)
+    control = control_plane(first, cfg, pool)
     control.to_csv(args.out / "control_plane.csv", index=False)
     print(control.to_string(index=False))
 
-    preds = pd.concat([predict_makespans(args.out, src, [r.policy for r in results]) for src in
-                       [r.policy for r in results]], ignore_index=True)
-    preds.to_csv(args.out / "sim_to_real.csv", index=False)
-    print(preds.to_string(index=False))
+    preds["abs_error"] = preds["error"].abs()
+    worst = (preds.groupby(["workload", "calibrated_on", "policy"])["abs_error"]
+             .agg(median="median", worst="max").reset_index())
+    if args.repeat > 1:
+        preds.to_csv(args.out / "sim_to_real_all.csv", index=False)
+        runs.to_csv(args.out / "runs.csv", index=False)
+        print(runs.to_string(index=False))
+        print(runs.groupby("policy")[["makespan_s", "reward_last5"]].median().to_string())
+    worst.to_csv(args.out / "sim_to_real_summary.csv", index=False)
+    print(worst.to_string(index=False))
+    for w, g in preds.groupby("workload"):
+        print(f"sim-to-real, {w} workload: median |error| {g['abs_error'].median():.3f}, "
+              f"worst {g['abs_error'].max():.3f} over {len(g)} predictions")
     (args.out / "bench.json").write_text(json.dumps({
         "control_plane": control.to_dict(orient="records"), "sim_to_real": preds.to_dict(orient="records"),
-        "weight_sync": sync.to_dict(orient="records"),
+        "runs": runs.to_dict(orient="records"), "weight_sync": sync.to_dict(orient="records"),
         "learning": {r.policy: r.learning()[["version", "t_s", "reward_mean"]].to_dict(orient="list")
-                     for r in results},
+                     for r in first},
     }, default=float, indent=1))
 
 

@@ -41,11 +41,11 @@ class Bound:
         return max(self.work_s, self.critical_path_s, self.staleness_s)
 
 
-def lower_bound(groups: list[GroupSpec], costs: Costs, n_gpus: int, groups_per_step: int,
-                eta: int | None = None) -> Bound:
+def _solo(groups: list[GroupSpec], costs: Costs):
+    """Per-execution sums (generated tokens G, context x tokens KG, tool-output tokens TO, prompt, prefill), the
+    first execution index of each group, and each group's solo duration: its longest execution run alone at
+    batch size 1 (decode + prefill + tool latency, capped by its deadline)."""
     execs = [e for g in groups for e in g.executions]
-    if not execs:
-        return Bound(work_s=0.0, critical_path_s=0.0, rollout_gpu_s=0.0, train_gpu_s=0.0, eta=eta)
     # per-execution sums over segments, vectorized (a 1M-execution trace is one pass over its lists)
     n = len(execs)
     gen, seg_of = _flat([e.gen for e in execs], n)
@@ -65,6 +65,22 @@ def lower_bound(groups: list[GroupSpec], costs: Costs, n_gpus: int, groups_per_s
     sizes = np.fromiter((len(g.executions) for g in groups), np.int64, len(groups))
     first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
     group_solo = np.maximum.reduceat(solo, first)
+    return G, KG, TO, prompt, prefill, first, group_solo
+
+
+def group_solo_s(groups: list[GroupSpec], costs: Costs) -> np.ndarray:
+    """Each group's solo duration (s): the time its longest execution takes alone at batch size 1."""
+    if not groups:
+        return np.zeros(0)
+    return _solo(groups, costs)[-1]
+
+
+def lower_bound(groups: list[GroupSpec], costs: Costs, n_gpus: int, groups_per_step: int,
+                eta: int | None = None) -> Bound:
+    execs = [e for g in groups for e in g.executions]
+    if not execs:
+        return Bound(work_s=0.0, critical_path_s=0.0, rollout_gpu_s=0.0, train_gpu_s=0.0, eta=eta)
+    G, KG, TO, prompt, prefill, first, group_solo = _solo(groups, costs)
     gen_tokens = G.sum()
     mean_ctx = KG.sum() / max(gen_tokens, 1.0)
     rollout = gen_tokens / costs.best_decode_tokens_per_gpu_s(mean_ctx) \

@@ -7,13 +7,18 @@ What it models: gyre.hardware.Costs is the simulator's whole cost model. From on
 - training seconds per token x GPU: measured step wall time x the run's training GPUs / tokens;
 - weight sync, engine wake (role switch in) and sleep (role switch out): measured means; the simulator
   charges a sync on every engine start, so the wake it is given is the measured wake minus a sync.
-The run's rollout trace (measured segment lengths and tool latencies) is replayed as the workload, so
-a prediction differs from the measurement only by the cost model and the scheduling it drives.
+A run's rollout trace (measured segment lengths and tool latencies) is replayed as the workload. Two
+kinds of prediction (`workload`):
+- "source": the source run's trace stands in for the predicted policy's rollouts: what a user gets before
+  running that policy. Its error includes how differently the two runs learned (same seeds, but RL
+  amplifies rounding differences, e.g. a different data-parallel width, into different rollouts);
+- "own": the predicted policy's own measured trace with the source's cost model: the error of the cost
+  model and of the scheduling it drives alone.
 
-Simplifications: the real trainer is one process, so its step time does not shrink with more GPUs
-while the simulator's does (predictions rescale its per-token cost to the predicted policy's training
-GPU count); rollouts of the predicted policy are assumed to have the source run's
-shapes (same seeds; the learning trajectory differs slightly between policies).
+Simplifications: the simulator divides a step's training time by its GPU count; the real data-parallel
+trainer on logical GPUs that share a few CPU cores does not get faster with more workers, so by default
+(`train_scales=False`) a prediction is re-run with the per-token cost rescaled to the predicted policy's
+median training GPU count.
 """
 
 from __future__ import annotations
@@ -114,13 +119,16 @@ def load_run(run_dir: Path, policy: str):
         raise CalibrationError(f"{tr}: {exc}") from None
 
 
-def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, train_scales: bool = False
-                      ) -> pd.DataFrame:
+def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, train_scales: bool = False,
+                      workload: str = "source") -> pd.DataFrame:
     """Predicted (calibrated on `source`) vs measured makespan for each policy in `predict`.
 
-    `train_scales`: whether the real trainer's step time shrinks with its GPU count (False for the
-    one-process trainer: the prediction is re-run with the per-token cost at the predicted policy's
-    median training GPU count)."""
+    `workload`: "source" replays the source run's trace for every prediction; "own" replays each
+    predicted policy's own trace (it must have been run). `train_scales`: whether the real trainer's step
+    time shrinks with its GPU count (False: the prediction is re-run with the per-token cost at the
+    predicted policy's median training GPU count)."""
+    if workload not in ("source", "own"):
+        raise CalibrationError(f"workload must be 'source' or 'own', not {workload!r}")
     run_dir = Path(run_dir)
     profile, trace = load_run(run_dir, source)
     run = trace.run
@@ -131,12 +139,13 @@ def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, t
     summary = pd.read_csv(run_dir / "summary.csv").set_index("policy")
     rows = []
     for p in predict:
-        args = (trace, p, int(run["steps"]), int(run["n_gpus"]), run.get("params", {}).get(p))
+        tr = trace if workload == "source" or p == source else load_run(run_dir, p)[1]
+        args = (tr, p, int(run["steps"]), int(run["n_gpus"]), run.get("params", {}).get(p))
         pred, gpus = simulate_with(costs, *args)
         if not train_scales:  # one-process trainer: its time per token is the same on any GPU count
             c2 = dataclasses.replace(costs, train_s_per_token_gpu=costs.train_s_per_token_gpu / src_gpus * gpus)
             pred, _ = simulate_with(c2, *args)
         meas = float(summary.loc[p, "makespan_s"]) if p in summary.index else float("nan")
-        rows.append({"policy": p, "calibrated_on": source, "predicted_s": pred, "measured_s": meas,
+        rows.append({"policy": p, "calibrated_on": source, "workload": workload, "predicted_s": pred, "measured_s": meas,
                      "error": (pred - meas) / meas if not math.isnan(meas) else float("nan")})
     return pd.DataFrame(rows)

@@ -108,12 +108,15 @@ def calibrate(
     source: Annotated[str, typer.Option("--from", help="policy whose profile calibrates the simulator")],
     predict: Annotated[list[str], typer.Option("--predict", help="policies to predict (repeatable)")],
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write predictions CSV here")] = None,
+    workload: Annotated[str, typer.Option(
+        help="rollouts to replay: 'source' (the --from run's; no other run needed) or 'own' (each predicted "
+             "policy's measured trace: the cost model's error alone)")] = "source",
 ) -> None:
     """Calibrate the simulator's cost model on one real run; predict (and compare) other policies."""
     from gyre.real.calibrate import CalibrationError, predict_makespans
 
     try:
-        table = predict_makespans(run_dir, source, predict)
+        table = predict_makespans(run_dir, source, predict, workload=workload)
     except CalibrationError as exc:
         fail(str(exc))
         raise

@@ -135,9 +135,13 @@ class RealResult:
         return self.metrics.makespan_s
 
     def learning(self) -> pd.DataFrame:
-        rows = [{"version": r[3]["version"], "t_s": r[1], "reward_mean": r[3]["reward_mean"], "loss": r[3]["loss"]}
+        """Per step: version, end time, mean reward of its batch, loss, and logp_mismatch (mean |log-ratio|
+        of the weights before the step to the engines that sampled its tokens: ~0 when on-policy)."""
+        cols = ["version", "t_s", "reward_mean", "loss", "logp_mismatch"]
+        rows = [{"version": r[3]["version"], "t_s": r[1], "reward_mean": r[3]["reward_mean"], "loss": r[3]["loss"],
+                 "logp_mismatch": r[3].get("logp_mismatch", float("nan"))}
                 for r in self.log if r[0] == "note" and r[2] == "train"]
-        return pd.DataFrame(rows, columns=["version", "t_s", "reward_mean", "loss"])
+        return pd.DataFrame(rows, columns=cols)
 
 
 def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = None, on_tick=None,

@@ -142,8 +142,9 @@ class Trainer:
         packed, packs, pg = self._shard(batch, dp)
         t_pack = time.perf_counter() - t0
         params = list(self.model.parameters())
-        for _ in range(self.cfg.epochs):
-            loss = self._backward(packs, pg)
+        mismatch = torch.zeros(2, device=self.device)
+        for epoch in range(self.cfg.epochs):
+            loss = self._backward(packs, pg, mismatch if epoch == 0 else None)
             gnorm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
             self.opt.step()
         self.version += 1
@@ -154,6 +155,8 @@ class Trainer:
             "version": self.version, "loss": float(loss), "grad_norm": gnorm,
             "tokens": packed.stats.packed_tokens, "unique_tokens": packed.stats.unique_tokens,
             "packs": packed.stats.num_packs, "rows": packed.stats.loss_rows, "ranks": dp["size"] if dp else 1,
+            # mean |log p(version before the step) - log p(sampling engine)| over trained tokens: ~0 on-policy
+            "logp_mismatch": float(mismatch[0] / mismatch[1]) if mismatch[1] > 0 else 0.0,
             "pack_s": t_pack, "train_s": time.perf_counter() - t0,
         }
 
@@ -174,16 +177,20 @@ class Trainer:
         mine = shard_packs([p.size for p in packed.packs], dp["size"])[dp["rank"]]
         return packed, [packed.packs[i] for i in mine], self.dp.group(dp)
 
-    def _backward(self, packs: list, pg) -> torch.Tensor:
-        """Gradient of the packs' loss into .grad, summed over `pg` (the batch's gradient); returns the loss."""
+    def _backward(self, packs: list, pg, mismatch: torch.Tensor | None = None) -> torch.Tensor:
+        """Gradient of the packs' loss into .grad, summed over `pg` (the batch's gradient); returns the loss.
+        `mismatch` ([2]): gets the batch's (sum |log-ratio to the sampler|, rows) added (see pack_rows_loss)."""
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
+        local = None if mismatch is None else torch.zeros_like(mismatch)
         loss = packed_loss(self.model, packs, LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip),
-                           device=self.device)
+                           device=self.device, mismatch=local)
         loss.backward()
         loss = loss.detach().reshape(1)
         if pg is not None:  # sum the shards: the batch's gradient and loss
-            C.allreduce_sum(pg, [p.grad for p in self.model.parameters()] + [loss])
+            C.allreduce_sum(pg, [p.grad for p in self.model.parameters()] + [loss] + ([local] if local is not None else []))
+        if mismatch is not None:
+            mismatch += local
         return loss
 
     # --- publishing (the "sync" concurrency group: runs while a step trains) ---

@@ -114,16 +114,34 @@ def test_contract_every_policy_on_both_backends(pool, policy):
 
 
 def test_cli_run_then_calibrate(pool, tmp_path):
-    """`gyre-real run` writes the outputs; `gyre-real calibrate` predicts a makespan from them."""
+    """`gyre-real run` writes the outputs; `gyre-real calibrate` predicts makespans from them, replaying the
+    source run's rollouts or each predicted policy's own (which must then exist)."""
+    import pandas as pd
     from typer.testing import CliRunner
 
+    from gyre.real.calibrate import CalibrationError, predict_makespans
     from gyre.real.cli import app
 
-    res = CliRunner().invoke(app, ["run", "--preset", "tiny-test", "--policy", "colocate", "--out", str(tmp_path)])
+    res = CliRunner().invoke(app, ["run", "--preset", "tiny-test", "--policy", "colocate", "--policy", "async",
+                                   "--out", str(tmp_path)])
     assert res.exit_code == 0, f"run failed: {res.output}"
     assert (tmp_path / "role_timeline.png").exists() and (tmp_path / "trace_colocate.jsonl").exists(), "outputs"
-    res = CliRunner().invoke(app, ["calibrate", str(tmp_path), "--from", "colocate", "--predict", "colocate"])
+    csv = tmp_path / "pred.csv"
+    res = CliRunner().invoke(app, ["calibrate", str(tmp_path), "--from", "colocate", "--predict", "colocate",
+                                   "--predict", "async", "--workload", "own", "--out", str(csv)])
     assert res.exit_code == 0 and "predicted_s" in res.output, f"calibrate failed: {res.output}"
+    own = pd.read_csv(csv).set_index("policy")
+    src = predict_makespans(tmp_path, "colocate", ["colocate", "async"]).set_index("policy")
+    assert set(own["workload"]) == {"own"} and set(src["workload"]) == {"source"}
+    # the source's own prediction replays the same trace either way; async's replays a different one
+    assert own.loc["colocate", "predicted_s"] == src.loc["colocate", "predicted_s"]
+    assert own.loc["async", "predicted_s"] != src.loc["async", "predicted_s"], "own workload not replayed"
+    (tmp_path / "trace_async.jsonl").unlink()
+    with pytest.raises(CalibrationError, match="no profile/trace for policy 'async'"):
+        predict_makespans(tmp_path, "colocate", ["async"], workload="own")
+    assert predict_makespans(tmp_path, "colocate", ["async"]).loc[0, "predicted_s"] == src.loc["async", "predicted_s"]
+    with pytest.raises(CalibrationError, match="workload must be"):
+        predict_makespans(tmp_path, "colocate", ["async"], workload="mine")
 
 
 def test_elastic_moves_gpus_between_roles(pool):

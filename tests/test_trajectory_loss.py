@@ -116,3 +116,24 @@ def test_flex_block_mask_matches_dense_mask():
         want = model(ids, pos, dm[None])
         got = model(ids, pos, block_mask(p, block_size=16))
     assert torch.allclose(got, want, atol=1e-10), "flex and dense masks disagree"
+
+
+def test_mismatch_is_the_mean_abs_log_ratio_to_the_sampler():
+    """packed_loss's `mismatch` accumulates (sum |log p - old log p|, rows) over the trained tokens, as a naive
+    per-branch walk computes it, whether or not the trees are split into several packs."""
+    model = TinyLlama(CFG, np.random.default_rng(100), dtype=torch.float64)
+    trees, advs, branches = scenario(1)
+    dev, n = 0.0, 0
+    with torch.no_grad():
+        for b in branches:
+            logp = torch.log_softmax(model(torch.as_tensor(b.tokens)[None], torch.arange(len(b.tokens))[None])[0], -1)
+            for i in np.flatnonzero(b.trained[1:]) + 1:
+                dev += abs(float(logp[i - 1, b.tokens[i]]) - b.old_logprob[i])
+                n += 1
+    deepest = max(b.tokens.shape[0] for b in branches)
+    for bound in (10_000, deepest):
+        batch = build_packs(trees, advs, PackConfig(max_tokens=bound, normalization="token"))
+        acc = torch.zeros(2, dtype=torch.float64)
+        packed_loss(model, batch.packs, LOSS, mismatch=acc)
+        assert int(acc[1]) == n, f"bound {bound}: {int(acc[1])} rows, naive {n}"
+        assert abs(float(acc[0]) - dev) <= 1e-9 * max(1.0, dev), f"bound {bound}: {float(acc[0])} != {dev}"
