@@ -191,9 +191,27 @@ def test_bad_params_one_line():
 
 def test_trainer_grows_under_backlog():
     """On a trainer-bound workload (short-math, eta 4) the trainer's GPU count grows from the minimum."""
-    r = simulate(override(get_preset("short-math"), steps=6), "elastic", {"eta": 4}, check=False)
+    p = {"eta": 4, "start_trainer": "min"}
+    r = simulate(override(get_preset("short-math"), steps=6), "elastic", p, check=False)
     gpus = [rec[3] for rec in r.log if rec[0] == "step"]
     assert gpus[0] == r.costs.min_train_gpus, f"starts at the minimum: {gpus}"
     assert max(gpus) >= 4 * gpus[0], f"backlog should grow the trainer: {gpus}"
-    off = simulate(override(get_preset("short-math"), steps=6), "elastic", {"eta": 4, "adapt_trainer": False})
+    off = simulate(override(get_preset("short-math"), steps=6), "elastic", {**p, "adapt_trainer": False})
     assert off.makespan_s > r.makespan_s, "adapting the trainer should pay off when training is the bottleneck"
+
+
+def test_trainer_starts_at_its_largest_size_on_gpus_kept_free():
+    """start_trainer="max" (default): the first step trains on half the pool, on GPUs that never ran an engine
+    (no drain, no migration before it), and finishes sooner than the ramp up from the minimum."""
+    cfg = override(get_preset("short-math"), steps=6)
+    r = simulate(cfg, "elastic", {"eta": 4}, check=True)
+    gpus = [rec[3] for rec in r.log if rec[0] == "step"]
+    assert gpus[0] == cfg.cluster.gpus // 2, f"first step on half the pool: {gpus}"
+    first_step = next(rec[1] for rec in r.log if rec[0] == "step")
+    drains = [rec for rec in r.log if rec[0] == "note" and rec[2] == "elastic_drain" and rec[1] < first_step]
+    assert not drains, f"drained before the first step: {drains}"
+    ramp = simulate(cfg, "elastic", {"eta": 4, "start_trainer": "min"})
+    assert r.metrics.steps["duration_s"].iloc[0] < ramp.metrics.steps["duration_s"].iloc[0]
+    assert r.makespan_s < ramp.makespan_s
+    with pytest.raises(ValueError, match="start_trainer"):
+        Elastic(start_trainer="half")

@@ -147,11 +147,12 @@ def test_cli_run_then_calibrate(pool, tmp_path):
 def test_elastic_moves_gpus_between_roles(pool):
     """elastic on Ray: a GPU goes from rollout to training while another keeps generating, and back.
 
-    The trainer's size is held fixed: with backlog-driven sizing, a 2-step run may keep its trainer GPUs
-    for the second step and never grow back before the end."""
+    The trainer's size is held fixed at its minimum (every GPU generates until a batch is ready): with
+    backlog-driven sizing, or a trainer that starts at its largest size on GPUs kept free, a 2-step run may
+    keep its trainer GPUs for the second step and never grow back before the end."""
     from gyre.policies import make_policy
 
-    r = run_real(CFG, make_policy("elastic", adapt_trainer=False), pool=pool)
+    r = run_real(CFG, make_policy("elastic", adapt_trainer=False, start_trainer="min"), pool=pool)
     check_run(r, CFG.steps)
     role: dict[int, int] = {}
     path: dict[int, list[int]] = {}
