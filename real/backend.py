@@ -262,7 +262,7 @@ class RealCluster(ExecutionFlow):
         if not groups:
             raise ClusterError("train: empty batch")
         v = self._version
-        batch, rewards = [], []
+        batch, rewards, signal = [], [], 0
         adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
         for g in groups:
             if not g.done:
@@ -270,7 +270,9 @@ class RealCluster(ExecutionFlow):
             secret = g.spec.secret
             outs = score_group(g.recorder, lambda st: T.partial_credit(st.context_tokens, secret, self.cfg.task))
             rewards += [o.reward for o in outs]
-            batch.append((g.recorder.tree.preorder(), group_advantages(outs, adv_cfg)))
+            adv = group_advantages(outs, adv_cfg)
+            signal += bool(np.any(adv != 0))
+            batch.append((g.recorder.tree.preorder(), adv))
             for e in g.executions:
                 fv = e.first_version if e.first_version is not None else v
                 self._log(("trained", self.now, e.id, g.id, v, v - fv))
@@ -293,7 +295,7 @@ class RealCluster(ExecutionFlow):
             self.gpu_pool.set_role(gpus, Role.IDLE, self.now)
             self._log(("step", self.now, self._version, len(gpus), stats["tokens"]))
             self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
-                                                   "version": self._version}))
+                                                   "groups_with_signal": signal, "version": self._version}))
             self._deferred.append((h, self._version))
             self._stepping = False
             if self._steps:

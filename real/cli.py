@@ -97,6 +97,10 @@ def run(
         last = lc["reward_mean"].iloc[-max(1, len(lc) // 5):].mean()
         console.print(f"{r.policy}: makespan {r.makespan_s:.1f}s, {len(lc)} steps, reward {first:.3f} -> {last:.3f}",
                       highlight=False)
+        stalled = r.stalled_since()
+        if stalled is not None:
+            console.print(f"{r.policy}: warning: from step {stalled} on no group had a reward spread (every advantage "
+                          f"0, no gradient): the policy collapsed; see learning_{r.policy}.csv", highlight=False)
     console.print(f"wrote {paths['summary'].name}, {paths['timeline'].name}, traces and profiles in {out}/")
     if failed:
         fail("; ".join(failed))

@@ -135,13 +135,25 @@ class RealResult:
         return self.metrics.makespan_s
 
     def learning(self) -> pd.DataFrame:
-        """Per step: version, end time, mean reward of its batch, loss, and logp_mismatch (mean |log-ratio|
-        of the weights before the step to the engines that sampled its tokens: ~0 when on-policy)."""
-        cols = ["version", "t_s", "reward_mean", "loss", "logp_mismatch"]
+        """Per step: version, end time, mean reward of its batch, loss, logp_mismatch (mean |log-ratio| of
+        the weights before the step to the engines that sampled its tokens: ~0 when on-policy), and
+        groups_with_signal (groups whose rewards differ, so their advantages are not all 0)."""
+        cols = ["version", "t_s", "reward_mean", "loss", "logp_mismatch", "groups_with_signal", "epochs", "drift"]
         rows = [{"version": r[3]["version"], "t_s": r[1], "reward_mean": r[3]["reward_mean"], "loss": r[3]["loss"],
-                 "logp_mismatch": r[3].get("logp_mismatch", float("nan"))}
+                 "logp_mismatch": r[3].get("logp_mismatch", float("nan")),
+                 "groups_with_signal": r[3].get("groups_with_signal", -1), "epochs": r[3].get("epochs", -1),
+                 "drift": r[3].get("drift", float("nan"))}
                 for r in self.log if r[0] == "note" and r[2] == "train"]
         return pd.DataFrame(rows, columns=cols)
+
+    def stalled_since(self, steps: int = 3) -> int | None:
+        """The first version of the final run of >= `steps` steps in which no group had a reward spread (every
+        advantage 0, so no gradient: the policy collapsed), or None."""
+        sig = self.learning()["groups_with_signal"].to_numpy()
+        k = len(sig)
+        while k > 0 and sig[k - 1] == 0:
+            k -= 1
+        return k + 1 if len(sig) - k >= steps else None
 
 
 def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = None, on_tick=None,

@@ -51,6 +51,10 @@ class TrainerConfig:
     clip: float = 0.2
     grad_clip: float = 1.0
     epochs: int = 2  # optimizer steps per batch (PPO-style; the clipped ratio bounds each move)
+    # trust region (PPO's target-KL early stop): before each epoch after the first, if the weights have moved
+    # the batch's log-probs by more than this (mean |change| per trained token since the step began), the
+    # step ends there (0: never)
+    max_drift: float = 0.0
     threads: int = 1
     device: str = "cpu"  # "cuda": the worker's Ray GPU (its gradient all-reduce then needs backend "nccl")
 
@@ -143,10 +147,19 @@ class Trainer:
         t_pack = time.perf_counter() - t0
         params = list(self.model.parameters())
         mismatch = torch.zeros(2, device=self.device)
+        ref, epochs, drift = None, 0, 0.0
         for epoch in range(self.cfg.epochs):
-            loss = self._backward(packs, pg, mismatch if epoch == 0 else None)
+            logps: list[torch.Tensor] = []
+            loss = self._backward(packs, pg, mismatch if epoch == 0 else None, logps)
+            if ref is None:
+                ref = logps
+            elif self.cfg.max_drift > 0:
+                drift = self._drift(ref, logps, pg)
+                if drift > self.cfg.max_drift:
+                    break  # moved far enough: this epoch's gradient is not applied
             gnorm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
             self.opt.step()
+            epochs += 1
         self.version += 1
         self._publish()
         if save_to:
@@ -157,6 +170,7 @@ class Trainer:
             "packs": packed.stats.num_packs, "rows": packed.stats.loss_rows, "ranks": dp["size"] if dp else 1,
             # mean |log p(version before the step) - log p(sampling engine)| over trained tokens: ~0 on-policy
             "logp_mismatch": float(mismatch[0] / mismatch[1]) if mismatch[1] > 0 else 0.0,
+            "epochs": epochs, "drift": drift,  # epochs applied; mean |log p change| at the last check (0: none)
             "pack_s": t_pack, "train_s": time.perf_counter() - t0,
         }
 
@@ -177,14 +191,25 @@ class Trainer:
         mine = shard_packs([p.size for p in packed.packs], dp["size"])[dp["rank"]]
         return packed, [packed.packs[i] for i in mine], self.dp.group(dp)
 
-    def _backward(self, packs: list, pg, mismatch: torch.Tensor | None = None) -> torch.Tensor:
+    def _drift(self, ref: list[torch.Tensor], cur: list[torch.Tensor], pg) -> float:
+        """Mean |log p now - log p at the step's start| over the batch's trained tokens (summed over `pg`)."""
+        acc = torch.zeros(2, device=self.device)
+        for a, b in zip(ref, cur):
+            acc += torch.stack([(a - b).abs().sum().to(acc.dtype), torch.tensor(float(len(a)), device=self.device)])
+        if pg is not None:
+            C.allreduce_sum(pg, [acc])
+        return float(acc[0] / acc[1]) if acc[1] > 0 else 0.0
+
+    def _backward(self, packs: list, pg, mismatch: torch.Tensor | None = None, logps: list | None = None
+                  ) -> torch.Tensor:
         """Gradient of the packs' loss into .grad, summed over `pg` (the batch's gradient); returns the loss.
-        `mismatch` ([2]): gets the batch's (sum |log-ratio to the sampler|, rows) added (see pack_rows_loss)."""
+        `mismatch` ([2]): gets the batch's (sum |log-ratio to the sampler|, rows) added (see pack_rows_loss);
+        `logps`: gets this rank's per-pack log-probs of the trained tokens appended."""
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         local = None if mismatch is None else torch.zeros_like(mismatch)
         loss = packed_loss(self.model, packs, LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip),
-                           device=self.device, mismatch=local)
+                           device=self.device, mismatch=local, logps=logps)
         loss.backward()
         loss = loss.detach().reshape(1)
         if pg is not None:  # sum the shards: the batch's gradient and loss

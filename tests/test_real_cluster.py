@@ -205,3 +205,21 @@ def test_run_starts_from_an_init_checkpoint(pool, tmp_path):
     assert ActorPool.shared(CFG.pool) is warm, "back to random initial weights on the same actors"
     r = run_real(CFG, "colocate", pool=warm, steps=1)
     assert not torch.equal(ray.get(warm.trainers[0].weights.remote(0))["embed.weight"], want["embed.weight"])
+
+
+def test_stalled_since_finds_a_final_run_of_steps_without_learning_signal():
+    """A policy that collapsed (every group's rewards equal: all advantages 0) is reported from the first step
+    of the final run of such steps; a short run of them, or one that recovers, is not."""
+    from gyre.real.runner import RealResult
+
+    def result(signal):
+        log = [("note", float(i), "train", {"version": i + 1, "reward_mean": 0.1, "loss": 0.0,
+                                            "groups_with_signal": s}) for i, s in enumerate(signal)]
+        return RealResult(policy="p", config=None, log=log, metrics=None, profile={}, wall_s=0.0, cluster=None)
+
+    assert result([4, 3, 0, 0, 0, 0]).stalled_since() == 3
+    assert result([4, 0, 0, 0, 2, 0, 0]).stalled_since() is None  # recovered; the last run is 2 steps
+    assert result([4, 0, 0, 0, 2, 0, 0]).stalled_since(steps=2) == 6
+    assert result([0, 0, 0]).stalled_since() == 1
+    assert result([]).stalled_since() is None
+    assert list(result([3]).learning()["groups_with_signal"]) == [3]

@@ -159,3 +159,36 @@ def test_collective_sync_reaches_every_engine_bitwise_even_after_a_kill(pool):
         assert not bad, f"engine {i}: {len(bad)} tensors differ from the trainer's, e.g. {bad[:3]}"
     notes = [x[3] for x in r.log if x[0] == "note" and x[2] == "train"]
     assert {n["ranks"] for n in notes} == {2}, f"steps should run on 2 ranks: {notes}"
+
+
+def test_trust_region_ends_the_step_once_the_log_probs_moved_too_far():
+    """max_drift (PPO's target-KL early stop): before each epoch after the first, if the weights have moved the
+    batch's log-probs (mean |change| per trained token since the step began) past the bound, the step ends;
+    without a bound every epoch is applied. The reported drift is that of the final weights, recomputed here."""
+    from gyre.trajectory import PackConfig, build_packs
+    from gyre.trajectory.torch_ops import LossConfig, packed_loss
+
+    batch = batch_of(1, groups=4)
+    tc = dataclasses.replace(CFG.pool.trainer_config, lr=3e-2, epochs=4)
+
+    def logps(trainer):
+        packed = build_packs([t for t, _ in batch], [a for _, a in batch], PackConfig(max_tokens=tc.max_pack_tokens))
+        out: list = []
+        with torch.no_grad():
+            packed_loss(trainer.model, packed.packs, LossConfig(), logps=out)
+        return torch.cat(out)
+
+    free = Trainer(CFG.pool.model, tc, seed=5)
+    before = logps(free)
+    stats = free.train(batch)
+    assert stats["epochs"] == 4 and stats["drift"] == 0.0, stats  # no bound: nothing measured
+    full_move = float((logps(free) - before).abs().mean())
+
+    t = Trainer(CFG.pool.model, dataclasses.replace(tc, max_drift=full_move / 3), seed=5)
+    before = logps(t)
+    stats = t.train(batch)
+    assert 1 <= stats["epochs"] < 4, stats
+    moved = float((logps(t) - before).abs().mean())
+    assert abs(moved - stats["drift"]) <= 1e-5 and moved > full_move / 3, f"moved {moved:.4g}, stats {stats}"
+    assert moved < full_move, f"stopping early should move less: {moved:.3g} vs {full_move:.3g}"
+    assert t.version == 1, "a step that ends early still makes a version"

@@ -82,16 +82,19 @@ def _zero(model: torch.nn.Module) -> torch.Tensor:
 
 
 def pack_rows_loss(logits: torch.Tensor, rows: LossRows, config: LossConfig,
-                   mismatch: torch.Tensor | None = None) -> torch.Tensor:
+                   mismatch: torch.Tensor | None = None, logps: list | None = None) -> torch.Tensor:
     """Sum over rows of weight * clipped term, from one pack's logits [T, V].
 
     `mismatch` ([2], optional): (sum over rows of |log p - old log p|, rows) is added to it, detached: how
-    far the weights being trained are from those that sampled the rows (about 0 for on-policy rows)."""
+    far the weights being trained are from those that sampled the rows (about 0 for on-policy rows).
+    `logps` (optional list): the rows' log p (detached) is appended to it."""
     dev = logits.device
     pred = torch.as_tensor(rows.pred, device=dev)
     target = torch.as_tensor(rows.target, device=dev)
     logp = torch.log_softmax(logits[pred], dim=-1).gather(1, target[:, None])[:, 0]
     old = torch.as_tensor(rows.old_logprob, dtype=logits.dtype, device=dev)
+    if logps is not None:
+        logps.append(logp.detach())
     if mismatch is not None:
         mismatch += torch.stack([(logp.detach() - old).abs().sum().to(mismatch.dtype),
                                  torch.tensor(float(len(old)), dtype=mismatch.dtype, device=mismatch.device)])
@@ -101,9 +104,9 @@ def pack_rows_loss(logits: torch.Tensor, rows: LossRows, config: LossConfig,
 
 def packed_loss(model: torch.nn.Module, packs: list[Pack], config: LossConfig | None = None,
                 *, use_flex: bool = False, device: torch.device | str = "cpu",
-                mismatch: torch.Tensor | None = None) -> torch.Tensor:
+                mismatch: torch.Tensor | None = None, logps: list | None = None) -> torch.Tensor:
     """Loss of one micro-batch of packs (weights are batch-global, so micro-batch losses add up);
-    `mismatch`: see pack_rows_loss."""
+    `mismatch`, `logps`: see pack_rows_loss (packs without rows add nothing to either)."""
     cfg = config or LossConfig()
     total = _zero(model)
     for pack in packs:
@@ -115,7 +118,7 @@ def packed_loss(model: torch.nn.Module, packs: list[Pack], config: LossConfig | 
         if mask is None:
             mask = dense_mask(pack, device)[None]
         logits = model(ids, pos, mask)[0]
-        total = total + pack_rows_loss(logits, pack.rows, cfg, mismatch)
+        total = total + pack_rows_loss(logits, pack.rows, cfg, mismatch, logps)
     return total
 
 
