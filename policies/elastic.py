@@ -17,7 +17,10 @@ target decays by one engine per step towards the minimum. `start_trainer` is whe
 (default) at that largest size, its GPUs kept free from the start as in a fixed split, so the first
 steps neither train slowly on the minimum nor wait for a drain; "min" at the memory minimum, every GPU
 generating until the first batch. (Starting at the minimum, the doubling took four slow steps to reach
-32 GPUs on short-math: 1,912 s against 1,606 s from the top; xlong-swe is unchanged, 30.9 h.)
+32 GPUs on short-math: 1,912 s against 1,606 s from the top; xlong-swe is unchanged, 30.9 h.) `decay`:
+"always" (default) as above; "pressure": only when rollout showed pressure (an engine queueing, or KV above
+`high_fill`) since the last step ended. On short-math and xlong-swe "pressure" never decays, so elastic
+becomes the fixed split (1,579 s and 30.90 h, as the best async, with no GPU moves).
 
 Reserve (`reserve`): keep a trainer-sized set of GPUs free whenever the live KV fits on the other
 engines at `kv_fill`, so a step can start without draining.
@@ -56,6 +59,7 @@ class Elastic:
         high_fill: float = 0.9,
         adapt_trainer: bool = True,
         start_trainer: str = "max",
+        decay: str = "always",
     ) -> None:
         if eta < 0:
             raise ValueError(f"elastic: eta must be >= 0, got {eta}")
@@ -63,6 +67,8 @@ class Elastic:
             raise ValueError(f"elastic: kv_fill and tail_fill must be in (0, 1], got {kv_fill}, {tail_fill}")
         if start_trainer not in ("min", "max"):
             raise ValueError(f"elastic: start_trainer must be 'min' or 'max', got {start_trainer!r}")
+        if decay not in ("always", "pressure"):
+            raise ValueError(f"elastic: decay must be 'always' or 'pressure', got {decay!r}")
         self.eta = eta
         self.greedy = greedy
         self.kv_fill = kv_fill
@@ -72,6 +78,8 @@ class Elastic:
         self.high_fill = high_fill
         self.adapt_trainer = adapt_trainer
         self.start_trainer = start_trainer
+        self.decay = decay
+        self.pressure_seen = False  # rollout pressure observed since the last step ended
 
     # ------------------------------------------------------------------ the control loop
     def run(self, cluster: Cluster, steps: int):
@@ -154,14 +162,15 @@ class Elastic:
             return
         per = cluster.gpus_per_engine
         free = len(cluster.free_gpus())
-        kv = sum(e.kv_used for e in ready)
-        cap = sum(e.kv_capacity for e in ready)
-        pressure = any(e.n_queued for e in ready) or kv > self.high_fill * cap
+        pressure = self._pressure(ready)
+        self.pressure_seen |= pressure
         if free >= per and pressure:
             self.draining = cluster.spawn(self._grow(sync=False, keep_free=self._keep()), "elastic-grow")
             return
         if pressure:
             return
+        kv = sum(e.kv_used for e in ready)
+        cap = sum(e.kv_capacity for e in ready)
         if self.reserve and free < self._reserve_gpus():
             plan = plan_drain(ready, cluster.live(), self._reserve_gpus() - free, kv_fill=1.0)
             left = cap - sum(e.kv_capacity for e in plan.victims)
@@ -177,18 +186,24 @@ class Elastic:
         if plan.victims:
             self.draining = cluster.spawn(self._drain(plan, "tail"), "elastic-tail")
 
+    def _pressure(self, ready: list[EngineView]) -> bool:
+        """Rollout could use more GPUs: an engine queues executions, or the live KV is above high_fill."""
+        return any(e.n_queued for e in ready) or sum(e.kv_used for e in ready) > self.high_fill * sum(
+            e.kv_capacity for e in ready)
+
     def _adapt(self) -> None:
         """Trainer backlog: if the next batch is already waiting when a step ends, the trainer is the
         bottleneck, so the next step trains on twice the GPUs (kept free instead of restarting engines),
         up to half the pool (or the trainer's memory minimum, if larger); otherwise the target decays by
-        one engine towards the minimum."""
+        one engine towards the minimum (with decay="pressure", only if rollout showed pressure)."""
         if not self.adapt_trainer:
             return
         cluster, per = self.cluster, self.cluster.gpus_per_engine
         floor, ceil = self._reserve_gpus(), self._ceil()
+        pressure, self.pressure_seen = self.pressure_seen, False
         if cluster.version < self.batcher.steps and self.batcher.next_batch() is not None:
             self.train_target = min(ceil, 2 * self.train_target)
-        else:
+        elif pressure or self.decay == "always":
             self.train_target = max(floor, self.train_target - per)
         cluster.note("elastic_trainer_target", gpus=self.train_target)
 

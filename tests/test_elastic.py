@@ -215,3 +215,18 @@ def test_trainer_starts_at_its_largest_size_on_gpus_kept_free():
     assert r.makespan_s < ramp.makespan_s
     with pytest.raises(ValueError, match="start_trainer"):
         Elastic(start_trainer="half")
+    with pytest.raises(ValueError, match="decay"):
+        Elastic(decay="never")
+
+
+def test_pressure_decay_keeps_the_trainer_when_rollout_has_no_pressure():
+    """decay="pressure": with no engine queueing and KV far from full (short-math), the trainer keeps its
+    largest size and no GPU moves, which is the fixed split with the same trainer: the same makespan; the
+    default decay gives GPUs back to rollout and moves them again."""
+    cfg = override(get_preset("short-math"), steps=8)
+    r = simulate(cfg, "elastic", {"eta": 4, "decay": "pressure"}, check=True)
+    split = simulate(cfg, "async", {"eta": 4, "rollout_gpus": cfg.cluster.gpus // 2})
+    assert r.metrics.summary()["reallocations"] == 0 and set(r.metrics.steps["gpus"]) == {cfg.cluster.gpus // 2}
+    assert r.makespan_s == pytest.approx(split.makespan_s, rel=1e-9)
+    moving = simulate(cfg, "elastic", {"eta": 4})
+    assert moving.metrics.summary()["reallocations"] > 0
