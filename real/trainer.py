@@ -149,11 +149,11 @@ class Trainer:
         mismatch = torch.zeros(2, device=self.device)
         ref, epochs, drift = None, 0, 0.0
         for epoch in range(self.cfg.epochs):
-            logps: list[torch.Tensor] = []
+            logps: list[torch.Tensor] | None = [] if self.cfg.max_drift > 0 else None
             loss = self._backward(packs, pg, mismatch if epoch == 0 else None, logps)
-            if ref is None:
+            if epoch == 0:
                 ref = logps
-            elif self.cfg.max_drift > 0:
+            elif logps is not None:
                 drift = self._drift(ref, logps, pg)
                 if drift > self.cfg.max_drift:
                     break  # moved far enough: this epoch's gradient is not applied
