@@ -166,6 +166,10 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
     else:
         name, pol = getattr(policy, "name", type(policy).__name__), policy
     pool = pool or ActorPool.shared(cfg.pool)
+    if pool.cfg != cfg.pool:  # its actors were built for another config: this run's settings would be ignored
+        differ = [f.name for f in dataclasses.fields(cfg.pool) if getattr(pool.cfg, f.name) != getattr(cfg.pool, f.name)]
+        raise RealConfigError(f"run_real: the pool was built for a different [pool] config ({', '.join(differ)} "
+                              f"differ); pass pool=ActorPool.shared(cfg.pool)")
     cluster = RealCluster(pool=pool, config=cfg.cluster)
     t0 = time.perf_counter()
     try:

@@ -223,3 +223,14 @@ def test_stalled_since_finds_a_final_run_of_steps_without_learning_signal():
     assert result([0, 0, 0]).stalled_since() == 1
     assert result([]).stalled_since() is None
     assert list(result([3]).learning()["groups_with_signal"]) == [3]
+
+
+def test_a_pool_built_for_another_config_is_refused(pool):
+    """run_real with a warm pool whose [pool] config differs (here the trainer's lr) would silently run with the
+    pool's settings: it is a one-line error naming the fields instead."""
+    from gyre.real.runner import RealConfigError
+
+    tc = dataclasses.replace(CFG.pool.trainer_config, lr=CFG.pool.trainer_config.lr / 2)
+    other = dataclasses.replace(CFG, pool=dataclasses.replace(CFG.pool, trainer_config=tc))
+    with pytest.raises(RealConfigError, match=r"trainer_config differ"):
+        run_real(other, "colocate", pool=pool)
