@@ -52,7 +52,7 @@ def preset_tiny_cpu() -> RealRunConfig:
     return RealRunConfig(
         name="tiny-cpu",
         pool=PoolConfig(n_gpus=4, gpus_per_engine=1, model=ModelConfig(vocab_size=T.VOCAB_SIZE),
-                        engine_config=TorchEngineConfig(), trainer_config=TrainerConfig(lr=1e-2, epochs=4)),
+                        engine_config=TorchEngineConfig(), trainer_config=TrainerConfig(lr=3e-3, epochs=4)),
         cluster=RealClusterConfig(groups_per_step=4, group_size=8),
         steps=30,
     )
