@@ -248,15 +248,15 @@ def main() -> None:
     print(control.to_string(index=False))
 
     preds["abs_error"] = preds["error"].abs()
-    worst = (preds.groupby(["workload", "calibrated_on", "policy"])["abs_error"]
+    summary = (preds.groupby(["workload", "calibrated_on", "policy"])["abs_error"]
              .agg(median="median", worst="max").reset_index())
     if args.repeat > 1:
         preds.to_csv(args.out / "sim_to_real_all.csv", index=False)
         runs.to_csv(args.out / "runs.csv", index=False)
         print(runs.to_string(index=False))
         print(runs.groupby("policy")[["makespan_s", "reward_last5"]].median().to_string())
-    worst.to_csv(args.out / "sim_to_real_summary.csv", index=False)
-    print(worst.to_string(index=False))
+    summary.to_csv(args.out / "sim_to_real_summary.csv", index=False)
+    print(summary.to_string(index=False))
     for w, g in preds.groupby("workload"):
         print(f"sim-to-real, {w} workload: median |error| {g['abs_error'].median():.3f}, "
               f"worst {g['abs_error'].max():.3f} over {len(g)} predictions")

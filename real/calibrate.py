@@ -142,7 +142,7 @@ def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, t
         tr = trace if workload == "source" or p == source else load_run(run_dir, p)[1]
         args = (tr, p, int(run["steps"]), int(run["n_gpus"]), run.get("params", {}).get(p))
         pred, gpus = simulate_with(costs, *args)
-        if not train_scales:  # one-process trainer: its time per token is the same on any GPU count
+        if not train_scales:  # the trainer's time per token is taken as the same on any GPU count
             c2 = dataclasses.replace(costs, train_s_per_token_gpu=costs.train_s_per_token_gpu / src_gpus * gpus)
             pred, _ = simulate_with(c2, *args)
         meas = float(summary.loc[p, "makespan_s"]) if p in summary.index else float("nan")

@@ -72,6 +72,8 @@ def run(
             make_policy(p, **cfg.policy_params.get(p, {}))
         except UnknownPolicy as exc:
             fail(str(exc))
+        except ValueError as exc:  # a parameter the policy refuses, from the config's [policy_params.<p>]
+            fail(f"{config or preset}: policy_params.{p}: {exc}")
     try:
         pool = ActorPool.shared(cfg.pool)
     except (ValueError, TimeoutError) as exc:

@@ -194,8 +194,9 @@ class Trainer:
     def _drift(self, ref: list[torch.Tensor], cur: list[torch.Tensor], pg) -> float:
         """Mean |log p now - log p at the step's start| over the batch's trained tokens (summed over `pg`)."""
         acc = torch.zeros(2, device=self.device)
-        for a, b in zip(ref, cur):
-            acc += torch.stack([(a - b).abs().sum().to(acc.dtype), torch.tensor(float(len(a)), device=self.device)])
+        if ref:
+            diff = torch.cat(ref) - torch.cat(cur)
+            acc += torch.stack([diff.abs().sum(), torch.tensor(float(diff.numel()), device=self.device)])
         if pg is not None:
             C.allreduce_sum(pg, [acc])
         return float(acc[0] / acc[1]) if acc[1] > 0 else 0.0
@@ -203,19 +204,17 @@ class Trainer:
     def _backward(self, packs: list, pg, mismatch: torch.Tensor | None = None, logps: list | None = None
                   ) -> torch.Tensor:
         """Gradient of the packs' loss into .grad, summed over `pg` (the batch's gradient); returns the loss.
-        `mismatch` ([2]): gets the batch's (sum |log-ratio to the sampler|, rows) added (see pack_rows_loss);
+        `mismatch` (zeros [2]): set to the batch's (sum |log-ratio to the sampler|, rows) (see pack_rows_loss);
         `logps`: gets this rank's per-pack log-probs of the trained tokens appended."""
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
-        local = None if mismatch is None else torch.zeros_like(mismatch)
         loss = packed_loss(self.model, packs, LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip),
-                           device=self.device, mismatch=local, logps=logps)
+                           device=self.device, mismatch=mismatch, logps=logps)
         loss.backward()
         loss = loss.detach().reshape(1)
-        if pg is not None:  # sum the shards: the batch's gradient and loss
-            C.allreduce_sum(pg, [p.grad for p in self.model.parameters()] + [loss] + ([local] if local is not None else []))
-        if mismatch is not None:
-            mismatch += local
+        if pg is not None:  # sum the shards: the batch's gradient and loss (and the mismatch counts)
+            extra = [loss] + ([mismatch] if mismatch is not None else [])
+            C.allreduce_sum(pg, [p.grad for p in self.model.parameters()] + extra)
         return loss
 
     # --- publishing (the "sync" concurrency group: runs while a step trains) ---

@@ -234,3 +234,19 @@ def test_a_pool_built_for_another_config_is_refused(pool):
     other = dataclasses.replace(CFG, pool=dataclasses.replace(CFG.pool, trainer_config=tc))
     with pytest.raises(RealConfigError, match=r"trainer_config differ"):
         run_real(other, "colocate", pool=pool)
+
+
+def test_cli_refuses_bad_policy_params_in_one_line(tmp_path):
+    """A [policy_params.<p>] value the policy refuses is one line naming the file and field, before any actor starts."""
+    from typer.testing import CliRunner
+
+    from gyre.real.cli import app
+
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[policy_params.elastic]\nstart_trainer = "half"\n')
+    res = CliRunner().invoke(app, ["run", "--policy", "elastic", "--preset", "tiny-test", "--config", str(cfg),
+                                   "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert "\n" not in line and f"{cfg}: policy_params.elastic:" in line and "start_trainer" in line, line
+    assert not (tmp_path / "out").exists(), "nothing written for a refused config"

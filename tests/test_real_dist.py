@@ -111,6 +111,7 @@ def test_data_parallel_step_equals_single_process_step(pool):
     # update by up to ~1e-6 per step, so the weights are held to 1e-3 of the largest update
     assert err <= 1e-3 * move, f"weights differ by {err:.3g} (largest update {move:.3g})"
     assert abs(stats[0]["loss"] - single["loss"]) <= 1e-6 and stats[0]["ranks"] == 2, f"{stats[0]} vs {single}"
+    assert abs(stats[0]["logp_mismatch"] - single["logp_mismatch"]) <= 1e-6, "mismatch not summed over the ranks"
 
 
 class ProbeAfter:

@@ -52,24 +52,28 @@ _FROM_LAYER = {v: k for k, v in _LAYER_NAMES.items()}
 _FROM_TOP = {v: k for k, v in _TOP_NAMES.items()}
 
 
+def _rename(name: str, top: dict, layer: re.Pattern, layers: dict, prefix: str) -> str | None:
+    """`name` through a top-level table, or a layer's `<i>.<rest>` through the per-layer table; None if neither."""
+    if name in top:
+        return top[name]
+    m = layer.fullmatch(name)
+    return f"{prefix}{m.group(1)}.{layers[m.group(2)]}" if m and m.group(2) in layers else None
+
+
 def hf_llama_name(name: str) -> str:
     """The Hugging Face Llama name of a TinyLlama parameter (same tensor, same layout: both rotate halves)."""
-    if name in _TOP_NAMES:
-        return _TOP_NAMES[name]
-    m = _LAYER.fullmatch(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
-    raise ValueError(f"hf_llama_name: {name!r} is not a gyre TinyLlama parameter")
+    out = _rename(name, _TOP_NAMES, _LAYER, _LAYER_NAMES, "model.layers.")
+    if out is None:
+        raise ValueError(f"hf_llama_name: {name!r} is not a gyre TinyLlama parameter")
+    return out
 
 
 def tinyllama_name(name: str) -> str:
     """The TinyLlama name of a Hugging Face Llama parameter (the inverse of hf_llama_name)."""
-    if name in _FROM_TOP:
-        return _FROM_TOP[name]
-    m = _HF_LAYER.fullmatch(name)
-    if m and m.group(2) in _FROM_LAYER:
-        return f"layers.{m.group(1)}.{_FROM_LAYER[m.group(2)]}"
-    raise ValueError(f"tinyllama_name: {name!r} is not a Hugging Face Llama parameter TinyLlama has")
+    out = _rename(name, _FROM_TOP, _HF_LAYER, _FROM_LAYER, "layers.")
+    if out is None:
+        raise ValueError(f"tinyllama_name: {name!r} is not a Hugging Face Llama parameter TinyLlama has")
+    return out
 
 
 def hf_llama_state(state: Mapping[str, Any]) -> dict[str, Any]:
