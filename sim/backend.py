@@ -20,6 +20,7 @@ from typing import Any
 import simpy
 
 from gyre.cluster import ClusterError, Phase, Role
+from gyre.config import ConfigError
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process, done_handle
 from gyre.hardware import Costs
@@ -27,6 +28,8 @@ from gyre.pool import TRAINER, GpuPool, check_admit, check_migrate
 from gyre.sim.engine import SimEngine
 from gyre.sim.execution import SimExecution, SimGroup
 
+
+_END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third field (gyre.metrics)
 
 
 class SimCluster:
@@ -49,6 +52,7 @@ class SimCluster:
         self.trained_groups: list[int] = []  # group ids in the order they were trained
         self.events = 0
         self.check = check
+        self._kv_peak = 0.0  # the largest KV use of a stopped engine (tokens)
 
     # ------------------------------------------------------------------ observations
     @property
@@ -87,22 +91,42 @@ class SimCluster:
     def live(self) -> list[SimExecution]:
         return [x for e in self._engines.values() for x in e.members.values()]
 
+    def kv_peak_frac(self) -> float:
+        """The largest KV use of any engine at any time so far, as a share of its capacity."""
+        peak = max([self._kv_peak] + [e.kv_peak for e in self._engines.values()])
+        return peak / self.costs.kv_capacity_tokens
+
     # ------------------------------------------------------------------ internals
     def _log(self, rec: tuple) -> None:
         self.log.append(rec)
 
-    def _push(self, t: float, fn: Callable, arg: Any) -> None:
+    # --- the engines' interface to the cluster ---
+    def schedule(self, t: float, fn: Callable[[float, Any], None], arg: Any) -> None:
+        """Queue a fine event: fn(t, arg) at time t (ties run in scheduling order)."""
         heapq.heappush(self._q, (t, next(self._seq), fn, arg))
+
+    def replan(self, engine: SimEngine) -> None:
+        """Re-plan `engine`'s next wakeup once the current event is fully processed."""
+        self._dirty.append(engine)
+
+    def execution_finished(self, ex: SimExecution, t: float, end: str) -> None:
+        """An engine let go of a finished execution: "done", "capped" (length cap) or "deadline"."""
+        self._finish(ex, t, end)
+
+    def migrate_at_boundary(self, ex: SimExecution, t: float) -> None:
+        """An execution asked to migrate reached a tool-call boundary."""
+        self._do_migrate(ex, t)
 
     def _after(self, dt: float, fn: Callable[[], None]) -> None:
         ev = self.env.timeout(dt)
         ev.callbacks.append(lambda _ev: fn())
 
-    def _finish(self, ex: SimExecution, t: float, truncated: bool) -> None:
+    def _finish(self, ex: SimExecution, t: float, end: str) -> None:
         ex.phase = Phase.DONE
         ex.finished_at = t
-        ex.truncated = truncated
-        self.log.append(("finish", t, ex.id, int(truncated), ex.generated))
+        ex.end = end
+        ex.truncated = end != "done"
+        self.log.append(("finish", t, ex.id, _END_CODE[end], ex.generated))
         self._deferred.append((ex.handle, ex))
         if ex.migrate_handle is not None:  # finished before reaching a tool-call boundary
             self._deferred.append((ex.migrate_handle, False))
@@ -111,11 +135,13 @@ class SimCluster:
     def _do_migrate(self, ex: SimExecution, t: float) -> None:
         src, dst, h = ex.engine, ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
+        kv = ex.resident
         src.remove(ex)
-        src._touch(t)
-        if ex.phase != Phase.QUEUED:
-            ex.ready_min = t + self.costs.migration_time(ex.resident)
-        dst.add_migrated(ex, t)
+        transfer = self.costs.migration == "kv_transfer" and kv > 0
+        if transfer:  # the KV travels (its context arrives resident if it fits the destination)
+            ex.resident = kv
+            ex.ready_at = max(ex.ready_at if ex.ready_at is not None else t, t + kv * self.costs.kv_transfer_s_per_token)
+        dst.add_migrated(ex, t, transfer)
         self._log(("migrate", t, ex.id, src.id, dst.id))
         self._deferred.append((h, True))
 
@@ -178,6 +204,7 @@ class SimCluster:
         h = Handle(f"stop_engine{eng.id}")
 
         def down() -> None:
+            self._kv_peak = max(self._kv_peak, eng.kv_peak)
             eng.state = "stopped"
             self.gpu_pool.hold(eng.gpus, None)
             self.gpu_pool.set_role(eng.gpus, Role.IDLE, self.now)
@@ -192,6 +219,9 @@ class SimCluster:
         ex = self.executions.get(execution.id)
         eng = self._engines.get(engine.id)
         check_admit(ex, eng, execution.id, engine.id)
+        if ex.max_ctx + 2 > self.costs.kv_capacity_tokens * (1 - 1e-9):
+            raise ConfigError(f"execution {ex.id} reaches a {ex.max_ctx:,}-token context; an engine holds "
+                              f"{self.costs.kv_capacity_tokens:,} KV tokens (a larger model parallelism or GPU is needed)")
         t = self.env._now
         self.log.append(("admit", t, ex.id, eng.id))
         eng.admit(ex, t)
@@ -350,6 +380,11 @@ class SimCluster:
             assert e.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
             assert e.n_dec == len(e._heap), "heap size != decoding count"
             assert e.mem_fixed >= -1e-6, f"engine {e.id} negative memory"
+            assert e.kv_used <= self.costs.kv_capacity_tokens * (1 + 1e-12), f"engine {e.id} KV over capacity"
+            held = sum(x.resident for x in e.members.values() if x.phase != Phase.DECODE)
+            assert abs(held - e.mem_fixed) <= 1e-6 * (1 + held), f"engine {e.id} KV accounting {held} != {e.mem_fixed}"
+            pending = sum(x.pf_left for x in e.prefill)
+            assert abs(pending - e.pf_pending) <= 1e-6 * (1 + pending), f"engine {e.id} prefill {pending} != {e.pf_pending}"
             for x in e.members.values():
                 assert x.engine is e and x.phase != Phase.DONE, f"{x} misplaced"
                 assert x.id not in seen, f"exec {x.id} on two engines"

@@ -61,6 +61,7 @@ def simulate(
         wall = time.perf_counter() - t0
         specs = [cluster.groups[gid].spec for gid in sorted(cluster.trained_groups)]
         metrics = compute_metrics(cluster.log, n_gpus=cfg.cluster.gpus, policy=name)
+        metrics.extra["kv_peak_frac"] = cluster.kv_peak_frac()
         bound = lower_bound(specs, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None))
         issued = [g.spec for g in cluster.groups.values()]
     return SimResult(name, cfg, costs, cluster.log, metrics, bound, wall, cluster.events, issued)
