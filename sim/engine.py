@@ -279,7 +279,7 @@ class SimEngine:
         """Its context is all in KV: it joins the decode batch, unless its deadline has passed."""
         if t >= ex.deadline_at:
             self._drop(ex)
-            self.cluster.execution_finished(ex, t, "deadline")
+            self.cluster.finish(ex, t, "deadline")
             return
         self.mem_fixed -= ex.resident
         ex.resident = 0
@@ -308,7 +308,7 @@ class SimEngine:
         if seg == ex.last or t >= ex.deadline_at:
             self._drop(ex)
             why = "capped" if seg == ex.last and ex.spec.capped else ("done" if seg == ex.last else "deadline")
-            self.cluster.execution_finished(ex, t, why)
+            self.cluster.finish(ex, t, why)
             return
         nxt = ex.kv[seg + 1]
         if nxt < ctx:  # compaction, a retry or a sub-agent's return: the context is rebuilt smaller
@@ -325,7 +325,7 @@ class SimEngine:
     def _tool_returned(self, ex: SimExecution, t: float) -> None:
         if t >= ex.deadline_at:
             self._drop(ex)
-            self.cluster.execution_finished(ex, t, "deadline")
+            self.cluster.finish(ex, t, "deadline")
             return
         ex.phase = _QUEUED
         self.queue.append(ex)
