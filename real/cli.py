@@ -74,6 +74,13 @@ def run(
             fail(str(exc))
         except ValueError as exc:  # a parameter the policy refuses, from the config's [policy_params.<p>]
             fail(f"{config or preset}: policy_params.{p}: {exc}")
+    if cfg.cluster.checkpoint and Path(cfg.cluster.checkpoint).exists():  # resumed from: read as data only
+        from gyre.real.trainer import CheckpointError, read_checkpoint
+
+        try:
+            read_checkpoint(cfg.cluster.checkpoint, cfg.pool.model, mmap=True)
+        except CheckpointError as exc:
+            fail(str(exc))
     try:
         pool = ActorPool.shared(cfg.pool)
     except (ValueError, TimeoutError) as exc:
