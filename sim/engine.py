@@ -230,6 +230,7 @@ class SimEngine:
                 self.pf_pending -= ex.pf_left
                 self.pf_resident -= ex.resident
                 ex.pf_left = 0.0
+                ex.phase = _QUEUED  # out of the prefill queue, not yet decoding
                 self._decode(ex, t)
             if not pf:
                 self.pf_pending = self.pf_resident = 0.0
