@@ -20,7 +20,10 @@ contexts of the decodes, and never exceeds capacity. Leaving the wait queue (FIF
 vLLM schedules) reserves the tokens it will prefill. When growth would fill the memory an event
 fires and the engine preempts, as vLLM does in recompute mode, the most recently admitted execution
 holding KV: its KV is freed, it goes to the front of the wait queue (a tool call keeps running) and
-later re-prefills its whole context; its generated tokens are kept. Optional reservation mode admits
+later re-prefills its whole context; its generated tokens are kept. The context of an execution that
+is not running (in a tool call, or waiting) is a cache, like vLLM's prefix cache of a finished request:
+when the head of the wait queue does not fit, such contexts are evicted, newest first, if that makes
+room (each logged as a preemption, since it will be recomputed). Optional reservation mode admits
 an execution only if its largest context fits beside the others' and never preempts. A context
 larger than the whole engine is a configuration error (SimCluster.admit).
 
