@@ -109,6 +109,8 @@ class EngineRoofline:
         object.__setattr__(self, "_dense", self.weight_bytes - self.routed_bytes)
         object.__setattr__(self, "_miss", 1.0 - self.top_k / self.experts if self.experts else 0.0)
         object.__setattr__(self, "_2p", 2.0 * self.active_params)
+        object.__setattr__(self, "_eb", c.eff_bw)
+        object.__setattr__(self, "_ef", c.eff_flops)
 
     # --- memory ---
     @property
@@ -150,6 +152,22 @@ class EngineRoofline:
             tb = (w + self.kv_bytes_per_token * ctx) / self._bw
             tf = (self._2p * tokens + self._attn * ctx) / self._pk
         return (tb if tb > tf else tf) + self._fixed
+
+    def step_and_ideal(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
+        """(step_time, the part of it the hardware peak needs: max(bytes / BW, FLOPs / peak) at 100%
+        efficiency, without overheads). One pass; the simulator calls it once per event."""
+        tokens = n + m
+        if tokens <= 0:
+            return 0.0, 0.0
+        w = self._dense + self.routed_bytes * (1.0 - self._miss ** tokens) if self.routed_bytes else self.weight_bytes
+        if m > 0:
+            tb = (w + self.kv_bytes_per_token * (ctx + p)) / self._bw
+            tf = (self._2p * tokens + self._attn * (ctx + m * p + 0.5 * m * m)) / self._pk
+        else:
+            tb = (w + self.kv_bytes_per_token * ctx) / self._bw
+            tf = (self._2p * tokens + self._attn * ctx) / self._pk
+        ib, if_ = tb * self._eb, tf * self._ef
+        return (tb if tb > tf else tf) + self._fixed, (ib if ib > if_ else if_)
 
     def ideal_share(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> float:
         """The share of a step's time the hardware peak needs: max(bytes / BW, FLOPs / peak) at 100%

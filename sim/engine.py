@@ -76,7 +76,6 @@ class SimEngine:
         self.reserved = 0.0  # reservation mode: sum of the members' largest contexts
         self.paused = False
         self.epoch = 0  # invalidates stale wakeups
-        self._step = c.roofline.step_time if c.roofline is not None else c.step_time
         self._free_prefill = c.roofline is None and c.prefill_s_per_token == 0
         self._budget = c.max_batched_tokens
         self._reserve = c.kv_reserve
@@ -88,7 +87,9 @@ class SimEngine:
         self.kv_peak = 0.0
         self.roof_s = 0.0  # integral of the roofline utilization (ideal / actual step time) over busy time
         self._roof = 0.0  # that share in the current plan
-        self._share = c.roofline.ideal_share if c.roofline is not None else None
+        # (step time, its ideal part at hardware peak) of a step: the roofline's, or the linear form's (no ideal)
+        self._step2 = c.roofline.step_and_ideal if c.roofline is not None else (
+            lambda n, k, m=0.0, p=0.0: (c.step_time(n, k, m, p), 0.0))
         self._seq = itertools.count()
 
     # --- EngineView ---
@@ -159,18 +160,15 @@ class SimEngine:
                 if pend < m:
                     m = pend
                 head = self.prefill[0]
-                p = head.resident - head.pf_left
-                step = self._step(n, dec, m, p)
+                step, ideal = self._step2(n, dec, m, head.resident - head.pf_left)
                 self.pf_rate = m / step
                 t_pf = tl + head.pf_left * step / m
                 if t_pf < wake:
                     wake = t_pf
             else:
-                m = p = 0.0
-                step = self._step(n, dec)
+                step, ideal = self._step2(n, dec)
                 self.pf_rate = 0.0
-            if self._share is not None:
-                self._roof = self._share(n, dec, m, p)
+            self._roof = ideal / step
             if n:
                 self.rate = 1.0 / step
                 dv = self._heap[0][0] - self.V

@@ -105,3 +105,13 @@ def test_ideal_share_is_one_at_full_efficiency_without_overhead():
     assert r.ideal_share(8, 8e4, 512, 1e4) == pytest.approx(1.0)
     d = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1)
     assert d.ideal_share(1, 0.0) == pytest.approx((16.06e9 / 3.35e12) / (16.06e9 / (0.8 * 3.35e12) + 0.004))
+
+
+@given(n=st.integers(0, 300), ctx=st.floats(0, 1e7), m=st.integers(0, 8192), p=st.floats(0, 1e6),
+       model=st.sampled_from(sorted(MODELS)))
+def test_step_and_ideal_agrees_with_step_time_and_share(n, ctx, m, p, model):
+    """The simulator's one-pass (time, ideal) equals step_time and ideal_share x step_time."""
+    r = derive_costs(MODELS[model], GPUS["h200"]).roofline
+    t, ideal = r.step_and_ideal(n, ctx, m, p)
+    assert t == pytest.approx(r.step_time(n, ctx, m, p), rel=1e-12)
+    assert ideal == pytest.approx(r.ideal_share(n, ctx, m, p) * t, rel=1e-9, abs=1e-15)
