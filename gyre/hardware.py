@@ -9,8 +9,14 @@ Every simulator constant comes from here and is derived from a model's shape and
   overhead; the weights an MoE step reads follow the distinct experts its tokens touch; capacity =
   GPUs x HBM x gpu_memory_utilization - weights - an activation reserve per GPU).
 - Training: 6 x active params FLOPs per token plus attention 12 L H d_h per token per context token,
-  at `train_mfu`; the trainer needs enough GPUs to hold `train_bytes_per_param` per parameter
-  (weights + grads + optimizer state, sharded) at 85% of HBM.
+  at `train_mfu`, plus 2 x active params and 4 L H d_h per context token for each extra forward pass
+  (`train_extra_forwards`: recomputing activations under full checkpointing, recomputing the old
+  policy's log-probs); the trainer needs enough GPUs to hold `train_bytes_per_param` per parameter
+  (weights + grads + optimizer state, sharded) plus the activations of its longest sequence
+  (`train_seq_tokens`, full activation checkpointing: each layer's bf16 input, 2 S d bytes per layer,
+  plus one layer's working set in the backward pass, 34 S d bytes (Korthikanti et al. 2022,
+  "Reducing Activation Recomputation in Large Transformer Models", eq. 2 with flash attention, so no
+  S^2 term), d = query heads x head dim), at 85% of HBM.
 - Weight sync: per-GPU weight shard / inter-node bandwidth + latency.
 - Role switch: engine wake = weight shard / host-to-device bandwidth + fixed (graph capture,
   allocator); trainer on/offload = trainer state shard / host-to-device bandwidth.
@@ -84,6 +90,8 @@ class CostConfig:
     max_batched_tokens: int = 8192  # vLLM max_num_batched_tokens (its default with chunked prefill)
     kv_reserve: bool = False  # admit only if the execution's largest context fits (no preemption)
     train_mfu: float = 0.35
+    train_extra_forwards: int = 0  # forward passes per step beyond the one backward needs (recompute)
+    train_seq_tokens: int = 0  # the longest trained sequence, whose activations the trainer must hold
     sync_latency_s: float = 0.5
     engine_wake_fixed_s: float = 5.0
     engine_sleep_s: float = 2.0
@@ -211,13 +219,16 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
     prefill = roof.prefill_time(cost.max_batched_tokens) / cost.max_batched_tokens
     active = model.active_params_b * 1e9
     train_flops = gpu.bf16_tflops * 1e12 * cost.train_mfu
-    train_per_token_gpu = 6 * active / train_flops
-    train_bytes = model.total_params_b * 1e9 * model.train_bytes_per_param
+    train_per_token_gpu = (6 + 2 * cost.train_extra_forwards) * active / train_flops
+    width = (model.q_heads or model.kv_heads) * model.head_dim
+    activations = cost.train_seq_tokens * width * (2 * model.layers + 34)
+    state_bytes = model.total_params_b * 1e9 * model.train_bytes_per_param
+    train_bytes = state_bytes + activations
     min_train = _pow2_at_least(train_bytes / (0.85 * hbm))  # within a node: a power of two
     if min_train > gpu.gpus_per_node:  # across nodes: whole nodes
         min_train = gpu.gpus_per_node * math.ceil(train_bytes / (0.85 * hbm) / gpu.gpus_per_node)
     shard = model.infer_weight_bytes / engine_gpus
-    train_shard = train_bytes / max(min_train, 1)
+    train_shard = state_bytes / max(min_train, 1)  # what on/offload moves (activations are rebuilt)
     return Costs(
         engine_gpus=engine_gpus,
         kv_capacity_tokens=roof.kv_capacity_tokens,
@@ -237,7 +248,7 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         roofline=roof,
         max_batched_tokens=cost.max_batched_tokens,
         kv_reserve=cost.kv_reserve,
-        train_attn_flops_per_ctx_token=12.0 * model.layers * (model.q_heads or model.kv_heads) * model.head_dim,
+        train_attn_flops_per_ctx_token=(12.0 + 4.0 * cost.train_extra_forwards) * model.layers * width,
         train_flops_per_s_gpu=train_flops,
         train_mfu=cost.train_mfu,
     )

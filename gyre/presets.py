@@ -16,6 +16,32 @@ xlong-swe (long-horizon software-engineering agents, SWE-bench-style repositorie
   summary; task difficulty p99/median 3 within the batch; deadline 4 h per execution.
 - batch: 32 tasks x 8 executions (GRPO groups) per step.
 
+xlong-swe-kv (the paper's own regime: the 2.4T-A95B MoE, ~700K tokens per typical rollout, 48 steps),
+derived from xlong-swe by the paper's statements and public constants, nothing tuned to a result:
+- tokens per rollout: the paper's ~700K for a typical rollout, read as the median over the whole run.
+  Turns keep xlong-swe's distribution (median 120, p99/median 10) and the per-turn tokens are
+  xlong-swe's scaled by 3.6 (generated 792, tool output 1,368 at the median), which puts the median
+  sampled rollout of the 48 steps at ~700K tokens (~370K at step 0, ~1.1M at step 47 with the growth
+  below; `tests/test_presets_kv.py` measures it); longer turns rather than more turns, because a
+  reasoning model's turn carries its thinking and long file/test outputs, and because 3.6x the turns
+  would cost 3.6x the simulator's events.
+- compaction window 1M tokens (summary 4K): the largest window public long-context models serve
+  (Qwen2.5-7B/14B-Instruct-1M, Gemini 1.5, Llama 4 Maverick), so a typical 700K rollout runs
+  uncompacted, as the paper's rollouts do; at 256K the typical rollout would compact twice and hold a
+  third of the KV, the regime xlong-swe (128K) already covers. With ~8.1M KV tokens per 32-GPU engine
+  (gyre.roofline) about 11 typical rollouts fit an engine at their end, 8 at a full window.
+- length growth: turns grow 3x over the 48 steps ((1 + drift)^47 = 3). That rollouts lengthen
+  steadily as RL training proceeds is DeepSeek-R1-Zero's Fig. 3 (arXiv 2501.12948: mean response
+  length rising roughly linearly, ~10x over the run); 3x over this run is an assumption, not a
+  measurement (the regime map also runs without growth).
+- training: full activation checkpointing (one recomputed forward) and the old policy's log-probs
+  recomputed by the trainer (another forward), so 10 x active params FLOPs per token plus attention
+  (gyre.hardware `train_extra_forwards` = 2); the trainer's memory minimum holds the training state
+  (16 bytes per parameter, 38.4 TB) plus the activations of one full-window (1M-token) sequence
+  (`train_seq_tokens`), 3.7 TB: 360 H200s.
+- cluster 1,024 H200s, 32 x 8 rollouts per step, tool latency, branching, difficulty and the 4 h
+  deadline: as xlong-swe.
+
 short-math (single-turn math reasoning RL, e.g. DAPO/GSM8K-style): one segment of median 3,000
 generated tokens, p99/median 3, capped at 8,192 (point mass at the cap); 128 tasks x 8 per step.
 """
@@ -106,7 +132,28 @@ def short_math() -> WorkloadConfig:
     )
 
 
-WORKLOADS: dict[str, Callable[[], WorkloadConfig]] = {"xlong-swe": xlong_swe, "short-math": short_math}
+KV_TOKEN_SCALE = 3.6  # xlong-swe's per-turn tokens x this: the run's median rollout at ~700K tokens (the paper)
+KV_WINDOW = 1 << 20  # compaction window, tokens
+KV_GROWTH = 3.0  # turns grow this much over KV_STEPS steps
+KV_STEPS = 48  # the paper's run
+
+
+def xlong_swe_kv() -> WorkloadConfig:
+    w = xlong_swe()
+    from dataclasses import replace
+
+    return replace(
+        w,
+        name="xlong-swe-kv",
+        gen_tokens=LogNormal(median=round(220 * KV_TOKEN_SCALE), p99_ratio=6.0),
+        tool_out_tokens=LogNormal(median=round(380 * KV_TOKEN_SCALE), p99_ratio=12.0),
+        context_window=KV_WINDOW,
+        drift_per_step=KV_GROWTH ** (1 / (KV_STEPS - 1)) - 1,
+    )
+
+
+WORKLOADS: dict[str, Callable[[], WorkloadConfig]] = {"xlong-swe": xlong_swe, "xlong-swe-kv": xlong_swe_kv,
+                                                      "short-math": short_math}
 
 
 def _run(name: str, workload: WorkloadConfig, model: str, gpus: int, steps: int) -> RunConfig:
@@ -131,6 +178,17 @@ def preset_xlong_swe_small() -> RunConfig:
     return _run("xlong-swe-small", replace(w, groups_per_step=16), "moe-30b-a3b", 64, 8)
 
 
+def preset_xlong_swe_kv() -> RunConfig:
+    """The paper's regime: 2.4T MoE, ~700K-token rollouts in a 1M window (KV-scarce), lengths growing 3x."""
+    from dataclasses import replace
+
+    from gyre.hardware import CostConfig
+
+    cfg = _run("xlong-swe-kv", xlong_swe_kv(), "moe-2.4t-a95b", 1024, KV_STEPS)
+    cost = CostConfig(train_extra_forwards=2, train_seq_tokens=KV_WINDOW)
+    return replace(cfg, cluster=replace(cfg.cluster, cost=cost))
+
+
 def preset_short_math() -> RunConfig:
     return _run("short-math", short_math(), "dense-7b", 64, 8)
 
@@ -138,6 +196,7 @@ def preset_short_math() -> RunConfig:
 PRESETS: dict[str, Callable[[], RunConfig]] = {
     "xlong-swe": preset_xlong_swe,
     "xlong-swe-small": preset_xlong_swe_small,
+    "xlong-swe-kv": preset_xlong_swe_kv,
     "short-math": preset_short_math,
 }
 DEFAULT_PRESET = "xlong-swe-small"

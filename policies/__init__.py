@@ -2,8 +2,10 @@
 loaded by dotted path ('package.module:Class' or 'package.module.Class').
 
 A policy class may declare `Config`, a frozen keyword-only dataclass of its parameters (the class is then
-built as `cls(config)`), and `grid(shape, etas)`, the parameter sets `gyre-sim compare` sweeps to find its
-best setting. A class without them takes its parameters as keywords and is compared as configured. The
+built as `cls(config)`), `grid(shape, etas)`, the parameter sets `gyre-sim compare` sweeps to find its
+best setting, and `search(shape, etas)`, a search over that grid driven by measured makespans
+(policies.tuning) where the whole grid is too many runs. A class without them takes its parameters as
+keywords and is compared as configured. The
 backends and CLIs read policies only through the functions below, so no code outside this package names
 a policy.
 """
@@ -19,6 +21,7 @@ from gyre.policies.async_split import AsyncSplit
 from gyre.policies.colocate import Colocate
 from gyre.policies.common import ClusterShape
 from gyre.policies.elastic import Elastic
+from gyre.policies.tuning import Search, exhaustive
 
 REGISTRY: dict[str, type] = {
     "colocate": Colocate,
@@ -27,7 +30,7 @@ REGISTRY: dict[str, type] = {
 }
 
 __all__ = ["REGISTRY", "ClusterShape", "UnknownPolicy", "baselines", "check_params", "make_policy", "policy_class", "policy_config",
-           "sweep", "takes"]
+           "sweep", "tuner", "takes"]
 
 
 class UnknownPolicy(ValueError):
@@ -94,6 +97,12 @@ def sweep(name: str, shape: ClusterShape, etas: tuple[int, ...]) -> list[dict[st
     """The parameter sets a comparison tries for this policy (one empty set if it declares no grid)."""
     grid = getattr(policy_class(name), "grid", None)
     return grid(shape, etas) if grid is not None else [{}]
+
+
+def tuner(name: str, shape: ClusterShape, etas: tuple[int, ...]) -> Search:
+    """The search a comparison runs to tune this policy: its own `search`, else its whole grid."""
+    search = getattr(policy_class(name), "search", None)
+    return search(shape, etas) if search is not None else exhaustive(sweep(name, shape, etas))
 
 
 def baselines() -> list[str]:

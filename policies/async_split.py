@@ -3,8 +3,9 @@ the trainer takes a batch when one is ready (policies.common.Batcher enforces st
 admission control), then engines receive the new weights in place.
 
 R defaults to every GPU the trainer does not need. A fair comparison needs async at its best split and
-staleness bound, so its sweep grid (`grid`) tries R leaving the trainer 1x, 2x and N/4 of the GPUs it needs,
-times each eta given.
+staleness bound: its grid (`grid`) is every engine multiple R that leaves the trainer its memory minimum,
+times each eta given, and its search (`search`, policies.tuning.refine_axis) finds that grid's best with
+a coarse pass over R at every eta and bisection towards the best R.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from gyre.cluster import Cluster, ClusterError
 from gyre.handles import all_of, any_of
 from gyre.policies.common import Batcher, ClusterShape, engine_slots, spread
+from gyre.policies.tuning import Search, refine_axis
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,11 +40,17 @@ class AsyncSplit:
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
-        n, per, need = shape.n_gpus, shape.gpus_per_engine, shape.min_train_gpus
-        trainer_sizes = {need, 2 * need, n // 4}
-        rs = sorted({(n - t) // per * per for t in trainer_sizes if t >= need}, reverse=True)
-        rs = [r for r in rs if r >= per and n - r >= need]
-        return [{"rollout_gpus": r, "eta": e} for r in rs for e in etas]
+        return [{"rollout_gpus": r, "eta": e} for r in AsyncSplit.splits(shape) for e in etas]
+
+    @staticmethod
+    def splits(shape: ClusterShape) -> list[int]:
+        """Every R, a multiple of the engine size, that leaves the trainer >= its memory minimum."""
+        per = shape.gpus_per_engine
+        return list(range(per, shape.n_gpus - shape.min_train_gpus + 1, per))
+
+    @staticmethod
+    def search(shape: ClusterShape, etas: tuple[int, ...]) -> Search:
+        return refine_axis("rollout_gpus", AsyncSplit.splits(shape), etas)
 
     def split(self, cluster: Cluster) -> int:
         per, n, need = cluster.gpus_per_engine, cluster.n_gpus, cluster.min_train_gpus

@@ -182,7 +182,7 @@ def replay_cmd(
     from gyre.policies import UnknownPolicy, policy_class
     from gyre.presets import DEFAULT_PRESET, get_preset
     from gyre.sim.cli import _print_table, console
-    from gyre.sim.compare import best_per_policy, candidates, comparison_table, run_candidates, write_outputs
+    from gyre.sim.compare import candidates, tune, tuned_table, write_outputs
 
     tr, g = _load(trace, fmt, skip_bad, group_size, groups_per_step, time_field, input_field, output_field)
     w = trace_workload(tr)
@@ -210,13 +210,12 @@ def replay_cmd(
     else:  # worker processes re-read the trace (cheaper than shipping a million specs to each)
         factory = functools.partial(replay_source, str(trace), fmt, skip_bad, g, (time_field, input_field, output_field))
     try:
-        results = run_candidates(cfg, cands, source_factory=factory)
+        tuned = tune(cfg, policy, source_factory=factory, workers=1 if len(cands) == 1 else None)
     except (ValueError, IndexError) as exc:
         _fail(exc)
         raise
-    best = best_per_policy(cands, results)
-    table = comparison_table(best)
-    write_outputs(out, cfg, best, table)
+    best, table, sweep = tuned_table(tuned)
+    write_outputs(out, cfg, best, table, sweep)
     _print_table(table, f"replay of {trace.name} ({tr.n_executions} executions) on {cfg.cluster.gpus} GPUs, "
                         f"{cfg.steps} steps")
     console.print(f"wrote {out}/")

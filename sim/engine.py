@@ -408,6 +408,8 @@ class SimEngine:
                 self.prefill.remove(ex)
                 self.pf_pending -= ex.pf_left
                 self.pf_resident -= ex.resident
+                if not self.prefill:  # no float residue once the queue is empty
+                    self.pf_pending = self.pf_resident = 0.0
                 lost -= ex.pf_left
                 ex.pf_left = 0.0
             elif ex.phase == _QUEUED and requeue:
@@ -432,6 +434,8 @@ class SimEngine:
             self.prefill.remove(ex)
             self.pf_pending -= ex.pf_left
             self.pf_resident -= ex.resident
+            if not self.prefill:  # no float residue once the queue is empty
+                self.pf_pending = self.pf_resident = 0.0
             ex.pf_left = 0.0
         self.mem_fixed -= ex.resident
         ex.resident = 0

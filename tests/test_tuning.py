@@ -1,0 +1,57 @@
+"""The tuning searches: the refining search finds the exhaustive grid's best where the makespan is
+unimodal in the axis, runs fewer points than the grid, and async's grid is every engine multiple."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gyre.policies import ClusterShape, sweep, tuner
+from gyre.policies.async_split import AsyncSplit
+from gyre.policies.tuning import drive, exhaustive, refine_axis
+
+
+def test_async_grid_is_every_engine_multiple_leaving_the_trainer_its_minimum():
+    """Async's grid: R = 32, 64, ..., N - minimum (engine multiples), times every eta."""
+    shape = ClusterShape(n_gpus=1024, gpus_per_engine=32, min_train_gpus=328)
+    rs = AsyncSplit.splits(shape)
+    assert rs == list(range(32, 697, 32)), rs
+    assert all(1024 - r >= 328 for r in rs)
+    grid = sweep("async", shape, (0, 1, 2, 4))
+    assert len(grid) == len(rs) * 4
+    assert {g["eta"] for g in grid} == {0, 1, 2, 4}
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 120), best=st.integers(0, 119), etas=st.lists(st.integers(0, 6), min_size=1, max_size=4,
+                                                                     unique=True),
+       slopes=st.lists(st.floats(0.01, 10.0), min_size=2, max_size=2), seed=st.integers(0, 10**6))
+def test_refine_finds_the_grid_best_on_unimodal_curves(n, best, etas, slopes, seed):
+    """On any curve unimodal in the axis (per eta), the search's best equals the exhaustive grid's."""
+    best = best % n
+    rng = np.random.default_rng(seed)
+    offsets = {e: float(rng.uniform(0, 5)) for e in etas}
+    values = [8 * (i + 1) for i in range(n)]
+
+    def f(p):
+        i = values.index(p["rollout_gpus"])
+        d = i - best
+        return offsets[p["eta"]] + (slopes[0] * -d if d < 0 else slopes[1] * d) + 0.001 * i
+
+    grid = [{"rollout_gpus": v, "eta": e} for v in values for e in etas]
+    truth = min(f(p) for p in grid)
+    tried = drive(refine_axis("rollout_gpus", values, etas), lambda batch: [f(p) for p in batch])
+    assert min(m for _, m in tried) == truth, (n, best, etas)
+    assert len({(p["rollout_gpus"], p["eta"]) for p, _ in tried}) == len(tried), "a point was run twice"
+    if n >= 32:
+        assert len(tried) < len(grid) / 2, f"search ran {len(tried)} of {len(grid)}"
+
+
+def test_exhaustive_is_one_batch_and_tuner_falls_back_to_the_grid():
+    """A policy without `search` is tuned over its whole grid in one batch."""
+    shape = ClusterShape(n_gpus=8, gpus_per_engine=1, min_train_gpus=2)
+    batches = []
+    drive(tuner("elastic", shape, (0, 1, 2, 4)), lambda b: batches.append(b) or [1.0] * len(b))
+    assert batches == [[{"eta": 0}, {"eta": 1}, {"eta": 2}, {"eta": 4}]]
+    assert drive(exhaustive([]), lambda b: []) == []
