@@ -6,23 +6,20 @@ first, then engines are drained (policies.elastic_plan: fewest live executions f
 their executions to the staying engines with the most free KV. A migration of a decoding execution
 happens at its next tool-call boundary (the backend waits for it); a queued or tool-waiting one moves
 at once and pays a re-prefill (or KV transfer) on the target. Nothing is aborted or restarted. When
-`greedy`, every engine the live KV does not need (at `kv_fill` of capacity) is drained too, so more GPUs
-train and the step is shorter. When training ends, the free GPUs start engines again (serving the new
+training ends, the free GPUs start engines again (serving the new
 weights) and the staying engines sync.
 
-Trainer size (`adapt_trainer`, on by default): if the next batch is already waiting when a step ends
-(trainer backlog), the next step's target doubles, up to half the pool (or the memory minimum if
-larger), and that many GPUs are kept free instead of restarting engines on them; without a backlog the
-target decays by one engine per step towards the minimum. `start_trainer` is where it starts: "max"
-(default) at that largest size, its GPUs kept free from the start as in a fixed split, so the first
-steps neither train slowly on the minimum nor wait for a drain; "min" at the memory minimum, every GPU
-generating until the first batch. `decay`: "always" (default) as above; "pressure": only when rollout
-showed pressure (an engine queueing, or KV above PRESSURE_FILL of capacity) since the last step ended.
-
-Tail consolidation (`consolidate`, off by default): while admission is blocked by the staleness bound and
-the live executions would fit on fewer engines at `kv_fill`, the spare engines are drained early; their
-GPUs wait idle for the coming step. If demand returns first (an engine queues executions while GPUs are
-idle), engines are started on the idle GPUs again (grow on demand).
+Trainer size follows what is observed, with no setting per workload. The trainer's target starts at
+its largest size (half the pool, or the memory minimum if larger) and those GPUs are reserved: kept
+free for the trainer, as a fixed split would, so a trainer-bound run never waits for a drain or trains
+slowly on the minimum. Rollout pressure (an engine queueing executions, a KV-preempted one among them,
+or KV above PRESSURE_FILL of capacity) is demand for engines: while it lasts and no batch is
+waiting, reserved GPUs start engines (lent to rollout), and they are drained back when the next batch
+is ready; executions queued on one engine move to engines with KV room (`_rebalance`). After each
+step: if the next batch was already waiting (trainer backlog), the target doubles up to the largest
+size; else, if rollout showed pressure since the last step or the trainer waited for its batch longer
+than the step took, it halves towards the minimum; else it stays. Where rollout never shows pressure
+and the trainer is busy, no GPU moves and elastic is the fixed split with the largest trainer.
 
 Every decision reads only observations: engines' live/decoding/queued counts and KV use, the live
 executions' current contexts, and the Batcher's state (trainer backlog). No future lengths.
@@ -35,31 +32,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gyre.cluster import Cluster, EngineView
+from gyre.cluster import Cluster, EngineView, Phase
 from gyre.handles import Handle, all_of, any_of
 from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, least_loaded
-from gyre.policies.elastic_plan import DrainPlan, plan_drain, spare_engines
+from gyre.policies.elastic_plan import DrainPlan, plan_drain
 
 
 @dataclass(frozen=True, kw_only=True)
 class ElasticConfig:
     eta: int = 1  # staleness bound
-    greedy: bool = False  # drain every engine the live KV does not need, not only what the trainer needs
     kv_fill: float = 0.5  # fraction of KV capacity the staying engines may be filled to by a drain
-    consolidate: bool = False  # drain spare engines early while admission is blocked
-    adapt_trainer: bool = True  # grow the trainer under backlog, decay it otherwise
-    start_trainer: str = "max"  # "max": start at the largest trainer, "min": at the memory minimum
-    decay: str = "always"  # "always" or "pressure": when the trainer target shrinks
 
     def __post_init__(self) -> None:
         if self.eta < 0:
             raise ValueError(f"elastic: eta must be >= 0, got {self.eta}")
         if not 0 < self.kv_fill <= 1:
             raise ValueError(f"elastic: kv_fill must be in (0, 1], got {self.kv_fill}")
-        if self.start_trainer not in ("min", "max"):
-            raise ValueError(f"elastic: start_trainer must be 'min' or 'max', got {self.start_trainer!r}")
-        if self.decay not in ("always", "pressure"):
-            raise ValueError(f"elastic: decay must be 'always' or 'pressure', got {self.decay!r}")
 
 
 class Elastic:
@@ -70,12 +58,7 @@ class Elastic:
     def __init__(self, config: ElasticConfig | None = None, **params) -> None:
         self.config = c = config if config is not None else ElasticConfig(**params)
         self.eta = c.eta
-        self.greedy = c.greedy
         self.kv_fill = c.kv_fill
-        self.consolidate = c.consolidate
-        self.adapt_trainer = c.adapt_trainer
-        self.start_trainer = c.start_trainer
-        self.decay = c.decay
         self.pressure_seen = False  # rollout pressure observed since the last step ended
 
     @staticmethod
@@ -89,10 +72,11 @@ class Elastic:
         self.draining: Handle | None = None  # the one drain in flight
         self.load = Signal()  # an execution finished, or the pool changed
         self.training = False
-        self.train_target = self._reserve_gpus() if self.start_trainer == "min" else self._ceil()
+        self.train_target = self._ceil()
         self.batcher = batcher = Batcher(cluster, steps, self.eta)
         yield from self._grow()
         producer = cluster.spawn(self._produce(steps), "elastic-producer")
+        idle_since = cluster.now  # when the trainer last became free
         while cluster.version < steps:
             batch = batcher.next_batch()
             if batch is None:
@@ -100,12 +84,14 @@ class Elastic:
                 yield any_of([batcher.changed.wait(), self.load.wait()])
                 continue
             batcher.trained(batch)
+            ready_at = cluster.now
             gpus = yield from self._gather()
             self.training = True
             cluster.note("elastic_train", gpus=len(gpus), engines=len(self.pool))
             yield cluster.train(gpus, batch)
             self.training = False
-            self._adapt()
+            self._adapt(idle=ready_at - idle_since, busy=cluster.now - ready_at)
+            idle_since = cluster.now
             if cluster.version < steps:
                 yield from self._grow()
             batcher.changed.fire()
@@ -139,7 +125,7 @@ class Elastic:
         while any(not e.ready for e in self.pool):  # engines still starting cannot be drained yet
             yield any_of([self.load.wait(), cluster.timeout(1.0)])
         need = max(0, max(cluster.min_train_gpus, self.train_target) - len(cluster.free_gpus()))
-        plan = plan_drain(self.pool, cluster.live(), need, kv_fill=self.kv_fill, greedy=self.greedy)
+        plan = plan_drain(self.pool, cluster.live(), need, kv_fill=self.kv_fill)
         if plan.victims:
             yield from self._drain(plan, "train")
         return cluster.free_gpus()
@@ -154,55 +140,68 @@ class Elastic:
         self.load.fire()
 
     def _react(self) -> None:
-        """Between steps: grow when demand returns, or consolidate a thin tail."""
+        """Between steps: rollout pressure with no batch waiting starts engines on free GPUs, reserved ones too."""
         if self.training or (self.draining is not None and not self.draining.done):
             return
         cluster = self.cluster
         ready = [e for e in self.pool if e.ready]
         if len(ready) < len(self.pool):
             return
-        per = cluster.gpus_per_engine
-        free = len(cluster.free_gpus())
         pressure = self._pressure(ready)
         self.pressure_seen |= pressure
-        if free >= per and pressure:
-            self.draining = cluster.spawn(self._grow(sync=False, keep_free=self._keep()), "elastic-grow")
+        if not pressure:
             return
-        if pressure:
+        if len(cluster.free_gpus()) >= cluster.gpus_per_engine and self.batcher.next_batch() is None:
+            self.draining = cluster.spawn(self._lend(), "elastic-grow")
             return
-        if not self.consolidate or self.batcher.can_admit():
+        self._rebalance(ready)
+
+    def _lend(self):
+        """Start engines on every free GPU, reserved ones too, then move queued executions onto them."""
+        yield from self._grow(sync=False, keep_free=0)
+        self._rebalance([e for e in self.pool if e.ready])
+
+    def _rebalance(self, ready: list[EngineView]) -> None:
+        """Executions queued on an engine move to engines that queue nothing and have KV room (below
+        kv_fill after the move), largest context first: no engine idles while another queues."""
+        room = {e.id: self.kv_fill * e.kv_capacity - e.kv_used for e in ready if not e.n_queued}
+        if not room or max(room.values()) <= 0:
             return
-        spare = spare_engines(ready, kv_fill=self.kv_fill)
-        if spare <= 0:
-            return
-        plan = plan_drain(ready, cluster.live(), spare * per, kv_fill=1.0)
-        if plan.victims:
-            self.draining = cluster.spawn(self._drain(plan, "tail"), "elastic-tail")
+        full = {e.id for e in ready if e.n_queued}
+        queued = [x for x in self.cluster.live() if x.phase == Phase.QUEUED and x.engine_id in full]
+        by_id = {e.id: e for e in ready}
+        for x in sorted(queued, key=lambda x: (-x.context_tokens, x.id)):
+            tid = max(room, key=lambda i: (room[i], -i))
+            need = max(x.context_tokens, 1)
+            if room[tid] < need:
+                continue
+            room[tid] -= need
+            self.cluster.migrate(x, by_id[tid])
 
     def _pressure(self, ready: list[EngineView]) -> bool:
-        """Rollout could use more GPUs: an engine queues executions, or the live KV is above PRESSURE_FILL."""
+        """Rollout could use more GPUs: an engine queues executions (a preempted one waits in the queue too),
+        or the live KV is above PRESSURE_FILL of capacity."""
         return any(e.n_queued for e in ready) or sum(e.kv_used for e in ready) > self.PRESSURE_FILL * sum(
             e.kv_capacity for e in ready)
 
-    def _adapt(self) -> None:
-        """Trainer backlog: if the next batch is already waiting when a step ends, the trainer is the
-        bottleneck, so the next step trains on twice the GPUs (kept free instead of restarting engines),
-        up to half the pool (or the trainer's memory minimum, if larger); otherwise the target decays by
-        one engine towards the minimum (with decay="pressure", only if rollout showed pressure)."""
-        if not self.adapt_trainer:
-            return
-        cluster, per = self.cluster, self.cluster.gpus_per_engine
+    def _adapt(self, idle: float, busy: float) -> None:
+        """After a step: backlog doubles the trainer target (up to the largest size); otherwise rollout
+        pressure since the last step, or a trainer that waited for this batch longer than the step took
+        (`idle` > `busy`: its GPUs sat unused more than half the time), halves it (down to the memory
+        minimum); otherwise it stays."""
+        cluster = self.cluster
         floor, ceil = self._reserve_gpus(), self._ceil()
         pressure, self.pressure_seen = self.pressure_seen, False
         if cluster.version < self.batcher.steps and self.batcher.next_batch() is not None:
             self.train_target = min(ceil, 2 * self.train_target)
-        elif pressure or self.decay == "always":
-            self.train_target = max(floor, self.train_target - per)
+        elif pressure or idle > busy:
+            per = cluster.gpus_per_engine
+            self.train_target = max(floor, self.train_target // 2 // per * per)
         cluster.note("elastic_trainer_target", gpus=self.train_target)
 
     def _keep(self) -> int:
-        """GPUs left free for the trainer when engines (re)start."""
-        return self.train_target if self.train_target > self._reserve_gpus() else 0
+        """GPUs reserved for the trainer when engines (re)start."""
+        return self.train_target
 
     def _ceil(self) -> int:
         """The largest trainer: half the pool (or the memory minimum, if larger)."""
@@ -218,7 +217,7 @@ class Elastic:
         """Start engines on the free GPUs but `keep_free` (latest weights); sync the staying engines."""
         cluster = self.cluster
         if keep_free is None:
-            keep_free = self._keep() if self.pool or self.start_trainer == "max" else 0
+            keep_free = self._keep()
         free = sorted(cluster.free_gpus())
         slots = engine_slots(free[: max(0, len(free) - keep_free)], cluster.gpus_per_engine)
         stale = [e for e in self.pool if e.ready and e.version < cluster.version] if sync else []

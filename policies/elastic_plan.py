@@ -5,12 +5,9 @@ of the future, and has no side effects, so it is unit-tested on plain stand-ins.
 
 - `choose_victims`: engines to drain so that `need_gpus` GPUs come free, fewest live executions
   first (cheapest to empty; ties: fewest decoding, since a decoding execution moves only at its next
-  tool-call boundary; then id). Past `need_gpus` it keeps draining (when `greedy`) only while the
-  engines that stay could hold all resident KV at `kv_fill` of their capacity. At least one engine
-  always stays.
+  tool-call boundary; then id). At least one engine always stays.
 - `assign_targets`: each migrant (largest context first) to the staying engine with the most free
   KV at that moment (free = capacity * kv_fill - used - already assigned; ties by id).
-- `spare_engines`: how many engines the live KV does not need at `kv_fill` (tail consolidation).
 
 Simplifications: a decoding execution's KV is counted at its current size (it grows by one segment
 before it moves); queued executions hold no KV yet and count as their context (0 if not started).
@@ -19,7 +16,6 @@ before it moves); queued executions hold no KV yet and count as their context (0
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,25 +36,15 @@ def _drain_order(engines: Sequence[EngineView]) -> list[EngineView]:
     return sorted(engines, key=lambda e: (e.n_live, e.n_decoding, e.id))
 
 
-def choose_victims(
-    engines: Sequence[EngineView], need_gpus: int, *, kv_fill: float = 0.9, greedy: bool = False
-) -> list[EngineView]:
-    """Engines to drain for `need_gpus` GPUs (and, if greedy, every further one the KV allows)."""
-    if not engines:
-        return []
-    total_kv = sum(e.kv_used for e in engines)
-    cap_left = sum(e.kv_capacity for e in engines)
+def choose_victims(engines: Sequence[EngineView], need_gpus: int) -> list[EngineView]:
+    """Engines to drain for `need_gpus` GPUs, fewest live executions first; at least one stays."""
     victims: list[EngineView] = []
     got = 0
     for e in _drain_order(engines):
-        if len(victims) >= len(engines) - 1:
+        if len(victims) >= len(engines) - 1 or got >= need_gpus:
             break
-        if got >= need_gpus:
-            if not greedy or total_kv > kv_fill * (cap_left - e.kv_capacity):
-                break
         victims.append(e)
         got += len(e.gpus)
-        cap_left -= e.kv_capacity
     return victims
 
 
@@ -86,20 +72,10 @@ def plan_drain(
     need_gpus: int,
     *,
     kv_fill: float = 0.9,
-    greedy: bool = False,
 ) -> DrainPlan:
     """Victims freeing >= need_gpus GPUs (when possible) and a target for each of their executions."""
-    victims = choose_victims(engines, need_gpus, kv_fill=kv_fill, greedy=greedy)
+    victims = choose_victims(engines, need_gpus)
     vids = {e.id for e in victims}
     stay = [e for e in engines if e.id not in vids]
     movers = [x for x in live if x.engine_id in vids]
     return DrainPlan(tuple(victims), tuple(assign_targets(movers, stay, kv_fill=kv_fill)))
-
-
-def spare_engines(engines: Sequence[EngineView], *, kv_fill: float) -> int:
-    """Engines beyond those needed to hold the resident KV at kv_fill (never counts the last one)."""
-    if not engines:
-        return 0
-    cap = max(e.kv_capacity for e in engines) * kv_fill
-    need = max(1, math.ceil(sum(e.kv_used for e in engines) / cap)) if cap > 0 else len(engines)
-    return max(0, len(engines) - need)

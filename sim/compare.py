@@ -126,14 +126,14 @@ def tune(
         pending = nxt
     out: dict[str, Tuned] = {}
     run_round([(cfg, cand) for cand in fixed.values()]
-              + [(cfg, min(t, key=lambda x: x[2].makespan_s)[1]) for t in tried.values() if t])
+              + [(cfg, _best(t)) for t in tried.values() if t])
     for name, cand in fixed.items():
         out[name] = Tuned(cand, results[(cfg.steps, cand.label)], "as configured", [])
     for key, t in tried.items():
         if not t:
             continue
         name = searches[key][1]
-        best = min(t, key=lambda x: x[2].makespan_s)[1]
+        best = _best(t)
         grid = len(sweep(name, shape, etas))
         of = f"grid of {grid}" if len(t) == grid else f"search, {len(t)} of a grid of {grid}"
         how = (f"pilot ({pilot_cfg.steps} of {cfg.steps} steps), {of}" if key.endswith("-pilot")
@@ -141,6 +141,11 @@ def tune(
         out[key] = Tuned(best, results[(cfg.steps, best.label)], how,
                          [(c, cand, r.makespan_s) for c, cand, r in t])
     return {k: out[k] for k in sorted(out, key=lambda k: (names.index(k.removesuffix("-pilot")), k))}
+
+
+def _best(tried: list[tuple[RunConfig, Candidate, SimResult]]) -> Candidate:
+    """The fastest candidate; on a tie (a pilot too short for the staleness bound to bind) the larger eta."""
+    return min(tried, key=lambda x: (x[2].makespan_s, -x[1].params.get("eta", 0)))[1]
 
 
 def _run_jobs(jobs: list[tuple[RunConfig, Candidate]], source_factory, workers, on_done) -> list[SimResult]:
