@@ -17,9 +17,11 @@ or KV above PRESSURE_FILL of capacity) is demand for engines: while it lasts and
 waiting, reserved GPUs start engines (lent to rollout), and they are drained back when the next batch
 is ready; executions queued on one engine move to engines with KV room (`_rebalance`). After each
 step: if the next batch was already waiting (trainer backlog), the target doubles up to the largest
-size; else, if rollout showed pressure since the last step or the trainer waited for its batch longer
-than the step took, it halves towards the minimum; else it stays. Where rollout never shows pressure
-and the trainer is busy, no GPU moves and elastic is the fixed split with the largest trainer.
+size, and past it (up to every GPU the live executions' KV does not need at `kv_fill`) while drains
+prove quick (`_adapt`); else, if rollout showed pressure since the last step or the trainer waited for
+its batch longer than the step took, it halves towards the minimum; else it stays. Where rollout never
+shows pressure and the trainer is busy, no GPU moves and elastic is the fixed split with the largest
+trainer.
 
 Every decision reads only observations: engines' live/decoding/queued counts and KV use, the live
 executions' current contexts, and the Batcher's state (trainer backlog). No future lengths.
@@ -60,6 +62,7 @@ class Elastic:
         self.eta = c.eta
         self.kv_fill = c.kv_fill
         self.pressure_seen = False  # rollout pressure observed since the last step ended
+        self.slow_drains = False  # a trainer grown past its largest size waited long for its drain
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
@@ -88,9 +91,10 @@ class Elastic:
             gpus = yield from self._gather()
             self.training = True
             cluster.note("elastic_train", gpus=len(gpus), engines=len(self.pool))
+            start = cluster.now
             yield cluster.train(gpus, batch)
             self.training = False
-            self._adapt(idle=ready_at - idle_since, busy=cluster.now - ready_at)
+            self._adapt(idle=ready_at - idle_since, gather=start - ready_at, train=cluster.now - start)
             idle_since = cluster.now
             if cluster.version < steps:
                 yield from self._grow()
@@ -184,24 +188,47 @@ class Elastic:
         return any(e.n_queued for e in ready) or sum(e.kv_used for e in ready) > self.PRESSURE_FILL * sum(
             e.kv_capacity for e in ready)
 
-    def _adapt(self, idle: float, busy: float) -> None:
-        """After a step: backlog doubles the trainer target (up to the largest size); otherwise rollout
-        pressure since the last step, or a trainer that waited for this batch longer than the step took
-        (`idle` > `busy`: its GPUs sat unused more than half the time), halves it (down to the memory
-        minimum); otherwise it stays."""
-        cluster = self.cluster
+    def _adapt(self, idle: float, gather: float, train: float) -> None:
+        """After a step (the trainer waited `idle` for the batch, `gather` for its GPUs, trained `train`):
+        - backlog (the next batch already waits): the target doubles, up to the largest size; past it
+          (up to every GPU the live KV does not need) only while drains have been quick: a gather longer
+          than a quarter of the training it fed marks drains slow for the rest of the run, and the
+          target falls back to the largest size;
+        - otherwise rollout pressure since the last step, or a trainer that waited longer for its batch
+          than it then spent on the step, halves it (down to the memory minimum); otherwise it stays."""
+        cluster, per = self.cluster, self.cluster.gpus_per_engine
         floor, ceil = self._reserve_gpus(), self._ceil()
         pressure, self.pressure_seen = self.pressure_seen, False
+        if self.train_target > ceil and gather > train / 4:
+            self.slow_drains = True
         if cluster.version < self.batcher.steps and self.batcher.next_batch() is not None:
-            self.train_target = min(ceil, 2 * self.train_target)
-        elif pressure or idle > busy:
-            per = cluster.gpus_per_engine
+            top = ceil if self.slow_drains else self._cap()
+            self.train_target = min(max(top, ceil), 2 * self.train_target)
+        elif pressure or idle > gather + train:
             self.train_target = max(floor, self.train_target // 2 // per * per)
+        if self.slow_drains:
+            self.train_target = min(self.train_target, ceil)
         cluster.note("elastic_trainer_target", gpus=self.train_target)
 
     def _keep(self) -> int:
         """GPUs reserved for the trainer when engines (re)start."""
         return self.train_target
+
+    def _cap(self) -> int:
+        """The most the trainer may grow to: every GPU but the engines the live executions' KV needs (at
+        kv_fill of capacity; at least one engine), and never below the starting size. Only the starting
+        size while most live executions have not passed a tool call yet (a decoding execution moves only
+        at a tool-call boundary, so draining engines full of first turns, e.g. single-turn rollouts, waits
+        for whole rollouts)."""
+        cluster, per = self.cluster, self.cluster.gpus_per_engine
+        live = cluster.live()
+        if 2 * sum(1 for x in live if x.turns_done >= 1) < len(live):
+            return self._ceil()  # most executions have not reached a tool call: a drain would wait for them
+        ready = [e for e in self.pool if e.ready]
+        cap = max((e.kv_capacity for e in ready), default=0) * self.kv_fill
+        kv = sum(e.kv_used for e in ready) + sum(max(x.context_tokens, 0) for x in live if x.phase == Phase.QUEUED)
+        engines = max(1, -(-int(kv) // int(cap))) if cap > 0 else 1
+        return max(self._ceil(), (cluster.n_gpus - engines * per) // per * per)
 
     def _ceil(self) -> int:
         """The largest trainer: half the pool (or the memory minimum, if larger)."""

@@ -1,0 +1,149 @@
+"""The regime map: where elastic beats a fixed split, on xlong-swe-kv (the 2.4T MoE, ~700K-token rollouts).
+
+Axes (each cell is xlong-swe-kv with these fields replaced; nothing else moves):
+- KV pressure: the compaction window W (262,144 / 524,288 / 1,048,576 / 2,097,152 tokens), so a 32-GPU
+  engine's ~8.1M KV tokens hold about 32 / 16 / 8 / 4 contexts at a full window. The trainer's memory
+  minimum keeps the preset's 1M-token sequence in every cell, so this axis moves KV pressure only.
+- trainer share: the cluster, 640 / 768 / 1,024 H200s, against a trainer minimum of 360 GPUs.
+- length growth: none, or turns x3 over the 48-step run (the preset's rate per step).
+- training: heavy (the preset: activation and log-prob recompute, 10 x active params FLOPs per token)
+  or light (neither, 6 x active params).
+Per cell: colocate; async at 5 rollout splits spread over every engine multiple that leaves the trainer
+its minimum (both ends included) at eta 4, best one kept (hindsight); async tuned on a pilot of the first
+steps // 6 steps (at least 1) over the same 5 splits and then run in full; elastic at eta 4. eta 4 is
+the best staleness bound of every sweep this project has run (xlong-swe, xlong-swe-small, short-math),
+so the map spends its runs on the split.
+
+python experiments/regime_map/run.py [--steps 6] [--jobs 2] [--cells core|all]  ->  results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gyre.config import override
+from gyre.hardware import CostConfig
+from gyre.policies.async_split import AsyncSplit
+from gyre.policies.common import ClusterShape
+from gyre.policies.tuning import _spread
+from gyre.presets import KV_WINDOW, get_preset
+from gyre.sim.runner import simulate
+
+OUT = Path(__file__).parent / "results"
+WINDOWS = (1 << 18, 1 << 19, 1 << 20, 1 << 21)
+CLUSTERS = (640, 768, 1024)
+ETA = 4
+
+
+def cell_config(window: int, gpus: int, growth: bool, heavy: bool, steps: int):
+    base = get_preset("xlong-swe-kv")
+    cost = CostConfig(train_extra_forwards=2 if heavy else 0, train_seq_tokens=KV_WINDOW)
+    w = replace(base.workload, context_window=window,
+                drift_per_step=base.workload.drift_per_step if growth else 0.0)
+    return override(replace(base, workload=w, cluster=replace(base.cluster, cost=cost)),
+                    **{"cluster.gpus": gpus, "steps": steps})
+
+
+def _run(job):
+    cell, cfg, policy, params = job
+    r = simulate(cfg, policy, params)
+    s = r.metrics.summary()
+    return cell, cfg.steps, policy, params, r.makespan_s, s.get("gpu_h_idle", float("nan"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--cells", choices=["core", "all"], default="core",
+                    help="core: every window x cluster with growth and heavy training, plus the other two axes "
+                         "at W = 1M on 1,024 and 640 GPUs; all: the full 4 x 3 x 2 x 2 grid")
+    a = ap.parse_args()
+    cells = [(w, n, True, True) for w in WINDOWS for n in CLUSTERS]
+    if a.cells == "all":
+        cells = list(itertools.product(WINDOWS, CLUSTERS, (False, True), (False, True)))
+    else:
+        cells += [(1 << 20, n, g, h) for n in (640, 1024) for g, h in ((False, True), (True, False))]
+    t0 = time.perf_counter()
+    pilot_steps = max(1, a.steps // 6)
+    jobs, meta = [], {}
+    for cell in cells:
+        cfg = cell_config(*cell, steps=a.steps)
+        c = cfg.costs()
+        shape = ClusterShape(n_gpus=cfg.cluster.gpus, gpus_per_engine=c.engine_gpus, min_train_gpus=c.min_train_gpus)
+        splits = AsyncSplit.splits(shape)
+        rs = [splits[i] for i in _spread(len(splits), 5)]
+        meta[cell] = (cfg, c, rs)
+        jobs += [(cell, cfg, "colocate", {}), (cell, cfg, "elastic", {"eta": ETA})]
+        jobs += [(cell, cfg, "async", {"eta": ETA, "rollout_gpus": r}) for r in rs]
+        if pilot_steps < a.steps:
+            jobs += [(cell, replace(cfg, steps=pilot_steps), "async", {"eta": ETA, "rollout_gpus": r}) for r in rs]
+    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+        res = list(pool.map(_run, jobs))
+    rows = []
+    for cell in cells:
+        cfg, c, rs = meta[cell]
+        mine = [x for x in res if x[0] == cell]
+        full = {(p, tuple(sorted(q.items()))): (m, idle) for _, st, p, q, m, idle in mine if st == a.steps}
+        colo = full[("colocate", ())][0]
+        ela = full[("elastic", (("eta", ETA),))][0]
+        asyncs = {q[1][1] if q[0][0] == "eta" else None: v for (p, q), v in full.items() if p == "async"}
+        asyncs = {dict(q)["rollout_gpus"]: v for (p, q), v in full.items() if p == "async"}
+        best_r = min(asyncs, key=lambda r: asyncs[r][0])
+        pil = {q["rollout_gpus"]: m for _, st, p, q, m, _ in mine if p == "async" and st == pilot_steps < a.steps}
+        pilot_r = min(pil, key=lambda r: pil[r]) if pil else best_r
+        n, tmin = cfg.cluster.gpus, c.min_train_gpus
+        best = min(colo, asyncs[best_r][0])
+        rows.append({
+            "window": cell[0], "fits_full_window": c.kv_capacity_tokens / cell[0], "gpus": n, "trainer_min": tmin,
+            "trainer_share": tmin / n, "growth": "3x" if cell[2] else "none", "training": "heavy" if cell[3] else "light",
+            "steps": a.steps, "colocate_s": colo, "async_best_s": asyncs[best_r][0], "async_best_R": best_r,
+            "async_pilot_R": pilot_r, "async_pilot_s": asyncs[pilot_r][0], "elastic_s": ela,
+            "elastic_vs_best": best / ela, "elastic_vs_pilot_async": asyncs[pilot_r][0] / ela,
+            "ceiling": n / (n - tmin), "elastic_vs_async_over_ceiling": (asyncs[best_r][0] / ela) / (n / (n - tmin)),
+            "async_idle_gpu_h": asyncs[best_r][1], "async_splits_tried": " ".join(map(str, rs)),
+        })
+    OUT.mkdir(parents=True, exist_ok=True)
+    df = pd.DataFrame(rows)
+    df.to_csv(OUT / "map.csv", index=False)
+    heatmap(df, OUT / "map.png")
+    print(df[["window", "gpus", "growth", "training", "colocate_s", "async_best_s", "async_best_R", "elastic_s",
+              "elastic_vs_best", "elastic_vs_pilot_async", "ceiling"]].round(3).to_string(index=False))
+    print(f"{len(jobs)} runs in {time.perf_counter() - t0:.0f} s with {a.jobs} workers")
+
+
+def heatmap(df: pd.DataFrame, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    core = df[(df.growth == "3x") & (df.training == "heavy")]
+    piv = core.pivot_table(index="window", columns="gpus", values="elastic_vs_best")
+    ceil = core.pivot_table(index="window", columns="gpus", values="ceiling")
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    im = ax.imshow(piv.values, cmap="RdYlGn", vmin=0.8, vmax=max(1.6, float(np.nanmax(piv.values))), origin="lower")
+    ax.set_xticks(range(len(piv.columns)), [f"{g}\n(trainer {360 / g:.0%})" for g in piv.columns])
+    fits = core.groupby("window")["fits_full_window"].first()
+    ax.set_yticks(range(len(piv.index)), [f"{w // 1024}K ({fits[w]:.0f} fit)" for w in piv.index])
+    ax.set_xlabel("cluster GPUs (trainer minimum 360 = share)")
+    ax.set_ylabel("compaction window (contexts per engine at a full window)")
+    for i, j in itertools.product(range(piv.shape[0]), range(piv.shape[1])):
+        ax.text(j, i, f"{piv.values[i, j]:.2f}x\n(ceil {ceil.values[i, j]:.2f})", ha="center", va="center", fontsize=8)
+    ax.set_title("elastic / best of (colocate, async), growth 3x, heavy training")
+    fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
