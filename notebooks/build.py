@@ -62,8 +62,8 @@ print(f"an engine takes {costs.engine_gpus} GPU and holds {costs.kv_capacity_tok
 - **async**: a fixed split; rollout never stops, the trainer takes a batch when one is ready
   (staleness bounded by `eta`). Here it runs at its defaults (`eta=1`, trainer = the minimum it needs);
   `gyre-sim compare` sweeps the split and `eta` for a fair baseline.
-- **elastic**: GPUs move between roles as demand shifts; the thinning tail is consolidated onto fewer
-  engines by migrating executions at tool-call boundaries, and the freed GPUs train.
+- **elastic**: GPUs move between roles as demand shifts: engines are drained for training by migrating
+  executions at tool-call boundaries, and GPUs reserved for the trainer generate while engines queue.
 
 `vs_bound` is the makespan over the work-conserving lower bound no policy can beat.
 """),

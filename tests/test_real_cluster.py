@@ -147,12 +147,15 @@ def test_cli_run_then_calibrate(pool, tmp_path):
 def test_elastic_moves_gpus_between_roles(pool):
     """elastic on Ray: a GPU goes from rollout to training while another keeps generating, and back.
 
-    The trainer's size is held fixed at its minimum (every GPU generates until a batch is ready): with
-    backlog-driven sizing, or a trainer that starts at its largest size on GPUs kept free, a 2-step run may
-    keep its trainer GPUs for the second step and never grow back before the end."""
+    Elastic lends the GPUs it reserves for the trainer to rollout only under rollout pressure, so the
+    engines' KV is cut to 24 tokens (about one execution each): executions queue, the reserve runs
+    engines until each batch is ready, and is drained back to train."""
+    import dataclasses
+
     from gyre.policies import make_policy
 
-    r = run_real(CFG, make_policy("elastic", adapt_trainer=False, start_trainer="min"), pool=pool)
+    cfg = dataclasses.replace(CFG, cluster=dataclasses.replace(CFG.cluster, kv_capacity=24))
+    r = run_real(cfg, make_policy("elastic"), pool=pool)
     check_run(r, CFG.steps)
     role: dict[int, int] = {}
     path: dict[int, list[int]] = {}
