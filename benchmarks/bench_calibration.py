@@ -25,7 +25,7 @@ TARGETS = {"ks_d": 0.10, "p99_err": 0.15, "maxk_mean_err": 0.15}
 
 
 def check(path: str, fmt: str, drift: str, group_size: int, groups_per_step: int, draws: int) -> bool:
-    from gyre.sim.cli_traces import load_trace
+    from gyre.traces.formats import load_trace
     from gyre.traces.calibrate import CalibrateOptions, calibrate
     from gyre.traces.calibrated import sample_quantities
     from gyre.traces.readers import Grouping

@@ -78,8 +78,9 @@ def gpd_mle(y: np.ndarray) -> tuple[float, float]:
             return len(y) * p[1] + float(y.sum()) / sigma
         return len(y) * p[1] + (1 + 1 / xi) * float(np.log1p(xi * y / sigma).sum())
 
-    res = optimize.minimize(nll, np.array([xi0, math.log(s0)]), method="Nelder-Mead",
-                            options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 2000})
+    with np.errstate(all="ignore"):  # the search tries shapes whose likelihood overflows: inf, not a warning
+        res = optimize.minimize(nll, np.array([xi0, math.log(s0)]), method="Nelder-Mead",
+                                options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 2000})
     return float(res.x[0]), float(math.exp(res.x[1]))
 
 
@@ -213,9 +214,10 @@ def _fit_logmix(x: np.ndarray, cap: float | None, discrete: bool, k: int = 2, it
     mu = np.quantile(z, (np.arange(k) + 0.5) / k)
     sd = np.full(k, max(np.std(z), 1e-3))
     w = np.full(k, 1.0 / k)
-    for _ in range(iters if k > 1 else 0):  # EM
-        dens = w[:, None] * stats.norm.pdf(z[None, :], mu[:, None], sd[:, None]) + 1e-300
-        resp = dens / dens.sum(0)
+    for _ in range(iters if k > 1 else 0):  # EM (a collapsing component underflows to 0, not a warning)
+        with np.errstate(all="ignore"):
+            dens = w[:, None] * stats.norm.pdf(z[None, :], mu[:, None], sd[:, None]) + 1e-300
+            resp = dens / dens.sum(0)
         nk = resp.sum(1)
         w = nk / nk.sum()
         mu = (resp * z).sum(1) / nk
