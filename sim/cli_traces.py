@@ -19,6 +19,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from gyre.gc_pause import no_gc
 from gyre.traces.calibrate import DRIFT_MODES, CalibrateOptions, base_config, calibrate, fit_figures, quantities
 from gyre.traces.calibrated import CalibratedSource, load_workload
 from gyre.traces.formats import FORMATS, FieldNames, load_trace
@@ -198,6 +199,12 @@ def replay_cmd(
     tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns",
 ) -> None:
     """Replay a trace's executions exactly (not resampled) through policies; same comparison as `compare`."""
+    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
+    with no_gc():  # a million executions and their run's log live to the end: see gyre.gc_pause
+        _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names)
+
+
+def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names) -> None:
     from dataclasses import replace
 
     from gyre.config import ConfigError, override
@@ -206,7 +213,6 @@ def replay_cmd(
     from gyre.sim.cli import _print_table, console
     from gyre.sim.compare import best_per_policy, candidates, comparison_table, run_candidates, write_outputs
 
-    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
     tr, g = _load(trace, fmt, skip_bad, group_size, groups_per_step, names)
     w = trace_workload(tr)
     whole = len(tr.groups) // w.groups_per_step
