@@ -142,3 +142,24 @@ def test_no_draw_above_the_context_window(tmp_path):
     assert x["prompt"].max() <= window and x["length"].max() <= window, (x["prompt"].max(), x["length"].max(), window)
     for name, t in cw.report["tails"].items():
         assert t["clamp"] == window, f"{name} clamp {t['clamp']}"
+
+
+def test_quantities_equal_a_plain_loop():
+    """The flat per-quantity arrays equal a plain loop over a multi-turn trace's executions."""
+    import dataclasses
+
+    from gyre.presets import xlong_swe
+    from gyre.traces.calibrate import quantities
+    from gyre.workload import WorkloadSource
+
+    src = WorkloadSource(dataclasses.replace(xlong_swe(), groups_per_step=2), 7)
+    groups = [src.next_group() for _ in range(6)]
+    q = quantities(groups, "turns")
+    ex = [(gi, e) for gi, g in enumerate(groups) for e in g.executions]
+    ref = {"gen": [x for _, e in ex for x in e.gen], "turns": [len(e.gen) for _, e in ex],
+           "tool_s": [x for _, e in ex for x in e.tool_s], "tool_out": [x for _, e in ex for x in e.tool_out],
+           "prompt": [e.prompt for _, e in ex], "step": [e.step for _, e in ex], "group": [gi for gi, _ in ex],
+           "capped": [e.capped for _, e in ex], "length": [len(e.gen) for _, e in ex]}
+    for k, v in ref.items():
+        assert q[k].tolist() == v, k
+    assert quantities(groups, "gen")["length"].tolist() == [e.gen[0] for _, e in ex], "single-turn length"

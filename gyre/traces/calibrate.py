@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -63,18 +65,21 @@ class CalibrateOptions:
 def quantities(groups: list[GroupSpec], target: str) -> dict[str, np.ndarray]:
     """Flat arrays per quantity, plus per-execution step and group index (for drift/difficulty)."""
     ex = [e for g in groups for e in g.executions]
-    gen = np.fromiter((x for e in ex for x in e.gen), dtype=float)
-    turns = np.fromiter((len(e.gen) for e in ex), dtype=float, count=len(ex))
+    n = len(ex)
+    gens = list(map(attrgetter("gen"), ex))
+    turns = np.fromiter(map(len, gens), dtype=np.int64, count=n)
+    gen = np.fromiter(chain.from_iterable(gens), dtype=float, count=int(turns.sum()))
+    sizes = np.fromiter((len(g.executions) for g in groups), dtype=np.int64, count=len(groups))
     out = {
-        "gen": gen, "turns": turns,
-        "tool_s": np.fromiter((x for e in ex for x in e.tool_s), dtype=float),
-        "tool_out": np.fromiter((x for e in ex for x in e.tool_out), dtype=float),
-        "prompt": np.fromiter((e.prompt for e in ex), dtype=float, count=len(ex)),  # per execution
-        "step": np.fromiter((e.step for e in ex), dtype=float, count=len(ex)),
-        "group": np.fromiter((gi for gi, g in enumerate(groups) for _ in g.executions), dtype=float, count=len(ex)),
-        "capped": np.fromiter((e.capped for e in ex), dtype=bool, count=len(ex)),
+        "gen": gen, "turns": turns.astype(float),
+        "tool_s": np.fromiter(chain.from_iterable(map(attrgetter("tool_s"), ex)), dtype=float),
+        "tool_out": np.fromiter(chain.from_iterable(map(attrgetter("tool_out"), ex)), dtype=float),
+        "prompt": np.fromiter(map(attrgetter("prompt"), ex), dtype=float, count=n),  # per execution
+        "step": np.fromiter(map(attrgetter("step"), ex), dtype=float, count=n),
+        "group": np.repeat(np.arange(len(groups), dtype=float), sizes),
+        "capped": np.fromiter(map(attrgetter("capped"), ex), dtype=bool, count=n),
     }
-    out["length"] = turns if target == "turns" else np.fromiter((e.gen[0] for e in ex), dtype=float, count=len(ex))
+    out["length"] = out["turns"] if target == "turns" else gen[np.cumsum(turns) - turns]  # first segment's tokens
     return out
 
 
@@ -164,9 +169,11 @@ def base_config(trace: Trace, train: list[GroupSpec], q: dict[str, np.ndarray], 
     """The structure of the calibrated workload: from the trace's header, else from its data."""
     turns_total = max(float(q["turns"].sum()), 1.0)
     ex = [e for g in train for e in g.executions]
-    n_sub = sum(1 for e in ex for _, k in e.branches if k == "subagent")
-    n_retry = sum(1 for e in ex for _, k in e.branches if k == "retry")
-    max_kv = max((max(e.kv) + max(e.gen) for e in ex), default=1)
+    kinds = [k for b in map(attrgetter("branches"), ex) if b for _, k in b]
+    n_sub, n_retry = kinds.count("subagent"), kinds.count("retry")
+    kv_top = np.fromiter(map(max, map(attrgetter("kv"), ex)), dtype=float, count=len(ex))
+    gen_top = np.fromiter(map(max, map(attrgetter("gen"), ex)), dtype=float, count=len(ex))
+    max_kv = int((kv_top + gen_top).max()) if len(ex) else 1
     sizes = np.bincount([len(g.executions) for g in trace.groups])
     fields = dict(
         prompt_tokens=_lognormal(q["prompt"]), turns=_lognormal(q["turns"]), gen_tokens=_lognormal(q["gen"]),
