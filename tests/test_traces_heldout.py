@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gyre.traces.calibrate import CalibrateOptions, calibrate
-from gyre.traces.calibrated import CalibratedSource, sample_quantities
+from gyre.traces.calibrated import CalibratedSource, load_workload, sample_quantities
 from gyre.traces.fit import fit_quality, fit_tail_dist, mean_max
 from gyre.traces.formats import load_trace
 from gyre.traces.readers import Grouping
@@ -104,6 +104,12 @@ def test_linear_drift_is_bounded(tmp_path):
     med = np.median(x)
     base = np.median(sample_quantities(cw, np.zeros(2000), seed=0)["length"])
     assert med >= 0.9 * lo * base, f"median at step 200 {med} is below the lowest level seen ({lo} x {base})"
+    cw.save(tmp_path / "w.json")
+    again = load_workload(tmp_path / "w.json")
+    assert (again.drift_range, again.length_range) == (cw.drift_range, cw.length_range), "bounds survive the file"
+    src = CalibratedSource(again, seed=0, first_step=200)
+    gen = [e.gen[0] for _ in range(40) for e in src.next_group().executions]
+    assert min(gen) >= seen[0] and np.median(gen) >= 0.9 * lo * base, (min(gen), np.median(gen))
 
 
 def test_rollout_drift_kept_only_when_it_helps_held_out():

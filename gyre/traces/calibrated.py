@@ -45,7 +45,7 @@ class CalibratedWorkload:
     scale_target: str  # "turns" or "gen": which quantity `length` is
     difficulty_sigma: float = 0.0
     drift_per_step: float = 0.0
-    drift_range: tuple[float, float] = (1.0, 1.0)  # the drift factor is clipped into this range
+    drift_range: tuple[float, float] = (0.0, math.inf)  # the drift factor is clipped into this range
     length_range: tuple[float, float] = (0.0, math.inf)  # scaling keeps a length inside (smallest, largest seen)
     prompt_per_execution: bool = False
     report: dict[str, Any] = field(default_factory=dict)  # fit quality, provenance (not used to sample)
@@ -67,14 +67,24 @@ class CalibratedWorkload:
         return {
             "gyre_workload": FORMAT_VERSION, "kind": "calibrated", "workload": workload_to_dict(self.base),
             "scale_target": self.scale_target, "difficulty_sigma": self.difficulty_sigma,
-            "drift_per_step": self.drift_per_step, "drift_range": list(self.drift_range),
-            "length_range": [self.length_range[0], None if math.isinf(self.length_range[1]) else self.length_range[1]],
+            "drift_per_step": self.drift_per_step, "drift_range": _json_range(self.drift_range),
+            "length_range": _json_range(self.length_range),
             "prompt_per_execution": self.prompt_per_execution, "dists": {k: d.to_dict() for k, d in self.dists.items()},
             "report": self.report,
         }
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1, allow_nan=False, default=float))
+
+
+def _json_range(r: tuple[float, float]) -> list:
+    return [r[0], None if math.isinf(r[1]) else r[1]]
+
+
+def _range(v) -> tuple[float, float]:
+    """[lo, hi] from JSON (hi null: unbounded); absent (a file written before bounds): (0, inf)."""
+    lo, hi = v if v is not None else (0.0, None)
+    return float(lo), math.inf if hi is None else float(hi)
 
 
 def load_workload(path: str | Path) -> CalibratedWorkload:
@@ -89,12 +99,10 @@ def load_workload(path: str | Path) -> CalibratedWorkload:
         raise TraceError(f"{path}:1: not a calibrated gyre workload (expected gyre_workload={FORMAT_VERSION})")
     try:
         dists = {k: TailDist.from_dict(v) for k, v in d["dists"].items()}
-        lo, hi = d.get("length_range", [0.0, None])
         return CalibratedWorkload(
             base=workload_from_dict(d["workload"], str(path)), dists=dists, scale_target=d["scale_target"],
             difficulty_sigma=float(d.get("difficulty_sigma", 0.0)), drift_per_step=float(d.get("drift_per_step", 0.0)),
-            drift_range=tuple(float(v) for v in d.get("drift_range", (1.0, 1.0))),
-            length_range=(float(lo), math.inf if hi is None else float(hi)),
+            drift_range=_range(d.get("drift_range")), length_range=_range(d.get("length_range")),
             prompt_per_execution=bool(d.get("prompt_per_execution", False)), report=d.get("report", {}),
         )
     except KeyError as exc:
