@@ -5,32 +5,23 @@ bookkeeping (GPU roles and owners, engine membership, execution phases, the even
 of gyre.metrics); actors do the work: engines generate (gyre.real.engine_torch), the tool server
 sleeps and answers (gyre.real.task), trainer workers train and publish weights (gyre.real.trainer).
 
-Training: a step on GPUs G runs data-parallel on the trainer workers of G (one per GPU, in the GPUs'
-placement-group bundles), rank 0 = the lowest GPU; steps run one after another (a step asked for while
-one runs starts when it ends). The driver keeps which version each worker holds: the step's rank 0
-becomes the worker of record, and a worker that missed steps gets the state of record first.
-
-Weights (`RealClusterConfig.weight_sync`): "object_store" publishes each version as one Ray object
-reference that engines load; "collective" broadcasts it from the worker of record to the engines being
-woken or synced over a standalone group (gyre.real.collective), falling back to the object store for an
-engine whose broadcast failed (a peer died) and, on NCCL, for the engine sharing the sender's GPU.
+What is shared with the simulator (observations, preconditions, booking) is gyre.backend.ClusterBase.
+The data-parallel training step is gyre.real.train_step, weight publishing gyre.real.weights, and how
+executions flow through engines, migrations and engine faults gyre.real.flow (mixins of this class): no
+execution is ever aborted or restarted.
 
 The run loop drives the policy's gyre.handles.Process: it waits on the outstanding Ray futures with
 `ray.wait` (bounded by the next policy timer), and handles the completed ones in submission order;
 handle completions are deferred until a result is fully booked, so a policy never observes an engine
 half-way through an update. Times in the log are seconds since the cluster was built.
-
-How executions flow through engines, migrations and engine faults live in gyre.real.flow (a mixin):
-no execution is ever aborted or restarted.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,13 +31,15 @@ import ray
 
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.handles import Handle, Process, done_handle
-from gyre.pool import TRAINER, GpuPool, check_admit, check_migrate
+from gyre.backend import ClusterBase
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
-from gyre.real.collective import plan_broadcast
 from gyre.real.engine_view import RealEngine
 from gyre.real.flow import ExecutionFlow
-from gyre.trajectory import AdvantageConfig, group_advantages, score_group
+from gyre.real.task_api import DEFAULT_TASK, load_task
+from gyre.real.train_step import TrainSteps
+from gyre.real.weights import WeightPublisher
+from gyre.trajectory import AdvantageConfig, group_advantages
 
 WEIGHT_SYNC = ("object_store", "collective")
 
@@ -58,6 +51,7 @@ class RealClusterConfig:
     min_train_gpus: int = 1
     kv_capacity: int = 4096  # tokens per engine
     task: T.TaskConfig = field(default_factory=T.TaskConfig)
+    task_class: str = DEFAULT_TASK  # dotted path of the task (gyre.real.task_api.Task)
     normalize_std: bool = True
     seed: int = 0
     max_wall_s: float = 1800.0
@@ -69,21 +63,19 @@ class RealClusterConfig:
             raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")
 
 
-class RealCluster(ExecutionFlow):
+class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
+    LISTED = ("starting", "ready", "restarting")
+    ACCEPTING = ("ready", "restarting")
+    STOPPABLE = ("ready", "restarting")
+
     def __init__(self, *, pool, config: RealClusterConfig) -> None:
         self.pool = pool
         self.cfg = config
-        self._engines: dict[int, RealEngine] = {}
-        self._next_engine = 0
-        self._rng = np.random.default_rng(config.seed)
-        self.log: list[tuple] = []
-        self.gpu_pool = GpuPool(pool.cfg.n_gpus, self.log)
-        self.groups: dict[int, RealGroup] = {}
-        self.executions: dict[int, RealExecution] = {}
+        self.init_books(pool.cfg.n_gpus)
+        self.task = load_task(config.task_class, config.task, config.seed)
         self._pending: dict[Any, tuple[int, Callable[[Any, BaseException | None], None]]] = {}
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
-        self._deferred: list[tuple[Handle, Any]] = []
         self._background: list = []
         self.profile: dict[str, list] = {"wake": [], "sleep": [], "train": [], "sync": [], "migration": [], "requests": []}
         if config.weight_sync == "collective" and not all(hasattr(a, "receive_weights") for a in pool._engines.values()):
@@ -94,7 +86,6 @@ class RealCluster(ExecutionFlow):
         if config.checkpoint and Path(config.checkpoint).exists():
             base = ray.get([t.load.remote(config.checkpoint) for t in pool.trainers])[0]
         self.base_version = base  # trainer versions count from here in this run
-        self._version = 0
         self._tv = base  # the trainer's version of record
         self._record = 0  # the trainer worker (= GPU) holding it
         self._held = [base] * len(pool.trainers)  # the version each trainer worker holds
@@ -109,20 +100,12 @@ class RealCluster(ExecutionFlow):
         return time.perf_counter() - self._t0
 
     @property
-    def n_gpus(self) -> int:
-        return self.gpu_pool.n
-
-    @property
     def gpus_per_engine(self) -> int:
         return self.pool.cfg.gpus_per_engine
 
     @property
     def min_train_gpus(self) -> int:
         return self.cfg.min_train_gpus
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     @property
     def groups_per_step(self) -> int:
@@ -137,22 +120,7 @@ class RealCluster(ExecutionFlow):
         """The latest published weights, as the worker of record holds them (tests, benchmarks)."""
         return ray.get(self.pool.trainers[self._record].weights.remote(self._tv))
 
-    def role(self, gpu: int) -> Role:
-        return self.gpu_pool.role[gpu]
-
-    def free_gpus(self) -> list[int]:
-        return self.gpu_pool.free()
-
-    def engines(self) -> list[RealEngine]:
-        return [e for e in self._engines.values() if e.state in ("starting", "ready", "restarting")]
-
-    def live(self) -> list[RealExecution]:
-        return [x for e in self._engines.values() for x in e.members.values()]
-
     # ------------------------------------------------------------------ internals
-    def _log(self, rec: tuple) -> None:
-        self.log.append(rec)
-
     def _submit(self, ref, fn: Callable[[Any, BaseException | None], None]) -> None:
         self._seq += 1
         self._pending[ref] = (self._seq, fn)
@@ -166,25 +134,17 @@ class RealCluster(ExecutionFlow):
     # ------------------------------------------------------------------ verbs
     def next_group(self) -> RealGroup:
         gid = len(self.groups)
-        spec = T.make_task(gid, self._rng)
-        grp = RealGroup(gid, spec, self.cfg.group_size, len(self.executions), self.cfg.task, self.cfg.seed)
-        self.groups[gid] = grp
-        for ex in grp.executions:
-            self.executions[ex.id] = ex
-        self._log(("group", self.now, gid, len(grp.executions)))
+        grp = self.task.new_group(gid, len(self.executions), self.cfg.group_size)
+        self._book_group(grp)
         return grp
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
-        gpus = self.gpu_pool.check_free(gpus, "start_engine")
-        if len(gpus) != self.gpus_per_engine:
-            raise ClusterError(f"start_engine: an engine needs {self.gpus_per_engine} GPUs, got {len(gpus)}")
+        gpus = self._check_start(gpus)
         eid = self._next_engine
         self._next_engine += 1
         v = self._version
         eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity)
-        self._engines[eid] = eng
-        self.gpu_pool.hold(gpus, eid)
-        self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
+        self._place_engine(eng)
         h = Handle(f"start_engine{eid}")
         t0 = self.now
 
@@ -193,19 +153,14 @@ class RealCluster(ExecutionFlow):
                 raise ClusterError(f"start_engine: engine {eid} on GPUs {gpus} failed: {err}")
             eng.state = "ready"
             self.profile["wake"].append(self.now - t0)
-            self.gpu_pool.set_role(gpus, Role.ROLLOUT, self.now)
-            self._log(("engine_up", self.now, eid, gpus))
+            self._engine_up(eng)
             self._deferred.append((h, eng))
 
         self._wake(eng, v, up)
         return h
 
     def stop_engine(self, engine: RealEngine) -> Handle:
-        eng = self._engines.get(engine.id)
-        if eng is None or eng.state not in ("ready", "restarting"):
-            raise ClusterError(f"stop_engine: engine {engine.id} is not running")
-        if eng.members:
-            raise ClusterError(f"stop_engine: engine {eng.id} still holds {len(eng.members)} executions")
+        eng = self._check_stop(engine)
         h = Handle(f"stop_engine{eng.id}")
         if eng.state == "restarting":
             eng.stop_after_restart = h
@@ -221,20 +176,14 @@ class RealCluster(ExecutionFlow):
         def down(_dt, err) -> None:
             if err is not None:
                 raise ClusterError(f"stop_engine: engine {eng.id} failed to sleep: {err}")
-            eng.state = "stopped"
             self.profile["sleep"].append(self.now - t0)
-            self.gpu_pool.hold(eng.gpus, None)
-            self.gpu_pool.set_role(eng.gpus, Role.IDLE, self.now)
-            self._log(("engine_down", self.now, eng.id))
-            del self._engines[eng.id]
+            self._engine_down(eng)
             self._deferred.append((h, None))
 
         self._submit(eng.actor.sleep.remote(), down)
 
     def admit(self, execution: RealExecution, engine: RealEngine) -> Handle:
-        ex = self.executions.get(execution.id)
-        eng = self._engines.get(engine.id)
-        check_admit(ex, eng, execution.id, engine.id, ("ready", "restarting"))
+        ex, eng = self._check_admit(execution, engine)
         self._log(("admit", self.now, ex.id, eng.id))
         ex.engine = eng
         eng.members[ex.id] = ex
@@ -242,41 +191,26 @@ class RealCluster(ExecutionFlow):
         self._drain_queue(eng)
         return ex.handle
 
-    def migrate(self, execution: RealExecution, engine: RealEngine) -> Handle:
-        ex = self.executions.get(execution.id)
-        dst = self._engines.get(engine.id)
-        check_migrate(ex, dst, execution.id, engine.id)
-        h = Handle(f"migrate{ex.id}")
-        if dst is ex.engine:
-            return h.succeed(False)
-        ex.migrate_to, ex.migrate_handle = dst, h
-        if ex.phase in (Phase.TOOL, Phase.QUEUED):  # already at a boundary
-            self._do_migrate(ex)
-            self._drain()
-        return h
+    def _at_boundary(self, ex: RealExecution) -> bool:
+        return ex.phase in (Phase.TOOL, Phase.QUEUED)
+
+    def _migrate_now(self, ex: RealExecution) -> None:
+        self._do_migrate(ex)
+        self._drain()
 
     def train(self, gpus: Sequence[int], groups: Sequence[RealGroup]) -> Handle:
-        gpus = self.gpu_pool.check_free(gpus, "train")
-        if len(gpus) < self.cfg.min_train_gpus:
-            raise ClusterError(f"train: the model needs >= {self.cfg.min_train_gpus} GPUs to train, got {len(gpus)}")
-        if not groups:
-            raise ClusterError("train: empty batch")
+        gpus = self._check_train(gpus, groups)
         v = self._version
         batch, rewards, signal = [], [], 0
         adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
         for g in groups:
-            if not g.done:
-                raise ClusterError(f"train: group {g.id} has unfinished executions")
-            secret = g.spec.secret
-            outs = score_group(g.recorder, lambda st: T.partial_credit(st.context_tokens, secret, self.cfg.task))
+            outs = self.task.score(g)
             rewards += [o.reward for o in outs]
             adv = group_advantages(outs, adv_cfg)
             signal += bool(np.any(adv != 0))
             batch.append((g.recorder.tree.preorder(), adv))
-            for e in g.executions:
-                fv = e.first_version if e.first_version is not None else v
-                self._log(("trained", self.now, e.id, g.id, v, v - fv))
-        self.gpu_pool.hold(gpus, TRAINER)
+        self._book_trained(groups, v)
+        self._hold_for_training(gpus)
         self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)
         h = Handle(f"train{v}")
         t0 = self.now
@@ -284,16 +218,13 @@ class RealCluster(ExecutionFlow):
         def end(stats, err) -> None:
             if err is not None:
                 raise ClusterError(f"train: step {v} failed: {err}")
-            self._version += 1
             self._tv, self._record, self._weights = stats["version"], gpus[0], None
             for g in gpus:
                 self._held[g] = self._tv
             if self.cfg.weight_sync == "object_store":
                 self._weights_ref()
             self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
-            self.gpu_pool.hold(gpus, None)
-            self.gpu_pool.set_role(gpus, Role.IDLE, self.now)
-            self._log(("step", self.now, self._version, len(gpus), stats["tokens"]))
+            self._step_done(gpus, stats["tokens"])
             self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
                                                    "groups_with_signal": signal, "version": self._version}))
             self._deferred.append((h, self._version))
@@ -308,109 +239,12 @@ class RealCluster(ExecutionFlow):
             start()
         return h
 
-    def _start_step(self, gpus: tuple[int, ...], batch, end: Callable[[Any, BaseException | None], None]) -> None:
-        """Run one step data-parallel on the workers of `gpus`; workers that missed steps catch up first."""
-        self._stepping = True
-        stale = [g for g in gpus if self._held[g] != self._tv]
-        if stale:
-            def go(state, err) -> None:
-                if err is not None:
-                    raise ClusterError(f"train: the state of record could not be read: {err}")
-                self._launch_step(gpus, batch, state[0], set(stale), end)
-
-            self._submit(self.pool.trainers[self._record].get_state.remote(), go)
-        else:
-            self._launch_step(gpus, batch, None, set(), end)
-
-    def _launch_step(self, gpus, batch, state, stale: set[int], end) -> None:
-        trainers = self.pool.trainers
-        specs = self.pool.book.specs(tuple(f"t{g}" for g in gpus), "dp") if len(gpus) > 1 else [None]
-        left, stats0 = [len(gpus)], {}
-
-        def one(rank: int):
-            def done(stats, err) -> None:
-                if err is not None:
-                    if len(gpus) > 1:
-                        self.pool.book.broken("dp", tuple(f"t{g}" for g in gpus))
-                    raise ClusterError(f"train: rank {rank} (GPU {gpus[rank]}) failed: {err}")
-                if rank == 0:
-                    stats0.update(stats, caught_up=len(stale))
-                left[0] -= 1
-                if left[0] == 0:
-                    end(stats0, None)
-            return done
-
-        for rank, (g, spec) in enumerate(zip(gpus, specs)):
-            ref = trainers[g].train.remote(batch, spec, state if g in stale else None,
-                                           self.cfg.checkpoint if rank == 0 else None)
-            self._submit(ref, one(rank))
-
-    def _weights_ref(self):
-        """The object ref of the latest weights (the worker of record's snapshot), made once per version."""
-        if self._weights is None:
-            self._weights = self.pool.trainers[self._record].weights.remote(self._tv)
-        return self._weights
-
-    def _wake(self, eng: RealEngine, v: int, done: Callable[[Any, BaseException | None], None]) -> None:
-        """Wake the engine's actor with version `v` (the latest): in the call, or by a broadcast after it."""
-        actor = eng.actor
-        if self.cfg.weight_sync == "object_store":
-            self._submit(actor.wake.remote(self._weights_ref(), v), done)
-            return
-
-        def woken(_dt, err) -> None:
-            if err is not None:
-                done(None, err)
-            else:
-                self._publish([eng], lambda e: done)
-
-        self._submit(actor.wake.remote(None, v), woken)
-
-    def _publish(self, engines: list[RealEngine], done_for: Callable[[RealEngine], Callable]) -> None:
-        """Load the latest version into awake engines; `done_for(e)(seconds, error)` when each has it."""
-        pool, v = self.pool, self._version
-        if self.cfg.weight_sync == "object_store":
-            for e in engines:
-                self._submit(e.actor.load_weights.remote(self._weights_ref(), v), done_for(e))
-            return
-        src = self._record
-        by_slot = {pool.slot(e.gpus): e for e in engines}
-        coll, store = plan_broadcast(pool.slot((src,)), sorted(by_slot), pool.cfg.collective.backend)
-        for s in store:
-            e = by_slot[s]
-            self._submit(e.actor.load_weights.remote(self._weights_ref(), v), done_for(e))
-        if not coll:
-            return
-        targets = [by_slot[s] for s in coll]
-        members = (f"t{src}",) + tuple(pool.member(e.gpus) for e in targets)
-        specs = pool.book.specs(members, "sync")
-
-        def sent(_dt, err) -> None:
-            if err is not None:
-                pool.book.broken("sync", members)
-
-        def received(e: RealEngine, actor):
-            def cb(dt, err) -> None:
-                if err is None or isinstance(err, ray.exceptions.RayActorError):
-                    done_for(e)(dt, err)  # this engine has it, or died (its caller handles that)
-                    return
-                pool.book.broken("sync", members)  # a peer failed: this one takes the object store
-                self._log(("note", self.now, "weights_fallback", {"engine": e.id, "error": str(err)[:200]}))
-                self._submit(actor.load_weights.remote(self._weights_ref(), self._version), done_for(e))
-            return cb
-
-        self._submit(pool.trainers[src].send_weights.remote(specs[0], self._tv), sent)
-        for e, spec in zip(targets, specs[1:]):
-            self._submit(e.actor.receive_weights.remote(spec, v), received(e, e.actor))
-
     def sync(self, engines: Sequence[RealEngine]) -> Handle:
         todo = [self._engines[e.id] for e in engines if e.id in self._engines and e.version < self._version]
         todo = [e for e in todo if e.state != "restarting"]  # a restarting engine wakes with the latest
         if not todo:
             return done_handle(None, "sync")
-        for e in todo:
-            if e.state != "ready":
-                raise ClusterError(f"sync: engine {e.id} is not ready")
+        self._check_sync(todo)
         v, h, t0, left = self._version, Handle(f"sync{self._version}"), self.now, [len(todo)]
 
         def one(e: RealEngine):
@@ -428,19 +262,9 @@ class RealCluster(ExecutionFlow):
         self._publish(todo, one)
         return h
 
-    def timeout(self, seconds: float) -> Handle:
-        if seconds < 0 or math.isnan(seconds):
-            raise ClusterError(f"timeout: bad delay {seconds}")
-        h = Handle("timeout")
+    def _succeed_after(self, seconds: float, h: Handle) -> None:
         self._seq += 1
         heapq.heappush(self._timers, (self.now + seconds, self._seq, lambda: self._deferred.append((h, None))))
-        return h
-
-    def spawn(self, gen: Generator[Handle, Any, Any], label: str = "") -> Handle:
-        return Process(gen, label or "process")
-
-    def note(self, kind: str, **fields: Any) -> None:
-        self._log(("note", self.now, kind, fields))
 
     # ------------------------------------------------------------------ fault injection
     def kill_engine(self, engine_id: int) -> None:
@@ -487,12 +311,6 @@ class RealCluster(ExecutionFlow):
         if proc.error is not None:
             raise proc.error
         return proc
-
-    def _drain(self) -> None:
-        while self._deferred:
-            batch, self._deferred = self._deferred, []
-            for h, v in batch:
-                h.succeed(v)
 
     def close(self) -> dict:
         """Put engines still up to sleep (the pool is reused) and collect the engines' profiles."""

@@ -208,7 +208,7 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
     from dataclasses import replace
 
     from gyre.config import ConfigError, override
-    from gyre.policies import REGISTRY
+    from gyre.policies import UnknownPolicy, policy_class
     from gyre.presets import DEFAULT_PRESET, get_preset
     from gyre.sim.cli import _print_table, console
     from gyre.sim.compare import best_per_policy, candidates, comparison_table, run_candidates, write_outputs
@@ -228,8 +228,10 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
         _fail(exc)
         raise
     for p in policy or []:
-        if p not in REGISTRY and "." not in p:
-            _fail(ValueError(f"unknown policy {p!r}; known: {', '.join(sorted(REGISTRY))}"))
+        try:
+            policy_class(p)
+        except UnknownPolicy as exc:
+            _fail(exc)
     cands = candidates(cfg, policy)
     if len(cands) == 1:  # runs in this process: replay the trace already read
         def factory():

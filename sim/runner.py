@@ -53,7 +53,7 @@ def simulate(
         pol, name = policy, getattr(policy, "name", type(policy).__name__)
     src = source if source is not None else WorkloadSource(cfg.workload, cfg.seed)
     cluster = SimCluster(
-        n_gpus=cfg.cluster.gpus, gpus_per_node=cfg.cluster.gpu.gpus_per_node, costs=costs, source=src, check=check
+        n_gpus=cfg.cluster.gpus, costs=costs, source=src, check=check
     )
     t0 = time.perf_counter()
     with no_gc():  # millions of log records and executions: see gyre.gc_pause

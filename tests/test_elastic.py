@@ -94,7 +94,7 @@ def _tiny_cluster():
             _spec(1, 1, [3, 4], [2.0], [100]), _spec(2, 1, [6, 2], [1.0], [100])]),
     ]
     wl = override(get_preset("short-math"), **{"workload.groups_per_step": 1}).workload
-    return SimCluster(n_gpus=2, gpus_per_node=8, costs=costs, source=ReplaySource(groups, wl), check=True)
+    return SimCluster(n_gpus=2, costs=costs, source=ReplaySource(groups, wl), check=True)
 
 
 def test_exact_shrink_migrate_grow_timeline():
