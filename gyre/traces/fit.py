@@ -69,6 +69,8 @@ def gpd_mle(y: np.ndarray) -> tuple[float, float]:
     xi0 = float(np.clip(0.5 * (1 - m * m / max(v, 1e-12)), -0.4, 0.9))
     s0 = max(m * (1 - xi0), 1e-9)
     ymax = float(np.max(y))
+    if xi0 < 0 and 1 + xi0 * ymax / s0 <= 0:  # the moment start ends below the largest value: start exponential
+        xi0, s0 = 0.0, max(m, 1e-9)
 
     def nll(p: np.ndarray) -> float:
         xi, sigma = p[0], math.exp(p[1])
