@@ -32,6 +32,9 @@ def test_run_trace_out_then_replay_same_makespan(tmp_path):
     assert r.exit_code == 0, r.output
     got = json.loads((tmp_path / "rep" / "summary.json").read_text())["results"][0]["makespan_s"]
     assert got == made, f"replayed makespan {got} != recorded {made}"
+    assert "nan" not in r.output and "0.00 h" not in r.output, f"no NaN for a policy not run, no 0.00 h: {r.output}"
+    unit = "h" if made >= 3600 else "min" if made >= 60 else "s"
+    assert f" {unit} " in r.output, f"the makespan {made} s is printed in {unit}: {r.output}"
     r = runner.invoke(app, ["calibrate", str(trace), "-o", str(w), "--split", "0.5"])
     assert r.exit_code == 0 and w.exists(), r.output
     r = runner.invoke(app, ["run", "--preset", "short-math", "--steps", "1", "--workload", str(w),
