@@ -57,8 +57,8 @@ def test_calibrate_and_replay_flag_sets_are_frozen():
 
 
 def _requests(path, n=400):
-    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 100 + 7 * (i % 13), "output_length": 5 + i % 17})
-                            + "\n" for i in range(n)))
+    rows = ({"timestamp": i, "input_length": 100 + 7 * (i % 13), "output_length": 5 + i % 17} for i in range(n))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
