@@ -158,7 +158,7 @@ class SimEngine(KvPressure):
             self._pf_due = _INF
         else:
             tl = self.t_last
-            if pend > 0.0 and n < self._budget:
+            if pend > 0.0 and n < self._budget and self.prefill:
                 m = self._budget - n
                 if pend < m:
                     m = pend
@@ -370,6 +370,8 @@ class SimEngine(KvPressure):
             self.pf_pending -= ex.pf_left
             self.pf_resident -= ex.resident
             ex.pf_left = 0.0
+            if not self.prefill:  # no float residue once the queue is empty
+                self.pf_pending = self.pf_resident = 0.0
         self.mem_fixed -= ex.resident
         ex.resident = 0
         if ex.reserved:
