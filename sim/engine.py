@@ -66,6 +66,7 @@ class SimEngine(KvPressure):
         self.prefill: deque[SimExecution] = deque()  # prefill queue; ex.pf_left tokens still to compute
         self.pf_pending = 0.0  # sum of pf_left over the prefill queue
         self.pf_resident = 0.0  # KV reserved by the prefill queue (the rest of mem_fixed is idle cache)
+        self._pf_due = _INF  # when the prefill head is planned to finish
         self._adm: list[tuple[int, SimExecution]] = []  # (admission seq, execution), ascending; stale entries skipped
         self.V = 0.0
         self.t_last = 0.0
@@ -154,21 +155,23 @@ class SimEngine(KvPressure):
         pend = self.pf_pending
         if self.paused or (n == 0 and pend <= 0.0):
             self.rate = self.pf_rate = self._roof = 0.0
+            self._pf_due = _INF
         else:
             tl = self.t_last
-            if pend > 0.0 and n < self._budget:
+            if pend > 0.0 and n < self._budget and self.prefill:
                 m = self._budget - n
                 if pend < m:
                     m = pend
                 head = self.prefill[0]
                 step, ideal = self._step2(n, dec, m, head.resident - head.pf_left)
                 self.pf_rate = m / step
-                t_pf = tl + head.pf_left * step / m
+                t_pf = self._pf_due = tl + head.pf_left * step / m
                 if t_pf < wake:
                     wake = t_pf
             else:
                 step, ideal = self._step2(n, dec)
                 self.pf_rate = 0.0
+                self._pf_due = _INF
             self._roof = ideal / step
             if n:
                 self.rate = 1.0 / step
@@ -227,6 +230,9 @@ class SimEngine(KvPressure):
                 self._log(("busy", t, self.id, 0))
         pf = self.prefill
         if pf:
+            # the head is done at its planned time (its residue may be below what the clock resolves)
+            if t >= self._pf_due:
+                pf[0].pf_left = 0.0
             while pf and pf[0].pf_left <= _EPS * (pf[0].resident + 1.0):
                 ex = pf.popleft()
                 self.pf_pending -= ex.pf_left
@@ -366,6 +372,8 @@ class SimEngine(KvPressure):
             if not self.prefill:  # no float residue once the queue is empty
                 self.pf_pending = self.pf_resident = 0.0
             ex.pf_left = 0.0
+            if not self.prefill:  # no float residue once the queue is empty
+                self.pf_pending = self.pf_resident = 0.0
         self.mem_fixed -= ex.resident
         ex.resident = 0
         if ex.reserved:

@@ -72,10 +72,10 @@ class KvPressure:
                 self.prefill.remove(ex)
                 self.pf_pending -= ex.pf_left
                 self.pf_resident -= ex.resident
-                if not self.prefill:  # no float residue once the queue is empty
-                    self.pf_pending = self.pf_resident = 0.0
                 lost -= ex.pf_left
                 ex.pf_left = 0.0
+                if not self.prefill:  # no float residue once the queue is empty
+                    self.pf_pending = self.pf_resident = 0.0
             elif ex.phase == _QUEUED and requeue:
                 self.queue.remove(ex)
         ex.resident = 0
