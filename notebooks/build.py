@@ -196,7 +196,8 @@ if os.environ.get("GYRE_NOTEBOOK_REAL") != "1":
     print("skipped: set GYRE_NOTEBOOK_REAL=1 to run Pipeline on local Ray (about a minute on a CPU)")
 else:
     try:
-        from gyre.real.runner import get_preset as real_preset, run_real
+        from gyre.real.config import get_preset as real_preset
+        from gyre.real.runner import run_real
     except ImportError as exc:
         print(f"skipped: the real backend does not import here ({exc})")
     else:

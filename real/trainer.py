@@ -34,7 +34,7 @@ import ray
 import torch
 
 from gyre.nn.hf_llama import config_mismatch, load_hf_llama
-from gyre.nn.model import ModelConfig, TinyLlama
+from gyre.nn.model import TinyLlamaConfig, TinyLlama
 from gyre.real import collective as C
 from gyre.trajectory import PackConfig, build_packs
 from gyre.trajectory.torch_ops import LossConfig, packed_loss
@@ -71,7 +71,7 @@ def shard_packs(sizes: list[int], n: int) -> list[list[int]]:
 
 
 class Trainer:
-    def __init__(self, model_config: ModelConfig, config: TrainerConfig | None = None, seed: int = 0,
+    def __init__(self, model_config: TinyLlamaConfig, config: TrainerConfig | None = None, seed: int = 0,
                  init_checkpoint: str = "") -> None:
         self.cfg = config or TrainerConfig()
         self.init_checkpoint = init_checkpoint  # a Llama model directory: every reset starts from its weights

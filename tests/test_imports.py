@@ -10,6 +10,7 @@ import sys
 for name in ("simpy", "ray", "torch", "vllm"):
     sys.modules[name] = None  # any import of it raises ImportError
 import gyre, gyre.cluster, gyre.handles, gyre.workload, gyre.presets, gyre.metrics, gyre.hardware
+import gyre.backend, gyre.pool, gyre.config, gyre.outputs
 import gyre.policies, gyre.policies.common, gyre.policies.bound
 from gyre.policies import REGISTRY
 for name in REGISTRY:
@@ -34,3 +35,13 @@ def test_policies_never_import_a_backend():
         text = path.read_text()
         for bad in ("import simpy", "import ray", "gyre.sim", "gyre.real", "from sim", "from real"):
             assert bad not in text, f"{path.name} contains {bad!r}"
+
+
+def test_the_backends_never_import_each_other():
+    """No module in sim/ mentions gyre.real and none in real/ mentions gyre.sim: they meet only in bridge/."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for folder, other in (("sim", "gyre.real"), ("real", "gyre.sim")):
+        for path in (root / folder).glob("*.py"):
+            assert other not in path.read_text(), f"{folder}/{path.name} mentions {other}"
