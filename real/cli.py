@@ -18,6 +18,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console()
 
 
+@app.callback()
+def _group() -> None:
+    """Commands stay subcommands (`gyre-real run`) whichever are registered."""
+
+
 def fail(msg: str) -> None:
     console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
