@@ -69,7 +69,7 @@ print(f"an engine takes {costs.engine_gpus} GPU and holds {costs.kv_capacity_tok
 """),
     ("code", """
 results = {name: simulate(cfg, name) for name in ["colocate", "async", "elastic"]}
-nb.summary(results)
+nb.summary(results, baseline="colocate")
 """),
     ("md", """
 ### GPU-role timeline
@@ -173,7 +173,7 @@ Run it exactly like the built-ins: `simulate` takes a registered name, a dotted 
 results["pipeline"] = simulate(cfg, Pipeline())
 assert results["pipeline"].metrics.summary()["staleness_max"] <= 1, "pipeline is one step off-policy at most"
 assert len(results["pipeline"].metrics.steps) == cfg.steps
-nb.summary(results)
+nb.summary(results, baseline="colocate")
 """),
     ("code", "nb.timeline(results);"),
     ("md", """
