@@ -87,11 +87,14 @@ def test_names_map_both_ways():
         tinyllama_name("model.layers.0.self_attn.q_proj.bias")
 
 
-def test_engine_vllm_keeps_its_names():
-    """engine_vllm re-exports the moved mapping (it imports no vllm at module level)."""
+def test_engine_vllm_uses_the_one_mapping_and_writer():
+    """engine_vllm renames weights with gyre.nn.hf_llama's mapping and has no model-directory writer of its own
+    (it imports no vllm at module level)."""
     from gyre.real import engine_vllm
 
-    assert engine_vllm.hf_llama_name is hf_llama_name and engine_vllm.hf_llama_state is hf_llama_state
+    assert engine_vllm.hf_llama_state is hf_llama_state, "engine_vllm has its own name mapping"
+    assert not hasattr(engine_vllm, "save_hf_llama") and not hasattr(engine_vllm, "hf_llama_config"), \
+        "engine_vllm writes model directories itself"
 
 
 def test_transformers_5_rope_parameters_are_read():
