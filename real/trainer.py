@@ -259,7 +259,7 @@ class CheckpointError(ValueError):
     """A trainer checkpoint refused: it needs more than data to load, cannot be read, or is of another model."""
 
 
-def read_checkpoint(path: str | Path, model_config: ModelConfig, *, map_location: str | torch.device = "cpu",
+def read_checkpoint(path: str | Path, model_config: TinyLlamaConfig, *, map_location: str | torch.device = "cpu",
                     mmap: bool = False) -> dict:
     """The state a trainer checkpoint holds (model, opt, version, model_config), unpickled as data only: tensors,
     numbers, strings and plain containers. A file that needs anything more (a pickled class or callable) is
