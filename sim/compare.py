@@ -11,7 +11,6 @@ processes (one per core), one search round at a time (every policy's next batch 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -21,8 +20,9 @@ from typing import Any
 
 import pandas as pd
 
-from gyre import plots
+from gyre import outputs, plots
 from gyre.config import RunConfig
+from gyre.outputs import RunOutput
 from gyre.policies import REGISTRY, ClusterShape, baselines, sweep, tuner
 from gyre.sim.runner import SimResult, simulate
 
@@ -229,22 +229,11 @@ def tuned_table(tuned: dict[str, Tuned]) -> tuple[dict[str, tuple[Candidate, Sim
 
 def write_outputs(out: Path, cfg: RunConfig, best: dict[str, tuple[Candidate, SimResult]], table: pd.DataFrame,
                   sweep: pd.DataFrame | None = None) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"summary": out / "summary.csv"}
-    table.to_csv(paths["summary"], index=False)
+    """gyre.outputs' files for the best run of each policy, plus sweep.csv (every run) and gpu_hours.png."""
+    runs = [RunOutput(name=name, label=f"{name}: {c.label}", log=r.log, metrics=r.metrics)
+            for name, (c, r) in best.items()]
+    paths = outputs.write_outputs(out, runs, table, preset=cfg.name, seed=cfg.seed, n_gpus=cfg.cluster.gpus)
     if sweep is not None:
         sweep.to_csv(out / "sweep.csv", index=False)
-    for name, (_, r) in best.items():
-        r.metrics.steps.assign(policy=name).to_csv(out / f"steps_{name}.csv", index=False)
-        r.metrics.utilization.assign(policy=name).to_parquet(out / f"utilization_{name}.parquet", index=False)
-        r.metrics.staleness.assign(policy=name).to_csv(out / f"staleness_{name}.csv", index=False)
-    json_rows = table.to_dict(orient="records")
-    (out / "summary.json").write_text(json.dumps({"preset": cfg.name, "seed": cfg.seed, "results": json_rows}, indent=2, default=float))
-    n = cfg.cluster.gpus
-    paths["timeline"] = plots.role_timelines(
-        [(f"{name}: {c.label}", r.log, n, r.makespan_s) for name, (c, r) in best.items()], out / "role_timeline.png"
-    )
-    paths["utilization"] = plots.utilization([(name, r.metrics.utilization) for name, (_, r) in best.items()], n,
-                                             out / "utilization.png")
     paths["gpu_hours"] = plots.step_breakdown(table.to_dict(orient="records"), out / "gpu_hours.png")
     return paths

@@ -369,8 +369,6 @@ class SimEngine(KvPressure):
             self.prefill.remove(ex)
             self.pf_pending -= ex.pf_left
             self.pf_resident -= ex.resident
-            if not self.prefill:  # no float residue once the queue is empty
-                self.pf_pending = self.pf_resident = 0.0
             ex.pf_left = 0.0
             if not self.prefill:  # no float residue once the queue is empty
                 self.pf_pending = self.pf_resident = 0.0
