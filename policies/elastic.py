@@ -18,8 +18,9 @@ waiting, reserved GPUs start engines (lent to rollout), and they are drained bac
 is ready; executions queued on one engine move to engines with KV room (`_rebalance`). After each
 step: if the next batch was already waiting (trainer backlog), the target doubles up to the largest
 size, and past it (up to every GPU the live executions' KV does not need at `kv_fill`) while drains
-prove quick (`_adapt`); else, if rollout showed pressure since the last step or the trainer waited for
-its batch longer than the step took, it halves towards the minimum; else it stays. Where rollout never
+prove quick (`_adapt`); else, if rollout showed pressure since the last step, or drains are quick and
+the trainer waited for its batch longer than the step took twice in a row, it halves towards the
+minimum; else it stays. Where rollout never
 shows pressure and the trainer is busy, no GPU moves and elastic is the fixed split with the largest
 trainer.
 
@@ -62,7 +63,8 @@ class Elastic:
         self.eta = c.eta
         self.kv_fill = c.kv_fill
         self.pressure_seen = False  # rollout pressure observed since the last step ended
-        self.slow_drains = False  # a trainer grown past its largest size waited long for its drain
+        self.slow_drains = False  # a step waited long for its drain
+        self.idle_streak = 0  # consecutive steps whose trainer waited longer for its batch than the step took
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
@@ -190,21 +192,23 @@ class Elastic:
 
     def _adapt(self, idle: float, gather: float, train: float) -> None:
         """After a step (the trainer waited `idle` for the batch, `gather` for its GPUs, trained `train`):
-        - backlog (the next batch already waits): the target doubles, up to the largest size; past it
-          (up to every GPU the live KV does not need) only while drains have been quick: a gather longer
-          than a quarter of the training it fed marks drains slow for the rest of the run, and the
-          target falls back to the largest size;
-        - otherwise rollout pressure since the last step, or a trainer that waited longer for its batch
-          than it then spent on the step, halves it (down to the memory minimum); otherwise it stays."""
+        - a gather longer than a quarter of the training it fed marks drains slow for the rest of the run;
+        - backlog (the next batch already waits): the target doubles, up to the largest size, and past it
+          (up to every GPU the live KV does not need) only while drains are not slow;
+        - otherwise rollout pressure since the last step, or (while drains are not slow: growing back
+          would cost one) a trainer that waited longer for its batch than it then spent on the step,
+          twice in a row, halves it (down to the memory minimum); otherwise it stays;
+        - with slow drains the target never exceeds the largest size."""
         cluster, per = self.cluster, self.cluster.gpus_per_engine
         floor, ceil = self._reserve_gpus(), self._ceil()
         pressure, self.pressure_seen = self.pressure_seen, False
-        if self.train_target > ceil and gather > train / 4:
+        if gather > train / 4:
             self.slow_drains = True
+        self.idle_streak = self.idle_streak + 1 if idle > gather + train else 0
         if cluster.version < self.batcher.steps and self.batcher.next_batch() is not None:
             top = ceil if self.slow_drains else self._cap()
             self.train_target = min(max(top, ceil), 2 * self.train_target)
-        elif pressure or idle > gather + train:
+        elif pressure or (self.idle_streak >= 2 and not self.slow_drains):
             self.train_target = max(floor, self.train_target // 2 // per * per)
         if self.slow_drains:
             self.train_target = min(self.train_target, ceil)
