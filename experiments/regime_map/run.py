@@ -63,10 +63,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--plot-only", action="store_true", help="redraw results/map.png from results/map.csv")
     ap.add_argument("--cells", choices=["core", "all"], default="core",
                     help="core: every window x cluster with growth and heavy training, plus the other two axes "
                          "at W = 1M on 1,024 and 640 GPUs; all: the full 4 x 3 x 2 x 2 grid")
     a = ap.parse_args()
+    if a.plot_only:
+        heatmap(pd.read_csv(OUT / "map.csv"), OUT / "map.png")
+        return
     cells = [(w, n, True, True) for w in WINDOWS for n in CLUSTERS]
     if a.cells == "all":
         cells = list(itertools.product(WINDOWS, CLUSTERS, (False, True), (False, True)))
@@ -129,16 +133,17 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     core = df[(df.growth == "3x") & (df.training == "heavy")]
     piv = core.pivot_table(index="window", columns="gpus", values="elastic_vs_best")
     ceil = core.pivot_table(index="window", columns="gpus", values="ceiling")
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(8.0, 5.0))
     im = ax.imshow(piv.values, cmap="RdYlGn", vmin=0.8, vmax=max(1.6, float(np.nanmax(piv.values))), origin="lower")
-    ax.set_xticks(range(len(piv.columns)), [f"{g}\n(trainer {360 / g:.0%})" for g in piv.columns])
+    ax.set_xticks(range(len(piv.columns)), [f"{g} ({360 / g:.0%})" for g in piv.columns])
     fits = core.groupby("window")["fits_full_window"].first()
-    ax.set_yticks(range(len(piv.index)), [f"{w // 1024}K ({fits[w]:.0f} fit)" for w in piv.index])
-    ax.set_xlabel("cluster GPUs (trainer minimum 360 = share)")
-    ax.set_ylabel("compaction window (contexts per engine at a full window)")
+    ax.set_yticks(range(len(piv.index)), [f"{w // 1024}K: {fits[w]:.0f}" for w in piv.index])
+    ax.set_xlabel("cluster GPUs (trainer minimum 360 as a share)")
+    ax.set_ylabel("window: contexts per engine")
     for i, j in itertools.product(range(piv.shape[0]), range(piv.shape[1])):
         ax.text(j, i, f"{piv.values[i, j]:.2f}x\n(ceil {ceil.values[i, j]:.2f})", ha="center", va="center", fontsize=8)
-    ax.set_title("elastic / best of (colocate, async), growth 3x, heavy training")
+    ax.set_title(f"elastic / best of (colocate, async), {int(core.steps.iloc[0])} steps, growth 3x, heavy training",
+                 fontsize=10)
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
