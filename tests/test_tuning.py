@@ -55,3 +55,25 @@ def test_exhaustive_is_one_batch_and_tuner_falls_back_to_the_grid():
     drive(tuner("elastic", shape, (0, 1, 2, 4)), lambda b: batches.append(b) or [1.0] * len(b))
     assert batches == [[{"eta": 0}, {"eta": 1}, {"eta": 2}, {"eta": 4}]]
     assert drive(exhaustive([]), lambda b: []) == []
+
+
+def test_tune_reports_hindsight_and_pilot_async_and_the_best_baseline_column():
+    """`tune` on a small run: async tuned with hindsight (its best tried run) and on a pilot of steps // 6
+    steps, each row says how; speedup_vs_best divides by the faster hindsight baseline."""
+    from gyre.config import override
+    from gyre.presets import get_preset
+    from gyre.sim.compare import tune, tuned_table
+
+    cfg = override(get_preset("short-math"), **{"steps": 6, "cluster.gpus": 8, "workload.groups_per_step": 4})
+    tuned = tune(cfg, ["colocate", "async"], etas=(0, 4), workers=1)
+    assert list(tuned) == ["colocate", "async", "async-pilot"], list(tuned)
+    hind, pilot = tuned["async"], tuned["async-pilot"]
+    assert hind.how.startswith("hindsight") and pilot.how.startswith("pilot (1 of 6 steps)"), (hind.how, pilot.how)
+    assert hind.result.makespan_s == min(m for c, _, m in hind.tried if c.steps == 6)
+    assert all(c.steps == 1 for c, _, _ in pilot.tried)
+    assert pilot.result.config.steps == 6, "the pilot's choice is then run in full"
+    _, table, sweep = tuned_table(tuned)
+    best = min(tuned["colocate"].result.makespan_s, hind.result.makespan_s)
+    for _, r in table.iterrows():
+        assert r["speedup_vs_best"] == best / r["makespan_s"], r["policy"]
+    assert set(sweep["row"]) == {"colocate", "async", "async-pilot"}
