@@ -220,12 +220,29 @@ class SimEngine(KvPressure):
         heap = self._heap
         limit = V + _EPS * (V if V > 1.0 else 1.0)
         if heap and heap[0][0] <= limit:
-            pop = heapq.heappop
+            pop, push, ready, seq = heapq.heappop, heapq.heappush, self._ready, self._seq
             while heap and heap[0][0] <= limit:
                 ex = pop(heap)[2]
                 self.n_dec -= 1
                 self.kv_dec_base -= ex.ctx - ex.v_start
-                self._segment_end(ex, t)
+                seg = ex.seg
+                if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done:
+                    self._segment_end(ex, t)
+                    continue
+                # a tool-call boundary, the common case (as _segment_end, kept inline)
+                gen = ex.gen[seg]
+                ex.generated += gen
+                ctx = ex.kv[seg] + gen
+                ex.phase = _TOOL
+                nxt = ex.kv[seg + 1]
+                if nxt < ctx:  # the context is rebuilt smaller
+                    ctx = nxt - min(ex.tool_out[seg], nxt)
+                ex.resident = ctx
+                self.mem_fixed += ctx
+                ex.ctx = nxt
+                ex.seg = seg + 1
+                r = ex.ready_at = t + ex.tool_s[seg]
+                push(ready, (r, next(seq), ex))
             if self.n_dec == 0:
                 self._log(("busy", t, self.id, 0))
         pf = self.prefill
