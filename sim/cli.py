@@ -17,7 +17,7 @@ from rich.table import Table
 
 from gyre.config import ConfigError, RunConfig, override
 from gyre.presets import DEFAULT_PRESET, PRESETS, get_preset
-from gyre.sim import cli_traces
+from gyre.sim import cli_engine, cli_traces
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulator: compare RL scheduling policies.")
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -156,6 +156,7 @@ def presets() -> None:
 
 
 cli_traces.register(app)
+cli_engine.register(app)
 
 
 def main() -> None:
