@@ -65,6 +65,7 @@ class _Replica:
         self.free = args.kv_blocks
         self.busy_until = 0.0
         self.pending: list[tuple[int, int]] = []  # (request, new tokens) of the step in flight
+        self.starting = False  # an idle replica's start is queued
 
     @property
     def load(self) -> int:
@@ -87,7 +88,7 @@ def replay(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, args: Sc
     if any(-(-k // bs) > args.kv_blocks for k in (int(p) + int(o) for p, o in zip(prompt, output))):
         raise ValueError(f"a request needs more than the {args.kv_blocks} KV blocks of a replica")
     reps = [_Replica(args) for _ in range(replicas)]
-    events: list[tuple[float, int, int]] = []  # (time, kind 0 = step end / 1 = arrival, index)
+    events: list[tuple[float, int, int]] = []  # (time, kind: 0 step end, 1 arrival, 2 idle start; index)
     for i, a in enumerate(arrival):
         heapq.heappush(events, (float(a), 1, i))
     preempt = steps = 0
@@ -180,8 +181,12 @@ def replay(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, args: Sc
             ri = min(range(replicas), key=lambda j: (reps[j].load, j))
             r = reps[ri]
             r.waiting.append(idx)
-            if not r.pending:  # idle: start at once
-                start_step(r, ri, now)
+            if not r.pending and not r.starting:  # idle: start once every arrival at this instant is in
+                r.starting = True
+                heapq.heappush(events, (now, 2, ri))
+        elif kind == 2:
+            reps[idx].starting = False
+            start_step(reps[idx], idx, now)
         else:
             r = reps[idx]
             end_step(r, now)
