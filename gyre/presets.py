@@ -29,21 +29,36 @@ from gyre.hardware import GpuConfig, ModelConfig
 from gyre.workload import LogNormal, WorkloadConfig
 
 GPUS: dict[str, GpuConfig] = {
+    # NVIDIA H100 SXM data sheet: 80 GB HBM3, 3.35 TB/s, 989 / 1,979 TFLOP/s dense BF16 / FP8
     "h100": GpuConfig(name="h100", memory_gb=80, hbm_tb_s=3.35, bf16_tflops=989, fp8_tflops=1979),
+    # NVIDIA H200 SXM data sheet: 141 GB HBM3e, 4.8 TB/s, same tensor cores as H100
     "h200": GpuConfig(name="h200", memory_gb=141, hbm_tb_s=4.8, bf16_tflops=989, fp8_tflops=1979),
+    # GeForce RTX 4090 (NVIDIA Ada whitepaper, appendix): 1,008 GB/s GDDR6X, 165.2 TFLOP/s dense BF16 and
+    # 330.3 dense FP8, both with FP32 accumulate; memory as CUDA reports it (25.25 GB, vllm_timings meta.json)
+    "rtx4090": GpuConfig(name="rtx4090", memory_gb=25.25, hbm_tb_s=1.008, bf16_tflops=165.2, fp8_tflops=330.3,
+                         gpus_per_node=1, internode_gb_s=25.0, host_gb_s=25.0),
 }
 
 MODELS: dict[str, ModelConfig] = {
-    # Qwen2.5-7B: 28 layers, 4 KV heads x 128
-    "dense-7b": ModelConfig(name="dense-7b", total_params_b=7.6, active_params_b=7.6, layers=28, kv_heads=4, head_dim=128),
-    # Qwen3-30B-A3B: 48 layers, 4 KV heads x 128, 3.3B active
+    # Qwen2.5-7B config.json: 28 layers, 28 query heads, 4 KV heads x 128, 7.61B parameters
+    "dense-7b": ModelConfig(name="dense-7b", total_params_b=7.6, active_params_b=7.6, layers=28, kv_heads=4,
+                            head_dim=128, q_heads=28),
+    # Llama-3.1-8B config.json: 32 layers, 32 query heads, 8 KV heads x 128, 8.03B parameters
+    "llama-3.1-8b": ModelConfig(name="llama-3.1-8b", total_params_b=8.03, active_params_b=8.03, layers=32,
+                                kv_heads=8, head_dim=128, q_heads=32),
+    # Qwen3-30B-A3B config.json: 48 layers, 32 query heads, 4 KV heads x 128, 128 experts top-8, 3.3B active
     "moe-30b-a3b": ModelConfig(
-        name="moe-30b-a3b", total_params_b=30.5, active_params_b=3.3, layers=48, kv_heads=4, head_dim=128
+        name="moe-30b-a3b", total_params_b=30.5, active_params_b=3.3, layers=48, kv_heads=4, head_dim=128,
+        q_heads=32, experts=128, top_k=8,
     ),
-    # stand-in for a 2.4T-total / 95B-active MoE, served in FP8 with an FP8 KV cache
+    # Stand-in for a 2.4T-total / 95B-active MoE, served in FP8 with an FP8 KV cache. Only the two counts
+    # are published; the rest is borrowed: routing from DeepSeek-V3 (config.json: 256 routed experts,
+    # top-8, the largest fine-grained MoE with a public config; its 5.5% active share is near this
+    # model's 4%), which makes the routed experts (2,400 - 95) / (1 - 8/256) = 2,379B and the part every
+    # token reads 21B; attention from Llama-3.1-405B (128 query heads, 8 KV heads x 128, GQA) on 96 layers.
     "moe-2.4t-a95b": ModelConfig(
         name="moe-2.4t-a95b", total_params_b=2400, active_params_b=95, layers=96, kv_heads=8, head_dim=128,
-        infer_bytes_per_param=1.0, kv_bytes_per_elem=1.0,
+        q_heads=128, experts=256, top_k=8, infer_bytes_per_param=1.0, kv_bytes_per_elem=1.0,
     ),
 }
 
