@@ -19,7 +19,7 @@ from typing import Annotated, Any, Optional
 import numpy as np
 import typer
 
-from gyre.sim.engine_calibrate import METRICS, calibrate_run, engine_json, load_engine
+from gyre.sim.engine_calibrate import METRICS, calibrate_run, coef_dict, engine_json, load_engine
 from gyre.sim.engine_run import Run, RunError, read_run
 
 
@@ -123,12 +123,13 @@ def calibrate_engine_cmd(
     for name in ("calibrated", "uncalibrated"):
         t.add_row(name if fitted or name == "uncalibrated" else f"{engine.name}", *(f"{rep[name][m]:.1%}" for m in METRICS))
     console.print(t)
-    console.print("coefficients: " + ", ".join(f"{k} = {v:.4g}" for k, v in rep["coeffs"].items()), highlight=False)
+    console.print("coefficients: " + ", ".join(f"{k} = {v:.4g}" + ("" if k in rep["fitted"] else " (not fitted)")
+                                               for k, v in coef_dict(rep["coef"]).items()), highlight=False)
     if fitted:
         path = out or Path("engine.json")
         public = {k: rep[k] for k in ("calibrated", "uncalibrated", "fit_requests", "fit_loss", "test_requests")}
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(engine_json(load_engine_coeffs(rep), run, public), indent=2) + "\n")
+        path.write_text(json.dumps(engine_json(rep["coef"], run, rep["fitted"], public), indent=2) + "\n")
         console.print(f"wrote {path}")
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
@@ -138,12 +139,6 @@ def calibrate_engine_cmd(
         figures.mkdir(parents=True, exist_ok=True)
         paths = [latency_figure(run, rep, figures / "latency.png"), running_figure(run, rep, figures / "running.png")]
         console.print(f"wrote {', '.join(p.name for p in paths)} in {figures}/")
-
-
-def load_engine_coeffs(rep: dict[str, Any]):
-    from gyre.sim.engine_model import StepCoeffs
-
-    return StepCoeffs(**rep["coeffs"])
 
 
 def register(app: typer.Typer) -> None:

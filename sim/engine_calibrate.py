@@ -1,16 +1,22 @@
 """Fit and check the engine step cost against a real vLLM run: errors, fit, engine.json.
 
-The replay (engine_replay) runs every request of the run; the coefficients (engine_model.StepCoeffs:
-bandwidth and compute efficiency, fixed step overhead) are fitted to the first `split` of requests
-by arrival and judged on the rest, next to the uncalibrated model (specs only, the coefficients'
-defaults). Errors are relative, per request, |predicted / measured - 1|, of end-to-end latency
-(last token - queued) and time to first token (first token - queued), summarized by median and p90;
-and the run's makespan (last token of the last request - first arrival) over the whole run.
+The replay (engine_replay) runs every request of the run through the simulator's own step cost
+(gyre.roofline.EngineRoofline, built by gyre.hardware.engine_roofline from the run's GPU and model
+presets and its tensor-parallel size). The coefficients fitted (gyre.roofline.Coefficients) are the
+bandwidth and compute efficiencies and the fixed step overhead, plus the all-reduce latency when the
+run is tensor parallel (otherwise no step depends on it and it keeps its default); they are fitted to
+the first `split` of requests by arrival and judged on the rest, next to the uncalibrated model (the
+coefficients' cited defaults). KV capacity is the run's logged block count when it has one, otherwise
+the roofline's (its `gpu_memory_utilization` set to the run's).
 
-Fit: Nelder-Mead over the coefficients' logarithms (positivity for free), minimizing the mean over
-fitted requests of |log(pred/meas)| for end-to-end latency plus the same for TTFT, plus |log| of the
-fitted part's own makespan ratio (its last token minus the first arrival). Deterministic: a fixed
-start (the defaults) and fixed simplex.
+Errors are relative, per request, |predicted / measured - 1|, of end-to-end latency (last token -
+queued) and time to first token (first token - queued), summarized by median and p90; and the run's
+makespan (last token of the last request - first arrival) over the whole run.
+
+Fit: Nelder-Mead over the coefficients' logarithms (positivity for free; efficiencies above 1, beyond
+the data sheet, are refused), minimizing the mean over fitted requests of |log(pred/meas)| for
+end-to-end latency plus the same for TTFT, plus |log| of the fitted part's own makespan ratio (its
+last token minus the first arrival). Deterministic: it starts from the defaults with a fixed simplex.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
-from gyre.sim.engine_model import FITTED, StepCoeffs, StepCost, UnknownPreset, gpu_preset, model_preset
+from gyre.config import ConfigError
+from gyre.hardware import engine_roofline
+from gyre.presets import find_gpu, find_model
+from gyre.roofline import Coefficients, EngineRoofline
 from gyre.sim.engine_replay import ReplayResult, SchedulerArgs, replay
 from gyre.sim.engine_run import Requests, Run, RunError
 
@@ -32,28 +41,34 @@ ENGINE_FORMAT = 1
 METRICS = ("e2e_median_rel_err", "e2e_p90_rel_err", "ttft_median_rel_err", "makespan_rel_err")
 
 
-def setup(run: Run, coeffs: StepCoeffs) -> tuple[StepCost, SchedulerArgs]:
+FITTED = ("eff_bw", "eff_flops", "step_overhead_s")
+FITTED_TP = FITTED + ("allreduce_s",)  # a tensor-parallel run also fits the all-reduce latency
+APPLIED = FITTED_TP  # what engine.json carries and --engine applies
+
+
+def setup(run: Run, coef: Coefficients) -> tuple[EngineRoofline, SchedulerArgs]:
     """The step cost and scheduler arguments of the run's own GPU, model and engine arguments."""
     try:
-        model, gpu = model_preset(run.model), gpu_preset(run.gpu)
-    except UnknownPreset as exc:
+        model, gpu = find_model(run.model), find_gpu(run.gpu)
+    except ConfigError as exc:
         raise RunError(f"{run.path / 'meta.json'}: {exc}") from None
     e = run.engine
-    cost = StepCost(model=model, gpu=gpu, tp=e.tensor_parallel, coeffs=coeffs)
-    blocks = e.kv_blocks if e.kv_blocks is not None else cost.kv_tokens_capacity(e.gpu_memory_utilization) // e.block_size
+    coef = replace(coef, gpu_memory_utilization=e.gpu_memory_utilization)
+    roof = engine_roofline(model, gpu, e.tensor_parallel, coef, e.max_num_batched_tokens)
+    blocks = e.kv_blocks if e.kv_blocks is not None else roof.kv_capacity_tokens // e.block_size
     if blocks <= 0:
-        raise RunError(f"{run.path / 'meta.json'}: {model.name} ({model.weight_bytes / 1e9:.1f} GB of weights) "
+        raise RunError(f"{run.path / 'meta.json'}: {model.name} ({model.infer_weight_bytes / 1e9:.1f} GB of weights) "
                        f"leaves no KV memory on {e.tensor_parallel} x {gpu.name}")
     args = SchedulerArgs(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
                          block_size=e.block_size, kv_blocks=blocks)
-    return cost, args
+    return roof, args
 
 
-def simulate(run: Run, coeffs: StepCoeffs) -> ReplayResult:
-    cost, args = setup(run, coeffs)
+def simulate(run: Run, coef: Coefficients) -> ReplayResult:
+    roof, args = setup(run, coef)
     r = run.requests
     try:
-        return replay(r.queued, r.input_toks, r.output_toks, args, cost.time, run.engine.data_parallel)
+        return replay(r.queued, r.input_toks, r.output_toks, args, roof.step_time, run.engine.data_parallel)
     except ValueError as exc:
         raise RunError(f"{run.path / 'requests.jsonl'}: {exc}") from None
 
@@ -76,42 +91,45 @@ def _loss(req: Requests, res: ReplayResult, idx: np.ndarray) -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class Fit:
-    coeffs: StepCoeffs
+    coef: Coefficients
+    names: tuple[str, ...]
     loss: float
     evaluations: int
 
 
-def fit(run: Run, idx: np.ndarray, start: StepCoeffs = StepCoeffs(), max_evals: int = 200) -> Fit:
+def fit(run: Run, idx: np.ndarray, start: Coefficients = Coefficients(), max_evals: int = 240) -> Fit:
     """Coefficients minimizing the loss on requests `idx` (see the module docstring)."""
-    base = start.to_dict()
-    floor = {"overhead_s": 1e-4}  # log-parameterized: start a zero overhead at 0.1 ms
+    names = FITTED_TP if run.engine.tensor_parallel > 1 else FITTED
 
-    def coeffs_of(x: np.ndarray) -> StepCoeffs:
-        return replace(start, **{k: math.exp(v) for k, v in zip(FITTED, x)})
+    def coef_of(x: np.ndarray) -> Coefficients:
+        return replace(start, **{k: math.exp(v) for k, v in zip(names, x)})
 
     def f(x: np.ndarray) -> float:
-        c = coeffs_of(x)
-        if c.eff_bw > 1.0 or c.eff_flops > 1.0 or c.overhead_s > 1.0:  # beyond the data sheet: not physical
-            return 1e3
+        c = coef_of(x)
+        if c.eff_bw > 1.0 or c.eff_flops > 1.0:  # beyond the data sheet: not physical
+            return 1e3 + float(np.sum(np.abs(x)))
         return _loss(run.requests, simulate(run, c), idx)
 
-    x0 = np.log([max(base[k], floor.get(k, 0.0)) for k in FITTED])
-    simplex = np.vstack([x0] + [x0 + np.eye(len(x0))[i] * (-0.5 if FITTED[i] != "overhead_s" else 3.0)
-                                for i in range(len(x0))])
+    x0 = np.log([max(getattr(start, k), 1e-6) for k in names])
+    simplex = np.vstack([x0] + [x0 - 0.4 * np.eye(len(x0))[i] for i in range(len(x0))])
     r = optimize.minimize(f, x0, method="Nelder-Mead",
                           options={"initial_simplex": simplex, "maxfev": max_evals, "xatol": 1e-3, "fatol": 1e-4})
-    return Fit(coeffs=coeffs_of(r.x), loss=float(r.fun), evaluations=int(r.nfev))
+    return Fit(coef=coef_of(r.x), names=names, loss=float(r.fun), evaluations=int(r.nfev))
 
 
-def engine_json(coeffs: StepCoeffs, run: Run, report: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"gyre_engine": ENGINE_FORMAT, "coeffs": coeffs.to_dict(),
+def coef_dict(c: Coefficients) -> dict[str, float]:
+    return {k: float(getattr(c, k)) for k in APPLIED}
+
+
+def engine_json(coef: Coefficients, run: Run, fitted: tuple[str, ...], report: dict[str, Any]) -> dict[str, Any]:
+    return {"gyre_engine": ENGINE_FORMAT, "coeffs": coef_dict(coef), "fitted": list(fitted),
             "fitted_on": {"run": str(run.path), "model": run.model, "gpu": run.gpu,
                           "tensor_parallel": run.engine.tensor_parallel, "requests": len(run.requests)},
-            "report": report or {}}
+            "report": report}
 
 
-def load_engine(path: Path) -> StepCoeffs:
-    """The coefficients of an engine.json (gyre-sim calibrate-engine -o); RunError on a bad file."""
+def load_engine(path: Path) -> Coefficients:
+    """The coefficients of an engine.json (gyre-sim calibrate-engine -o) over the defaults; RunError if bad."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -123,20 +141,18 @@ def load_engine(path: Path) -> StepCoeffs:
     if not isinstance(doc, dict) or doc.get("gyre_engine") != ENGINE_FORMAT or not isinstance(doc.get("coeffs"), dict):
         raise RunError(f"{path}: not an engine calibration (expected 'gyre_engine': {ENGINE_FORMAT} and 'coeffs')")
     raw = doc["coeffs"]
-    for k in FITTED:
-        v = raw.get(k)
+    unknown = sorted(set(raw) - set(APPLIED))
+    if unknown:
+        raise RunError(f"{path}: unknown field coeffs.{unknown[0]} (known: {', '.join(APPLIED)})")
+    for k, v in raw.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise RunError(f"{path}: field coeffs.{k} must be a number >= 0, got {v!r}")
-    unknown = sorted(set(raw) - set(FITTED))
-    if unknown:
-        raise RunError(f"{path}: unknown field coeffs.{unknown[0]} (known: {', '.join(FITTED)})")
-    c = StepCoeffs(**{k: float(raw[k]) for k in FITTED})
-    if c.eff_bw <= 0 or c.eff_flops <= 0:
-        raise RunError(f"{path}: field coeffs.eff_bw and coeffs.eff_flops must be > 0")
-    return c
+        if k.startswith("eff_") and not 0 < v <= 1:
+            raise RunError(f"{path}: field coeffs.{k} must be in (0, 1], got {v!r}")
+    return replace(Coefficients(), **{k: float(v) for k, v in raw.items()})
 
 
-def calibrate_run(run: Run, split: float | None, engine: StepCoeffs | None = None) -> dict[str, Any]:
+def calibrate_run(run: Run, split: float | None, engine: Coefficients | None = None) -> dict[str, Any]:
     """The report: with `engine`, its errors on the whole run under `calibrated`; otherwise a fit on the
     first `split` by arrival and errors on the rest. `uncalibrated` is always the defaults."""
     from gyre.sim.engine_run import split_by_arrival
@@ -144,13 +160,14 @@ def calibrate_run(run: Run, split: float | None, engine: StepCoeffs | None = Non
     n = len(run.requests)
     if engine is not None:
         test = np.arange(n)
-        coeffs, info = engine, {"applied": True}
+        coef, info = engine, {"applied": True, "fitted": ()}
     else:
         train, test = split_by_arrival(n, split if split is not None else 0.7)
         ft = fit(run, train)
-        coeffs, info = ft.coeffs, {"fit_requests": len(train), "fit_loss": ft.loss, "fit_evaluations": ft.evaluations}
-    cal = simulate(run, coeffs)
-    unc = simulate(run, StepCoeffs())
+        coef = ft.coef
+        info = {"fit_requests": len(train), "fit_loss": ft.loss, "fit_evaluations": ft.evaluations, "fitted": ft.names}
+    cal = simulate(run, coef)
+    unc = simulate(run, Coefficients())
     return {"calibrated": errors(run.requests, cal, test), "uncalibrated": errors(run.requests, unc, test),
-            "coeffs": coeffs.to_dict(), "test_requests": len(test), **info,
+            "coef": coef, "test_requests": len(test), **info,
             "_results": {"calibrated": cal, "uncalibrated": unc}, "_test": test}

@@ -15,8 +15,12 @@ Each replica runs engine steps back to back while it has work. A step is schedul
 
 A request whose computed tokens reach its known sequence samples one token at the end of the step
 (the first one is its first token); it finishes on its `output_toks`-th. A preempted request
-re-prefills prompt plus generated tokens. The step's duration comes from a step-time function
-(engine_model.StepCost.time) of the step's new tokens, KV read, attention term and sampled count.
+re-prefills prompt plus generated tokens. The step's duration comes from a step-time function of
+(decodes n, their total context, prefill chunk tokens m, chunk offset p): gyre.roofline's
+`EngineRoofline.step_time`, the simulator's own. A one-token item is a decode at context p + 1.
+Several prefill chunks in one step enter as one chunk of their total length M at the offset p' that
+keeps the step's KV read (ctx + p) and attention FLOPs (ctx + M p' + M^2 / 2) exact (the roofline is
+linear in both; the decode context absorbs the difference).
 Data-parallel replicas each take a new arrival when it comes, the least loaded first (running +
 waiting), as vLLM's internal load balancer does.
 
@@ -33,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-StepTime = Callable[[float, float, float, int], float]  # (tokens, kv_tokens, attn, sampled) -> seconds
+StepTime = Callable[[int, float, float, float], float]  # (decodes, their context, chunk tokens, chunk offset) -> s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,20 +148,26 @@ def replay(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, args: Sc
             if preempted and r.waiting:  # everything running was preempted: the next step admits
                 start_step(r, ri, now)
             return
-        tokens = kv = attn = 0.0
-        sampled = 0
+        n_dec = 0
+        ctx = big_m = sum_p = attn = 0.0
         for q, m in sched_now:
             p = computed[q]
-            tokens += m
-            kv += p + m
-            attn += m * p + 0.5 * m * m
-            if p + m == known[q]:
-                sampled += 1
+            if m == 1:  # a decode (or a one-token chunk): reads its p + 1 tokens
+                n_dec += 1
+                ctx += p + 1
+            else:
+                big_m += m
+                sum_p += p
+                attn += m * p + 0.5 * m * m
+        p_eff = sum_p
+        if big_m and attn != big_m * sum_p + 0.5 * big_m * big_m:  # several chunks: one equivalent chunk
+            p_eff = (attn - 0.5 * big_m * big_m - sum_p) / (big_m - 1)
+            ctx += sum_p - p_eff
         steps += 1
         trace_t.append(now)
         trace_n.append(sum(len(x.running) for x in reps))
         r.pending = sched_now
-        r.busy_until = now + step_time(tokens, kv, attn, sampled)
+        r.busy_until = now + step_time(n_dec, ctx, big_m, p_eff)
         heapq.heappush(events, (r.busy_until, 0, ri))
 
     def end_step(r: _Replica, now: float) -> None:
