@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -102,3 +103,22 @@ def test_time_scales_exactly(reqs, k):
     b = replay(arr * k, prompt, out, args, lambda *x: k * step(*x))
     np.testing.assert_allclose(b.last_token, k * a.last_token, rtol=1e-9)
     np.testing.assert_allclose(b.first_token, k * a.first_token, rtol=1e-9)
+
+
+def test_several_chunks_keep_kv_read_and_attention_exact():
+    """Two prompts chunked in one step enter the roofline as one chunk whose KV read (ctx + p) and attention
+    term (ctx + m p + m^2 / 2) equal the two chunks' sums: 0 + 0 and 4^2/2 + 4^2/2 = 16 in step 1; in step 2 a
+    decode at context 5 and the third prompt whole (6 tokens at offset 0)."""
+    args = SchedulerArgs(max_num_seqs=8, max_num_batched_tokens=8, block_size=4, kv_blocks=100)
+    calls = []
+
+    def step(n, ctx, m, p):
+        calls.append((n, ctx + p, ctx + m * p + 0.5 * m * m, n + m))
+        return 1.0
+
+    replay(np.array([0.0, 0.0, 0.0]), np.array([4, 4, 6]), np.array([2, 1, 1]), args, step)
+    n, kv, attn, tokens = calls[0]
+    assert (n, tokens) == (0, 8) and kv == pytest.approx(0.0) and attn == pytest.approx(16.0), calls[0]
+    # step 2: A decodes at context 5 (n = 1, reads 5), C's chunk 6 at offset 0 -> budget 8 - 1 = 7 >= 6
+    n, kv, attn, tokens = calls[1]
+    assert (n, tokens) == (1, 7) and kv == pytest.approx(5.0) and attn == pytest.approx(5.0 + 18.0), calls[1]
