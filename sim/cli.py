@@ -64,13 +64,14 @@ def run(
     out: Out = Path("out/run"),
     workload: Annotated[Optional[Path], typer.Option("--workload", help="calibrated workload JSON (gyre-sim calibrate)")] = None,
     trace_out: Annotated[Optional[Path], typer.Option("--trace-out", help="also write the run as a rollout trace (JSONL)")] = None,
+    engine: cli_engine.EngineOpt = None,
 ) -> None:
     """Simulate one policy and write its metrics."""
     from gyre.policies import UnknownPolicy
     from gyre.sim.compare import Candidate, comparison_table, write_outputs
     from gyre.sim.runner import simulate
 
-    cfg = build_config(preset, gpus, steps, seed, eta, [policy])
+    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy]), engine)
     with _progress() as prog:
         task = prog.add_task(f"{policy} on {cfg.name}", total=cfg.steps)
         try:
@@ -99,6 +100,7 @@ def compare(
     seed: Seed = None,
     policy: Annotated[Optional[list[str]], typer.Option("--policy", help="restrict to these policies")] = None,
     out: Out = Path("out/compare"),
+    engine: cli_engine.EngineOpt = None,
 ) -> None:
     """Run every registered policy on the same workload and seed (async tuned by a sweep)."""
     from gyre.policies import REGISTRY
@@ -107,7 +109,7 @@ def compare(
     for p in policy or []:
         if p not in REGISTRY:
             fail(f"unknown policy {p!r}; known: {', '.join(sorted(REGISTRY))}")
-    cfg = build_config(preset, gpus, steps, seed)
+    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed), engine)
     cands = candidates(cfg, policy)
     with _progress() as prog:
         task = prog.add_task(f"{len(cands)} runs on {cfg.name}", total=len(cands))

@@ -141,5 +141,22 @@ def calibrate_engine_cmd(
         console.print(f"wrote {', '.join(p.name for p in paths)} in {figures}/")
 
 
+EngineOpt = Annotated[Optional[Path], typer.Option("--engine", help="engine calibration JSON (calibrate-engine -o)")]
+
+
+def with_engine(cfg, engine: Path | None):
+    """`cfg` with its engine step coefficients from an engine.json (`run`, `compare`, `replay --engine`)."""
+    if engine is None:
+        return cfg
+    from dataclasses import replace
+
+    try:
+        coef = load_engine(engine, cfg.cluster.cost.engine)
+    except RunError as exc:
+        _fail(exc)
+        raise
+    return replace(cfg, cluster=replace(cfg.cluster, cost=replace(cfg.cluster.cost, engine=coef))).validate()
+
+
 def register(app: typer.Typer) -> None:
     app.command("calibrate-engine")(calibrate_engine_cmd)

@@ -174,6 +174,7 @@ def replay_cmd(
     out: Annotated[Path, typer.Option("--out", "-o", help="results folder")] = Path("out/replay"),
     fmt: Fmt = "auto", skip_bad: SkipBad = False, group_size: GroupSize = 8, groups_per_step: GroupsPerStep = 64,
     time_field: TimeF = None, input_field: InF = None, output_field: OutF = None,
+    engine: Annotated[Optional[Path], typer.Option("--engine", help="engine calibration JSON (calibrate-engine -o)")] = None,
 ) -> None:
     """Replay a trace's executions exactly (not resampled) through policies; same comparison as `compare`."""
     from dataclasses import replace
@@ -201,6 +202,9 @@ def replay_cmd(
     for p in policy or []:
         if p not in REGISTRY and "." not in p:
             _fail(ValueError(f"unknown policy {p!r}; known: {', '.join(sorted(REGISTRY))}"))
+    from gyre.sim.cli_engine import with_engine
+
+    cfg = with_engine(cfg, engine)
     cands = candidates(cfg, policy)
     if len(cands) == 1:  # runs in this process: replay the trace already read
         def factory():

@@ -128,8 +128,8 @@ def engine_json(coef: Coefficients, run: Run, fitted: tuple[str, ...], report: d
             "report": report}
 
 
-def load_engine(path: Path) -> Coefficients:
-    """The coefficients of an engine.json (gyre-sim calibrate-engine -o) over the defaults; RunError if bad."""
+def load_engine(path: Path, base: Coefficients = Coefficients()) -> Coefficients:
+    """`base` with the coefficients of an engine.json (gyre-sim calibrate-engine -o); RunError if bad."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -149,7 +149,7 @@ def load_engine(path: Path) -> Coefficients:
             raise RunError(f"{path}: field coeffs.{k} must be a number >= 0, got {v!r}")
         if k.startswith("eff_") and not 0 < v <= 1:
             raise RunError(f"{path}: field coeffs.{k} must be in (0, 1], got {v!r}")
-    return replace(Coefficients(), **{k: float(v) for k, v in raw.items()})
+    return replace(base, **{k: float(v) for k, v in raw.items()})
 
 
 def calibrate_run(run: Run, split: float | None, engine: Coefficients | None = None) -> dict[str, Any]:

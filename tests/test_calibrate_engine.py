@@ -169,3 +169,28 @@ def test_bad_engine_file(tmp_path):
     bad.write_text(json.dumps({"gyre_engine": 1, "coeffs": {"eff_bw": 1.5}}))
     r = runner.invoke(app, ["calibrate-engine", str(d), "--engine", str(bad)])
     assert r.exit_code == 2 and "coeffs.eff_bw must be in (0, 1]" in " ".join(r.output.split()), r.output
+
+
+def test_run_uses_engine_coefficients(tmp_path):
+    """`gyre-sim run --engine` simulates with the file's coefficients: halving both efficiencies slows the run,
+    exactly as setting them on the preset does; a bad file is one line, exit 2."""
+    from gyre.config import override
+    from gyre.presets import get_preset
+    from gyre.sim.runner import simulate as sim_run
+
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps({"gyre_engine": 1, "coeffs": {"eff_bw": 0.4, "eff_flops": 0.3}}))
+    makespans = []
+    for extra in ([], ["--engine", str(slow)]):
+        out = tmp_path / f"out{len(extra)}"
+        r = runner.invoke(app, ["run", "--preset", "short-math", "--steps", "1", "--out", str(out), *extra])
+        assert r.exit_code == 0, r.output
+        makespans.append(json.loads((out / "summary.json").read_text())["results"][0]["makespan_s"])
+    cfg = get_preset("short-math")
+    coef = replace(cfg.cluster.cost.engine, eff_bw=0.4, eff_flops=0.3)
+    direct = sim_run(override(cfg, steps=1, **{"cluster.cost.engine": coef}), "colocate")
+    assert makespans[1] > makespans[0] and makespans[1] == pytest.approx(direct.makespan_s), (makespans, direct.makespan_s)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    r = runner.invoke(app, ["run", "--preset", "short-math", "--steps", "1", "--out", str(tmp_path), "--engine", str(bad)])
+    assert r.exit_code == 2 and "bad.json:1: not JSON" in " ".join(r.output.split()), r.output
