@@ -53,10 +53,6 @@ class RunConfig:
                 f"cluster.gpus={self.cluster.gpus} cannot train {self.cluster.model.name} "
                 f"(needs >= {costs.min_train_gpus} GPUs)"
             )
-        for pname, params in self.policy_params.items():
-            eta = params.get("eta")
-            if eta is not None and eta < 0:
-                raise ConfigError(f"policy_params.{pname}.eta must be >= 0, got {eta}")
         return self
 
     def costs(self):

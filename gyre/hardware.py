@@ -137,11 +137,6 @@ class Costs:
                 + (attn_ctx_tokens * self.train_attn_flops_per_ctx_token / self.train_flops_per_s_gpu
                    if self.train_flops_per_s_gpu else 0.0)) / gpus
 
-    def migration_time(self, context_tokens: float) -> float:
-        if self.migration == "kv_transfer":
-            return context_tokens * self.kv_transfer_s_per_token
-        return context_tokens * self.prefill_s_per_token
-
     def best_decode_tokens_per_gpu_s(self, mean_context: float) -> float:
         """Peak decode throughput per GPU: an engine full of sequences of `mean_context` tokens."""
         n = max(1, int(self.kv_capacity_tokens // max(mean_context, 1.0)))

@@ -1,8 +1,7 @@
-"""The GPU pool that every backend keeps (each GPU's role, who holds it, what its memory holds),
-and the verbs' preconditions that both backends check the same way.
+"""The GPU pool that every backend keeps: each GPU's role, who holds it, what its memory holds.
 
-Both backends (gyre.sim, gyre.real) use this one class, so role bookkeeping, the "is this GPU free"
-rule and the role records of the event log cannot drift apart between them.
+Both backends (gyre.sim, gyre.real) use this one class through gyre.backend.ClusterBase, so role
+bookkeeping, the "is this GPU free" rule and the role records of the event log cannot drift apart.
 
 Invariants: a GPU is held by at most one engine (its id) or the trainer (TRAINER); a free GPU is IDLE
 and unheld; every role change is logged as ("role", t, gpus, role).
@@ -12,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gyre.cluster import ClusterError, Phase, Role
+from gyre.cluster import ClusterError, Role
 
 TRAINER = -1
 
@@ -55,20 +54,3 @@ class GpuPool:
         for g in gpus:
             self.resident[g] = what
 
-
-def check_admit(ex, eng, execution_id: int, engine_id: int, accepting: tuple[str, ...] = ("ready",)) -> None:
-    """The admit verb's preconditions, shared by both backends (ex/eng: the backend's own objects or None)."""
-    if ex is None or ex.engine is not None or ex.phase != Phase.QUEUED or ex.started_at is not None:
-        raise ClusterError(f"admit: execution {execution_id} is not a fresh execution")
-    if eng is None or eng.state not in accepting:
-        raise ClusterError(f"admit: engine {engine_id} is not ready")
-
-
-def check_migrate(ex, dst, execution_id: int, engine_id: int) -> None:
-    """The migrate verb's preconditions, shared by both backends."""
-    if ex is None or ex.engine is None:
-        raise ClusterError(f"migrate: execution {execution_id} is not live on an engine")
-    if dst is None or dst.state != "ready":
-        raise ClusterError(f"migrate: target engine {engine_id} is not ready")
-    if ex.migrate_to is not None:
-        raise ClusterError(f"migrate: execution {ex.id} already has a migration pending")

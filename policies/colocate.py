@@ -5,14 +5,30 @@ Strictly on-policy. The tail of each step leaves most GPUs waiting for the slowe
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gyre.cluster import Cluster
 from gyre.handles import all_of
-from gyre.policies.common import engine_slots, spread
+from gyre.policies.common import ClusterShape, engine_slots, spread
+
+
+@dataclass(frozen=True, kw_only=True)
+class ColocateConfig:
+    """Colocate has no parameters: every GPU does one thing at a time."""
 
 
 class Colocate:
     name = "colocate"
+    Config = ColocateConfig
+    baseline = True  # results are reported as speedups over it
     eta = 0  # strictly on-policy
+
+    def __init__(self, config: ColocateConfig | None = None) -> None:
+        self.config = config or ColocateConfig()
+
+    @staticmethod
+    def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
+        return [{}]
 
     def run(self, cluster: Cluster, steps: int):
         all_gpus = list(range(cluster.n_gpus))

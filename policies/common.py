@@ -17,9 +17,19 @@ batch is larger than groups_per_step.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gyre.cluster import Cluster, EngineView, Group
 from gyre.handles import Handle
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterShape:
+    """What a policy's sweep grid may depend on: the pool and the model's GPU needs."""
+
+    n_gpus: int
+    gpus_per_engine: int
+    min_train_gpus: int
 
 
 def engine_slots(gpus: Sequence[int], per_engine: int) -> list[tuple[int, ...]]:

@@ -16,18 +16,12 @@ larger), and that many GPUs are kept free instead of restarting engines on them;
 target decays by one engine per step towards the minimum. `start_trainer` is where it starts: "max"
 (default) at that largest size, its GPUs kept free from the start as in a fixed split, so the first
 steps neither train slowly on the minimum nor wait for a drain; "min" at the memory minimum, every GPU
-generating until the first batch. (Starting at the minimum, the doubling took four slow steps to reach
-32 GPUs on short-math: 1,912 s against 1,606 s from the top; xlong-swe is unchanged, 30.9 h.) `decay`:
-"always" (default) as above; "pressure": only when rollout showed pressure (an engine queueing, or KV above
-`high_fill`) since the last step ended. On short-math and xlong-swe "pressure" never decays, so elastic
-becomes the fixed split (1,579 s and 30.90 h, as the best async, with no GPU moves).
+generating until the first batch. `decay`: "always" (default) as above; "pressure": only when rollout
+showed pressure (an engine queueing, or KV above PRESSURE_FILL of capacity) since the last step ended.
 
-Reserve (`reserve`): keep a trainer-sized set of GPUs free whenever the live KV fits on the other
-engines at `kv_fill`, so a step can start without draining.
-
-Tail consolidation (`consolidate`): while admission is blocked by the staleness bound and the live
-executions would fit on fewer engines at `tail_fill`, the spare engines are drained early; their GPUs
-wait idle for the coming step. If demand returns first (an engine queues executions while GPUs are
+Tail consolidation (`consolidate`, off by default): while admission is blocked by the staleness bound and
+the live executions would fit on fewer engines at `kv_fill`, the spare engines are drained early; their
+GPUs wait idle for the coming step. If demand returns first (an engine queues executions while GPUs are
 idle), engines are started on the idle GPUs again (grow on demand).
 
 Every decision reads only observations: engines' live/decoding/queued counts and KV use, the live
@@ -39,47 +33,54 @@ taken in engine-sized pieces; the trainer's GPU count is fixed for the whole ste
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gyre.cluster import Cluster, EngineView
 from gyre.handles import Handle, all_of, any_of
-from gyre.policies.common import Batcher, Signal, engine_slots, least_loaded
+from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, least_loaded
 from gyre.policies.elastic_plan import DrainPlan, plan_drain, spare_engines
+
+
+@dataclass(frozen=True, kw_only=True)
+class ElasticConfig:
+    eta: int = 1  # staleness bound
+    greedy: bool = False  # drain every engine the live KV does not need, not only what the trainer needs
+    kv_fill: float = 0.5  # fraction of KV capacity the staying engines may be filled to by a drain
+    consolidate: bool = False  # drain spare engines early while admission is blocked
+    adapt_trainer: bool = True  # grow the trainer under backlog, decay it otherwise
+    start_trainer: str = "max"  # "max": start at the largest trainer, "min": at the memory minimum
+    decay: str = "always"  # "always" or "pressure": when the trainer target shrinks
+
+    def __post_init__(self) -> None:
+        if self.eta < 0:
+            raise ValueError(f"elastic: eta must be >= 0, got {self.eta}")
+        if not 0 < self.kv_fill <= 1:
+            raise ValueError(f"elastic: kv_fill must be in (0, 1], got {self.kv_fill}")
+        if self.start_trainer not in ("min", "max"):
+            raise ValueError(f"elastic: start_trainer must be 'min' or 'max', got {self.start_trainer!r}")
+        if self.decay not in ("always", "pressure"):
+            raise ValueError(f"elastic: decay must be 'always' or 'pressure', got {self.decay!r}")
 
 
 class Elastic:
     name = "elastic"
+    Config = ElasticConfig
+    PRESSURE_FILL = 0.9  # live KV above this fraction of capacity counts as rollout pressure
 
-    def __init__(
-        self,
-        eta: int = 1,
-        greedy: bool = False,
-        kv_fill: float = 0.5,
-        consolidate: bool = False,
-        tail_fill: float = 0.5,
-        reserve: bool = False,
-        high_fill: float = 0.9,
-        adapt_trainer: bool = True,
-        start_trainer: str = "max",
-        decay: str = "always",
-    ) -> None:
-        if eta < 0:
-            raise ValueError(f"elastic: eta must be >= 0, got {eta}")
-        if not (0 < kv_fill <= 1 and 0 < tail_fill <= 1):
-            raise ValueError(f"elastic: kv_fill and tail_fill must be in (0, 1], got {kv_fill}, {tail_fill}")
-        if start_trainer not in ("min", "max"):
-            raise ValueError(f"elastic: start_trainer must be 'min' or 'max', got {start_trainer!r}")
-        if decay not in ("always", "pressure"):
-            raise ValueError(f"elastic: decay must be 'always' or 'pressure', got {decay!r}")
-        self.eta = eta
-        self.greedy = greedy
-        self.kv_fill = kv_fill
-        self.consolidate = consolidate
-        self.tail_fill = tail_fill
-        self.reserve = reserve
-        self.high_fill = high_fill
-        self.adapt_trainer = adapt_trainer
-        self.start_trainer = start_trainer
-        self.decay = decay
+    def __init__(self, config: ElasticConfig | None = None, **params) -> None:
+        self.config = c = config if config is not None else ElasticConfig(**params)
+        self.eta = c.eta
+        self.greedy = c.greedy
+        self.kv_fill = c.kv_fill
+        self.consolidate = c.consolidate
+        self.adapt_trainer = c.adapt_trainer
+        self.start_trainer = c.start_trainer
+        self.decay = c.decay
         self.pressure_seen = False  # rollout pressure observed since the last step ended
+
+    @staticmethod
+    def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
+        return [{"eta": e} for e in etas]
 
     # ------------------------------------------------------------------ the control loop
     def run(self, cluster: Cluster, steps: int):
@@ -153,7 +154,7 @@ class Elastic:
         self.load.fire()
 
     def _react(self) -> None:
-        """Between steps: grow when demand returns, keep a trainer reserve free, or consolidate a thin tail."""
+        """Between steps: grow when demand returns, or consolidate a thin tail."""
         if self.training or (self.draining is not None and not self.draining.done):
             return
         cluster = self.cluster
@@ -169,17 +170,9 @@ class Elastic:
             return
         if pressure:
             return
-        kv = sum(e.kv_used for e in ready)
-        cap = sum(e.kv_capacity for e in ready)
-        if self.reserve and free < self._reserve_gpus():
-            plan = plan_drain(ready, cluster.live(), self._reserve_gpus() - free, kv_fill=1.0)
-            left = cap - sum(e.kv_capacity for e in plan.victims)
-            if plan.victims and kv <= self.kv_fill * left:
-                self.draining = cluster.spawn(self._drain(plan, "reserve"), "elastic-reserve")
-            return
         if not self.consolidate or self.batcher.can_admit():
             return
-        spare = spare_engines(ready, kv_fill=self.tail_fill)
+        spare = spare_engines(ready, kv_fill=self.kv_fill)
         if spare <= 0:
             return
         plan = plan_drain(ready, cluster.live(), spare * per, kv_fill=1.0)
@@ -187,8 +180,8 @@ class Elastic:
             self.draining = cluster.spawn(self._drain(plan, "tail"), "elastic-tail")
 
     def _pressure(self, ready: list[EngineView]) -> bool:
-        """Rollout could use more GPUs: an engine queues executions, or the live KV is above high_fill."""
-        return any(e.n_queued for e in ready) or sum(e.kv_used for e in ready) > self.high_fill * sum(
+        """Rollout could use more GPUs: an engine queues executions, or the live KV is above PRESSURE_FILL."""
+        return any(e.n_queued for e in ready) or sum(e.kv_used for e in ready) > self.PRESSURE_FILL * sum(
             e.kv_capacity for e in ready)
 
     def _adapt(self) -> None:
@@ -209,8 +202,6 @@ class Elastic:
 
     def _keep(self) -> int:
         """GPUs left free for the trainer when engines (re)start."""
-        if self.reserve:
-            return self._reserve_gpus()
         return self.train_target if self.train_target > self._reserve_gpus() else 0
 
     def _ceil(self) -> int:

@@ -27,10 +27,9 @@ no execution is ever aborted or restarted.
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections import deque
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ import ray
 
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.handles import Handle, Process, done_handle
-from gyre.pool import TRAINER, GpuPool, check_admit, check_migrate
+from gyre.backend import ClusterBase
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
 from gyre.real.collective import plan_broadcast
@@ -69,21 +68,19 @@ class RealClusterConfig:
             raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")
 
 
-class RealCluster(ExecutionFlow):
+class RealCluster(ExecutionFlow, ClusterBase):
+    LISTED = ("starting", "ready", "restarting")
+    ACCEPTING = ("ready", "restarting")
+    STOPPABLE = ("ready", "restarting")
+
     def __init__(self, *, pool, config: RealClusterConfig) -> None:
         self.pool = pool
         self.cfg = config
-        self._engines: dict[int, RealEngine] = {}
-        self._next_engine = 0
+        self.init_books(pool.cfg.n_gpus)
         self._rng = np.random.default_rng(config.seed)
-        self.log: list[tuple] = []
-        self.gpu_pool = GpuPool(pool.cfg.n_gpus, self.log)
-        self.groups: dict[int, RealGroup] = {}
-        self.executions: dict[int, RealExecution] = {}
         self._pending: dict[Any, tuple[int, Callable[[Any, BaseException | None], None]]] = {}
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
-        self._deferred: list[tuple[Handle, Any]] = []
         self._background: list = []
         self.profile: dict[str, list] = {"wake": [], "sleep": [], "train": [], "sync": [], "migration": [], "requests": []}
         if config.weight_sync == "collective" and not all(hasattr(a, "receive_weights") for a in pool._engines.values()):
@@ -94,7 +91,6 @@ class RealCluster(ExecutionFlow):
         if config.checkpoint and Path(config.checkpoint).exists():
             base = ray.get([t.load.remote(config.checkpoint) for t in pool.trainers])[0]
         self.base_version = base  # trainer versions count from here in this run
-        self._version = 0
         self._tv = base  # the trainer's version of record
         self._record = 0  # the trainer worker (= GPU) holding it
         self._held = [base] * len(pool.trainers)  # the version each trainer worker holds
@@ -109,20 +105,12 @@ class RealCluster(ExecutionFlow):
         return time.perf_counter() - self._t0
 
     @property
-    def n_gpus(self) -> int:
-        return self.gpu_pool.n
-
-    @property
     def gpus_per_engine(self) -> int:
         return self.pool.cfg.gpus_per_engine
 
     @property
     def min_train_gpus(self) -> int:
         return self.cfg.min_train_gpus
-
-    @property
-    def version(self) -> int:
-        return self._version
 
     @property
     def groups_per_step(self) -> int:
@@ -137,22 +125,7 @@ class RealCluster(ExecutionFlow):
         """The latest published weights, as the worker of record holds them (tests, benchmarks)."""
         return ray.get(self.pool.trainers[self._record].weights.remote(self._tv))
 
-    def role(self, gpu: int) -> Role:
-        return self.gpu_pool.role[gpu]
-
-    def free_gpus(self) -> list[int]:
-        return self.gpu_pool.free()
-
-    def engines(self) -> list[RealEngine]:
-        return [e for e in self._engines.values() if e.state in ("starting", "ready", "restarting")]
-
-    def live(self) -> list[RealExecution]:
-        return [x for e in self._engines.values() for x in e.members.values()]
-
     # ------------------------------------------------------------------ internals
-    def _log(self, rec: tuple) -> None:
-        self.log.append(rec)
-
     def _submit(self, ref, fn: Callable[[Any, BaseException | None], None]) -> None:
         self._seq += 1
         self._pending[ref] = (self._seq, fn)
@@ -168,23 +141,16 @@ class RealCluster(ExecutionFlow):
         gid = len(self.groups)
         spec = T.make_task(gid, self._rng)
         grp = RealGroup(gid, spec, self.cfg.group_size, len(self.executions), self.cfg.task, self.cfg.seed)
-        self.groups[gid] = grp
-        for ex in grp.executions:
-            self.executions[ex.id] = ex
-        self._log(("group", self.now, gid, len(grp.executions)))
+        self._book_group(grp)
         return grp
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
-        gpus = self.gpu_pool.check_free(gpus, "start_engine")
-        if len(gpus) != self.gpus_per_engine:
-            raise ClusterError(f"start_engine: an engine needs {self.gpus_per_engine} GPUs, got {len(gpus)}")
+        gpus = self._check_start(gpus)
         eid = self._next_engine
         self._next_engine += 1
         v = self._version
         eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity)
-        self._engines[eid] = eng
-        self.gpu_pool.hold(gpus, eid)
-        self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
+        self._place_engine(eng)
         h = Handle(f"start_engine{eid}")
         t0 = self.now
 
@@ -193,19 +159,14 @@ class RealCluster(ExecutionFlow):
                 raise ClusterError(f"start_engine: engine {eid} on GPUs {gpus} failed: {err}")
             eng.state = "ready"
             self.profile["wake"].append(self.now - t0)
-            self.gpu_pool.set_role(gpus, Role.ROLLOUT, self.now)
-            self._log(("engine_up", self.now, eid, gpus))
+            self._engine_up(eng)
             self._deferred.append((h, eng))
 
         self._wake(eng, v, up)
         return h
 
     def stop_engine(self, engine: RealEngine) -> Handle:
-        eng = self._engines.get(engine.id)
-        if eng is None or eng.state not in ("ready", "restarting"):
-            raise ClusterError(f"stop_engine: engine {engine.id} is not running")
-        if eng.members:
-            raise ClusterError(f"stop_engine: engine {eng.id} still holds {len(eng.members)} executions")
+        eng = self._check_stop(engine)
         h = Handle(f"stop_engine{eng.id}")
         if eng.state == "restarting":
             eng.stop_after_restart = h
@@ -221,20 +182,14 @@ class RealCluster(ExecutionFlow):
         def down(_dt, err) -> None:
             if err is not None:
                 raise ClusterError(f"stop_engine: engine {eng.id} failed to sleep: {err}")
-            eng.state = "stopped"
             self.profile["sleep"].append(self.now - t0)
-            self.gpu_pool.hold(eng.gpus, None)
-            self.gpu_pool.set_role(eng.gpus, Role.IDLE, self.now)
-            self._log(("engine_down", self.now, eng.id))
-            del self._engines[eng.id]
+            self._engine_down(eng)
             self._deferred.append((h, None))
 
         self._submit(eng.actor.sleep.remote(), down)
 
     def admit(self, execution: RealExecution, engine: RealEngine) -> Handle:
-        ex = self.executions.get(execution.id)
-        eng = self._engines.get(engine.id)
-        check_admit(ex, eng, execution.id, engine.id, ("ready", "restarting"))
+        ex, eng = self._check_admit(execution, engine)
         self._log(("admit", self.now, ex.id, eng.id))
         ex.engine = eng
         eng.members[ex.id] = ex
@@ -242,41 +197,27 @@ class RealCluster(ExecutionFlow):
         self._drain_queue(eng)
         return ex.handle
 
-    def migrate(self, execution: RealExecution, engine: RealEngine) -> Handle:
-        ex = self.executions.get(execution.id)
-        dst = self._engines.get(engine.id)
-        check_migrate(ex, dst, execution.id, engine.id)
-        h = Handle(f"migrate{ex.id}")
-        if dst is ex.engine:
-            return h.succeed(False)
-        ex.migrate_to, ex.migrate_handle = dst, h
-        if ex.phase in (Phase.TOOL, Phase.QUEUED):  # already at a boundary
-            self._do_migrate(ex)
-            self._drain()
-        return h
+    def _at_boundary(self, ex: RealExecution) -> bool:
+        return ex.phase in (Phase.TOOL, Phase.QUEUED)
+
+    def _migrate_now(self, ex: RealExecution) -> None:
+        self._do_migrate(ex)
+        self._drain()
 
     def train(self, gpus: Sequence[int], groups: Sequence[RealGroup]) -> Handle:
-        gpus = self.gpu_pool.check_free(gpus, "train")
-        if len(gpus) < self.cfg.min_train_gpus:
-            raise ClusterError(f"train: the model needs >= {self.cfg.min_train_gpus} GPUs to train, got {len(gpus)}")
-        if not groups:
-            raise ClusterError("train: empty batch")
+        gpus = self._check_train(gpus, groups)
         v = self._version
         batch, rewards, signal = [], [], 0
         adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
         for g in groups:
-            if not g.done:
-                raise ClusterError(f"train: group {g.id} has unfinished executions")
             secret = g.spec.secret
             outs = score_group(g.recorder, lambda st: T.partial_credit(st.context_tokens, secret, self.cfg.task))
             rewards += [o.reward for o in outs]
             adv = group_advantages(outs, adv_cfg)
             signal += bool(np.any(adv != 0))
             batch.append((g.recorder.tree.preorder(), adv))
-            for e in g.executions:
-                fv = e.first_version if e.first_version is not None else v
-                self._log(("trained", self.now, e.id, g.id, v, v - fv))
-        self.gpu_pool.hold(gpus, TRAINER)
+        self._book_trained(groups, v)
+        self._hold_for_training(gpus)
         self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)
         h = Handle(f"train{v}")
         t0 = self.now
@@ -284,16 +225,13 @@ class RealCluster(ExecutionFlow):
         def end(stats, err) -> None:
             if err is not None:
                 raise ClusterError(f"train: step {v} failed: {err}")
-            self._version += 1
             self._tv, self._record, self._weights = stats["version"], gpus[0], None
             for g in gpus:
                 self._held[g] = self._tv
             if self.cfg.weight_sync == "object_store":
                 self._weights_ref()
             self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
-            self.gpu_pool.hold(gpus, None)
-            self.gpu_pool.set_role(gpus, Role.IDLE, self.now)
-            self._log(("step", self.now, self._version, len(gpus), stats["tokens"]))
+            self._step_done(gpus, stats["tokens"])
             self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
                                                    "groups_with_signal": signal, "version": self._version}))
             self._deferred.append((h, self._version))
@@ -408,9 +346,7 @@ class RealCluster(ExecutionFlow):
         todo = [e for e in todo if e.state != "restarting"]  # a restarting engine wakes with the latest
         if not todo:
             return done_handle(None, "sync")
-        for e in todo:
-            if e.state != "ready":
-                raise ClusterError(f"sync: engine {e.id} is not ready")
+        self._check_sync(todo)
         v, h, t0, left = self._version, Handle(f"sync{self._version}"), self.now, [len(todo)]
 
         def one(e: RealEngine):
@@ -428,19 +364,9 @@ class RealCluster(ExecutionFlow):
         self._publish(todo, one)
         return h
 
-    def timeout(self, seconds: float) -> Handle:
-        if seconds < 0 or math.isnan(seconds):
-            raise ClusterError(f"timeout: bad delay {seconds}")
-        h = Handle("timeout")
+    def _succeed_after(self, seconds: float, h: Handle) -> None:
         self._seq += 1
         heapq.heappush(self._timers, (self.now + seconds, self._seq, lambda: self._deferred.append((h, None))))
-        return h
-
-    def spawn(self, gen: Generator[Handle, Any, Any], label: str = "") -> Handle:
-        return Process(gen, label or "process")
-
-    def note(self, kind: str, **fields: Any) -> None:
-        self._log(("note", self.now, kind, fields))
 
     # ------------------------------------------------------------------ fault injection
     def kill_engine(self, engine_id: int) -> None:
@@ -487,12 +413,6 @@ class RealCluster(ExecutionFlow):
         if proc.error is not None:
             raise proc.error
         return proc
-
-    def _drain(self) -> None:
-        while self._deferred:
-            batch, self._deferred = self._deferred, []
-            for h, v in batch:
-                h.succeed(v)
 
     def close(self) -> dict:
         """Put engines still up to sleep (the pool is reused) and collect the engines' profiles."""

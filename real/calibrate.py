@@ -101,7 +101,7 @@ def simulate_with(costs: Costs, trace, policy: str, steps: int, n_gpus: int, par
     from gyre.sim.backend import SimCluster
 
     src = TraceSource(trace.groups, trace.workload)
-    sim = SimCluster(n_gpus=n_gpus, gpus_per_node=n_gpus, costs=costs, source=src)
+    sim = SimCluster(n_gpus=n_gpus, costs=costs, source=src)
     sim.run(make_policy(policy, **(params or {})), steps)
     m = compute_metrics(sim.log, n_gpus=n_gpus, policy=policy)
     return m.makespan_s, float(m.steps["gpus"].median())

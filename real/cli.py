@@ -62,18 +62,20 @@ def run(
 ) -> None:
     """Run each policy for real (one after another, on warm actors) and write their outputs."""
     from gyre.cluster import ClusterError
-    from gyre.policies import UnknownPolicy, make_policy
+    from gyre.policies import UnknownPolicy, check_params, policy_class
     from gyre.real.pool import ActorPool
     from gyre.real.runner import run_real, write_outputs
 
     cfg = _config(preset, config, steps, address, seed)
     for p in policy:
         try:
-            make_policy(p, **cfg.policy_params.get(p, {}))
+            policy_class(p)
         except UnknownPolicy as exc:
             fail(str(exc))
-        except ValueError as exc:  # a parameter the policy refuses, from the config's [policy_params.<p>]
-            fail(f"{config or preset}: policy_params.{p}: {exc}")
+    try:  # a parameter a policy refuses, from the config's [policy_params.<p>]
+        check_params({p: cfg.policy_params[p] for p in policy if p in cfg.policy_params})
+    except UnknownPolicy as exc:
+        fail(f"{config or preset}: {exc}")
     try:
         pool = ActorPool.shared(cfg.pool)
     except (ValueError, TimeoutError) as exc:

@@ -119,7 +119,7 @@ class TorchEngine:
         return dt
 
     def get_weights(self) -> dict:
-        """The served weights as a CPU state dict (tests compare them with the trainer's)."""
+        """The served weights as a CPU state dict (tests compare them with the trainer's; not EngineActor)."""
         return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def _load(self, weights: Mapping, version: int) -> None:
@@ -138,6 +138,11 @@ class TorchEngine:
 
     def ping(self) -> int:
         return self.version
+
+    def shutdown(self) -> None:
+        """Drop the model and every cache (the engine has no processes of its own)."""
+        self.seqs.clear()
+        self.waiting, self.running, self.batch, self.model = [], [], None, None
 
     # --- generation ---
     async def generate(self, seq_id: str, context: list[int], max_new: int, stop: list[int], seed: int) -> dict:

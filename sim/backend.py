@@ -14,50 +14,42 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import simpy
 
 from gyre.cluster import ClusterError, Phase, Role
+from gyre.config import ConfigError
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process, done_handle
 from gyre.hardware import Costs
-from gyre.pool import TRAINER, GpuPool, check_admit, check_migrate
+from gyre.backend import ClusterBase
+from gyre.pool import TRAINER
 from gyre.sim.engine import SimEngine
 from gyre.sim.execution import SimExecution, SimGroup
 
+_END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third field (gyre.metrics)
 
 
-class SimCluster:
-    def __init__(self, *, n_gpus: int, gpus_per_node: int, costs: Costs, source, check: bool = False) -> None:
+class SimCluster(ClusterBase):
+    def __init__(self, *, n_gpus: int, costs: Costs, source, check: bool = False) -> None:
         self.env = simpy.Environment()
         self.costs = costs
         self.source = source
-        self.gpus_per_node = gpus_per_node
-        self._engines: dict[int, SimEngine] = {}
-        self._next_engine = 0
-        self._version = 0
+        self.init_books(n_gpus)
         self._q: list[tuple[float, int, Callable, Any]] = []
         self._seq = itertools.count()
-        self._deferred: list[tuple[Handle, Any]] = []
         self._dirty: list[SimEngine] = []  # engines whose next wakeup must be re-planned (SimEngine._touch)
-        self.log: list[tuple] = []
-        self.gpu_pool = GpuPool(n_gpus, self.log)
-        self.groups: dict[int, SimGroup] = {}
-        self.executions: dict[int, SimExecution] = {}
         self.trained_groups: list[int] = []  # group ids in the order they were trained
         self.events = 0
         self.check = check
+        self._kv_peak = 0.0  # the largest KV use of a stopped engine (tokens)
 
     # ------------------------------------------------------------------ observations
     @property
     def now(self) -> float:
         return self.env.now
-
-    @property
-    def n_gpus(self) -> int:
-        return self.gpu_pool.n
 
     @property
     def gpus_per_engine(self) -> int:
@@ -68,41 +60,51 @@ class SimCluster:
         return self.costs.min_train_gpus
 
     @property
-    def version(self) -> int:
-        return self._version
-
-    @property
     def groups_per_step(self) -> int:
         return self.source.config.groups_per_step
 
-    def role(self, gpu: int) -> Role:
-        return self.gpu_pool.role[gpu]
+    def kv_peak_frac(self) -> float:
+        """The largest KV use of any engine at any time so far, as a share of its capacity."""
+        peak = max([self._kv_peak] + [e.kv_peak for e in self._engines.values()])
+        return peak / self.costs.kv_capacity_tokens
 
-    def free_gpus(self) -> list[int]:
-        return self.gpu_pool.free()
-
-    def engines(self) -> list[SimEngine]:
-        return [e for e in self._engines.values() if e.state in ("starting", "ready")]
-
-    def live(self) -> list[SimExecution]:
-        return [x for e in self._engines.values() for x in e.members.values()]
-
-    # ------------------------------------------------------------------ internals
-    def _log(self, rec: tuple) -> None:
-        self.log.append(rec)
-
-    def _push(self, t: float, fn: Callable, arg: Any) -> None:
+    # ------------------------------------------------------------------ the scheduling surface of SimEngine
+    def schedule(self, t: float, fn: Callable[[float, Any], None], arg: Any) -> None:
+        """Call fn(t, arg) at simulated time t (a fine event; ties go in insertion order)."""
         heapq.heappush(self._q, (t, next(self._seq), fn, arg))
 
+    def replan(self, engine: SimEngine) -> None:
+        """Re-plan the engine's next wakeup once the current event is fully processed."""
+        self._dirty.append(engine)
+
+    def finish(self, ex: SimExecution, t: float, end: str) -> None:
+        """An execution ended at t: "done", "capped" (its last segment, at the length cap) or "deadline"."""
+        self._finish(ex, t, end)
+
+    def migrate_at_boundary(self, ex: SimExecution, t: float) -> None:
+        """Carry out an execution's pending migration: it reached a tool-call boundary at t."""
+        self._do_migrate(ex, t)
+
+    # ------------------------------------------------------------------ internals
     def _after(self, dt: float, fn: Callable[[], None]) -> None:
         ev = self.env.timeout(dt)
         ev.callbacks.append(lambda _ev: fn())
 
-    def _finish(self, ex: SimExecution, t: float, truncated: bool) -> None:
+    def _succeed_after(self, seconds: float, h: Handle) -> None:
+        self._after(seconds, lambda: h.succeed(None))
+
+    def _at_boundary(self, ex: SimExecution) -> bool:
+        return ex.phase != Phase.DECODE  # a tool call, a prefill, or queued
+
+    def _migrate_now(self, ex: SimExecution) -> None:
+        self._do_migrate(ex, self.now)
+
+    def _finish(self, ex: SimExecution, t: float, end: str) -> None:
         ex.phase = Phase.DONE
         ex.finished_at = t
-        ex.truncated = truncated
-        self.log.append(("finish", t, ex.id, int(truncated), ex.generated))
+        ex.end = end
+        ex.truncated = end != "done"
+        self.log.append(("finish", t, ex.id, _END_CODE[end], ex.generated))
         self._deferred.append((ex.handle, ex))
         if ex.migrate_handle is not None:  # finished before reaching a tool-call boundary
             self._deferred.append((ex.migrate_handle, False))
@@ -111,11 +113,13 @@ class SimCluster:
     def _do_migrate(self, ex: SimExecution, t: float) -> None:
         src, dst, h = ex.engine, ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
+        kv = ex.resident
         src.remove(ex)
-        src._touch(t)
-        if ex.phase != Phase.QUEUED:
-            ex.ready_min = t + self.costs.migration_time(ex.resident)
-        dst.add_migrated(ex, t)
+        transfer = self.costs.migration == "kv_transfer" and kv > 0
+        if transfer:  # the KV travels (its context arrives resident if it fits the destination)
+            ex.resident = kv
+            ex.ready_at = max(ex.ready_at if ex.ready_at is not None else t, t + kv * self.costs.kv_transfer_s_per_token)
+        dst.add_migrated(ex, t, transfer)
         self._log(("migrate", t, ex.id, src.id, dst.id))
         self._deferred.append((h, True))
 
@@ -134,25 +138,17 @@ class SimCluster:
     # ------------------------------------------------------------------ verbs
     def next_group(self) -> SimGroup:
         spec = self.source.next_group()
-        execs = [SimExecution(s) for s in spec.executions]
-        grp = SimGroup(spec, execs)
-        self.groups[grp.id] = grp
-        for ex in execs:
-            self.executions[ex.id] = ex
-        self._log(("group", self.now, grp.id, len(execs)))
+        grp = SimGroup(spec, [SimExecution(s) for s in spec.executions])
+        self._book_group(grp)
         return grp
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
-        gpus = self.gpu_pool.check_free(gpus, "start_engine")
-        if len(gpus) != self.costs.engine_gpus:
-            raise ClusterError(f"start_engine: an engine needs {self.costs.engine_gpus} GPUs, got {len(gpus)}")
+        gpus = self._check_start(gpus)
         eid = self._next_engine
         self._next_engine += 1
         eng = SimEngine(self, eid, gpus, self._version)
-        self._engines[eid] = eng
-        self.gpu_pool.hold(gpus, eid)
         dt = self._switch_in_s(gpus, "engine")
-        self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
+        self._place_engine(eng)
         h = Handle(f"start_engine{eid}")
 
         def up() -> None:
@@ -160,71 +156,44 @@ class SimCluster:
             eng.state = "ready"
             eng._version = self._version
             eng.t_last = self.now
-            self.gpu_pool.set_role(gpus, Role.ROLLOUT, self.now)
-            self._log(("engine_up", self.now, eid, gpus))
+            self._engine_up(eng)
             h.succeed(eng)
 
         self._after(dt, up)
         return h
 
     def stop_engine(self, engine: SimEngine) -> Handle:
-        eng = self._engines.get(engine.id)
-        if eng is None or eng.state != "ready":
-            raise ClusterError(f"stop_engine: engine {engine.id} is not running")
-        if eng.members:
-            raise ClusterError(f"stop_engine: engine {eng.id} still holds {len(eng.members)} executions")
+        eng = self._check_stop(engine)
         eng.state = "stopping"
         self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
         h = Handle(f"stop_engine{eng.id}")
 
         def down() -> None:
-            eng.state = "stopped"
-            self.gpu_pool.hold(eng.gpus, None)
-            self.gpu_pool.set_role(eng.gpus, Role.IDLE, self.now)
-            self._log(("engine_down", self.now, eng.id))
-            del self._engines[eng.id]
+            self._kv_peak = max(self._kv_peak, eng.kv_peak)
+            self._engine_down(eng)
             h.succeed(None)
 
         self._after(self.costs.engine_sleep_s, down)
         return h
 
     def admit(self, execution: SimExecution, engine: SimEngine) -> Handle:
-        ex = self.executions.get(execution.id)
-        eng = self._engines.get(engine.id)
-        check_admit(ex, eng, execution.id, engine.id)
+        ex, eng = self._check_admit(execution, engine)
+        if ex.max_ctx + 2 > self.costs.kv_capacity_tokens * (1 - 1e-9):
+            raise ConfigError(f"execution {ex.id} reaches a {ex.max_ctx:,}-token context; an engine holds "
+                              f"{self.costs.kv_capacity_tokens:,} KV tokens (a larger model parallelism or GPU is needed)")
         t = self.env._now
         self.log.append(("admit", t, ex.id, eng.id))
         eng.admit(ex, t)
         return ex.handle
 
-    def migrate(self, execution: SimExecution, engine: SimEngine) -> Handle:
-        ex = self.executions.get(execution.id)
-        dst = self._engines.get(engine.id)
-        check_migrate(ex, dst, execution.id, engine.id)
-        h = Handle(f"migrate{ex.id}")
-        if dst is ex.engine:
-            return h.succeed(False)
-        ex.migrate_to, ex.migrate_handle = dst, h
-        if ex.phase != Phase.DECODE:  # already at a boundary (tool call, prefill, or queued)
-            self._do_migrate(ex, self.now)
-        return h
-
     def train(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
-        gpus = self.gpu_pool.check_free(gpus, "train")
-        if len(gpus) < self.costs.min_train_gpus:
-            raise ClusterError(f"train: the model needs >= {self.costs.min_train_gpus} GPUs to train, got {len(gpus)}")
-        if not groups:
-            raise ClusterError("train: empty batch")
-        tokens = 0
-        for g in groups:
-            if not g.done:
-                raise ClusterError(f"train: group {g.id} has unfinished executions")
-            tokens += g.executions[0].spec.prompt + sum(e.spec.tokens - e.spec.prompt for e in g.executions)
-        v, now, log = self._version, self.now, self.log
-        for g in groups:
-            self.trained_groups.append(g.id)
-            log.extend([("trained", now, e.id, g.id, v, v - e.first_version) for e in g.executions])
-        self.gpu_pool.hold(gpus, TRAINER)
+        gpus = self._check_train(gpus, groups)
+        tokens = sum(g.executions[0].spec.prompt + sum(e.spec.tokens - e.spec.prompt for e in g.executions)
+                     for g in groups)
+        v = self._version
+        self.trained_groups.extend(g.id for g in groups)
+        self._book_trained(groups, v)
+        self._hold_for_training(gpus)
         onload = self._switch_in_s(gpus, "trainer")
         compute = self.costs.train_time(tokens, len(gpus))
         h = Handle(f"train{v}")
@@ -237,10 +206,7 @@ class SimCluster:
             self._after(compute, end)
 
         def end() -> None:
-            self._version += 1
-            self.gpu_pool.hold(gpus, None)
-            self.gpu_pool.set_role(gpus, Role.IDLE, self.now)
-            self._log(("step", self.now, self._version, len(gpus), tokens))
+            self._step_done(gpus, tokens)
             h.succeed(self._version)
 
         if onload > 0:
@@ -254,9 +220,8 @@ class SimCluster:
         if not todo:
             return done_handle(None, "sync")
         v = self._version
+        self._check_sync(todo)
         for e in todo:
-            if e.state != "ready":
-                raise ClusterError(f"sync: engine {e.id} is not ready")
             e.pause(self.now)
         h = Handle(f"sync{v}")
 
@@ -268,19 +233,6 @@ class SimCluster:
 
         self._after(self.costs.sync_s, done)
         return h
-
-    def timeout(self, seconds: float) -> Handle:
-        if seconds < 0 or math.isnan(seconds):
-            raise ClusterError(f"timeout: bad delay {seconds}")
-        h = Handle("timeout")
-        self._after(seconds, lambda: h.succeed(None))
-        return h
-
-    def spawn(self, gen: Generator[Handle, Any, Any], label: str = "") -> Handle:
-        return Process(gen, label or "process")
-
-    def note(self, kind: str, **fields: Any) -> None:
-        self._log(("note", self.now, kind, fields))
 
     # ------------------------------------------------------------------ running
     def run(self, policy, steps: int, progress: Callable[[int, float], None] | None = None) -> Process:
@@ -335,12 +287,6 @@ class SimCluster:
             if e._dirty:
                 e._reschedule()
 
-    def _drain(self) -> None:
-        while self._deferred:
-            batch, self._deferred = self._deferred, []
-            for h, v in batch:
-                h.succeed(v)
-
     def check_invariants(self) -> None:
         """GPUs conserved (one role and at most one owner each); executions in exactly one place."""
         seen: dict[int, int] = {}
@@ -350,6 +296,11 @@ class SimCluster:
             assert e.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
             assert e.n_dec == len(e._heap), "heap size != decoding count"
             assert e.mem_fixed >= -1e-6, f"engine {e.id} negative memory"
+            assert e.kv_used <= self.costs.kv_capacity_tokens * (1 + 1e-12), f"engine {e.id} KV over capacity"
+            held = sum(x.resident for x in e.members.values() if x.phase != Phase.DECODE)
+            assert abs(held - e.mem_fixed) <= 1e-6 * (1 + held), f"engine {e.id} KV accounting {held} != {e.mem_fixed}"
+            pending = sum(x.pf_left for x in e.prefill)
+            assert abs(pending - e.pf_pending) <= 1e-6 * (1 + pending), f"engine {e.id} prefill {pending} != {e.pf_pending}"
             for x in e.members.values():
                 assert x.engine is e and x.phase != Phase.DONE, f"{x} misplaced"
                 assert x.id not in seen, f"exec {x.id} on two engines"

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gyre.config import ConfigError, RunConfig, override
+from gyre.policies import REGISTRY, UnknownPolicy, baselines, check_params, policy_class, takes
 from gyre.presets import DEFAULT_PRESET, PRESETS, get_preset
 from gyre.sim import cli_engine, cli_traces
 
@@ -30,13 +31,18 @@ def fail(msg: str) -> None:
 
 def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | None, eta: int | None = None,
                  policies: list[str] | None = None) -> RunConfig:
+    """The preset with the flags applied; `eta` goes to the named policies (default: every one that has it)."""
     try:
+        for p in policies or []:
+            policy_class(p)
         cfg = override(get_preset(preset), **{"cluster.gpus": gpus, "steps": steps, "seed": seed})
         if eta is not None:
-            params = {p: {**cfg.policy_params.get(p, {}), "eta": eta} for p in (policies or ["async", "elastic"])}
+            targets = policies or [p for p in REGISTRY if takes(p, "eta")]
+            params = {p: {**cfg.policy_params.get(p, {}), "eta": eta} for p in targets}
             cfg = override(cfg, policy_params={**cfg.policy_params, **params})
+        check_params(cfg.policy_params)
         return cfg.validate()
-    except ConfigError as exc:
+    except (ConfigError, UnknownPolicy) as exc:
         fail(str(exc))
         raise
 
@@ -60,14 +66,13 @@ def run(
     gpus: Gpus = None,
     steps: Steps = None,
     seed: Seed = None,
-    eta: Annotated[Optional[int], typer.Option("--eta", help="staleness bound (async, elastic)")] = None,
+    eta: Annotated[Optional[int], typer.Option("--eta", help="staleness bound (every policy that has one)")] = None,
     out: Out = Path("out/run"),
     workload: Annotated[Optional[Path], typer.Option("--workload", help="calibrated workload JSON (gyre-sim calibrate)")] = None,
     trace_out: Annotated[Optional[Path], typer.Option("--trace-out", help="also write the run as a rollout trace (JSONL)")] = None,
     engine: cli_engine.EngineOpt = None,
 ) -> None:
     """Simulate one policy and write its metrics."""
-    from gyre.policies import UnknownPolicy
     from gyre.sim.compare import Candidate, comparison_table, write_outputs
     from gyre.sim.runner import simulate
 
@@ -103,13 +108,9 @@ def compare(
     engine: cli_engine.EngineOpt = None,
 ) -> None:
     """Run every registered policy on the same workload and seed (async tuned by a sweep)."""
-    from gyre.policies import REGISTRY
     from gyre.sim.compare import best_per_policy, candidates, comparison_table, run_candidates, write_outputs
 
-    for p in policy or []:
-        if p not in REGISTRY:
-            fail(f"unknown policy {p!r}; known: {', '.join(sorted(REGISTRY))}")
-    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed), engine)
+    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy), engine)
     cands = candidates(cfg, policy)
     with _progress() as prog:
         task = prog.add_task(f"{len(cands)} runs on {cfg.name}", total=len(cands))
@@ -127,14 +128,15 @@ def compare(
 
 def _print_table(table, title: str) -> None:
     t = Table(title=title)
-    cols = ["policy", "config", "makespan_h", "vs colocate", "vs async", "utilization", "vs bound", "vs eta-bound",
+    bases = baselines()
+    cols = ["policy", "config", "makespan_h", *(f"vs {b}" for b in bases), "utilization", "vs bound", "vs eta-bound",
             "stale max", "migrations"]
     for c in cols:
         t.add_column(c, justify="right" if c not in ("policy", "config") else "left")
     for _, r in table.iterrows():
         t.add_row(
             r["policy"], r["config"], f"{r['makespan_s'] / 3600:.2f}",
-            f"{r.get('speedup_vs_colocate', float('nan')):.2f}x", f"{r.get('speedup_vs_async', float('nan')):.2f}x",
+            *(f"{r.get(f'speedup_vs_{b}', float('nan')):.2f}x" for b in bases),
             f"{r['utilization']:.1%}", f"{r['vs_bound']:.2f}x", f"{r['vs_eta_bound']:.2f}x", str(r["staleness_max"]),
             str(r["migrations"]),
         )

@@ -180,7 +180,7 @@ def replay_cmd(
     from dataclasses import replace
 
     from gyre.config import ConfigError, override
-    from gyre.policies import REGISTRY
+    from gyre.policies import UnknownPolicy, policy_class
     from gyre.presets import DEFAULT_PRESET, get_preset
     from gyre.sim.cli import _print_table, console
     from gyre.sim.compare import best_per_policy, candidates, comparison_table, run_candidates, write_outputs
@@ -200,8 +200,10 @@ def replay_cmd(
         _fail(exc)
         raise
     for p in policy or []:
-        if p not in REGISTRY and "." not in p:
-            _fail(ValueError(f"unknown policy {p!r}; known: {', '.join(sorted(REGISTRY))}"))
+        try:
+            policy_class(p)
+        except UnknownPolicy as exc:
+            _fail(exc)
     from gyre.sim.cli_engine import with_engine
 
     cfg = with_engine(cfg, engine)

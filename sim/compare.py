@@ -1,10 +1,8 @@
-"""Compare policies on one workload and seed: every registered policy, async tuned by a sweep.
+"""Compare policies on one workload and seed: every registered policy (or those named), each at its best.
 
-The async baseline is only fair at its best split and staleness bound, so `compare` sweeps
-rollout_gpus R (leaving the trainer 1x, 2x, and N/4 of the GPUs it needs) and eta in {1, 2, 4}, and
-reports the best; any other policy with a staleness bound (elastic) sweeps the same eta range.
-Runs go to worker processes (one per core); results are DataFrames written as
-CSV/Parquet/JSON plus figures.
+A baseline is only fair at its best setting, so a policy the run config does not parameterize is run at
+every parameter set of its own sweep grid (`grid` on the policy class, eta in {1, 2, 4}) and the fastest
+is reported. Runs go to worker processes (one per core); the results are written by gyre.outputs.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ import pandas as pd
 
 from gyre import plots
 from gyre.config import RunConfig
-from gyre.policies import REGISTRY
+from gyre.policies import REGISTRY, ClusterShape, baselines, sweep
 from gyre.sim.runner import SimResult, simulate
 
 
@@ -36,34 +34,17 @@ class Candidate:
         return f"{self.policy}({args})" if args else self.policy
 
 
-def async_grid(cfg: RunConfig, etas: tuple[int, ...] = (1, 2, 4)) -> list[Candidate]:
-    costs = cfg.costs()
-    n, per, need = cfg.cluster.gpus, costs.engine_gpus, costs.min_train_gpus
-    trainer_sizes = {need, 2 * need, n // 4}
-    rs = sorted({(n - t) // per * per for t in trainer_sizes if t >= need}, reverse=True)
-    rs = [r for r in rs if r >= per and n - r >= need]
-    return [Candidate("async", {"rollout_gpus": r, "eta": e}) for r in rs for e in etas]
-
-
-def _takes_eta(name: str) -> bool:
-    import inspect
-
-    return "eta" in inspect.signature(REGISTRY[name]).parameters
-
-
 def candidates(cfg: RunConfig, policies: list[str] | None = None, etas: tuple[int, ...] = (1, 2, 4)) -> list[Candidate]:
-    """Every policy at its configured params; where none are configured, async sweeps (R, eta) and
-    every other policy with a staleness bound sweeps eta over the same range, so each is at its best."""
+    """Every policy at its configured params; where none are configured, every set of its sweep grid."""
+    costs = cfg.costs()
+    shape = ClusterShape(n_gpus=cfg.cluster.gpus, gpus_per_engine=costs.engine_gpus,
+                         min_train_gpus=costs.min_train_gpus)
     out = []
     for name in policies or list(REGISTRY):
         if name in cfg.policy_params:
             out.append(Candidate(name, dict(cfg.policy_params[name])))
-        elif name == "async":
-            out += async_grid(cfg, etas)
-        elif _takes_eta(name):
-            out += [Candidate(name, {"eta": e}) for e in etas]
         else:
-            out.append(Candidate(name, {}))
+            out += [Candidate(name, params) for params in sweep(name, shape, etas)]
     return out
 
 
@@ -122,7 +103,7 @@ def comparison_table(best: dict[str, tuple[Candidate, SimResult]]) -> pd.DataFra
         s["events"] = r.events
         rows.append(s)
     df = pd.DataFrame(rows)
-    for base in ("colocate", "async"):
+    for base in baselines():
         if base in best:
             df[f"speedup_vs_{base}"] = best[base][1].makespan_s / df["makespan_s"]
     return df

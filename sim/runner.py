@@ -53,7 +53,7 @@ def simulate(
         pol, name = policy, getattr(policy, "name", type(policy).__name__)
     src = source if source is not None else WorkloadSource(cfg.workload, cfg.seed)
     cluster = SimCluster(
-        n_gpus=cfg.cluster.gpus, gpus_per_node=cfg.cluster.gpu.gpus_per_node, costs=costs, source=src, check=check
+        n_gpus=cfg.cluster.gpus, costs=costs, source=src, check=check
     )
     t0 = time.perf_counter()
     with no_gc():  # millions of log records and executions: see gyre.gc_pause
@@ -61,6 +61,7 @@ def simulate(
         wall = time.perf_counter() - t0
         specs = [cluster.groups[gid].spec for gid in sorted(cluster.trained_groups)]
         metrics = compute_metrics(cluster.log, n_gpus=cfg.cluster.gpus, policy=name)
+        metrics.extra["kv_peak_frac"] = cluster.kv_peak_frac()
         bound = lower_bound(specs, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None))
         issued = [g.spec for g in cluster.groups.values()]
     return SimResult(name, cfg, costs, cluster.log, metrics, bound, wall, cluster.events, issued)

@@ -39,7 +39,7 @@ def workload(groups_per_step: int, group_size: int) -> WorkloadConfig:
 
 def cluster(groups: list[GroupSpec], n_gpus: int, groups_per_step: int, costs: Costs = ROUND_COSTS) -> SimCluster:
     src = ReplaySource(groups, workload(groups_per_step, len(groups[0].executions)))
-    return SimCluster(n_gpus=n_gpus, gpus_per_node=8, costs=costs, source=src, check=True)
+    return SimCluster(n_gpus=n_gpus, costs=costs, source=src, check=True)
 
 
 def tiny_config(*, gpus: int = 8, groups_per_step: int = 3, group_size: int = 3, steps: int = 3, seed: int = 0,

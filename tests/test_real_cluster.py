@@ -250,3 +250,13 @@ def test_cli_refuses_bad_policy_params_in_one_line(tmp_path):
     line = res.output.strip()
     assert "\n" not in line and f"{cfg}: policy_params.elastic:" in line and "start_trainer" in line, line
     assert not (tmp_path / "out").exists(), "nothing written for a refused config"
+
+
+def test_a_policy_given_by_dotted_path_runs_for_real(pool):
+    """A user's policy (defined in a test module, configured by its own typed config) runs on Ray by dotted path."""
+    path = "test_policy_path:HalfPool"
+    cfg = dataclasses.replace(CFG, policy_params={path: {"engines": 2}})
+    r = run_real(cfg, path, pool=pool)
+    check_run(r, CFG.steps)
+    ups = [x for x in r.log if x[0] == "engine_up"]
+    assert len(ups) == 2 * CFG.steps, f"{path}: engines started {len(ups)}, expected 2 per step"

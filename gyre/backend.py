@@ -1,0 +1,208 @@
+"""The skeleton every backend shares: observations, verb preconditions, booking records, handle release.
+
+A backend (gyre.sim.backend.SimCluster, gyre.real.backend.RealCluster) subclasses `ClusterBase` and adds
+only what differs: how time passes (`now`, `_succeed_after`), what an engine and an execution are, and how
+each verb's work is carried out. Everything a policy observes, every precondition a verb checks, and every
+record the shared event log gets for a group, an engine coming up or going down, a training step and a
+policy note is written here once, so the two backends cannot drift apart.
+
+Handle completions caused by a backend's own events go to `_deferred` and are released by `_drain`, after
+the event is fully booked: a policy never observes an engine half-way through an update.
+
+Assumes the subclass sets, before use: `_engines` (id -> engine with `.state`, `.gpus`, `.members`),
+`executions` (id -> execution with `.engine`, `.phase`, `.started_at`, `.migrate_to`), `groups`, `log`,
+`gpu_pool` (gyre.pool.GpuPool), `_version` (steps done in this run) and `_next_engine`; `init_books` sets
+them all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator, Sequence
+from typing import Any
+
+from gyre.cluster import ClusterError, Phase, Role
+from gyre.handles import Handle, Process
+from gyre.pool import TRAINER, GpuPool
+
+
+class ClusterBase:
+    LISTED: tuple[str, ...] = ("starting", "ready")  # engine states engines() reports
+    ACCEPTING: tuple[str, ...] = ("ready",)  # engine states admit() accepts
+    STOPPABLE: tuple[str, ...] = ("ready",)  # engine states stop_engine() accepts
+
+    def init_books(self, n_gpus: int) -> None:
+        """The driver-side bookkeeping both backends keep: engines, groups, executions, GPU roles, the log."""
+        self._engines: dict[int, Any] = {}
+        self._next_engine = 0
+        self._version = 0
+        self._deferred: list[tuple[Handle, Any]] = []
+        self.log: list[tuple] = []
+        self.gpu_pool = GpuPool(n_gpus, self.log)
+        self.groups: dict[int, Any] = {}
+        self.executions: dict[int, Any] = {}
+
+    # ------------------------------------------------------------------ observations
+    @property
+    def now(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def n_gpus(self) -> int:
+        return self.gpu_pool.n
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def role(self, gpu: int) -> Role:
+        return self.gpu_pool.role[gpu]
+
+    def free_gpus(self) -> list[int]:
+        return self.gpu_pool.free()
+
+    def engines(self) -> list:
+        return [e for e in self._engines.values() if e.state in self.LISTED]
+
+    def live(self) -> list:
+        return [x for e in self._engines.values() for x in e.members.values()]
+
+    # ------------------------------------------------------------------ preconditions
+    def _check_start(self, gpus: Sequence[int]) -> tuple[int, ...]:
+        gpus = self.gpu_pool.check_free(gpus, "start_engine")
+        if len(gpus) != self.gpus_per_engine:
+            raise ClusterError(f"start_engine: an engine needs {self.gpus_per_engine} GPUs, got {len(gpus)}")
+        return gpus
+
+    def _check_stop(self, engine) -> Any:
+        eng = self._engines.get(engine.id)
+        if eng is None or eng.state not in self.STOPPABLE:
+            raise ClusterError(f"stop_engine: engine {engine.id} is not running")
+        if eng.members:
+            raise ClusterError(f"stop_engine: engine {eng.id} still holds {len(eng.members)} executions")
+        return eng
+
+    def _check_admit(self, execution, engine) -> tuple[Any, Any]:
+        ex = self.executions.get(execution.id)
+        eng = self._engines.get(engine.id)
+        if ex is None or ex.engine is not None or ex.phase != Phase.QUEUED or ex.started_at is not None:
+            raise ClusterError(f"admit: execution {execution.id} is not a fresh execution")
+        if eng is None or eng.state not in self.ACCEPTING:
+            raise ClusterError(f"admit: engine {engine.id} is not ready")
+        return ex, eng
+
+    def _check_migrate(self, execution, engine) -> tuple[Any, Any]:
+        ex = self.executions.get(execution.id)
+        dst = self._engines.get(engine.id)
+        if ex is None or ex.engine is None:
+            raise ClusterError(f"migrate: execution {execution.id} is not live on an engine")
+        if dst is None or dst.state != "ready":
+            raise ClusterError(f"migrate: target engine {engine.id} is not ready")
+        if ex.migrate_to is not None:
+            raise ClusterError(f"migrate: execution {ex.id} already has a migration pending")
+        return ex, dst
+
+    def _check_train(self, gpus: Sequence[int], groups: Sequence) -> tuple[int, ...]:
+        gpus = self.gpu_pool.check_free(gpus, "train")
+        if len(gpus) < self.min_train_gpus:
+            raise ClusterError(f"train: the model needs >= {self.min_train_gpus} GPUs to train, got {len(gpus)}")
+        if not groups:
+            raise ClusterError("train: empty batch")
+        for g in groups:
+            if not g.done:
+                raise ClusterError(f"train: group {g.id} has unfinished executions")
+        return gpus
+
+    @staticmethod
+    def _check_sync(engines: Sequence) -> None:
+        for e in engines:
+            if e.state != "ready":
+                raise ClusterError(f"sync: engine {e.id} is not ready")
+
+    # ------------------------------------------------------------------ booking
+    def _log(self, rec: tuple) -> None:
+        self.log.append(rec)
+
+    def _book_group(self, grp) -> None:
+        self.groups[grp.id] = grp
+        for ex in grp.executions:
+            self.executions[ex.id] = ex
+        self._log(("group", self.now, grp.id, len(grp.executions)))
+
+    def _place_engine(self, eng) -> None:
+        """A new engine holds its GPUs, which switch until it is up."""
+        self._engines[eng.id] = eng
+        self.gpu_pool.hold(eng.gpus, eng.id)
+        self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
+
+    def _engine_up(self, eng) -> None:
+        self.gpu_pool.set_role(eng.gpus, Role.ROLLOUT, self.now)
+        self._log(("engine_up", self.now, eng.id, eng.gpus))
+
+    def _engine_down(self, eng) -> None:
+        eng.state = "stopped"
+        self.gpu_pool.hold(eng.gpus, None)
+        self.gpu_pool.set_role(eng.gpus, Role.IDLE, self.now)
+        self._log(("engine_down", self.now, eng.id))
+        del self._engines[eng.id]
+
+    def _book_trained(self, groups: Sequence, v: int) -> None:
+        """One "trained" record per execution of the batch, with its staleness against version v."""
+        now = self.now
+        for g in groups:
+            for e in g.executions:
+                fv = e.first_version if e.first_version is not None else v
+                self.log.append(("trained", now, e.id, g.id, v, v - fv))
+
+    def _step_done(self, gpus: Sequence[int], tokens: int) -> None:
+        """A training step ended: the version advances and its GPUs are free."""
+        self._version += 1
+        self.gpu_pool.hold(gpus, None)
+        self.gpu_pool.set_role(gpus, Role.IDLE, self.now)
+        self._log(("step", self.now, self._version, len(gpus), tokens))
+
+    def _hold_for_training(self, gpus: Sequence[int]) -> None:
+        self.gpu_pool.hold(gpus, TRAINER)
+
+    # ------------------------------------------------------------------ shared verbs
+    def migrate(self, execution, engine) -> Handle:
+        ex, dst = self._check_migrate(execution, engine)
+        h = Handle(f"migrate{ex.id}")
+        if dst is ex.engine:
+            return h.succeed(False)
+        ex.migrate_to, ex.migrate_handle = dst, h
+        if self._at_boundary(ex):
+            self._migrate_now(ex)
+        return h
+
+    def timeout(self, seconds: float) -> Handle:
+        if seconds < 0 or math.isnan(seconds):
+            raise ClusterError(f"timeout: bad delay {seconds}")
+        h = Handle("timeout")
+        self._succeed_after(seconds, h)
+        return h
+
+    def spawn(self, gen: Generator[Handle, Any, Any], label: str = "") -> Handle:
+        return Process(gen, label or "process")
+
+    def note(self, kind: str, **fields: Any) -> None:
+        self._log(("note", self.now, kind, fields))
+
+    def _drain(self) -> None:
+        """Release deferred handle completions (and those their waiters cause) until none is left."""
+        while self._deferred:
+            batch, self._deferred = self._deferred, []
+            for h, v in batch:
+                h.succeed(v)
+
+    # ------------------------------------------------------------------ what each backend supplies
+    def _succeed_after(self, seconds: float, h: Handle) -> None:
+        """Complete `h` with None `seconds` from now."""
+        raise NotImplementedError
+
+    def _at_boundary(self, ex) -> bool:
+        """Whether a live execution may move now (it is not mid-segment)."""
+        raise NotImplementedError
+
+    def _migrate_now(self, ex) -> None:
+        raise NotImplementedError

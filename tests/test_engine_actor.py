@@ -1,0 +1,62 @@
+"""Both inference engines implement the EngineActor contract, method by method."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+pytest.importorskip("torch")
+
+from gyre.real.engine_actor import EngineActor  # noqa: E402
+
+METHODS = ["wake", "sleep", "load_weights", "receive_weights", "release", "generate", "get_profile", "ping",
+           "shutdown"]
+
+
+def check_against_contract(cls: type) -> None:
+    for name in METHODS:
+        want = getattr(EngineActor, name)
+        have = getattr(cls, name, None)
+        assert have is not None, f"{cls.__name__} lacks {name}"
+        assert inspect.iscoroutinefunction(have) == inspect.iscoroutinefunction(want), \
+            f"{cls.__name__}.{name}: async-ness differs from EngineActor"
+        assert list(inspect.signature(have).parameters) == list(inspect.signature(want).parameters), \
+            f"{cls.__name__}.{name}{inspect.signature(have)} != EngineActor.{name}{inspect.signature(want)}"
+
+
+def test_contract_lists_every_method():
+    """The test's method list is the Protocol's whole surface (a new method cannot go unchecked)."""
+    declared = {n for n, v in vars(EngineActor).items() if inspect.isfunction(v) and not n.startswith("_")}
+    assert declared == set(METHODS), f"EngineActor declares {sorted(declared)}"
+
+
+def test_torch_engine_satisfies_engine_actor():
+    """TorchEngine has every EngineActor method with the same parameters and async-ness."""
+    from gyre.nn.model import ModelConfig
+    from gyre.real.engine_torch import TorchEngine
+
+    check_against_contract(TorchEngine)
+    eng = TorchEngine(ModelConfig(vocab_size=16, dim=32, n_heads=2, n_kv_heads=1, ffn_dim=64, n_layers=1))
+    assert isinstance(eng, EngineActor), "a TorchEngine instance is not an EngineActor"
+
+
+@pytest.mark.vllm
+def test_vllm_engine_satisfies_engine_actor():
+    """VllmEngine has every EngineActor method with the same parameters and async-ness."""
+    pytest.importorskip("vllm")
+    from gyre.real.engine_vllm import VllmEngine
+
+    check_against_contract(VllmEngine)
+
+
+def test_a_wrong_signature_is_caught():
+    """The check fails on an engine whose generate takes other parameters."""
+    from gyre.real.engine_torch import TorchEngine
+
+    class Bad(TorchEngine):
+        async def generate(self, seq_id, context, max_new):  # noqa: D102
+            return {}
+
+    with pytest.raises(AssertionError, match="generate"):
+        check_against_contract(Bad)
