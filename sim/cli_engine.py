@@ -123,11 +123,16 @@ def calibrate_engine_cmd(
     for name in ("calibrated", "uncalibrated"):
         t.add_row(name if fitted or name == "uncalibrated" else f"{engine.name}", *(f"{rep[name][m]:.1%}" for m in METRICS))
     console.print(t)
+    sim = rep["simulator"]
+    console.print(f"the simulator's engine (gyre.sim.engine) with these coefficients: e2e median "
+                  f"{sim['e2e_median_rel_err']:.1%}, p90 {sim['e2e_p90_rel_err']:.1%}, makespan {sim['makespan_rel_err']:.1%}",
+                  highlight=False)
     console.print("coefficients: " + ", ".join(f"{k} = {v:.4g}" + ("" if k in rep["fitted"] else " (not fitted)")
                                                for k, v in coef_dict(rep["coef"]).items()), highlight=False)
     if fitted:
         path = out or Path("engine.json")
-        public = {k: rep[k] for k in ("calibrated", "uncalibrated", "fit_requests", "fit_loss", "test_requests")}
+        public = {k: rep[k] for k in ("calibrated", "uncalibrated", "simulator", "fit_requests", "fit_loss",
+                                      "test_requests")}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(engine_json(rep["coef"], run, rep["fitted"], public), indent=2) + "\n")
         console.print(f"wrote {path}")

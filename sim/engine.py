@@ -140,7 +140,7 @@ class SimEngine:
         if used > self.kv_peak:
             self.kv_peak = used
         m = 0.0
-        if self.pf_pending > 0.0 and n < self._budget:
+        if self.pf_pending > 0.0 and self.prefill and n < self._budget:  # (a float residue of an empty queue is 0)
             m = self._budget - n
             if self.pf_pending < m:
                 m = self.pf_pending

@@ -154,7 +154,8 @@ def load_engine(path: Path, base: Coefficients = Coefficients()) -> Coefficients
 
 def calibrate_run(run: Run, split: float | None, engine: Coefficients | None = None) -> dict[str, Any]:
     """The report: with `engine`, its errors on the whole run under `calibrated`; otherwise a fit on the
-    first `split` by arrival and errors on the rest. `uncalibrated` is always the defaults."""
+    first `split` by arrival and errors on the rest. `uncalibrated` is always the defaults; `simulator`
+    is the simulator's own engine (gyre.sim.engine, engine_simcheck) with the calibrated coefficients."""
     from gyre.sim.engine_run import split_by_arrival
 
     n = len(run.requests)
@@ -166,8 +167,10 @@ def calibrate_run(run: Run, split: float | None, engine: Coefficients | None = N
         ft = fit(run, train)
         coef = ft.coef
         info = {"fit_requests": len(train), "fit_loss": ft.loss, "fit_evaluations": ft.evaluations, "fitted": ft.names}
+    from gyre.sim.engine_simcheck import sim_errors
+
     cal = simulate(run, coef)
     unc = simulate(run, Coefficients())
     return {"calibrated": errors(run.requests, cal, test), "uncalibrated": errors(run.requests, unc, test),
-            "coef": coef, "test_requests": len(test), **info,
+            "simulator": sim_errors(run, coef, test), "coef": coef, "test_requests": len(test), **info,
             "_results": {"calibrated": cal, "uncalibrated": unc}, "_test": test}

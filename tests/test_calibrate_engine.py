@@ -194,3 +194,19 @@ def test_run_uses_engine_coefficients(tmp_path):
     bad.write_text("{")
     r = runner.invoke(app, ["run", "--preset", "short-math", "--steps", "1", "--out", str(tmp_path), "--engine", str(bad)])
     assert r.exit_code == 2 and "bad.json:1: not JSON" in " ".join(r.output.split()), r.output
+
+
+def test_simulator_engine_agrees_with_the_step_loop_when_limits_do_not_bind(tmp_path):
+    """With max_num_seqs and KV far from binding, the simulator's fluid engine (gyre.sim.engine) finishes each
+    request where the step-by-step scheduler does, up to the fluid approximation (median within 2%)."""
+    from gyre.sim.engine_simcheck import sim_engine_replay
+
+    meta = json.loads(json.dumps(META))
+    meta["engine_kwargs"]["max_num_seqs"] = 256
+    meta["kv_cache"]["num_gpu_blocks"] = 10_000
+    for n in (1, 40):
+        run = read_run(write_run(tmp_path / f"r{n}", n=n, meta=meta))
+        steps = simulate(run, TRUE).last_token
+        start, finish, _ = sim_engine_replay(run, TRUE)
+        assert np.median(np.abs(finish / steps - 1)) < 0.02, (n, finish, steps)
+        assert (start >= run.requests.queued - 1e-9).all() and (finish > start).all()
