@@ -210,3 +210,17 @@ def test_simulator_engine_agrees_with_the_step_loop_when_limits_do_not_bind(tmp_
         start, finish, _ = sim_engine_replay(run, TRUE)
         assert np.median(np.abs(finish / steps - 1)) < 0.02, (n, finish, steps)
         assert (start >= run.requests.queued - 1e-9).all() and (finish > start).all()
+
+
+SHARED = Path("/work/shared/data/vllm_timings")
+
+
+@pytest.mark.skipif(not SHARED.exists(), reason="the shared vLLM runs are not on this machine")
+def test_simulator_engine_replays_the_shared_runs():
+    """Both real runs go through the simulator's engine to the end (every request finishes, none early)."""
+    from gyre.sim.engine_simcheck import sim_engine_replay
+
+    for d in sorted(p for p in SHARED.iterdir() if (p / "meta.json").exists()):
+        run = read_run(d)
+        start, finish, _ = sim_engine_replay(run, Coefficients())
+        assert np.isfinite(finish).all() and (finish > run.requests.queued).all(), d.name
