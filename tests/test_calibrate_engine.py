@@ -217,10 +217,14 @@ SHARED = Path("/work/shared/data/vllm_timings")
 
 @pytest.mark.skipif(not SHARED.exists(), reason="the shared vLLM runs are not on this machine")
 def test_simulator_engine_replays_the_shared_runs():
-    """Both real runs go through the simulator's engine to the end (every request finishes, none early)."""
+    """Both real runs go through the simulator's engine to the end (every request finishes, none early), at the
+    defaults and at coefficients near each run's fit (a float residue of the prefill queue once crashed it)."""
     from gyre.sim.engine_simcheck import sim_engine_replay
 
+    fits = [Coefficients(), replace(Coefficients(), eff_bw=0.9609, eff_flops=0.9258, step_overhead_s=0.0017),
+            replace(Coefficients(), eff_bw=0.5182, eff_flops=0.3854, step_overhead_s=0.0061, allreduce_s=1.9e-5)]
     for d in sorted(p for p in SHARED.iterdir() if (p / "meta.json").exists()):
         run = read_run(d)
-        start, finish, _ = sim_engine_replay(run, Coefficients())
-        assert np.isfinite(finish).all() and (finish > run.requests.queued).all(), d.name
+        for coef in fits:
+            start, finish, _ = sim_engine_replay(run, coef)
+            assert np.isfinite(finish).all() and (finish > run.requests.queued).all(), (d.name, coef)
