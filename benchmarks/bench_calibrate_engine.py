@@ -5,7 +5,8 @@ validation runs, MIT licence):
 
 1. fit on the first 70% of requests by arrival, report the held-out 30%: calibrated median end-to-end
    error (target <= 10%) and makespan error (<= 5%); uncalibrated (Coefficients' cited defaults)
-   median end-to-end error (<= 25%);
+   median end-to-end error (<= 25%); and the simulator's own engine (gyre.sim.engine, what `gyre-sim
+   run` uses) on the same held-out requests with the calibrated coefficients;
 2. cross-hardware: each run's fitted coefficients applied to every other run with that run's own GPU
    and model presets (errors on the whole run). The issue's target (<= 15%) is for the same model on
    another GPU; the shared runs are not such a pair (Llama-3.1-8B TP1 on an RTX 4090 vs Qwen3-32B TP2
@@ -94,6 +95,10 @@ def main() -> None:
         print(f"  calibrated, held out : e2e median {c['e2e_median_rel_err']:.1%} (<= 10%: {'PASS' if ok[0] else 'MISS'}), "
               f"p90 {c['e2e_p90_rel_err']:.1%}, ttft median {c['ttft_median_rel_err']:.1%}, "
               f"makespan {c['makespan_rel_err']:.1%} (<= 5%: {'PASS' if ok[1] else 'MISS'})")
+        sim = rep["simulator"]
+        rows[name]["simulator"] = sim
+        print(f"  simulator's engine   : e2e median {sim['e2e_median_rel_err']:.1%}, p90 {sim['e2e_p90_rel_err']:.1%}, "
+              f"makespan {sim['makespan_rel_err']:.1%} (gyre.sim.engine, calibrated coefficients, held out)")
         print(f"  uncalibrated         : e2e median {u['e2e_median_rel_err']:.1%} (<= 25%: {'PASS' if ok[2] else 'MISS'}), "
               f"p90 {u['e2e_p90_rel_err']:.1%}, ttft median {u['ttft_median_rel_err']:.1%}, "
               f"makespan {u['makespan_rel_err']:.1%}")

@@ -81,6 +81,9 @@ def running_figure(run: Run, rep: dict[str, Any], path: Path) -> Path:
     grid = np.linspace(0.0, horizon, 800)
     for name in ("calibrated", "uncalibrated"):
         ax.step(grid, running_at(rep["_results"][name], grid), where="post", lw=1.0, label=f"replay, {name}")
+    start, finish = rep["_simulator"]
+    live = (start[None, :] <= grid[:, None]) & (grid[:, None] < finish[None, :])
+    ax.step(grid, live.sum(axis=1), where="post", lw=1.0, ls="--", label="simulator's engine, calibrated")
     ax.set_xlabel("seconds since the first arrival")
     ax.set_ylabel("running requests")
     ax.set_title(f"{run.path.name} (data: LLMServingSim, MIT)", fontsize=10)

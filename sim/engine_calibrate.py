@@ -167,10 +167,11 @@ def calibrate_run(run: Run, split: float | None, engine: Coefficients | None = N
         ft = fit(run, train)
         coef = ft.coef
         info = {"fit_requests": len(train), "fit_loss": ft.loss, "fit_evaluations": ft.evaluations, "fitted": ft.names}
-    from gyre.sim.engine_simcheck import sim_errors
+    from gyre.sim.engine_simcheck import sim_engine_replay, sim_errors
 
     cal = simulate(run, coef)
     unc = simulate(run, Coefficients())
+    start, finish, _ = sim_engine_replay(run, coef)
     return {"calibrated": errors(run.requests, cal, test), "uncalibrated": errors(run.requests, unc, test),
-            "simulator": sim_errors(run, coef, test), "coef": coef, "test_requests": len(test), **info,
-            "_results": {"calibrated": cal, "uncalibrated": unc}, "_test": test}
+            "simulator": sim_errors(run, finish, test), "coef": coef, "test_requests": len(test), **info,
+            "_results": {"calibrated": cal, "uncalibrated": unc}, "_simulator": (start, finish), "_test": test}
