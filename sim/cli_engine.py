@@ -132,10 +132,10 @@ def calibrate_engine_cmd(
                   highlight=False)
     console.print("coefficients: " + ", ".join(f"{k} = {v:.4g}" + ("" if k in rep["fitted"] else " (not fitted)")
                                                for k, v in coef_dict(rep["coef"]).items()), highlight=False)
-    if fitted:
+    if fitted or out is not None:  # with --engine: the applied coefficients and their report on this run
         path = out or Path("engine.json")
         public = {k: rep[k] for k in ("calibrated", "uncalibrated", "simulator", "fit_requests", "fit_loss",
-                                      "test_requests")}
+                                      "test_requests") if k in rep}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(engine_json(rep["coef"], run, rep["fitted"], public), indent=2) + "\n")
         console.print(f"wrote {path}")
