@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from gyre.roofline import Coefficients, EngineRoofline, kv_bytes_per_token
 
 
@@ -131,6 +133,20 @@ class Costs:
             return 0.0
         return math.ceil(tokens / self.max_batched_tokens) * self.step_a + tokens * self.prefill_s_per_token
 
+    def decode_s_per_token(self, ctx):
+        """Seconds per token of one sequence decoding alone at context ctx (an array): the least any decode pays."""
+        if self.roofline is not None:
+            return self.roofline.decode_time(ctx)
+        return self.step_a + self.step_b + self.step_c * np.asarray(ctx, dtype=float)
+
+    def min_prefill_s_per_token(self, offset):
+        """The least engine time a prefill token at `offset` (an array) costs in any step."""
+        if self.roofline is not None:
+            return self.roofline.min_prefill_time_per_token(offset)
+        if self.prefill_s_per_token == 0:  # free prefill
+            return np.zeros(np.shape(offset))
+        return np.full(np.shape(offset), self.step_a / self.max_batched_tokens + self.prefill_s_per_token)
+
     def train_time(self, tokens: float, gpus: int, attn_ctx_tokens: float = 0.0) -> float:
         """Training time of `tokens` tokens on `gpus` GPUs; `attn_ctx_tokens` = sum over tokens of their context."""
         return (tokens * self.train_s_per_token_gpu
@@ -142,6 +158,27 @@ class Costs:
         n = max(1, int(self.kv_capacity_tokens // max(mean_context, 1.0)))
         n = min(n, self.max_batched_tokens)
         return n / self.step_time(n, n * mean_context) / self.engine_gpus
+
+
+def train_attention_ctx(prompt: int, gen, kv, tool_out) -> float:
+    """Sum over an execution's trained tokens of the context each attends to (its position in the
+    sequence): the prompt (p^2 / 2), then each turn's generated tokens after the turn's context and the
+    tool output after those. Training attention FLOPs = 12 L H d_h x this sum."""
+    a = 0.5 * prompt * prompt
+    for s, g in enumerate(gen):
+        k = kv[s]
+        a += g * k + 0.5 * g * g
+        if s < len(tool_out):
+            o = tool_out[s]
+            a += o * (k + g) + 0.5 * o * o
+    return a
+
+
+def group_train_attention_ctx(executions) -> float:
+    """A GRPO group's training attention context sum: the shared prompt once, every execution's own tokens."""
+    p = executions[0].prompt
+    return 0.5 * p * p + sum(train_attention_ctx(e.prompt, e.gen, e.kv, e.tool_out) - 0.5 * e.prompt * e.prompt
+                             for e in executions)
 
 
 def _pow2_at_least(x: float) -> int:

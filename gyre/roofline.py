@@ -152,6 +152,43 @@ class EngineRoofline:
             done += m
         return t
 
-    def decode_time(self, ctx: float) -> float:
-        """Seconds per token of one sequence decoding alone at context ctx (batch 1)."""
-        return self.step_time(1, ctx)
+    def decode_time(self, ctx):
+        """Seconds per token of one sequence decoding alone at context ctx (batch 1); ctx may be an array."""
+        import numpy as np
+
+        by = self.weight_bytes_read(1) + self.kv_bytes_per_token * np.asarray(ctx, dtype=float)
+        fl = 2.0 * self.active_params + self._attn * np.asarray(ctx, dtype=float)
+        return np.maximum(by / self._bw, fl / self._pk) + self._fixed
+
+    # --- minima, for a lower bound on what the engine charges ---
+    def min_prefill_time_per_token(self, offset):
+        """No prefill token starting at `offset` (array) takes less engine time than this, in any step:
+        a step's chunk is at most the budget, reads at least its weights and costs 2 P + 4 L H d_h p FLOPs
+        per token (a chunk's own m^2 / 2 and the prefix read only add)."""
+        import numpy as np
+
+        b = float(self.max_batched_tokens)
+        p = np.asarray(offset, dtype=float)
+        by = self.weight_bytes_read(b) / b
+        fl = 2.0 * self.active_params + self._attn * p
+        return np.maximum(by / self._bw, fl / self._pk) + self._fixed / b
+
+    def min_busy_time(self, *, tokens: float, kv_read_tokens: float, flops: float, max_step_tokens: float) -> float:
+        """A lower bound on the engine time that processes `tokens` tokens (decoded or prefilled) reading at
+        least `kv_read_tokens` KV tokens and computing at least `flops` FLOPs, at most `max_step_tokens`
+        per step: sum of per-step maxima >= max of the sums; the weights a step of N tokens reads per token,
+        W(N) / N, only falls as N grows (W is concave through 0), and there are >= tokens / N_max steps."""
+        if tokens <= 0:
+            return 0.0
+        by = tokens * self.weight_bytes_read(max_step_tokens) / max_step_tokens + self.kv_bytes_per_token * kv_read_tokens
+        return max(by / self._bw, flops / self._pk) + self._fixed * tokens / max_step_tokens
+
+    @property
+    def flops_per_token(self) -> float:
+        """2 x active parameters: the FLOPs of one token outside attention."""
+        return 2.0 * self.active_params
+
+    @property
+    def attn_flops_per_ctx(self) -> float:
+        """4 L H d_h: attention FLOPs of one token per token of context."""
+        return self._attn

@@ -23,7 +23,7 @@ from gyre.cluster import ClusterError, Phase, Role
 from gyre.config import ConfigError
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process, done_handle
-from gyre.hardware import Costs
+from gyre.hardware import Costs, group_train_attention_ctx
 from gyre.backend import ClusterBase
 from gyre.pool import TRAINER
 from gyre.sim.engine import SimEngine
@@ -195,7 +195,8 @@ class SimCluster(ClusterBase):
         self._book_trained(groups, v)
         self._hold_for_training(gpus)
         onload = self._switch_in_s(gpus, "trainer")
-        compute = self.costs.train_time(tokens, len(gpus))
+        attn = sum(group_train_attention_ctx([e.spec for e in g.executions]) for g in groups)
+        compute = self.costs.train_time(tokens, len(gpus), attn)
         h = Handle(f"train{v}")
         if onload > 0:
             self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
