@@ -22,7 +22,7 @@ import numpy as np
 from gyre.cluster import Phase
 from gyre.handles import Handle
 from gyre.real import task as T
-from gyre.trajectory import TaskRecorder
+from gyre.trajectory import Score, TaskRecorder, score_group
 
 
 @dataclass(frozen=True)
@@ -189,3 +189,23 @@ class RealExecution:
 
     def __repr__(self) -> str:
         return f"<real exec {self.id} {self.phase.name} turns={self.turns} engine={self.engine_id}>"
+
+
+class AgentTask:
+    """The built-in agent task (gyre.real.task) behind the task contract (gyre.real.task_api.Task).
+
+    Task seeds and keys come from one generator seeded with the run's seed, drawn in group order."""
+
+    stop = [T.SEP]
+
+    def __init__(self, config: T.TaskConfig, seed: int) -> None:
+        self.cfg = config
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+
+    def new_group(self, group_id: int, first_exec_id: int, size: int) -> RealGroup:
+        return RealGroup(group_id, T.make_task(group_id, self.rng), size, first_exec_id, self.cfg, self.seed)
+
+    def score(self, group: RealGroup) -> list[Score]:
+        secret = group.spec.secret
+        return score_group(group.recorder, lambda st: T.partial_credit(st.context_tokens, secret, self.cfg))

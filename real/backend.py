@@ -5,23 +5,15 @@ bookkeeping (GPU roles and owners, engine membership, execution phases, the even
 of gyre.metrics); actors do the work: engines generate (gyre.real.engine_torch), the tool server
 sleeps and answers (gyre.real.task), trainer workers train and publish weights (gyre.real.trainer).
 
-Training: a step on GPUs G runs data-parallel on the trainer workers of G (one per GPU, in the GPUs'
-placement-group bundles), rank 0 = the lowest GPU; steps run one after another (a step asked for while
-one runs starts when it ends). The driver keeps which version each worker holds: the step's rank 0
-becomes the worker of record, and a worker that missed steps gets the state of record first.
-
-Weights (`RealClusterConfig.weight_sync`): "object_store" publishes each version as one Ray object
-reference that engines load; "collective" broadcasts it from the worker of record to the engines being
-woken or synced over a standalone group (gyre.real.collective), falling back to the object store for an
-engine whose broadcast failed (a peer died) and, on NCCL, for the engine sharing the sender's GPU.
+What is shared with the simulator (observations, preconditions, booking) is gyre.backend.ClusterBase.
+The data-parallel training step is gyre.real.train_step, weight publishing gyre.real.weights, and how
+executions flow through engines, migrations and engine faults gyre.real.flow (mixins of this class): no
+execution is ever aborted or restarted.
 
 The run loop drives the policy's gyre.handles.Process: it waits on the outstanding Ray futures with
 `ray.wait` (bounded by the next policy timer), and handles the completed ones in submission order;
 handle completions are deferred until a result is fully booked, so a policy never observes an engine
 half-way through an update. Times in the log are seconds since the cluster was built.
-
-How executions flow through engines, migrations and engine faults live in gyre.real.flow (a mixin):
-no execution is ever aborted or restarted.
 """
 
 from __future__ import annotations
@@ -42,10 +34,12 @@ from gyre.handles import Handle, Process, done_handle
 from gyre.backend import ClusterBase
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
-from gyre.real.collective import plan_broadcast
 from gyre.real.engine_view import RealEngine
 from gyre.real.flow import ExecutionFlow
-from gyre.trajectory import AdvantageConfig, group_advantages, score_group
+from gyre.real.task_api import DEFAULT_TASK, load_task
+from gyre.real.train_step import TrainSteps
+from gyre.real.weights import WeightPublisher
+from gyre.trajectory import AdvantageConfig, group_advantages
 
 WEIGHT_SYNC = ("object_store", "collective")
 
@@ -57,6 +51,7 @@ class RealClusterConfig:
     min_train_gpus: int = 1
     kv_capacity: int = 4096  # tokens per engine
     task: T.TaskConfig = field(default_factory=T.TaskConfig)
+    task_class: str = DEFAULT_TASK  # dotted path of the task (gyre.real.task_api.Task)
     normalize_std: bool = True
     seed: int = 0
     max_wall_s: float = 1800.0
@@ -68,7 +63,7 @@ class RealClusterConfig:
             raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")
 
 
-class RealCluster(ExecutionFlow, ClusterBase):
+class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
     LISTED = ("starting", "ready", "restarting")
     ACCEPTING = ("ready", "restarting")
     STOPPABLE = ("ready", "restarting")
@@ -77,7 +72,7 @@ class RealCluster(ExecutionFlow, ClusterBase):
         self.pool = pool
         self.cfg = config
         self.init_books(pool.cfg.n_gpus)
-        self._rng = np.random.default_rng(config.seed)
+        self.task = load_task(config.task_class, config.task, config.seed)
         self._pending: dict[Any, tuple[int, Callable[[Any, BaseException | None], None]]] = {}
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
@@ -139,8 +134,7 @@ class RealCluster(ExecutionFlow, ClusterBase):
     # ------------------------------------------------------------------ verbs
     def next_group(self) -> RealGroup:
         gid = len(self.groups)
-        spec = T.make_task(gid, self._rng)
-        grp = RealGroup(gid, spec, self.cfg.group_size, len(self.executions), self.cfg.task, self.cfg.seed)
+        grp = self.task.new_group(gid, len(self.executions), self.cfg.group_size)
         self._book_group(grp)
         return grp
 
@@ -210,8 +204,7 @@ class RealCluster(ExecutionFlow, ClusterBase):
         batch, rewards, signal = [], [], 0
         adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
         for g in groups:
-            secret = g.spec.secret
-            outs = score_group(g.recorder, lambda st: T.partial_credit(st.context_tokens, secret, self.cfg.task))
+            outs = self.task.score(g)
             rewards += [o.reward for o in outs]
             adv = group_advantages(outs, adv_cfg)
             signal += bool(np.any(adv != 0))
@@ -245,101 +238,6 @@ class RealCluster(ExecutionFlow, ClusterBase):
         else:
             start()
         return h
-
-    def _start_step(self, gpus: tuple[int, ...], batch, end: Callable[[Any, BaseException | None], None]) -> None:
-        """Run one step data-parallel on the workers of `gpus`; workers that missed steps catch up first."""
-        self._stepping = True
-        stale = [g for g in gpus if self._held[g] != self._tv]
-        if stale:
-            def go(state, err) -> None:
-                if err is not None:
-                    raise ClusterError(f"train: the state of record could not be read: {err}")
-                self._launch_step(gpus, batch, state[0], set(stale), end)
-
-            self._submit(self.pool.trainers[self._record].get_state.remote(), go)
-        else:
-            self._launch_step(gpus, batch, None, set(), end)
-
-    def _launch_step(self, gpus, batch, state, stale: set[int], end) -> None:
-        trainers = self.pool.trainers
-        specs = self.pool.book.specs(tuple(f"t{g}" for g in gpus), "dp") if len(gpus) > 1 else [None]
-        left, stats0 = [len(gpus)], {}
-
-        def one(rank: int):
-            def done(stats, err) -> None:
-                if err is not None:
-                    if len(gpus) > 1:
-                        self.pool.book.broken("dp", tuple(f"t{g}" for g in gpus))
-                    raise ClusterError(f"train: rank {rank} (GPU {gpus[rank]}) failed: {err}")
-                if rank == 0:
-                    stats0.update(stats, caught_up=len(stale))
-                left[0] -= 1
-                if left[0] == 0:
-                    end(stats0, None)
-            return done
-
-        for rank, (g, spec) in enumerate(zip(gpus, specs)):
-            ref = trainers[g].train.remote(batch, spec, state if g in stale else None,
-                                           self.cfg.checkpoint if rank == 0 else None)
-            self._submit(ref, one(rank))
-
-    def _weights_ref(self):
-        """The object ref of the latest weights (the worker of record's snapshot), made once per version."""
-        if self._weights is None:
-            self._weights = self.pool.trainers[self._record].weights.remote(self._tv)
-        return self._weights
-
-    def _wake(self, eng: RealEngine, v: int, done: Callable[[Any, BaseException | None], None]) -> None:
-        """Wake the engine's actor with version `v` (the latest): in the call, or by a broadcast after it."""
-        actor = eng.actor
-        if self.cfg.weight_sync == "object_store":
-            self._submit(actor.wake.remote(self._weights_ref(), v), done)
-            return
-
-        def woken(_dt, err) -> None:
-            if err is not None:
-                done(None, err)
-            else:
-                self._publish([eng], lambda e: done)
-
-        self._submit(actor.wake.remote(None, v), woken)
-
-    def _publish(self, engines: list[RealEngine], done_for: Callable[[RealEngine], Callable]) -> None:
-        """Load the latest version into awake engines; `done_for(e)(seconds, error)` when each has it."""
-        pool, v = self.pool, self._version
-        if self.cfg.weight_sync == "object_store":
-            for e in engines:
-                self._submit(e.actor.load_weights.remote(self._weights_ref(), v), done_for(e))
-            return
-        src = self._record
-        by_slot = {pool.slot(e.gpus): e for e in engines}
-        coll, store = plan_broadcast(pool.slot((src,)), sorted(by_slot), pool.cfg.collective.backend)
-        for s in store:
-            e = by_slot[s]
-            self._submit(e.actor.load_weights.remote(self._weights_ref(), v), done_for(e))
-        if not coll:
-            return
-        targets = [by_slot[s] for s in coll]
-        members = (f"t{src}",) + tuple(pool.member(e.gpus) for e in targets)
-        specs = pool.book.specs(members, "sync")
-
-        def sent(_dt, err) -> None:
-            if err is not None:
-                pool.book.broken("sync", members)
-
-        def received(e: RealEngine, actor):
-            def cb(dt, err) -> None:
-                if err is None or isinstance(err, ray.exceptions.RayActorError):
-                    done_for(e)(dt, err)  # this engine has it, or died (its caller handles that)
-                    return
-                pool.book.broken("sync", members)  # a peer failed: this one takes the object store
-                self._log(("note", self.now, "weights_fallback", {"engine": e.id, "error": str(err)[:200]}))
-                self._submit(actor.load_weights.remote(self._weights_ref(), self._version), done_for(e))
-            return cb
-
-        self._submit(pool.trainers[src].send_weights.remote(specs[0], self._tv), sent)
-        for e, spec in zip(targets, specs[1:]):
-            self._submit(e.actor.receive_weights.remote(spec, v), received(e, e.actor))
 
     def sync(self, engines: Sequence[RealEngine]) -> Handle:
         todo = [self._engines[e.id] for e in engines if e.id in self._engines and e.version < self._version]

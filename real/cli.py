@@ -65,6 +65,7 @@ def run(
     from gyre.policies import UnknownPolicy, check_params, policy_class
     from gyre.real.pool import ActorPool
     from gyre.real.runner import run_real, write_outputs
+    from gyre.real.task_api import TaskError, load_task
 
     cfg = _config(preset, config, steps, address, seed)
     for p in policy:
@@ -76,6 +77,17 @@ def run(
         check_params({p: cfg.policy_params[p] for p in policy if p in cfg.policy_params})
     except UnknownPolicy as exc:
         fail(f"{config or preset}: {exc}")
+    if cfg.cluster.checkpoint and Path(cfg.cluster.checkpoint).exists():  # resumed from: read as data only
+        from gyre.real.trainer import CheckpointError, read_checkpoint
+
+        try:
+            read_checkpoint(cfg.cluster.checkpoint, cfg.pool.model, mmap=True)
+        except CheckpointError as exc:
+            fail(str(exc))
+    try:
+        load_task(cfg.cluster.task_class, cfg.cluster.task, cfg.cluster.seed)
+    except TaskError as exc:
+        fail(f"{config or preset}: cluster.task_class: {exc}")
     try:
         pool = ActorPool.shared(cfg.pool)
     except (ValueError, TimeoutError) as exc:

@@ -20,7 +20,6 @@ import numpy as np
 import ray
 
 from gyre.cluster import ClusterError, Phase
-from gyre.real import task as T
 from gyre.real.agent import Done, RealExecution, Tool
 from gyre.real.engine_view import RealEngine
 
@@ -61,7 +60,7 @@ class ExecutionFlow:
         seed = int(np.random.default_rng([self.cfg.seed, ex.id, ex.generated, ex.turns, req]).integers(2**62))
         actor = eng.actor
         ex.gen_t0, ex.gen_batch = self.now, eng.n_decoding
-        ref = actor.generate.remote(action.seq, action.context, action.max_new, [T.SEP], seed)
+        ref = actor.generate.remote(action.seq, action.context, action.max_new, self.task.stop, seed)
         self._submit(ref, lambda res, err: self._on_generated(ex, req, eng, actor, res, err))
 
     def _on_generated(self, ex, req, eng, actor, res, err) -> None:

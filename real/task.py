@@ -100,6 +100,9 @@ class ToolCall:
     latency_s: float
     fails: bool
 
+    def run(self) -> list[int]:
+        return run_tool(self)
+
 
 def plan_lookup(task: TaskSpec, cfg: TaskConfig, rng: np.random.Generator) -> ToolCall:
     if rng.random() < cfg.slow_tool_p:
@@ -119,11 +122,13 @@ def run_tool(call: ToolCall) -> list[int]:
 
 
 class ToolServer:
-    """Runs tool calls concurrently (an asyncio Ray actor): sleeps the planned latency, returns tokens."""
+    """Runs tool calls concurrently (an asyncio Ray actor): sleeps the planned latency, returns tokens.
 
-    async def call(self, call: ToolCall) -> list[int]:
+    Any task's calls go through it: a call is an object with `latency_s` and `run()` (gyre.real.task_api)."""
+
+    async def call(self, call) -> list[int]:
         await asyncio.sleep(call.latency_s)
-        return run_tool(call)
+        return call.run()
 
     def ping(self) -> bool:
         return True

@@ -260,3 +260,43 @@ def test_a_policy_given_by_dotted_path_runs_for_real(pool):
     check_run(r, CFG.steps)
     ups = [x for x in r.log if x[0] == "engine_up"]
     assert len(ups) == 2 * CFG.steps, f"{path}: engines started {len(ups)}, expected 2 per step"
+
+
+class ConstantReward:
+    """A user's task: the built-in agent task with every execution rewarded 1.0 (so no group has signal)."""
+
+    def __init__(self, config, seed: int) -> None:
+        from gyre.real.agent import AgentTask
+
+        self.inner = AgentTask(config, seed)
+        self.stop = self.inner.stop
+
+    def new_group(self, group_id: int, first_exec_id: int, size: int):
+        return self.inner.new_group(group_id, first_exec_id, size)
+
+    def score(self, group):
+        return [dataclasses.replace(s, reward=1.0) for s in self.inner.score(group)]
+
+
+def test_a_task_given_by_dotted_path_scores_the_run(pool):
+    """The task and its reward come from the class at cluster.task_class: its rewards are the ones trained on."""
+    cluster = dataclasses.replace(CFG.cluster, task_class=f"{__name__}:ConstantReward")
+    r = run_real(dataclasses.replace(CFG, cluster=cluster), "colocate", pool=pool)
+    lc = r.learning()
+    assert list(lc["reward_mean"]) == [1.0] * CFG.steps, lc
+    assert list(lc["groups_with_signal"]) == [0] * CFG.steps, "equal rewards leave no advantage"
+
+
+def test_a_bad_task_path_is_one_line(tmp_path):
+    """An unloadable [cluster] task_class is one line naming it, before any actor starts."""
+    from typer.testing import CliRunner
+
+    from gyre.real.cli import app
+
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text('[cluster]\ntask_class = "no_such_module:Task"\n')
+    res = CliRunner().invoke(app, ["run", "--policy", "colocate", "--preset", "tiny-test", "--config", str(cfg),
+                                   "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert "\n" not in line and "cannot load task 'no_such_module:Task'" in line, line

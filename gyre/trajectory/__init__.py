@@ -4,13 +4,13 @@ naive per-branch loss. Importing this package pulls in numpy only; the torch sid
 `gyre.trajectory.torch_ops`.
 """
 
-from gyre.trajectory.credit import AdvantageConfig, Outcome, group_advantages, score_group
+from gyre.trajectory.credit import AdvantageConfig, Score, group_advantages, score_group
 from gyre.trajectory.pack import LossRows, Pack, PackConfig, PackedBatch, PackStats, build_packs, merge_by_sign
 from gyre.trajectory.record import Execution, Point, ReachedState, SubAgent, TaskRecorder
 from gyre.trajectory.tree import Preorder, TokenTree
 
 __all__ = [
-    "AdvantageConfig", "Execution", "LossRows", "Outcome", "Pack", "PackConfig", "PackStats", "PackedBatch",
+    "AdvantageConfig", "Execution", "LossRows", "Pack", "PackConfig", "PackStats", "PackedBatch", "Score",
     "Point", "Preorder", "ReachedState", "SubAgent", "TaskRecorder", "TokenTree", "build_packs",
     "group_advantages", "merge_by_sign", "score_group",
 ]

@@ -21,7 +21,7 @@ from gyre.trajectory.record import ReachedState, TaskRecorder
 
 
 @dataclass(kw_only=True, frozen=True)
-class Outcome:
+class Score:
     """The scored result of one execution."""
 
     execution: int
@@ -37,7 +37,7 @@ class AdvantageConfig:
     eps: float = 1e-6
 
 
-def score_group(recorder: TaskRecorder, partial_credit: Callable[[ReachedState], float]) -> list[Outcome]:
+def score_group(recorder: TaskRecorder, partial_credit: Callable[[ReachedState], float]) -> list[Score]:
     """Outcomes of every execution of the task; truncated ones are scored by `partial_credit`."""
     out = []
     for ex in recorder.executions:
@@ -49,11 +49,11 @@ def score_group(recorder: TaskRecorder, partial_credit: Callable[[ReachedState],
                 raise ValueError(f"partial credit for execution {ex.id} of task {recorder.task_id!r} is {reward}")
         else:
             reward = float(ex.reward)
-        out.append(Outcome(execution=ex.id, reward=reward, truncated=ex.status == "truncated"))
+        out.append(Score(execution=ex.id, reward=reward, truncated=ex.status == "truncated"))
     return out
 
 
-def group_advantages(outcomes: list[Outcome], config: AdvantageConfig | None = None) -> np.ndarray:
+def group_advantages(outcomes: list[Score], config: AdvantageConfig | None = None) -> np.ndarray:
     """Advantage per execution id: reward minus the mean over the whole group (truncated included)."""
     cfg = config or AdvantageConfig()
     if not outcomes:
