@@ -119,7 +119,7 @@ def calibrate_engine_cmd(
     fitted = engine is None
     t = Table(title=f"{run.path.name}: {run.model} on {run.engine.tensor_parallel} x {run.gpu} "
                     f"(DP {run.engine.data_parallel}); errors on {rep['test_requests']} "
-                    f"{'held-out' if fitted else ''} requests")
+                    f"{'held-out requests' if fitted else 'requests (all)'}")
     t.add_column("model")
     for m in METRICS:
         t.add_column(m, justify="right")
@@ -132,13 +132,24 @@ def calibrate_engine_cmd(
                   highlight=False)
     console.print("coefficients: " + ", ".join(f"{k} = {v:.4g}" + ("" if k in rep["fitted"] else " (not fitted)")
                                                for k, v in coef_dict(rep["coef"]).items()), highlight=False)
-    if fitted or out is not None:  # with --engine: the applied coefficients and their report on this run
-        path = out or Path("engine.json")
+    try:
+        _write(run, rep, out if out is not None or not fitted else Path("engine.json"), report, figures, fitted)
+    except OSError as exc:
+        _fail(exc)
+        raise
+
+
+def _write(run: Run, rep: dict[str, Any], out: Path | None, report: Path | None, figures: Path | None,
+           fitted: bool) -> None:
+    from gyre.sim.cli import console
+
+    if out is not None:  # fitted: the fit; with --engine: the applied coefficients and their errors on this run
         public = {k: rep[k] for k in ("calibrated", "uncalibrated", "simulator", "fit_requests", "fit_loss",
                                       "test_requests") if k in rep}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(engine_json(rep["coef"], run, rep["fitted"], public), indent=2) + "\n")
-        console.print(f"wrote {path}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(engine_json(rep["coef"], run, rep["fitted"], public, applied=not fitted), indent=2)
+                       + "\n")
+        console.print(f"wrote {out}")
     if report is not None:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json.dumps({k: rep[k] for k in ("calibrated", "uncalibrated")}, indent=2) + "\n")

@@ -121,10 +121,13 @@ def coef_dict(c: Coefficients) -> dict[str, float]:
     return {k: float(getattr(c, k)) for k in APPLIED}
 
 
-def engine_json(coef: Coefficients, run: Run, fitted: tuple[str, ...], report: dict[str, Any]) -> dict[str, Any]:
+def engine_json(coef: Coefficients, run: Run, fitted: tuple[str, ...], report: dict[str, Any],
+                applied: bool = False) -> dict[str, Any]:
+    """engine.json: the coefficients, which were fitted, and the run they were fitted on (or applied to)."""
     return {"gyre_engine": ENGINE_FORMAT, "coeffs": coef_dict(coef), "fitted": list(fitted),
-            "fitted_on": {"run": str(run.path), "model": run.model, "gpu": run.gpu,
-                          "tensor_parallel": run.engine.tensor_parallel, "requests": len(run.requests)},
+            "applied_to" if applied else "fitted_on": {
+                "run": str(run.path), "model": run.model, "gpu": run.gpu,
+                "tensor_parallel": run.engine.tensor_parallel, "requests": len(run.requests)},
             "report": report}
 
 
