@@ -229,3 +229,18 @@ def test_simulator_engine_replays_the_shared_runs():
         for coef in fits:
             start, finish, _ = sim_engine_replay(run, coef)
             assert np.isfinite(finish).all() and (finish > run.requests.queued).all(), (d.name, coef)
+
+
+def test_moe_tensor_and_data_parallel_run(tmp_path):
+    """An MoE model (Qwen3-30B-A3B by its Hugging Face id) on 2 replicas of 2 GPUs, KV capacity derived from
+    memory (no logged blocks): applying the coefficients that made the run reproduces it exactly, and one
+    replica alone would finish later."""
+    meta = {"model": "Qwen/Qwen3-30B-A3B", "hardware": {"device_name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"},
+            "engine_kwargs": {"tensor_parallel_size": 2, "data_parallel_size": 2, "max_num_seqs": 16,
+                              "max_num_batched_tokens": 512}}
+    coef = replace(TRUE, allreduce_s=2e-5)
+    run = read_run(write_run(tmp_path / "moe", n=30, coef=coef, meta=meta))
+    rep = calibrate_run(run, None, coef)
+    assert rep["calibrated"]["e2e_p90_rel_err"] < 1e-9 and rep["calibrated"]["makespan_rel_err"] < 1e-9, rep
+    one = replace(run, engine=replace(run.engine, data_parallel=1))
+    assert simulate(one, coef).last_token.max() > simulate(run, coef).last_token.max(), "two replicas finish sooner"
