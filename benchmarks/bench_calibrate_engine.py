@@ -93,15 +93,17 @@ def main() -> None:
         rows[name] = {"calibrated": c, "uncalibrated": u, "coeffs": coef_dict(rep["coef"]), "fitted": rep["fitted"]}
         print(f"\n{name}: {run.model} on {run.engine.tensor_parallel} x {run.gpu} ({len(run.requests)} requests, "
               f"fit {time.time() - t:.0f} s, {rep['fit_evaluations']} replays)")
-        print("  fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in coef_dict(rep["coef"]).items() if k in rep["fitted"]))
-        print(f"  calibrated, held out : e2e median {c['e2e_median_rel_err']:.1%} (<= 10%: {'PASS' if ok[0] else 'MISS'}), "
+        fitted = {k: v for k, v in coef_dict(rep["coef"]).items() if k in rep["fitted"]}
+        print("  fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in fitted.items()))
+        mark = ["PASS" if x else "MISS" for x in ok]
+        print(f"  calibrated, held out : e2e median {c['e2e_median_rel_err']:.1%} (<= 10%: {mark[0]}), "
               f"p90 {c['e2e_p90_rel_err']:.1%}, ttft median {c['ttft_median_rel_err']:.1%}, "
-              f"makespan {c['makespan_rel_err']:.1%} (<= 5%: {'PASS' if ok[1] else 'MISS'})")
+              f"makespan {c['makespan_rel_err']:.1%} (<= 5%: {mark[1]})")
         sim = rep["simulator"]
         rows[name]["simulator"] = sim
         print(f"  simulator's engine   : e2e median {sim['e2e_median_rel_err']:.1%}, p90 {sim['e2e_p90_rel_err']:.1%}, "
               f"makespan {sim['makespan_rel_err']:.1%} (gyre.sim.engine, calibrated coefficients, held out)")
-        print(f"  uncalibrated         : e2e median {u['e2e_median_rel_err']:.1%} (<= 25%: {'PASS' if ok[2] else 'MISS'}), "
+        print(f"  uncalibrated         : e2e median {u['e2e_median_rel_err']:.1%} (<= 25%: {mark[2]}), "
               f"p90 {u['e2e_p90_rel_err']:.1%}, ttft median {u['ttft_median_rel_err']:.1%}, "
               f"makespan {u['makespan_rel_err']:.1%}")
         ideal = errors(run.requests, simulate(run, IDEAL), rep["_test"])
@@ -128,7 +130,8 @@ def main() -> None:
                 rep = calibrate_run(run, None, coef)
                 e = rep["calibrated"]
                 cross[f"{src} -> {dst}"] = e
-                print(f"  {src} -> {dst}: e2e median {e['e2e_median_rel_err']:.1%}, makespan {e['makespan_rel_err']:.1%} "
+                print(f"  {src} -> {dst}: e2e median {e['e2e_median_rel_err']:.1%}, "
+                      f"makespan {e['makespan_rel_err']:.1%} "
                       f"(uncalibrated: {rep['uncalibrated']['e2e_median_rel_err']:.1%})")
         rows["cross"] = cross
     if a.json:

@@ -124,11 +124,13 @@ def calibrate_engine_cmd(
     for m in METRICS:
         t.add_column(m, justify="right")
     for name in ("calibrated", "uncalibrated"):
-        t.add_row(name if fitted or name == "uncalibrated" else f"{engine.name}", *(f"{rep[name][m]:.1%}" for m in METRICS))
+        label = name if fitted or name == "uncalibrated" else engine.name
+        t.add_row(label, *(f"{rep[name][m]:.1%}" for m in METRICS))
     console.print(t)
     sim = rep["simulator"]
     console.print(f"the simulator's engine (gyre.sim.engine) with these coefficients: e2e median "
-                  f"{sim['e2e_median_rel_err']:.1%}, p90 {sim['e2e_p90_rel_err']:.1%}, makespan {sim['makespan_rel_err']:.1%}",
+                  f"{sim['e2e_median_rel_err']:.1%}, p90 {sim['e2e_p90_rel_err']:.1%}, "
+                  f"makespan {sim['makespan_rel_err']:.1%}",
                   highlight=False)
     console.print("coefficients: " + ", ".join(f"{k} = {v:.4g}" + ("" if k in rep["fitted"] else " (not fitted)")
                                                for k, v in coef_dict(rep["coef"]).items()), highlight=False)

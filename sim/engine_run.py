@@ -125,7 +125,8 @@ def read_meta(path: Path) -> tuple[str, str | None, EngineArgs]:
     blocks = kv.get("num_gpu_blocks")
     args = EngineArgs(
         tensor_parallel=_num(kw, "tensor_parallel_size", where, integer=True),
-        data_parallel=_num(kw, "data_parallel_size", where, integer=True) if "data_parallel_size" in kw else 1,
+        data_parallel=(_num(kw, "data_parallel_size", where, integer=True)
+                       if kw.get("data_parallel_size") is not None else 1),
         max_num_seqs=_num(kw, "max_num_seqs", where, integer=True),
         max_num_batched_tokens=_num(kw, "max_num_batched_tokens", where, integer=True),
         block_size=_num(kv, "block_size", f"{path}: kv_cache", integer=True) if "block_size" in kv else 16,
