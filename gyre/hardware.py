@@ -118,6 +118,7 @@ class Costs:
     kv_reserve: bool = False
     train_attn_flops_per_ctx_token: float = 0.0  # 12 L H d_h: training attention FLOPs per token per context token
     train_flops_per_s_gpu: float = 0.0  # GPU peak x train MFU (0: training time is linear in tokens)
+    train_mfu: float = 0.0  # the share of peak training runs at (0: unknown; utilization leaves training out)
 
     def step_time(self, batch: int, kv_tokens: float, chunk: float = 0.0, offset: float = 0.0) -> float:
         """One engine step: `batch` decodes at total context `kv_tokens`, plus `chunk` prefill tokens at `offset`."""
@@ -164,14 +165,11 @@ def train_attention_ctx(prompt: int, gen, kv, tool_out) -> float:
     """Sum over an execution's trained tokens of the context each attends to (its position in the
     sequence): the prompt (p^2 / 2), then each turn's generated tokens after the turn's context and the
     tool output after those. Training attention FLOPs = 12 L H d_h x this sum."""
-    a = 0.5 * prompt * prompt
-    for s, g in enumerate(gen):
-        k = kv[s]
-        a += g * k + 0.5 * g * g
-        if s < len(tool_out):
-            o = tool_out[s]
-            a += o * (k + g) + 0.5 * o * o
-    return a
+    g = np.asarray(gen, dtype=float)
+    k = np.asarray(kv, dtype=float)
+    o = np.zeros(len(g))
+    o[: len(tool_out)] = tool_out
+    return float(0.5 * prompt * prompt + np.sum(g * k + 0.5 * g * g + o * (k + g) + 0.5 * o * o))
 
 
 def group_train_attention_ctx(executions) -> float:
@@ -241,4 +239,5 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         kv_reserve=cost.kv_reserve,
         train_attn_flops_per_ctx_token=12.0 * model.layers * (model.q_heads or model.kv_heads) * model.head_dim,
         train_flops_per_s_gpu=train_flops,
+        train_mfu=cost.train_mfu,
     )

@@ -39,6 +39,7 @@ class RunMetrics:
     reallocations: int
     preemptions: int = 0
     preempt_gpu_s: float = 0.0
+    roofline_gpu_s: float | None = None  # GPU-seconds of the work at hardware peak (simulator: gyre.roofline)
     extra: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, float | str]:
@@ -50,7 +51,8 @@ class RunMetrics:
             "makespan_s": self.makespan_s,
             "steps": len(self.steps),
             "median_step_s": float(self.steps["duration_s"].median()) if len(self.steps) else 0.0,
-            "utilization": busy / total,
+            "utilization": self.roofline_gpu_s / total if self.roofline_gpu_s is not None else float("nan"),
+            "busy_share": busy / total,
             **{f"gpu_h_{k}": v / 3600 for k, v in self.gpu_seconds.items()},
             "staleness_mean": float(st.mean()),
             "staleness_max": int(st.max()),

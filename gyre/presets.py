@@ -141,6 +141,7 @@ def short_math() -> WorkloadConfig:
         prompt_tokens=LogNormal(median=300, p99_ratio=3.0),
         turns=LogNormal(median=1, p99_ratio=1.0),
         max_turns=1,
+        max_gen_tokens=8192,
         gen_tokens=LogNormal(median=3000, p99_ratio=3.0),
         tool_out_tokens=LogNormal(median=1, p99_ratio=1.0),
         tool_s=LogNormal(median=0.0 + 1e-9, p99_ratio=1.0),

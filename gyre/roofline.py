@@ -108,6 +108,9 @@ class EngineRoofline:
         object.__setattr__(self, "_attn", 4.0 * self.layers * self.q_heads * self.head_dim)
         object.__setattr__(self, "_dense", self.weight_bytes - self.routed_bytes)
         object.__setattr__(self, "_miss", 1.0 - self.top_k / self.experts if self.experts else 0.0)
+        object.__setattr__(self, "_2p", 2.0 * self.active_params)
+        object.__setattr__(self, "_eb", c.eff_bw)
+        object.__setattr__(self, "_ef", c.eff_flops)
 
     # --- memory ---
     @property
@@ -136,12 +139,44 @@ class EngineRoofline:
         return by, fl
 
     def step_time(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> float:
-        """Seconds of one step: n decodes at total context ctx, plus a prefill chunk of m tokens at offset p."""
+        """Seconds of one step: n decodes at total context ctx, plus a prefill chunk of m tokens at offset p.
+        (step_bytes_flops inlined: the simulator calls this once per event.)"""
+        tokens = n + m
+        if tokens <= 0:
+            return 0.0
+        w = self._dense + self.routed_bytes * (1.0 - self._miss ** tokens) if self.routed_bytes else self.weight_bytes
+        if m > 0:
+            tb = (w + self.kv_bytes_per_token * (ctx + p)) / self._bw
+            tf = (self._2p * tokens + self._attn * (ctx + m * p + 0.5 * m * m)) / self._pk
+        else:
+            tb = (w + self.kv_bytes_per_token * ctx) / self._bw
+            tf = (self._2p * tokens + self._attn * ctx) / self._pk
+        return (tb if tb > tf else tf) + self._fixed
+
+    def step_and_ideal(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
+        """(step_time, the part of it the hardware peak needs: max(bytes / BW, FLOPs / peak) at 100%
+        efficiency, without overheads). One pass; the simulator calls it once per event."""
+        tokens = n + m
+        if tokens <= 0:
+            return 0.0, 0.0
+        w = self._dense + self.routed_bytes * (1.0 - self._miss ** tokens) if self.routed_bytes else self.weight_bytes
+        if m > 0:
+            tb = (w + self.kv_bytes_per_token * (ctx + p)) / self._bw
+            tf = (self._2p * tokens + self._attn * (ctx + m * p + 0.5 * m * m)) / self._pk
+        else:
+            tb = (w + self.kv_bytes_per_token * ctx) / self._bw
+            tf = (self._2p * tokens + self._attn * ctx) / self._pk
+        ib, if_ = tb * self._eb, tf * self._ef
+        return (tb if tb > tf else tf) + self._fixed, (ib if ib > if_ else if_)
+
+    def ideal_share(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> float:
+        """The share of a step's time the hardware peak needs: max(bytes / BW, FLOPs / peak) at 100%
+        efficiency, without overheads, over step_time (the step's roofline utilization)."""
         if n + m <= 0:
             return 0.0
         by, fl = self.step_bytes_flops(n, ctx, m, p)
-        tb, tf = by / self._bw, fl / self._pk
-        return (tb if tb > tf else tf) + self._fixed
+        c = self.coef
+        return max(by / self._bw * c.eff_bw, fl / self._pk * c.eff_flops) / self.step_time(n, ctx, m, p)
 
     def prefill_time(self, tokens: float, offset: float = 0.0) -> float:
         """Seconds to prefill `tokens` after `offset` alone on the engine, in chunks of the full budget."""

@@ -45,6 +45,7 @@ class SimCluster(ClusterBase):
         self.events = 0
         self.check = check
         self._kv_peak = 0.0  # the largest KV use of a stopped engine (tokens)
+        self._roof_gpu_s = 0.0  # roofline-ideal GPU-seconds of stopped engines and of training
 
     # ------------------------------------------------------------------ observations
     @property
@@ -67,6 +68,15 @@ class SimCluster(ClusterBase):
         """The largest KV use of any engine at any time so far, as a share of its capacity."""
         peak = max([self._kv_peak] + [e.kv_peak for e in self._engines.values()])
         return peak / self.costs.kv_capacity_tokens
+
+    def roofline_gpu_s(self) -> float:
+        """GPU-seconds the work done so far would take at the hardware's peak (the roofline's ideal time of
+        every engine step, training at 100% MFU): utilization = this / (GPUs x makespan)."""
+        live = 0.0
+        for e in self._engines.values():
+            e._advance(self.now)
+            live += e.roof_s * len(e.gpus)
+        return self._roof_gpu_s + live
 
     # ------------------------------------------------------------------ the scheduling surface of SimEngine
     def schedule(self, t: float, fn: Callable[[float, Any], None], arg: Any) -> None:
@@ -170,6 +180,8 @@ class SimCluster(ClusterBase):
 
         def down() -> None:
             self._kv_peak = max(self._kv_peak, eng.kv_peak)
+            eng._advance(self.now)
+            self._roof_gpu_s += eng.roof_s * len(eng.gpus)
             self._engine_down(eng)
             h.succeed(None)
 
@@ -207,6 +219,7 @@ class SimCluster(ClusterBase):
             self._after(compute, end)
 
         def end() -> None:
+            self._roof_gpu_s += compute * len(gpus) * self.costs.train_mfu
             self._step_done(gpus, tokens)
             h.succeed(self._version)
 
@@ -262,6 +275,8 @@ class SimCluster(ClusterBase):
             ts = simq[0][0] if simq else inf
             if tq <= ts:
                 if tq == inf:
+                    if proc.error is not None:  # the policy failed: its error, not the deadlock it left
+                        raise proc.error
                     raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
                 t, _, fn, arg = pop(q)
                 env._now = t

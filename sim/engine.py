@@ -20,7 +20,10 @@ contexts of the decodes, and never exceeds capacity. Leaving the wait queue (FIF
 vLLM schedules) reserves the tokens it will prefill. When growth would fill the memory an event
 fires and the engine preempts, as vLLM does in recompute mode, the most recently admitted execution
 holding KV: its KV is freed, it goes to the front of the wait queue (a tool call keeps running) and
-later re-prefills its whole context; its generated tokens are kept. Optional reservation mode admits
+later re-prefills its whole context; its generated tokens are kept. The context of an execution that
+is not running (in a tool call, or waiting) is a cache, like vLLM's prefix cache of a finished request:
+when the head of the wait queue does not fit, such contexts are evicted, newest first, if that makes
+room (each logged as a preemption, since it will be recomputed). Optional reservation mode admits
 an execution only if its largest context fits beside the others' and never preempts. A context
 larger than the whole engine is a configuration error (SimCluster.admit).
 
@@ -73,15 +76,20 @@ class SimEngine:
         self.reserved = 0.0  # reservation mode: sum of the members' largest contexts
         self.paused = False
         self.epoch = 0  # invalidates stale wakeups
-        self._step = c.step_time
         self._free_prefill = c.roofline is None and c.prefill_s_per_token == 0
         self._budget = c.max_batched_tokens
         self._reserve = c.kv_reserve
         self._kv_cap = c.kv_capacity_tokens
         self._full = c.kv_capacity_tokens * _FULL
         self._schedule = cluster.schedule  # the backend's fine-event queue
+        self._fire = self.fire
         self._log = cluster.log.append
         self.kv_peak = 0.0
+        self.roof_s = 0.0  # integral of the roofline utilization (ideal / actual step time) over busy time
+        self._roof = 0.0  # that share in the current plan
+        # (step time, its ideal part at hardware peak) of a step: the roofline's, or the linear form's (no ideal)
+        self._step2 = c.roofline.step_and_ideal if c.roofline is not None else (
+            lambda n, k, m=0.0, p=0.0: (c.step_time(n, k, m, p), 0.0))
         self._seq = itertools.count()
 
     # --- EngineView ---
@@ -125,6 +133,7 @@ class SimEngine:
                 head = self.prefill[0]
                 head.pf_left = head.pf_left - done if head.pf_left > done else 0.0
                 self.pf_pending = self.pf_pending - done if self.pf_pending > done else 0.0
+            self.roof_s += dt * self._roof
         self.t_last = t
 
     def _used(self) -> float:
@@ -133,39 +142,47 @@ class SimEngine:
     def _reschedule(self) -> None:
         """Plan this engine's next wakeup: a segment end, a tool return, the prefill head's end or KV full."""
         self._dirty = False
-        self.epoch += 1
+        self.epoch = ep = self.epoch + 1
         n = self.n_dec
-        wake = self._ready[0][0] if self._ready else _INF
-        used = self.mem_fixed + self.kv_dec_base + n * self.V
+        ready = self._ready
+        wake = ready[0][0] if ready else _INF
+        dec = self.kv_dec_base + n * self.V  # decode context
+        used = self.mem_fixed + dec
         if used > self.kv_peak:
             self.kv_peak = used
-        m = 0.0
-        if self.pf_pending > 0.0 and self.prefill and n < self._budget:  # (a float residue of an empty queue is 0)
-            m = self._budget - n
-            if self.pf_pending < m:
-                m = self.pf_pending
-        if (n == 0 and m == 0.0) or self.paused:
-            self.rate = self.pf_rate = 0.0
+        pend = self.pf_pending if self.prefill else 0.0  # an empty queue's float residue is 0
+        if self.paused or (n == 0 and pend <= 0.0):
+            self.rate = self.pf_rate = self._roof = 0.0
         else:
-            head = self.prefill[0] if m else None
-            step = self._step(n, used - self.mem_fixed, m, head.resident - head.pf_left if m else 0.0)
-            self.rate = 1.0 / step if n else 0.0
-            self.pf_rate = m / step
-            if m:
-                t_pf = self.t_last + head.pf_left * step / m
+            tl = self.t_last
+            if pend > 0.0 and n < self._budget:
+                m = self._budget - n
+                if pend < m:
+                    m = pend
+                head = self.prefill[0]
+                step, ideal = self._step2(n, dec, m, head.resident - head.pf_left)
+                self.pf_rate = m / step
+                t_pf = tl + head.pf_left * step / m
                 if t_pf < wake:
                     wake = t_pf
+            else:
+                step, ideal = self._step2(n, dec)
+                self.pf_rate = 0.0
+            self._roof = ideal / step
             if n:
+                self.rate = 1.0 / step
                 dv = self._heap[0][0] - self.V
-                t_dec = self.t_last + (dv * step if dv > 0.0 else 0.0)
+                t_dec = tl + dv * step if dv > 0.0 else tl
                 if t_dec < wake:
                     wake = t_dec
                 if not self._reserve:
-                    t_full = self.t_last + ((self._full - used) / n) * step
+                    t_full = tl + ((self._full - used) / n) * step
                     if t_full < wake:
-                        wake = t_full if t_full > self.t_last else self.t_last
+                        wake = t_full if t_full > tl else tl
+            else:
+                self.rate = 0.0
         if wake < _INF:
-            self._schedule(wake, self.fire, self.epoch)
+            self._schedule(wake, self._fire, ep)
 
     def _touch(self, t: float) -> None:
         """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup, once,
@@ -181,38 +198,60 @@ class SimEngine:
         """Wakeup: segments that end leave the batch, tool calls return, prefills finish, a full KV preempts."""
         if epoch != self.epoch:
             return
-        self._advance(t)
-        used = self._used()
+        dt = t - self.t_last
+        if dt > 0.0:
+            if self.rate:
+                self.V += dt * self.rate
+            if self.pf_rate:
+                done = dt * self.pf_rate
+                head = self.prefill[0]
+                head.pf_left = head.pf_left - done if head.pf_left > done else 0.0
+                self.pf_pending = self.pf_pending - done if self.pf_pending > done else 0.0
+            self.roof_s += dt * self._roof
+        self.t_last = t
+        V = self.V
+        used = self.mem_fixed + self.kv_dec_base + self.n_dec * V
         if used > self.kv_peak:
             self.kv_peak = used
         heap = self._heap
-        V = self.V
         limit = V + _EPS * (V if V > 1.0 else 1.0)
-        busy = self.n_dec > 0
-        while heap and heap[0][0] <= limit:
-            ex = heapq.heappop(heap)[2]
-            self.n_dec -= 1
-            self.kv_dec_base -= ex.ctx - ex.v_start
-            self._segment_end(ex, t)
-        if busy and self.n_dec == 0:
-            self._log(("busy", t, self.id, 0))
+        if heap and heap[0][0] <= limit:
+            pop = heapq.heappop
+            while heap and heap[0][0] <= limit:
+                ex = pop(heap)[2]
+                self.n_dec -= 1
+                self.kv_dec_base -= ex.ctx - ex.v_start
+                self._segment_end(ex, t)
+            if self.n_dec == 0:
+                self._log(("busy", t, self.id, 0))
         pf = self.prefill
-        while pf and pf[0].pf_left <= _EPS * (pf[0].resident + 1.0):
-            ex = pf.popleft()
-            self.pf_pending -= ex.pf_left
-            self.pf_resident -= ex.resident
-            ex.pf_left = 0.0
-            self._decode(ex, t)
-        if not pf:
-            self.pf_pending = self.pf_resident = 0.0
+        if pf:
+            while pf and pf[0].pf_left <= _EPS * (pf[0].resident + 1.0):
+                ex = pf.popleft()
+                self.pf_pending -= ex.pf_left
+                self.pf_resident -= ex.resident
+                ex.pf_left = 0.0
+                ex.phase = _QUEUED  # out of the prefill queue, not yet decoding
+                self._decode(ex, t)
+            if not pf:
+                self.pf_pending = self.pf_resident = 0.0
         ready = self._ready
-        while ready and ready[0][0] <= t:
-            ex = heapq.heappop(ready)[2]
-            ex.ready_at = None
-            self._tool_returned(ex, t)
-        if self.n_dec and not self._reserve and self._used() + self.n_dec > self._full:
+        if ready and ready[0][0] <= t:
+            queue = self.queue
+            while ready and ready[0][0] <= t:
+                ex = heapq.heappop(ready)[2]
+                ex.ready_at = None
+                if t >= ex.deadline_at:
+                    self._drop(ex)
+                    self.cluster.finish(ex, t, "deadline")
+                else:
+                    ex.phase = _QUEUED
+                    queue.append(ex)
+        n = self.n_dec
+        if n and not self._reserve and self.mem_fixed + self.kv_dec_base + n * self.V + n > self._full:
             self._make_room(t)
-        self._drain_queue(t)
+        if self.queue:
+            self._drain_queue(t)
         self._reschedule()
 
     # --- execution lifecycle on this engine ---
@@ -252,8 +291,7 @@ class SimEngine:
                 ex.started_at = t
                 ex.deadline_at = t + ex.spec.deadline_s
                 self._log(("start", t, ex.id, self.id))
-            ex.adm = a = next(self._seq)
-            self._adm.append((a, ex))
+            self._admitted(ex)
             self.mem_fixed += need
             ex.resident = ex.ctx
             if need <= 0 or self._free_prefill:
@@ -267,7 +305,7 @@ class SimEngine:
 
     def _evict_idle(self, over: float, keep: SimExecution, t: float) -> None:
         """Free at least `over` KV tokens held by executions that are not running (not `keep`), newest first."""
-        for a, ex in reversed(list(self._adm)):
+        for a, ex in reversed(self._adm):  # preempt() does not touch the list
             if over <= 0:
                 return
             if ex.engine is self and ex.adm == a and ex is not keep and ex.resident > 0 \
@@ -322,13 +360,13 @@ class SimEngine:
         if ex.migrate_to is not None:
             self.cluster.migrate_at_boundary(ex, t)
 
-    def _tool_returned(self, ex: SimExecution, t: float) -> None:
-        if t >= ex.deadline_at:
-            self._drop(ex)
-            self.cluster.finish(ex, t, "deadline")
-            return
-        ex.phase = _QUEUED
-        self.queue.append(ex)
+    def _admitted(self, ex: SimExecution) -> None:
+        """Record an admission (preemption takes the newest first); stale records are pruned now and then."""
+        ex.adm = a = next(self._seq)
+        adm = self._adm
+        adm.append((a, ex))
+        if len(adm) > 64 and len(adm) > 4 * len(self.members):
+            self._adm = [(b, x) for b, x in adm if x.engine is self and x.adm == b]
 
     # --- memory pressure ---
     def _newest_holder(self) -> SimExecution | None:
@@ -421,8 +459,7 @@ class SimEngine:
         self.members[ex.id] = ex
         if kv_fits_free and ex.resident and self._used() + ex.resident + self.n_dec + 1 <= self._full:
             self.mem_fixed += ex.resident
-            ex.adm = a = next(self._seq)
-            self._adm.append((a, ex))
+            self._admitted(ex)
         else:
             ex.resident = 0
         if ex.ready_at is not None:

@@ -64,6 +64,7 @@ def simulate(
         must = issued[: cfg.steps * cfg.workload.groups_per_step]
         metrics = compute_metrics(cluster.log, n_gpus=cfg.cluster.gpus, policy=name)
         metrics.extra["kv_peak_frac"] = cluster.kv_peak_frac()
+        metrics.roofline_gpu_s = cluster.roofline_gpu_s()
         metrics.extra["trained_other_groups"] = int({g.group_id for g in must} != set(cluster.trained_groups))
         bound = lower_bound(must, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None))
     return SimResult(name, cfg, costs, cluster.log, metrics, bound, wall, cluster.events, issued)

@@ -90,3 +90,28 @@ def test_step_time_grows_with_every_input(n, ctx, m, p, model, dn, dctx, dm):
     base = r.step_time(n, ctx, m, p)
     assert r.step_time(n + dn, ctx + dctx, m + dm, p) >= base * (1 - 1e-12)
     assert base >= (r.coef.step_overhead_s if n + m else 0.0)
+
+
+def test_training_attention_context_by_hand():
+    """Prompt 10 (sum 50), 4 tokens at context 10 (40 + 8), 6 tool tokens at 14 (84 + 18), 2 tokens at 20 (40 + 2)."""
+    from gyre.hardware import train_attention_ctx
+
+    assert train_attention_ctx(10, [4, 2], [10, 20], [6]) == 242.0
+
+
+def test_ideal_share_is_one_at_full_efficiency_without_overhead():
+    """With 100% efficiencies and no overhead a step runs at its roofline: utilization 1; the defaults give less."""
+    r = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1, IDEAL)
+    assert r.ideal_share(8, 8e4, 512, 1e4) == pytest.approx(1.0)
+    d = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1)
+    assert d.ideal_share(1, 0.0) == pytest.approx((16.06e9 / 3.35e12) / (16.06e9 / (0.8 * 3.35e12) + 0.004))
+
+
+@given(n=st.integers(0, 300), ctx=st.floats(0, 1e7), m=st.integers(0, 8192), p=st.floats(0, 1e6),
+       model=st.sampled_from(sorted(MODELS)))
+def test_step_and_ideal_agrees_with_step_time_and_share(n, ctx, m, p, model):
+    """The simulator's one-pass (time, ideal) equals step_time and ideal_share x step_time."""
+    r = derive_costs(MODELS[model], GPUS["h200"]).roofline
+    t, ideal = r.step_and_ideal(n, ctx, m, p)
+    assert t == pytest.approx(r.step_time(n, ctx, m, p), rel=1e-12)
+    assert ideal == pytest.approx(r.ideal_share(n, ctx, m, p) * t, rel=1e-9, abs=1e-15)

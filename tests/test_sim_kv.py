@@ -72,3 +72,32 @@ def test_context_larger_than_an_engine_is_a_config_error():
     cfg = _tight(tiny_config(gpus=8, seed=1), 0.1225, False)  # ~100 KV tokens
     with pytest.raises(ConfigError, match="context; an engine holds"):
         simulate(cfg, "colocate")
+
+
+def test_preemption_exact_timeline():
+    """1,000 KV tokens, two 100-token prompts decoding 800 tokens each at 100 tok/s: KV fills at 7 s (2 x 500),
+    the newer (exec 1) is preempted with 500 tokens of context, exec 0 ends at 11 s, exec 1 resumes with its
+    400 remaining tokens and ends at 15 s (without the limit both would end at 11 s)."""
+    from gyre.policies import make_policy
+    from gyre.workload import GroupSpec
+    from tests.simkit import ROUND_COSTS, cluster, spec
+
+    g = GroupSpec(group_id=0, task_id=0, step=0, executions=[spec(0, 0, gen=[800]), spec(1, 0, gen=[800])])
+    c = cluster([g], n_gpus=1, groups_per_step=1, costs=replace(ROUND_COSTS, kv_capacity_tokens=1000))
+    c.run(make_policy("colocate"), steps=1)
+    got = [(r[0], round(r[1], 6), r[2], r[3], round(r[4], 3)) for r in c.log if r[0] in ("preempt", "finish")]
+    assert got == [("preempt", 7.0, 1, 0, 500.0), ("finish", 11.0, 0, 0, 800), ("finish", 15.0, 1, 0, 800)], got
+    assert c.kv_peak_frac() <= 1.0
+
+
+def test_deadline_passing_during_prefill_ends_the_execution():
+    """A 1,000-token prompt at 0.01 s per prefill token (one 10.01 s step) and a 5 s deadline: it never decodes."""
+    from gyre.policies import make_policy
+    from gyre.workload import GroupSpec
+    from tests.simkit import ROUND_COSTS, cluster, spec
+
+    g = GroupSpec(group_id=0, task_id=0, step=0, executions=[spec(0, 0, gen=[10], prompt=1000, deadline_s=5.0)])
+    c = cluster([g], n_gpus=1, groups_per_step=1, costs=replace(ROUND_COSTS, prefill_s_per_token=0.01))
+    c.run(make_policy("colocate"), steps=1)
+    fin = [(round(r[1], 6), r[3], r[4]) for r in c.log if r[0] == "finish"]
+    assert fin == [(3.0 + 10.01, 2, 0)], fin
