@@ -39,6 +39,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from gyre.cluster import Phase
+from gyre.sim.kv_pressure import KvPressure
 
 if TYPE_CHECKING:
     from gyre.sim.backend import SimCluster
@@ -50,7 +51,7 @@ _FULL = 1.0 - 1e-9  # the KV-full event fires when use reaches this share of cap
 _TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
 
 
-class SimEngine:
+class SimEngine(KvPressure):
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
         self.cluster = cluster
         self.id = engine_id
@@ -303,16 +304,6 @@ class SimEngine:
                 self.pf_resident += ex.resident
                 self.prefill.append(ex)
 
-    def _evict_idle(self, over: float, keep: SimExecution, t: float) -> None:
-        """Free at least `over` KV tokens held by executions that are not running (not `keep`), newest first."""
-        for a, ex in reversed(self._adm):  # preempt() does not touch the list
-            if over <= 0:
-                return
-            if ex.engine is self and ex.adm == a and ex is not keep and ex.resident > 0 \
-                    and ex.phase in (_TOOL, _QUEUED):
-                over -= ex.resident
-                self.preempt(ex, t, requeue=False)
-
     def _decode(self, ex: SimExecution, t: float) -> None:
         """Its context is all in KV: it joins the decode batch, unless its deadline has passed."""
         if t >= ex.deadline_at:
@@ -359,66 +350,6 @@ class SimEngine:
         heapq.heappush(self._ready, (r, next(self._seq), ex))
         if ex.migrate_to is not None:
             self.cluster.migrate_at_boundary(ex, t)
-
-    def _admitted(self, ex: SimExecution) -> None:
-        """Record an admission (preemption takes the newest first); stale records are pruned now and then."""
-        ex.adm = a = next(self._seq)
-        adm = self._adm
-        adm.append((a, ex))
-        if len(adm) > 64 and len(adm) > 4 * len(self.members):
-            self._adm = [(b, x) for b, x in adm if x.engine is self and x.adm == b]
-
-    # --- memory pressure ---
-    def _newest_holder(self) -> SimExecution | None:
-        """The most recently admitted member that holds KV or decodes."""
-        adm = self._adm
-        while adm:
-            a, ex = adm[-1]
-            if ex.engine is self and ex.adm == a and (ex.phase == _DECODE or ex.resident > 0):
-                return ex
-            adm.pop()
-        return None
-
-    def _make_room(self, t: float) -> None:
-        """KV is full and decodes still grow: preempt the newest holders until one more step fits."""
-        while self.n_dec and self._used() + self.n_dec > self._full:
-            ex = self._newest_holder()
-            if ex is None:
-                break
-            self.preempt(ex, t)
-
-    def preempt(self, ex: SimExecution, t: float, requeue: bool = True) -> None:
-        """Free ex's KV; it waits at the front of the queue (a running tool call keeps running) and later
-        re-prefills its whole context. Its tokens are kept; the recomputation is logged with its GPU-s."""
-        if ex.phase == _DECODE:
-            done = self.V - ex.v_start
-            self._heap = [x for x in self._heap if x[2] is not ex]
-            heapq.heapify(self._heap)
-            self.n_dec -= 1
-            self.kv_dec_base -= ex.ctx - ex.v_start
-            ex.seg_done += done
-            ex.ctx += done
-            if self.n_dec == 0:
-                self._log(("busy", t, self.id, 0))
-            lost = ex.ctx
-        else:
-            lost = ex.resident
-            self.mem_fixed -= ex.resident
-            if ex.phase == _PREFILL:
-                self.prefill.remove(ex)
-                self.pf_pending -= ex.pf_left
-                self.pf_resident -= ex.resident
-                lost -= ex.pf_left
-                ex.pf_left = 0.0
-            elif ex.phase == _QUEUED and requeue:
-                self.queue.remove(ex)
-        ex.resident = 0
-        ex.adm = -1
-        gpu_s = self.costs.prefill_time(lost) * len(self.gpus)
-        self._log(("preempt", t, ex.id, self.id, lost, gpu_s))
-        if ex.phase != _TOOL and requeue:
-            ex.phase = _QUEUED
-            self.queue.appendleft(ex)
 
     # --- leaving and arriving ---
     def _drop(self, ex: SimExecution) -> None:
@@ -470,9 +401,6 @@ class SimEngine:
             self.queue.append(ex)
             self._drain_queue(t)
         self._touch(t)
-
-    def kv_free(self, t: float) -> float:
-        return self._kv_cap - (self.mem_fixed + self.kv_dec_base + self.n_dec * (self.V + (t - self.t_last) * self.rate))
 
     # --- weights ---
     def pause(self, t: float) -> None:

@@ -174,7 +174,8 @@ def test_bad_engine_file(tmp_path):
 
 def test_run_uses_engine_coefficients(tmp_path):
     """`gyre-sim run --engine` simulates with the file's coefficients: halving both efficiencies slows the run,
-    exactly as setting them on the preset does; a bad file is one line, exit 2."""
+    exactly as setting them on the preset does, and `replay --engine` of the run's trace agrees; a bad file is
+    one line, exit 2."""
     from gyre.config import override
     from gyre.presets import get_preset
     from gyre.sim.runner import simulate as sim_run
@@ -182,11 +183,17 @@ def test_run_uses_engine_coefficients(tmp_path):
     slow = tmp_path / "slow.json"
     slow.write_text(json.dumps({"gyre_engine": 1, "coeffs": {"eff_bw": 0.4, "eff_flops": 0.3}}))
     makespans = []
-    for extra in ([], ["--engine", str(slow)]):
-        out = tmp_path / f"out{len(extra)}"
+    trace = tmp_path / "trace.jsonl"
+    for extra in (["--trace-out", str(trace)], ["--engine", str(slow)]):
+        out = tmp_path / f"out{len(makespans)}"
         r = runner.invoke(app, ["run", "--preset", "short-math", "--steps", "1", "--out", str(out), *extra])
         assert r.exit_code == 0, r.output
         makespans.append(json.loads((out / "summary.json").read_text())["results"][0]["makespan_s"])
+    r = runner.invoke(app, ["replay", str(trace), "--policy", "colocate", "--out", str(tmp_path / "rep"),
+                            "--engine", str(slow)])
+    assert r.exit_code == 0, r.output
+    replayed = json.loads((tmp_path / "rep" / "summary.json").read_text())["results"][0]["makespan_s"]
+    assert replayed == pytest.approx(makespans[1]), "replay --engine runs the same slower engine as run --engine"
     cfg = get_preset("short-math")
     coef = replace(cfg.cluster.cost.engine, eff_bw=0.4, eff_flops=0.3)
     direct = sim_run(override(cfg, steps=1, **{"cluster.cost.engine": coef}), "colocate")
