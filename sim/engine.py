@@ -66,6 +66,7 @@ class SimEngine(KvPressure):
         self.prefill: deque[SimExecution] = deque()  # prefill queue; ex.pf_left tokens still to compute
         self.pf_pending = 0.0  # sum of pf_left over the prefill queue
         self.pf_resident = 0.0  # KV reserved by the prefill queue (the rest of mem_fixed is idle cache)
+        self._pf_due = _INF  # when the prefill head is planned to finish
         self._adm: list[tuple[int, SimExecution]] = []  # (admission seq, execution), ascending; stale entries skipped
         self.V = 0.0
         self.t_last = 0.0
@@ -154,21 +155,23 @@ class SimEngine(KvPressure):
         pend = self.pf_pending if self.prefill else 0.0  # an empty queue's float residue is 0
         if self.paused or (n == 0 and pend <= 0.0):
             self.rate = self.pf_rate = self._roof = 0.0
+            self._pf_due = _INF
         else:
             tl = self.t_last
-            if pend > 0.0 and n < self._budget:
+            if pend > 0.0 and n < self._budget and self.prefill:
                 m = self._budget - n
                 if pend < m:
                     m = pend
                 head = self.prefill[0]
                 step, ideal = self._step2(n, dec, m, head.resident - head.pf_left)
                 self.pf_rate = m / step
-                t_pf = tl + head.pf_left * step / m
+                t_pf = self._pf_due = tl + head.pf_left * step / m
                 if t_pf < wake:
                     wake = t_pf
             else:
                 step, ideal = self._step2(n, dec)
                 self.pf_rate = 0.0
+                self._pf_due = _INF
             self._roof = ideal / step
             if n:
                 self.rate = 1.0 / step
@@ -217,16 +220,36 @@ class SimEngine(KvPressure):
         heap = self._heap
         limit = V + _EPS * (V if V > 1.0 else 1.0)
         if heap and heap[0][0] <= limit:
-            pop = heapq.heappop
+            pop, push, ready, seq = heapq.heappop, heapq.heappush, self._ready, self._seq
             while heap and heap[0][0] <= limit:
                 ex = pop(heap)[2]
                 self.n_dec -= 1
                 self.kv_dec_base -= ex.ctx - ex.v_start
-                self._segment_end(ex, t)
+                seg = ex.seg
+                if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done:
+                    self._segment_end(ex, t)
+                    continue
+                # a tool-call boundary, the common case (as _segment_end, kept inline)
+                gen = ex.gen[seg]
+                ex.generated += gen
+                ctx = ex.kv[seg] + gen
+                ex.phase = _TOOL
+                nxt = ex.kv[seg + 1]
+                if nxt < ctx:  # the context is rebuilt smaller
+                    ctx = nxt - min(ex.tool_out[seg], nxt)
+                ex.resident = ctx
+                self.mem_fixed += ctx
+                ex.ctx = nxt
+                ex.seg = seg + 1
+                r = ex.ready_at = t + ex.tool_s[seg]
+                push(ready, (r, next(seq), ex))
             if self.n_dec == 0:
                 self._log(("busy", t, self.id, 0))
         pf = self.prefill
         if pf:
+            # the head is done at its planned time (its residue may be below what the clock resolves)
+            if t >= self._pf_due:
+                pf[0].pf_left = 0.0
             while pf and pf[0].pf_left <= _EPS * (pf[0].resident + 1.0):
                 ex = pf.popleft()
                 self.pf_pending -= ex.pf_left
@@ -364,6 +387,8 @@ class SimEngine(KvPressure):
             self.pf_pending -= ex.pf_left
             self.pf_resident -= ex.resident
             ex.pf_left = 0.0
+            if not self.prefill:  # no float residue once the queue is empty
+                self.pf_pending = self.pf_resident = 0.0
         self.mem_fixed -= ex.resident
         ex.resident = 0
         if ex.reserved:

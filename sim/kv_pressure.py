@@ -74,6 +74,8 @@ class KvPressure:
                 self.pf_resident -= ex.resident
                 lost -= ex.pf_left
                 ex.pf_left = 0.0
+                if not self.prefill:  # no float residue once the queue is empty
+                    self.pf_pending = self.pf_resident = 0.0
             elif ex.phase == _QUEUED and requeue:
                 self.queue.remove(ex)
         ex.resident = 0
