@@ -152,7 +152,7 @@ class SimEngine(KvPressure):
         used = self.mem_fixed + dec
         if used > self.kv_peak:
             self.kv_peak = used
-        pend = self.pf_pending
+        pend = self.pf_pending if self.prefill else 0.0  # an empty queue's float residue is 0
         if self.paused or (n == 0 and pend <= 0.0):
             self.rate = self.pf_rate = self._roof = 0.0
             self._pf_due = _INF
