@@ -81,6 +81,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         if config.weight_sync == "collective" and not all(hasattr(a, "receive_weights") for a in pool._engines.values()):
             raise ValueError(f"RealClusterConfig.weight_sync = 'collective' needs engines with receive_weights(group, "
                              f"version); engine {pool.cfg.engine!r} has none (use 'object_store')")
+        pool.heal()  # actors an earlier run lost
         ray.get([a.sleep.remote() for a in pool._engines.values()])  # engines of an earlier run
         base = ray.get([t.reset.remote(config.seed) for t in pool.trainers])[0]
         if config.checkpoint and Path(config.checkpoint).exists():
@@ -149,6 +150,10 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         t0 = self.now
 
         def up(dt, err) -> None:
+            if isinstance(err, ray.exceptions.RayActorError):  # its actor died: a new one
+                self._log(("note", self.now, "engine_fault", {"engine": eid, "executions": []}))
+                self._restart_start(eng, up)
+                return
             if err is not None:
                 raise ClusterError(f"start_engine: engine {eid} on GPUs {gpus} failed: {err}")
             eng.state = "ready"
@@ -158,6 +163,10 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
         self._wake(eng, v, up)
         return h
+
+    def _restart_start(self, eng: RealEngine, up) -> None:
+        eng.actor, eng._version = self.pool.respawn(eng.gpus), self._version
+        self._wake(eng, self._version, up)
 
     def stop_engine(self, engine: RealEngine) -> Handle:
         eng = self._check_stop(engine)
@@ -174,7 +183,10 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         t0 = self.now
 
         def down(_dt, err) -> None:
-            if err is not None:
+            if isinstance(err, ray.exceptions.RayActorError):  # it died: down anyway; the slot gets a new actor
+                self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": []}))
+                self.pool.respawn(eng.gpus)
+            elif err is not None:
                 raise ClusterError(f"stop_engine: engine {eng.id} failed to sleep: {err}")
             self.profile["sleep"].append(self.now - t0)
             self._engine_down(eng)
@@ -225,6 +237,9 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                 self._weights_ref()
             self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
             self._step_done(gpus, stats["tokens"])
+            for e in self._engines.values():  # they load this version before they are ready again
+                if e.state == "restarting":
+                    e._version = self._version
             self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
                                                    "groups_with_signal": signal, "version": self._version}))
             self._deferred.append((h, self._version))
@@ -248,11 +263,16 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         v, h, t0, left = self._version, Handle(f"sync{self._version}"), self.now, [len(todo)]
 
         def one(e: RealEngine):
+            actor = e.actor
+
             def done(_dt, err) -> None:
                 if err is not None and not isinstance(err, ray.exceptions.RayActorError):
                     raise err
-                e._version = max(e._version, v)
-                self._log(("sync", self.now, e.id, v))
+                if err is not None:  # it died: its replacement wakes with (or catches up to) the latest
+                    self._on_engine_dead(e, actor)
+                else:
+                    e._version = max(e._version, v)
+                    self._log(("sync", self.now, e.id, v))
                 left[0] -= 1
                 if left[0] == 0:
                     self.profile["sync"].append(self.now - t0)
@@ -268,11 +288,19 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     # ------------------------------------------------------------------ fault injection
     def kill_engine(self, engine_id: int) -> None:
-        """Kill the actor behind a running engine (tests and benchmarks); the run must survive it."""
+        """Kill the actor behind a running engine (fault injection); the run must survive it. The driver
+        finds it dead through a liveness probe (`ping`), as it would through any other failed call."""
         eng = self._engines.get(engine_id)
         if eng is None or not eng.ready:
             raise ClusterError(f"kill_engine: engine {engine_id} is not running")
-        ray.kill(eng.actor, no_restart=True)
+        actor = eng.actor
+        ray.kill(actor, no_restart=True)
+
+        def probed(_v, err) -> None:
+            if isinstance(err, ray.exceptions.RayActorError):
+                self._on_engine_dead(eng, actor)
+
+        self._submit(actor.ping.remote(), probed)
 
     # ------------------------------------------------------------------ running
     def run(self, policy, steps: int, on_tick: Callable[[RealCluster], None] | None = None) -> Process:
@@ -314,12 +342,17 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     def close(self) -> dict:
         """Put engines still up to sleep (the pool is reused) and collect the engines' profiles."""
-        ray.get([e.actor.sleep.remote() for e in self._engines.values() if e.ready and not e.members])
+        for ref in [e.actor.sleep.remote() for e in self._engines.values() if e.ready and not e.members]:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                pass  # killed and not yet noticed: the pool replaces it below
         try:
             ray.get(self._background)
         except ray.exceptions.RayError:
             pass  # a release sent to an engine that was killed
         self._background = []
+        self.pool.heal()
         profs = ray.get([a.get_profile.remote() for a in self.pool._engines.values()])
         for key in ("prefill", "decode", "load"):
             self.profile["engine_" + key] = [r for p in profs for r in p[key]]

@@ -131,6 +131,8 @@ class ExecutionFlow:
         if eng.actor is not actor or eng.state != "ready":
             return  # already handled
         eng.state = "restarting"
+        eng._version = self._version  # it comes back serving at least this version (see _on_respawned)
+        eng.fault_t = self.now
         self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": sorted(eng.members)}))
         others = [e for e in self._engines.values() if e.ready and e is not eng]
         for ex in sorted(eng.members.values(), key=lambda x: x.id):
@@ -144,9 +146,13 @@ class ExecutionFlow:
             self._drain_queue(e)
             self._resume_lost(e)
         self._busy(eng)
+        self._respawn_engine(eng)
+
+    def _respawn_engine(self, eng: RealEngine) -> None:
+        """A fresh actor on the dead one's GPUs, woken with the latest weights."""
         eng.actor = self.pool.respawn(eng.gpus)
-        v = self._version
-        self._wake(eng, v, lambda dt, err: self._on_respawned(eng, v, err))
+        v, actor = self._version, eng.actor
+        self._wake(eng, v, lambda dt, err: self._on_respawned(eng, actor, v, err))
 
     def _resume_lost(self, eng: RealEngine) -> None:
         for ex in sorted(eng.members.values(), key=lambda x: x.id):
@@ -154,11 +160,33 @@ class ExecutionFlow:
                 ex.lost = False
                 self._issue(ex, ex.inflight)
 
-    def _on_respawned(self, eng: RealEngine, version: int, err) -> None:
+    def _on_respawned(self, eng: RealEngine, actor, version: int, err) -> None:
+        """The replacement woke with `version`; it is ready only once it serves the latest version.
+
+        A step that ended during the restart published a newer version, which `sync` did not send to a
+        restarting engine: it is loaded here first, so a ready engine never serves older weights than the
+        version it reported while restarting (the latest)."""
         if err is not None:
+            if isinstance(err, ray.exceptions.RayActorError) and eng.actor is actor:
+                self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": []}))
+                self._respawn_engine(eng)  # the replacement died too: another one
+                return
             raise ClusterError(f"engine {eng.id}: replacement actor failed to start: {err}")
+        if eng.actor is not actor:
+            return
+        if version < self._version and eng.stop_after_restart is None:
+            v = self._version
+
+            def loaded(_dt, err2) -> None:
+                if err2 is None:
+                    self._log(("sync", self.now, eng.id, v))
+                self._on_respawned(eng, actor, v, err2)
+
+            self._publish([eng], lambda e: loaded)
+            return
         eng.state, eng._version = "ready", version
-        self._log(("note", self.now, "engine_restarted", {"engine": eng.id}))
+        self._log(("note", self.now, "engine_restarted", {"engine": eng.id, "version": version,
+                                                           "recovery_s": self.now - eng.fault_t}))
         if eng.stop_after_restart is not None:
             h, eng.stop_after_restart = eng.stop_after_restart, None
             self._stop(eng, h)

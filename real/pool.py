@@ -200,6 +200,18 @@ class ActorPool:
         self.respawns += 1
         return self._engines[slot]
 
+    def heal(self) -> list[str]:
+        """Replace every dead engine actor (a liveness probe each); returns the replaced ones' names."""
+        dead = []
+        for slot, actor in list(self._engines.items()):
+            try:
+                ray.get(actor.ping.remote())
+            except ray.exceptions.RayActorError:
+                gpus = (slot * self.cfg.gpus_per_engine,)
+                dead.append(self.member(gpus))
+                self.respawn(gpus)
+        return dead
+
     def shutdown(self) -> None:
         for a in [*self._engines.values(), *self.trainers, self.tools]:
             ray.kill(a)
