@@ -19,8 +19,9 @@ half-way through an update. Times in the log are seconds since the cluster was b
 from __future__ import annotations
 
 import heapq
+import shutil
+import tempfile
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from gyre.backend import ClusterBase
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
+from gyre.real.faults import SYNC_TIMEOUT_S, FaultInjector, parse_faults
 from gyre.real.flow import ExecutionFlow
 from gyre.real.task_api import DEFAULT_TASK, load_task
 from gyre.real.train_step import TrainSteps
@@ -55,10 +57,17 @@ class RealClusterConfig:
     normalize_std: bool = True
     seed: int = 0
     max_wall_s: float = 1800.0
-    checkpoint: str | None = None  # trainer checkpoint path: saved every step, resumed from if present
+    checkpoint: str | None = None  # trainer checkpoint path: saved every `checkpoint_every` steps, resumed from
+    # steps between trainer checkpoints (None: 1 with a `checkpoint` path, else none); without a path they go to a
+    # temporary file, used only to rebuild a lost trainer state (with none, that replays every step of the run)
+    checkpoint_every: int | None = None
+    faults: tuple[str, ...] = ()  # injected faults (gyre.real.faults), e.g. ("kill-engine@1.5", "random-engines:3")
     weight_sync: str = "object_store"  # or "collective": a broadcast from the trainer worker of record
 
     def __post_init__(self) -> None:
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
+            raise ValueError(f"RealClusterConfig.checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        parse_faults(self.faults)  # a bad spec is a one-line ValueError
         if self.weight_sync not in WEIGHT_SYNC:
             raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")
 
@@ -86,13 +95,13 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         base = ray.get([t.reset.remote(config.seed) for t in pool.trainers])[0]
         if config.checkpoint and Path(config.checkpoint).exists():
             base = ray.get([t.load.remote(config.checkpoint) for t in pool.trainers])[0]
-        self.base_version = base  # trainer versions count from here in this run
-        self._tv = base  # the trainer's version of record
-        self._record = 0  # the trainer worker (= GPU) holding it
-        self._held = [base] * len(pool.trainers)  # the version each trainer worker holds
-        self._weights = None  # object ref of the latest weights, made when needed
-        self._stepping = False
-        self._steps: deque[Callable[[], None]] = deque()  # steps waiting for the running one
+        every = config.checkpoint_every if config.checkpoint_every is not None else (1 if config.checkpoint else 0)
+        self._tmp = tempfile.mkdtemp(prefix="gyre-ckpt-") if every and not config.checkpoint else None
+        ckpt = config.checkpoint or (str(Path(self._tmp) / "trainer.pt") if self._tmp else None)
+        self._init_steps(base, len(pool.trainers), ckpt, every)
+        self._weights = None  # object ref of the latest weights (kept: engines load it while a trainer recovers)
+        self._weights_ref()
+        self.injector = FaultInjector(parse_faults(config.faults), config.seed)
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ observations
@@ -227,14 +236,9 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         h = Handle(f"train{v}")
         t0 = self.now
 
-        def end(stats, err) -> None:
-            if err is not None:
-                raise ClusterError(f"train: step {v} failed: {err}")
-            self._tv, self._record, self._weights = stats["version"], gpus[0], None
-            for g in gpus:
-                self._held[g] = self._tv
-            if self.cfg.weight_sync == "object_store":
-                self._weights_ref()
+        def end(stats) -> None:
+            self._weights = None
+            self._weights_ref()
             self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
             self._step_done(gpus, stats["tokens"])
             for e in self._engines.values():  # they load this version before they are ready again
@@ -243,15 +247,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
             self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
                                                    "groups_with_signal": signal, "version": self._version}))
             self._deferred.append((h, self._version))
-            self._stepping = False
-            if self._steps:
-                self._steps.popleft()()
 
-        start = lambda: self._start_step(gpus, ray.put(batch), end)  # noqa: E731
-        if self._stepping:
-            self._steps.append(start)
-        else:
-            start()
+        self._enqueue_step(gpus, ray.put(batch), end)
         return h
 
     def sync(self, engines: Sequence[RealEngine]) -> Handle:
@@ -279,12 +276,42 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                     self._deferred.append((h, None))
             return done
 
-        self._publish(todo, one)
+        fault = self.injector.take_sync_fault(self, todo)
+        if fault is not None and fault[0] == "delay":
+            self._call_after(fault[1], lambda: self._publish_each(todo, one, None))
+        else:
+            self._publish_each(todo, one, fault[1] if fault is not None else None)
         return h
 
+    def _publish_each(self, engines: list[RealEngine], one, drop: int | None) -> None:
+        """Send each engine the latest weights; a load without a reply after SYNC_TIMEOUT_S is sent again (the
+        engine `drop` never gets the first message: an injected fault)."""
+        for e in engines:
+            answered, done = [False], one(e)
+
+            def reply(dt, err, answered=answered, done=done) -> None:
+                if not answered[0]:
+                    answered[0] = True
+                    done(dt, err)
+
+            def resend(e=e, answered=answered, reply=reply) -> None:
+                if not answered[0] and self._engines.get(e.id) is e and e.ready:
+                    self._log(("note", self.now, "sync_resent", {"engine": e.id, "version": self._version}))
+                    self._publish([e], lambda _e: reply)
+                    self._call_after(SYNC_TIMEOUT_S, resend)
+                elif not answered[0]:
+                    reply(0.0, None)  # it died or stopped meanwhile: it wakes with the latest
+
+            if e.id != drop:
+                self._publish([e], lambda _e, reply=reply: reply)
+            self._call_after(SYNC_TIMEOUT_S, resend)
+
     def _succeed_after(self, seconds: float, h: Handle) -> None:
+        self._call_after(seconds, lambda: self._deferred.append((h, None)))
+
+    def _call_after(self, seconds: float, fn: Callable[[], None]) -> None:
         self._seq += 1
-        heapq.heappush(self._timers, (self.now + seconds, self._seq, lambda: self._deferred.append((h, None))))
+        heapq.heappush(self._timers, (self.now + seconds, self._seq, fn))
 
     # ------------------------------------------------------------------ fault injection
     def kill_engine(self, engine_id: int) -> None:
@@ -302,14 +329,25 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
         self._submit(actor.ping.remote(), probed)
 
+    def step_in_flight(self) -> tuple[int, ...]:
+        """The GPUs of the training step running now (empty: none)."""
+        return self._steps[0][0] if self._stepping else ()
+
+    def worker_of_record(self) -> int | None:
+        """The trainer worker holding the latest state (None: it is being rebuilt)."""
+        return self._record
+
     # ------------------------------------------------------------------ running
     def run(self, policy, steps: int, on_tick: Callable[[RealCluster], None] | None = None) -> Process:
         """Run `policy` until it returns; raise its error, a deadlock or a wall-clock overrun."""
         proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
+        self.injector.start(steps * self.cfg.groups_per_step * self.cfg.group_size)
         self._drain()
         while not proc.done:
             while self._timers and self._timers[0][0] <= self.now:
                 heapq.heappop(self._timers)[2]()
+            self._drain()
+            self.injector.tick(self)
             self._drain()
             if proc.done:
                 break
@@ -353,6 +391,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
             pass  # a release sent to an engine that was killed
         self._background = []
         self.pool.heal()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
         profs = ray.get([a.get_profile.remote() for a in self.pool._engines.values()])
         for key in ("prefill", "decode", "load"):
             self.profile["engine_" + key] = [r for p in profs for r in p[key]]

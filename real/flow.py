@@ -133,8 +133,9 @@ class ExecutionFlow:
         eng.state = "restarting"
         eng._version = self._version  # it comes back serving at least this version (see _on_respawned)
         eng.fault_t = self.now
-        self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": sorted(eng.members)}))
         others = [e for e in self._engines.values() if e.ready and e is not eng]
+        self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": sorted(eng.members),
+                                                       "moved": len(eng.members) if others else 0}))
         for ex in sorted(eng.members.values(), key=lambda x: x.id):
             lost = ex.phase == Phase.DECODE
             ex.phase = Phase.PREFILL if lost else ex.phase

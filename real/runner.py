@@ -5,7 +5,8 @@ see docs/real.md) -> `run_real` -> `RealResult` -> `write_outputs`, which writes
 (summary.csv/json, steps_<policy>.csv, staleness_<policy>.csv, utilization_<policy>.parquet,
 role_timeline.png, utilization.png) and, for replay and calibration, `trace.jsonl` (gyre.traces.schema),
 `profile.json` (measured engine step, prefill, train, sync and role-switch times) and
-`learning_<policy>.csv` (reward vs step and wall time) and `log_<policy>.jsonl` (the raw event log).
+`learning_<policy>.csv` (reward vs step and wall time) and `log_<policy>.jsonl` (the raw event log). summary.csv
+also says what the run survived (gyre.real.faults.fault_summary, counted from the log).
 
 Simplifications: one policy per run; the actor pool is created on first use and may be passed in to
 reuse warm actors across runs (tests, benchmarks).
@@ -30,6 +31,7 @@ from gyre.nn.model import ModelConfig
 from gyre.real import task as T
 from gyre.real.backend import RealCluster, RealClusterConfig
 from gyre.real.engine_torch import TorchEngineConfig
+from gyre.real.faults import fault_summary
 from gyre.real.pool import ActorPool, PoolConfig
 from gyre.real.trainer import TrainerConfig
 
@@ -232,7 +234,7 @@ def write_outputs(out: str | Path, results: list[RealResult]) -> dict[str, Path]
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    table = pd.DataFrame([{**r.metrics.summary(), "wall_s": r.wall_s} for r in results])
+    table = pd.DataFrame([{**r.metrics.summary(), "wall_s": r.wall_s, **fault_summary(r.log)} for r in results])
     paths = {"summary": out / "summary.csv"}
     table.to_csv(paths["summary"], index=False)
     cfg = results[0].config

@@ -4,10 +4,11 @@
 reference, the worker of record's snapshot, made once per version, that engines load in their `wake` or
 `load_weights` call. "collective": the worker of record broadcasts it to the engines being woken or synced
 over a standalone group (gyre.real.collective), falling back to the object store for an engine whose
-broadcast failed (a peer died) and, on NCCL, for the engine sharing the sender's GPU.
+broadcast failed (a peer died), on NCCL for the engine sharing the sender's GPU, and for every engine while a
+lost trainer worker is replaced (the driver keeps the latest version's object ref for that).
 
 `WeightPublisher` is a mixin of gyre.real.backend.RealCluster and uses its `pool`, `cfg`, `_submit`,
-`_log`, `_version`, `_tv` and `_record`.
+`_log`, `_version`, `_tv`, `_record` and `_store_pending`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from gyre.real.engine_view import RealEngine
 class WeightPublisher:
     def _weights_ref(self):
         """The object ref of the latest weights (the worker of record's snapshot), made once per version."""
-        if self._weights is None:
+        if self._weights is None:  # never None while the state of record is rebuilt (_record None)
             self._weights = self.pool.trainers[self._record].weights.remote(self._tv)
         return self._weights
 
@@ -46,7 +47,7 @@ class WeightPublisher:
     def _publish(self, engines: list[RealEngine], done_for: Callable[[RealEngine], Callable]) -> None:
         """Load the latest version into awake engines; `done_for(e)(seconds, error)` when each has it."""
         pool, v = self.pool, self._version
-        if self.cfg.weight_sync == "object_store":
+        if self.cfg.weight_sync == "object_store" or self._record is None or self._store_pending:
             for e in engines:
                 self._submit(e.actor.load_weights.remote(self._weights_ref(), v), done_for(e))
             return

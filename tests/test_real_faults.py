@@ -61,3 +61,58 @@ def test_engine_killed_while_a_step_trains_serves_the_new_version(pool):
                and f[1] < x[1]), "no step ended during a restart: the window was not exercised"
     mismatch = r.learning()["logp_mismatch"]
     assert mismatch.max() < 1e-5, f"engines did not serve the trainer's weights: {list(mismatch)}"
+
+
+def test_real_cli_flag_set_is_frozen():
+    """gyre-real's surface does not sprawl: run's flags are exactly these."""
+    import typer.main
+
+    from gyre.real.cli import app
+
+    cmd = typer.main.get_command(app)
+    run_flags = {o for p in cmd.commands["run"].params for o in p.opts}
+    assert run_flags == {"--policy", "--preset", "-p", "--config", "-c", "--steps", "--address", "--seed", "--out",
+                         "-o", "--faults", "--checkpoint-every"}, sorted(run_flags)
+
+
+@pytest.mark.parametrize("spec", ["kill-engine", "kill-engine@soon", "random-engines:0", "delay-sync:0@1",
+                                  "explode@1"])
+def test_a_bad_fault_spec_is_one_line(tmp_path, spec):
+    """A fault spec that cannot be read is one line naming the flag and the value, exit 2, before any actor."""
+    from typer.testing import CliRunner
+
+    from gyre.real.cli import app
+
+    res = CliRunner().invoke(app, ["run", "--policy", "async", "--preset", "tiny-test", "--faults", spec,
+                                   "--out", str(tmp_path / "out")])
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert "\n" not in line and f"--faults {spec}:" in line, line
+    assert not (tmp_path / "out").exists(), "nothing written for a refused spec"
+
+
+def test_fault_specs_resolve_from_the_seed():
+    """Random faults are drawn from the run's seed: the same seed gives the same moments, another seed others;
+    fixed faults keep their times."""
+    from gyre.real.faults import FaultInjector, parse_faults
+
+    faults = parse_faults(["random-engines:3", "kill-trainer@4.0", "delay-sync:0.5@2"])
+    assert [f.kind for f in faults] == ["kill-engine"] * 3 + ["kill-trainer", "delay-sync"]
+    a, b, c = (FaultInjector(faults, s).pending for s in (7, 7, 8))
+    assert a == b and a != c, "random moments not a function of the seed"
+    assert all(0 <= f.at_progress <= 1 and 0 <= f.delay_s <= 1 for f in a[:3]), a
+    assert a[3].at_s == 4.0 and a[4].sync_delay_s == 0.5 and a[4].at_s == 2.0
+
+
+def test_fault_summary_counts_from_the_log():
+    """Lost and duplicated executions are counted from the records, not assumed."""
+    from gyre.real.faults import fault_summary
+
+    log = [("admit", 0.0, 1, 0), ("admit", 0.0, 2, 0), ("admit", 0.0, 3, 0), ("start", 0.1, 1, 0),
+           ("start", 0.1, 2, 0), ("start", 0.2, 2, 1), ("note", 0.5, "fault", {"fault": "kill-engine"}),
+           ("note", 0.5, "engine_fault", {"engine": 0, "executions": [1, 2], "moved": 2}),
+           ("note", 2.0, "engine_restarted", {"engine": 0, "version": 0, "recovery_s": 1.5}),
+           ("finish", 1.0, 1, 0, 5), ("finish", 1.0, 2, 0, 5), ("trained", 3.0, 1, 0, 1, 0),
+           ("trained", 3.0, 2, 0, 1, 0)]
+    assert fault_summary(log) == {"faults": 1, "executions_moved": 2, "respawns": 1, "recovery_s_max": 1.5,
+                                  "executions_lost": 1, "executions_duplicated": 1}
