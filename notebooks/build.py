@@ -266,7 +266,8 @@ print(f"{trace.n_executions} requests in {len(trace.groups)} groups; "
 
 `calibrate` fits each quantity with a `TailDist`: the empirical body below a threshold `u`, a
 generalized Pareto tail above it (shape `xi`; `xi > 0` is a heavy, power-law tail), and a point mass at
-the length cap if the trace has one. It also looks for drift across steps and per-task difficulty (none
+the length cap if the trace has one; when the Pareto tail predicts the end of the fitted data worse
+than the data's own tail (or has no finite mean), the empirical tail is kept instead. It also looks for drift across steps and per-task difficulty (none
 here: requests are not tasks). The fit is judged against many draws from the calibrated workload.
 """),
     ("code", """
@@ -276,16 +277,20 @@ r = cw.report
 length = cw.dists["length"]
 print(f"fitted {r['fitted']} executions, held out {r['held_out']}; length = {r['scale_target']} tokens, "
       f"cap {r['cap']}, drift/step {r['drift_per_step']:+.4f}")
-print(f"tail: threshold u = {length.u}, GPD shape xi = {length.xi:.3f}, mass at cap {length.p_cap:.4f}")
+print(f"drift: {r['drift']['chosen']} ({r['drift']['why']})")
+for name, t in r["tails"].items():
+    print(f"{name} tail:", t.get("note") or f"GPD above u = {t['u']:g}, shape xi = {t['xi']:.3f}", f"(clamped at {t['clamp']:.0f})")
 """),
     ("md", """
 ### Fit quality on the held-out 30%
 
 KS distance and Wasserstein (relative to the mean) judge the whole distribution; the p99 error and the
-error of the *maximum over K* draws (K = one batch) judge the tail, which is what a batch waits for.
+errors of the median and the mean of the *maximum over K* draws (K = one batch, at most the held-out
+count) judge the tail, which is what a batch waits for.
 """),
     ("code", """
-cols = ["n_test", "ks_d", "wasserstein_rel", "p50_err", "p90_err", "p99_err", "maxk_model", "maxk_test", "maxk_err"]
+cols = ["n_test", "k", "ks_d", "wasserstein_rel", "p50_err", "p99_err", "maxk_err", "maxk_mean_model", "maxk_mean_test",
+        "maxk_mean_err"]
 pd.DataFrame(r["quality"]).T[cols]
 """),
     ("md", """

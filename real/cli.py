@@ -97,6 +97,13 @@ def run(
         check_params({p: cfg.policy_params[p] for p in policy if p in cfg.policy_params})
     except UnknownPolicy as exc:
         fail(f"{config or preset}: {exc}")
+    if cfg.cluster.checkpoint and Path(cfg.cluster.checkpoint).exists():  # resumed from: read as data only
+        from gyre.real.trainer import CheckpointError, read_checkpoint
+
+        try:
+            read_checkpoint(cfg.cluster.checkpoint, cfg.pool.model, mmap=True)
+        except CheckpointError as exc:
+            fail(str(exc))
     try:
         load_task(cfg.cluster.task_class, cfg.cluster.task, cfg.cluster.seed)
     except TaskError as exc:

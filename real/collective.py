@@ -4,8 +4,9 @@ What it models: the communication of a run whose membership keeps changing. A tr
 trainer workers of whichever GPUs the policy gave it; weights go from the trainer worker of record to
 whichever engines are up; a killed engine comes back as a new process. So no process ever joins
 torch.distributed's global default group: every group is a standalone backend (`ProcessGroupGloo` on CPU
-tensors, `ProcessGroupNCCL` on CUDA tensors) built on one `TCPStore` (served by trainer worker 0) under a
-prefix unique to that group instance, and cached by name in each member process (`Comm`).
+tensors, `ProcessGroupNCCL` on CUDA tensors) built on one `TCPStore` (served by trainer worker 0, listening
+on loopback in a local run and on its node's cluster address otherwise; no authentication) under a prefix
+unique to that group instance, and cached by name in each member process (`Comm`).
 
 The driver names groups by membership (`GroupBook`): the same members reuse the same group; an engine's
 respawn is a new member, so it gets fresh groups, and every group that held the dead one is dropped by its
@@ -17,13 +18,17 @@ orders are all restrictions of one global order and no two members can wait on e
 Weights travel in buckets of one dtype each (at most `bucket_bytes`), cut from the sender's `layout` (names,
 shapes, dtypes) that rides on the spec, so a receiver allocates its buffers without knowing the model.
 
-Simplifications: gloo uses its default network device (set GLOO_SOCKET_IFNAME on multi-homed nodes); a
+Simplifications: gloo's pairs listen on loopback in a local run, on gloo's default network device in a
+cluster run (set GLOO_SOCKET_IFNAME on multi-homed nodes), NCCL on its own choice (NCCL_SOCKET_IFNAME); a
 member that dies before a new group's rendezvous stalls the others until `timeout_s`, then the driver falls
 back to the object store; NCCL cannot hold two ranks on one GPU (see `plan_broadcast`).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import socket
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
@@ -73,13 +78,35 @@ def buckets(layout: Layout, bucket_bytes: int) -> list[list[int]]:
     return out
 
 
-def serve_store(timeout_s: float) -> tuple[str, int]:
-    """Start the master TCPStore in this process (kept for its lifetime); returns (node ip, port)."""
-    import ray
+def serve_store(timeout_s: float, local: bool) -> tuple[str, int]:
+    """Start the master TCPStore in this process (kept for its lifetime); returns (address, port).
 
+    It listens on one address: loopback in a `local` run (every member is on this machine), else this node's
+    cluster address, the one Ray reports. torch's store server listens on every interface whatever host it is
+    given, so the listening socket is made here, bound to that address, and handed to the store."""
     global _MASTER
-    _MASTER = TCPStore("0.0.0.0", 0, None, True, timedelta(seconds=timeout_s), wait_for_workers=False)
-    return ray.util.get_node_ip_address(), _MASTER.port
+    if local:
+        host = "127.0.0.1"
+    else:
+        import ray
+
+        host = ray.util.get_node_ip_address()
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    fd = sock.detach()  # the store owns the socket from here
+    try:
+        _MASTER = TCPStore(host, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False,
+                           master_listen_fd=fd, use_libuv=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return host, port
 
 
 _MASTER: TCPStore | None = None  # the store served by this process, if any (held so it stays up)
@@ -138,7 +165,7 @@ class Comm:
                 opts._timeout = timeout
                 pg = ProcessGroupNCCL(store, spec["rank"], spec["size"], opts)
             else:
-                pg = ProcessGroupGloo(store, spec["rank"], spec["size"], timeout)
+                pg = ProcessGroupGloo(store, spec["rank"], spec["size"], _gloo_options(spec["store"][0], timeout))
             self.groups[spec["name"]] = pg
             return pg
 
@@ -156,6 +183,18 @@ class Comm:
                 pg.shutdown()
             except RuntimeError:
                 pass  # a peer is already gone
+
+
+def _gloo_options(store_host: str, timeout: timedelta) -> ProcessGroupGloo._Options:
+    """A gloo group's options: its pairs listen on loopback when the store does (a local run), else on gloo's
+    default device (GLOO_SOCKET_IFNAME, or the address the host name resolves to)."""
+    opts = ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    if ipaddress.ip_address(store_host).is_loopback:
+        opts._devices = [ProcessGroupGloo.create_device(hostname=store_host)]
+    else:
+        opts._devices = [ProcessGroupGloo.create_default_device()]
+    return opts
 
 
 def _bcast(pg, t: torch.Tensor) -> None:

@@ -139,7 +139,9 @@ class ActorPool:
                          for s in range(cfg.n_gpus // k)] if k > 1 else []
         for slot in range(cfg.n_gpus // k):  # start every engine process now, in parallel
             self._engines[slot] = self._spawn(slot)
-        store = ray.get(self.trainers[0].serve_store.remote(cfg.collective.timeout_s))
+        # a local Ray of one node: every member is on this machine, so the weight-sync store listens on loopback
+        local = not cfg.address and sum(n["Alive"] for n in ray.nodes()) == 1
+        store = ray.get(self.trainers[0].serve_store.remote(cfg.collective.timeout_s, local=local))
         self.book = GroupBook(store, cfg.collective, ray.get(self.trainers[0].layout.remote()))
         ray.get([e.ping.remote() for e in self._engines.values()] + [t.ping.remote() for t in self.trainers]
                 + [self.tools.ping.remote()])

@@ -15,7 +15,8 @@ starts from random weights (`reset(seed)`), or from a Llama model directory (`in
 Weights leave a worker two ways (`RealClusterConfig.weight_sync`): `weights(version)` returns the CPU
 snapshot of a published version for the Ray object store, or `send_weights(spec, version)` broadcasts it to
 engines over a standalone group. Both run in the "sync" concurrency group and read snapshots, so they never
-wait for, nor see half of, a step running meanwhile. `save`/`load` checkpoint model, optimizer and version.
+wait for, nor see half of, a step running meanwhile. `save`/`load` checkpoint model, optimizer and version:
+tensors, numbers and plain dicts, read back as data only (`read_checkpoint`), so a checkpoint cannot run code.
 
 Simplifications: data parallelism only (no tensor or pipeline parallelism, every rank holds the whole
 model and optimizer); `epochs` optimizer steps per batch; gradient norm clipped at 1; the last 3 published
@@ -25,6 +26,7 @@ versions are kept.
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +42,7 @@ from gyre.trajectory import PackConfig, build_packs
 from gyre.trajectory.torch_ops import LossConfig, packed_loss
 
 KEEP_PUBLISHED = 3
+CHECKPOINT_KEYS = ("model", "opt", "version", "model_config")  # what `save` writes
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -123,8 +126,8 @@ class Trainer:
     def layout(self) -> C.Layout:
         return C.layout_of(self.model.state_dict())
 
-    def serve_store(self, timeout_s: float) -> tuple[str, int]:
-        return C.serve_store(timeout_s)
+    def serve_store(self, timeout_s: float, local: bool) -> tuple[str, int]:
+        return C.serve_store(timeout_s, local)
 
     def ping(self) -> int:
         return self.version
@@ -247,8 +250,37 @@ class Trainer:
         return str(p)
 
     def load(self, path: str) -> int:
-        state = torch.load(path, weights_only=False, map_location=self.device)
-        if state["model_config"] != asdict(self.model_config):
-            raise ValueError(f"checkpoint {path} is for model {state['model_config']}, not {asdict(self.model_config)}")
-        self._set_state(state)
+        """Take model, optimizer and version from a checkpoint `save` wrote (read as data only: read_checkpoint)."""
+        self._set_state(read_checkpoint(path, self.model_config, map_location=self.device))
         return self.version
+
+
+class CheckpointError(ValueError):
+    """A trainer checkpoint refused: it needs more than data to load, cannot be read, or is of another model."""
+
+
+def read_checkpoint(path: str | Path, model_config: ModelConfig, *, map_location: str | torch.device = "cpu",
+                    mmap: bool = False) -> dict:
+    """The state a trainer checkpoint holds (model, opt, version, model_config), unpickled as data only: tensors,
+    numbers, strings and plain containers. A file that needs anything more (a pickled class or callable) is
+    refused before any of it runs; `mmap`: map the tensors instead of reading them (a cheap check)."""
+    try:
+        state = torch.load(path, weights_only=True, map_location=map_location, mmap=mmap)
+    except pickle.UnpicklingError as exc:  # the data-only unpickler stopped: say at what
+        tail = str(exc).partition("WeightsUnpickler error:")[2]
+        why = next((ln.strip() for ln in tail.splitlines() if ln.strip()), "").partition(" was not an allowed")[0]
+        if "global" in why:  # a class or callable: something that runs code
+            raise CheckpointError(f"checkpoint {path}: refused, it needs more than tensors, numbers and plain "
+                                  f"containers to load ({why}); load only checkpoints a gyre trainer wrote") from None
+        raise CheckpointError(f"checkpoint {path}: cannot be read as a torch checkpoint ({why or 'unpickling failed'})"
+                              ) from None
+    except Exception as exc:  # torch.load's failures on a file that is not a checkpoint are many kinds
+        msg = str(exc).splitlines()[0] if str(exc) else ""
+        raise CheckpointError(f"checkpoint {path}: cannot be read as a torch checkpoint "
+                              f"({type(exc).__name__}: {msg[:200]})") from None
+    missing = [k for k in CHECKPOINT_KEYS if k not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
+    if missing:
+        raise CheckpointError(f"checkpoint {path}: not a gyre trainer checkpoint (no {', '.join(missing)})")
+    if state["model_config"] != asdict(model_config):
+        raise CheckpointError(f"checkpoint {path} is for model {state['model_config']}, not {asdict(model_config)}")
+    return state

@@ -124,22 +124,31 @@ def compare(
                   f"{paths['gpu_hours'].name} in {out}/")
 
 
+def _duration(s: float) -> str:
+    """'2.31 h', '12.4 min' or '41.0 s' (a sub-hour run does not print as 0.00 h)."""
+    return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.1f} s"
+
+
+def _ratio(r, key: str) -> str:
+    v = r.get(key, float("nan"))
+    return "-" if v != v else f"{v:.2f}x"  # NaN: that policy was not run
+
+
 def _print_table(table, title: str) -> None:
     t = Table(title=title)
     bases = baselines()
-    cols = ["policy", "config", "makespan_h", *(f"vs {b}" for b in bases), "utilization", "vs bound", "vs eta-bound",
+    cols = ["policy", "config", "makespan", *(f"vs {b}" for b in bases), "utilization", "vs bound", "vs eta-bound",
             "stale max", "migrations"]
     for c in cols:
         t.add_column(c, justify="right" if c not in ("policy", "config") else "left")
     for _, r in table.iterrows():
         t.add_row(
-            r["policy"], r["config"], f"{r['makespan_s'] / 3600:.2f}",
-            *(f"{r.get(f'speedup_vs_{b}', float('nan')):.2f}x" for b in bases),
+            r["policy"], r["config"], _duration(r["makespan_s"]), *(_ratio(r, f"speedup_vs_{b}") for b in bases),
             f"{r['utilization']:.1%}", f"{r['vs_bound']:.2f}x", f"{r['vs_eta_bound']:.2f}x", str(r["staleness_max"]),
             str(r["migrations"]),
         )
     console.print(t)
-    console.print(f"lower bound: {table['bound_s'].iloc[0] / 3600:.2f} h (max of GPU-work / N and critical path); "
+    console.print(f"lower bound: {_duration(table['bound_s'].iloc[0])} (max of GPU-work / N and critical path); "
                   "eta-bound: also no faster than the staleness chain allows at the policy's own eta")
 
 

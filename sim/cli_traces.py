@@ -19,41 +19,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from gyre.traces.calibrate import CalibrateOptions, base_config, calibrate, fit_figures, quantities
+from gyre.gc_pause import no_gc
+from gyre.traces.calibrate import DRIFT_MODES, CalibrateOptions, base_config, calibrate, fit_figures, quantities
 from gyre.traces.calibrated import CalibratedSource, load_workload
-from gyre.traces.readers import Grouping, RequestFields, SessionFields, read_request_csv, read_request_jsonl, read_sessions, sniff
-from gyre.traces.schema import Outcome, Trace, TraceError, read_trace, write_trace
+from gyre.traces.formats import FORMATS, FieldNames, load_trace
+from gyre.traces.readers import TIME_UNITS, Grouping
+from gyre.traces.schema import Outcome, Trace, TraceError, write_trace
 from gyre.workload import ReplaySource
 
-FORMATS = ("auto", "rollout", "sessions", "requests-csv", "requests-jsonl")
-
-
-def load_trace(path: Path, fmt: str = "auto", *, skip_bad: bool = False, grouping: Grouping = Grouping(),
-               time_field: str | None = None, input_field: str | None = None, output_field: str | None = None) -> Trace:
-    """Read any supported trace format (sniffed when fmt is 'auto')."""
-    if fmt not in FORMATS:
-        raise TraceError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
-    fmt = sniff(path) if fmt == "auto" else fmt
-    if fmt == "rollout":
-        return read_trace(path, skip_bad=skip_bad)
-    if fmt == "sessions":
-        sf = SessionFields(**{k: v for k, v in (("time", time_field), ("input", input_field),
-                                                ("output", output_field)) if v is not None})
-        return read_sessions(path, fields=sf, grouping=grouping, skip_bad=skip_bad)
-    default = RequestFields() if fmt == "requests-csv" else RequestFields(time="timestamp", input="input_length",
-                                                                           output="output_length")
-    rf = RequestFields(time=default.time if time_field is None else time_field, input=input_field or default.input,
-                       output=output_field or default.output)
-    reader = read_request_csv if fmt == "requests-csv" else read_request_jsonl
-    return reader(path, fields=rf, grouping=grouping, skip_bad=skip_bad)
-
-
-def replay_source(path: str, fmt: str, skip_bad: bool, grouping: Grouping, fields: tuple) -> ReplaySource:
+def replay_source(path: str, fmt: str, skip_bad: bool, grouping: Grouping, names: FieldNames) -> ReplaySource:
     """A picklable source factory for worker processes: each re-reads the trace (cheap to ship)."""
     import gc
 
-    tr = load_trace(Path(path), fmt, skip_bad=skip_bad, grouping=grouping, time_field=fields[0],
-                    input_field=fields[1], output_field=fields[2])
+    tr = load_trace(Path(path), fmt, names=names, skip_bad=skip_bad, grouping=grouping)
     gc.freeze()  # the trace lives for the whole run: keep the collector from rescanning it
     return ReplaySource(tr.groups, trace_workload(tr))
 
@@ -92,9 +70,11 @@ def write_run_trace(result, path: Path, preset: str | None = None) -> int:
 
 
 def _fail(exc: Exception) -> None:
+    from rich.markup import escape
+
     from gyre.sim.cli import fail
 
-    fail(str(exc))
+    fail(escape(str(exc)))  # a record's text (e.g. "[1, 2]") is not console markup
 
 
 TraceArg = Annotated[Path, typer.Argument(help="trace file: rollout JSONL, session JSONL, request CSV/JSONL")]
@@ -105,21 +85,71 @@ GroupsPerStep = Annotated[int, typer.Option("--groups-per-step", help="groups pe
 TimeF = Annotated[Optional[str], typer.Option("--time-field", help="timestamp column/field ('' for none)")]
 InF = Annotated[Optional[str], typer.Option("--input-field", help="context/input tokens column/field")]
 OutF = Annotated[Optional[str], typer.Option("--output-field", help="generated/output tokens column/field")]
+SessF = Annotated[Optional[str], typer.Option("--sessions-field", help="a session's list of sub-requests")]
+ToolF = Annotated[Optional[str], typer.Option("--tool-field", help="a sub-request's tool duration field")]
+TimeU = Annotated[str, typer.Option("--time-unit", help=f"unit of numeric timestamps: {', '.join(TIME_UNITS)}")]
+ToolU = Annotated[str, typer.Option("--tool-unit", help=f"unit of tool durations: {', '.join(TIME_UNITS)}")]
 
 
-def _load(trace, fmt, skip_bad, group_size, groups_per_step, time_field, input_field, output_field, cap=None):
+def _load(trace, fmt, skip_bad, group_size, groups_per_step, names: FieldNames, cap=None):
     from gyre.sim.cli import console
 
     try:
         g = Grouping(group_size=group_size, groups_per_step=groups_per_step, cap=cap)
-        tr = load_trace(trace, fmt, skip_bad=skip_bad, grouping=g, time_field=time_field, input_field=input_field,
-                        output_field=output_field)
+        tr = load_trace(trace, fmt, names=names, skip_bad=skip_bad, grouping=g)
     except (TraceError, OSError) as exc:
         _fail(exc)
         raise
     if skip_bad:
         console.print(tr.skip_summary(), highlight=False)
     return tr, g
+
+
+def _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit) -> FieldNames:
+    try:
+        n = FieldNames(time=time_field, input=input_field, output=output_field, sessions=sessions_field,
+                       tool=tool_field, time_unit=time_unit, tool_unit=tool_unit)
+        n.session(), n.requests("requests-jsonl")  # validates the units
+    except TraceError as exc:
+        _fail(exc)
+        raise
+    return n
+
+
+def _pct(m: dict, key: str) -> str:
+    return f"{m[key]:.1%}" if key in m else "-"
+
+
+def print_report(r: dict) -> None:
+    """The calibration summary: drift decision, tails, and the held-out fit table (or why there is none)."""
+    from rich.table import Table
+
+    from gyre.sim.cli import console
+
+    d = r.get("drift", {})
+    console.print(f"{r['trace']}: {r['executions']} executions, fitted {r['fitted']}, held out {r['held_out']}; "
+                  f"length = {r['scale_target']}, cap {r['cap']}, difficulty sigma {r['difficulty_sigma']:.3f}, "
+                  f"drift/step {r['drift_per_step']:+.4f} ({d.get('why', '')})", highlight=False)
+    for name, t in r.get("tails", {}).items():
+        shape = f"GPD above {t['u']:g} (xi {t['xi']:.3f}, {t['p_tail']:.1%} of values)" if t.get("xi") is not None \
+            else ("empirical tail" if t["kind"] == "tail" else "log-normal mixture")
+        clamp = f", clamped at {t['clamp']:.0f}" if t.get("clamp") is not None else ""
+        note = f"; {t['note']}" if t.get("note") else ""
+        console.print(f"  {name}: {shape}{clamp}{note}", highlight=False)
+    if not r.get("quality"):
+        console.print(f"no held-out data (--split {r['split']}): fit quality not measured", highlight=False)
+        return
+    t = Table(title="held-out fit quality (max-K: the max of K draws, K = min(batch size, held-out count))")
+    cols = ["quantity", "n", "K", "KS D", "W1/mean", "p50 err", "p90 err", "p99 err", "max-K median err",
+            "max-K mean err", "max-K mean model/test"]
+    for c in cols:
+        t.add_column(c, justify="left" if c == "quantity" else "right")
+    for name, m in r["quality"].items():
+        t.add_row(name, f"{m['n_test']:.0f}", f"{m['k']:.0f}", f"{m['ks_d']:.4f}", f"{m['wasserstein_rel']:.3f}",
+                  _pct(m, "p50_err"), _pct(m, "p90_err"), _pct(m, "p99_err"), _pct(m, "maxk_err"),
+                  _pct(m, "maxk_mean_err"), f"{m.get('maxk_mean_model', float('nan')):.4g}/"
+                                            f"{m.get('maxk_mean_test', float('nan')):.4g}")
+    console.print(t)
 
 
 def calibrate_cmd(
@@ -131,36 +161,28 @@ def calibrate_cmd(
     k: Annotated[Optional[int], typer.Option("--k", help="K of 'max over K' (default: batch size)")] = None,
     figures: Annotated[Optional[Path], typer.Option("--figures", help="folder for CDF/QQ figures")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    drift: Annotated[str, typer.Option("--drift", help=f"length drift over steps: {', '.join(DRIFT_MODES)} (auto: "
+                                                       "kept only where it improves the held-out fit; off for "
+                                                       "request/session traces)")] = "auto",
     skip_bad: SkipBad = False, group_size: GroupSize = 8, groups_per_step: GroupsPerStep = 64,
-    time_field: TimeF = None, input_field: InF = None, output_field: OutF = None,
+    time_field: TimeF = None, input_field: InF = None, output_field: OutF = None, sessions_field: SessF = None,
+    tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns",
 ) -> None:
     """Fit a workload (empirical body + GPD tail + cap mass, difficulty, drift) to a trace; report held-out fit."""
-    from rich.table import Table
-
     from gyre.sim.cli import console
 
-    tr, _ = _load(trace, fmt, skip_bad, group_size, groups_per_step, time_field, input_field, output_field, cap)
+    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
+    tr, _ = _load(trace, fmt, skip_bad, group_size, groups_per_step, names, cap)
     try:
-        cw = calibrate(tr, CalibrateOptions(split=split, cap=cap, k=k, seed=seed))
+        opts = CalibrateOptions(split=split, cap=cap, k=k, seed=seed, drift=drift)
+        cw = calibrate(tr, opts)
     except (TraceError, ValueError) as exc:
         _fail(exc)
         raise
     cw.save(out)
-    r = cw.report
-    console.print(f"{tr.path}: {r['executions']} executions, fitted {r['fitted']}, held out {r['held_out']}; "
-                  f"length = {r['scale_target']}, cap {r['cap']}, difficulty sigma {r['difficulty_sigma']:.3f}, "
-                  f"drift/step {r['drift_per_step']:+.4f}", highlight=False)
-    t = Table(title=f"held-out fit quality (K = {r['k']})")
-    cols = ["quantity", "n", "KS D", "W1", "W1/mean", "p50 err", "p90 err", "p99 err", "max-K err", "max-K model/test"]
-    for c in cols:
-        t.add_column(c, justify="left" if c == "quantity" else "right")
-    for name, m in r.get("quality", {}).items():
-        t.add_row(name, f"{m['n_test']:.0f}", f"{m['ks_d']:.4f}", f"{m['wasserstein']:.4g}", f"{m['wasserstein_rel']:.3f}",
-                  f"{m['p50_err']:.1%}", f"{m['p90_err']:.1%}", f"{m['p99_err']:.1%}", f"{m['maxk_err']:.1%}",
-                  f"{m['maxk_model']:.4g}/{m['maxk_test']:.4g}")
-    console.print(t)
-    if figures is not None and r.get("quality"):
-        paths = fit_figures(cw, tr, figures, CalibrateOptions(split=split, cap=cap, k=k, seed=seed))
+    print_report(cw.report)
+    if figures is not None and cw.report.get("quality"):
+        paths = fit_figures(cw, tr, figures, opts)
         console.print(f"wrote {', '.join(p.name for p in paths)} in {figures}/")
     console.print(f"wrote {out}")
 
@@ -173,9 +195,16 @@ def replay_cmd(
     steps: Annotated[Optional[int], typer.Option("--steps", help="steps (default: all whole batches)")] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="results folder")] = Path("out/replay"),
     fmt: Fmt = "auto", skip_bad: SkipBad = False, group_size: GroupSize = 8, groups_per_step: GroupsPerStep = 64,
-    time_field: TimeF = None, input_field: InF = None, output_field: OutF = None,
+    time_field: TimeF = None, input_field: InF = None, output_field: OutF = None, sessions_field: SessF = None,
+    tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns",
 ) -> None:
     """Replay a trace's executions exactly (not resampled) through policies; same comparison as `compare`."""
+    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
+    with no_gc():  # a million executions and their run's log live to the end: see gyre.gc_pause
+        _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names)
+
+
+def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names) -> None:
     from dataclasses import replace
 
     from gyre.config import ConfigError, override
@@ -184,7 +213,7 @@ def replay_cmd(
     from gyre.sim.cli import _print_table, console
     from gyre.sim.compare import best_per_policy, candidates, comparison_table, run_candidates, write_outputs
 
-    tr, g = _load(trace, fmt, skip_bad, group_size, groups_per_step, time_field, input_field, output_field)
+    tr, g = _load(trace, fmt, skip_bad, group_size, groups_per_step, names)
     w = trace_workload(tr)
     whole = len(tr.groups) // w.groups_per_step
     try:
@@ -208,7 +237,7 @@ def replay_cmd(
         def factory():
             return ReplaySource(tr.groups, w)
     else:  # worker processes re-read the trace (cheaper than shipping a million specs to each)
-        factory = functools.partial(replay_source, str(trace), fmt, skip_bad, g, (time_field, input_field, output_field))
+        factory = functools.partial(replay_source, str(trace), fmt, skip_bad, g, names)
     try:
         results = run_candidates(cfg, cands, source_factory=factory)
     except (ValueError, IndexError) as exc:

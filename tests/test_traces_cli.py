@@ -32,9 +32,70 @@ def test_run_trace_out_then_replay_same_makespan(tmp_path):
     assert r.exit_code == 0, r.output
     got = json.loads((tmp_path / "rep" / "summary.json").read_text())["results"][0]["makespan_s"]
     assert got == made, f"replayed makespan {got} != recorded {made}"
+    assert "nan" not in r.output and "0.00 h" not in r.output, f"no NaN for a policy not run, no 0.00 h: {r.output}"
+    unit = "h" if made >= 3600 else "min" if made >= 60 else "s"
+    assert f" {unit} " in r.output, f"the makespan {made} s is printed in {unit}: {r.output}"
     r = runner.invoke(app, ["calibrate", str(trace), "-o", str(w), "--split", "0.5"])
     assert r.exit_code == 0 and w.exists(), r.output
     r = runner.invoke(app, ["run", "--preset", "short-math", "--steps", "1", "--workload", str(w),
                             "--out", str(tmp_path / "cal")])
     assert r.exit_code == 0, r.output
     assert "calibrated" in r.output, "the run uses the calibrated workload"
+
+
+def test_calibrate_and_replay_flag_sets_are_frozen():
+    """calibrate and replay take exactly these flags (the trace-reading ones are shared)."""
+    import typer.main
+
+    cmd = typer.main.get_command(app)
+    reading = {"--format", "--skip-bad", "--group-size", "--groups-per-step", "--time-field", "--input-field",
+               "--output-field", "--sessions-field", "--tool-field", "--time-unit", "--tool-unit"}
+    cal = {o for p in cmd.commands["calibrate"].params for o in p.opts if o.startswith("-")}
+    assert cal == reading | {"--out", "-o", "--split", "--cap", "--k", "--figures", "--seed", "--drift"}, sorted(cal)
+    rep = {o for p in cmd.commands["replay"].params for o in p.opts if o.startswith("-")}
+    assert rep == reading | {"--policy", "--preset", "-p", "--gpus", "--steps", "--out", "-o"}, sorted(rep)
+
+
+def _requests(path, n=400):
+    rows = ({"timestamp": i, "input_length": 100 + 7 * (i % 13), "output_length": 5 + i % 17} for i in range(n))
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_calibrate_report_lines(tmp_path):
+    """The report names the drift decision and the max-of-K median and mean; --split 1.0 says nothing is held out."""
+    p = _requests(tmp_path / "r.jsonl")
+    r = runner.invoke(app, ["calibrate", str(p), "-o", str(tmp_path / "w.json")])
+    assert r.exit_code == 0, r.output
+    out = r.output.replace("\n", " ")
+    assert "windows of arrivals" in out and "max-K mean" in out and "max-K median" in out, r.output
+    assert "Warning" not in r.output and "nan" not in r.output, r.output
+    r = runner.invoke(app, ["calibrate", str(p), "-o", str(tmp_path / "w.json"), "--split", "1.0"])
+    assert r.exit_code == 0 and "no held-out data (--split 1.0)" in r.output, r.output
+    assert "KS D" not in r.output, "no empty table"
+
+
+def test_calibrate_bad_options_exit_2(tmp_path):
+    """An unknown drift mode or time unit, or a wrong --format, is one line and exit code 2."""
+    p = _requests(tmp_path / "r.jsonl", 20)
+    for args, needle in ((["--drift", "sometimes"], "unknown drift mode 'sometimes'"),
+                         (["--time-unit", "fortnight"], "unknown time unit 'fortnight'"),
+                         (["--format", "sessions"], "(read as sessions, given with --format)")):
+        r = runner.invoke(app, ["calibrate", str(p), "-o", str(tmp_path / "w.json"), *args])
+        assert r.exit_code == 2 and needle in r.output.replace("\n", ""), (args, r.output)
+        assert "Traceback" not in r.output, r.output
+
+
+def test_sessions_options_on_the_command_line(tmp_path):
+    """--sessions-field, --tool-field, --tool-unit and --time-unit read a session trace named otherwise."""
+    p = tmp_path / "s.jsonl"
+    lines = [json.dumps({"t": i * 10**9, "calls": [{"input_toks": 100, "output_toks": 5 + i % 7, "wait_ms": 250},
+                                                   {"input_toks": 130, "output_toks": 3}]}) for i in range(300)]
+    p.write_text("\n".join(lines) + "\n")
+    r = runner.invoke(app, ["calibrate", str(p), "-o", str(tmp_path / "w.json"), "--format", "sessions",
+                            "--sessions-field", "calls", "--tool-field", "wait_ms", "--tool-unit", "ms",
+                            "--time-field", "t", "--time-unit", "ns"])
+    assert r.exit_code == 0, r.output
+    w = json.loads((tmp_path / "w.json").read_text())
+    assert w["dists"]["tool_s"]["floor"] == 0.25, "the shortest tool time seen is 250 ms = 0.25 s"
+    assert w["report"]["executions"] == 300, "every session read"

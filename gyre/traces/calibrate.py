@@ -3,8 +3,14 @@
 The trace's groups are in time (issue) order; the first `split` of its executions (cut at a group
 boundary) are fitted, the rest held out. On the fitted part:
 
-1. drift: least squares of log-length on step; kept only when |slope| > 2 standard errors
-   (otherwise noise would be extrapolated); drift_per_step = exp(slope) - 1;
+1. drift (`drift`: "auto", "off" or "linear"): least squares of log-length on step,
+   drift_per_step = exp(slope) - 1. "linear" keeps the fitted slope; "off" none; "auto" treats it as
+   a model choice made on held-out data: the slope is fitted on the first 75% of the fitted part
+   (and must exceed 2 standard errors), and kept only if de-drifting makes the last 25% closer (KS D
+   of log-length) to the first 75% than pooling does; it is then refitted on the whole fitted part.
+   "auto" is off for foreign traces (request and session traces), whose steps are windows of
+   arrivals, not training steps. The drift factor is held inside the range of window levels the
+   fit saw (median per window of steps over the base median), so it is never extrapolated;
 2. per-task difficulty: a random-effects (method of moments) split of the de-drifted log-length
    into between-group and within-group variance; difficulty_sigma = sqrt(max(0, between - within/n));
 3. lengths are divided by their drift factor and shrunken group effect, then each quantity gets a
@@ -12,6 +18,10 @@ boundary) are fitted, the rest held out. On the fitted part:
 
 The held-out part is compared with groups drawn from the calibrated source for the same steps
 (`MODEL_DRAWS` executions at least): per quantity, fit.fit_quality with K = the batch size.
+
+Every token-count distribution is clamped at the context window (no draw exceeds it), the length
+also at its cap; a tail whose GPD shape has no finite mean falls back to the empirical tail (fit.py),
+and the report says which.
 
 Simplifications: difficulty and drift act on the length only; segments of different executions
 are pooled; the cap is read from the trace (max_turns of a rollout trace) or given.
@@ -21,6 +31,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import chain
+from operator import attrgetter
 
 import numpy as np
 
@@ -31,6 +43,7 @@ from gyre.workload import GroupSpec, LogNormal, WorkloadConfig
 
 MODEL_DRAWS = 400_000
 MIN_MODEL_DRAWS = 20_000
+DRIFT_MODES = ("auto", "off", "linear")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,39 +53,89 @@ class CalibrateOptions:
     k: int | None = None  # the K of "max over K"; None: the batch size
     seed: int = 0
     model_draws: int = MODEL_DRAWS  # model segments drawn for the held-out comparison (at least)
+    drift: str = "auto"  # one of DRIFT_MODES
 
     def __post_init__(self) -> None:
         if not 0.0 < self.split <= 1.0:
             raise TraceError(f"split must be in (0, 1], got {self.split}")
+        if self.drift not in DRIFT_MODES:
+            raise TraceError(f"unknown drift mode {self.drift!r}; known: {', '.join(DRIFT_MODES)}")
 
 
 def quantities(groups: list[GroupSpec], target: str) -> dict[str, np.ndarray]:
     """Flat arrays per quantity, plus per-execution step and group index (for drift/difficulty)."""
     ex = [e for g in groups for e in g.executions]
-    gen = np.fromiter((x for e in ex for x in e.gen), dtype=float)
-    turns = np.fromiter((len(e.gen) for e in ex), dtype=float, count=len(ex))
+    n = len(ex)
+    gens = list(map(attrgetter("gen"), ex))
+    turns = np.fromiter(map(len, gens), dtype=np.int64, count=n)
+    gen = np.fromiter(chain.from_iterable(gens), dtype=float, count=int(turns.sum()))
+    sizes = np.fromiter((len(g.executions) for g in groups), dtype=np.int64, count=len(groups))
     out = {
-        "gen": gen, "turns": turns,
-        "tool_s": np.fromiter((x for e in ex for x in e.tool_s), dtype=float),
-        "tool_out": np.fromiter((x for e in ex for x in e.tool_out), dtype=float),
-        "prompt": np.fromiter((e.prompt for e in ex), dtype=float, count=len(ex)),  # per execution
-        "step": np.fromiter((e.step for e in ex), dtype=float, count=len(ex)),
-        "group": np.fromiter((gi for gi, g in enumerate(groups) for _ in g.executions), dtype=float, count=len(ex)),
-        "capped": np.fromiter((e.capped for e in ex), dtype=bool, count=len(ex)),
+        "gen": gen, "turns": turns.astype(float),
+        "tool_s": np.fromiter(chain.from_iterable(map(attrgetter("tool_s"), ex)), dtype=float),
+        "tool_out": np.fromiter(chain.from_iterable(map(attrgetter("tool_out"), ex)), dtype=float),
+        "prompt": np.fromiter(map(attrgetter("prompt"), ex), dtype=float, count=n),  # per execution
+        "step": np.fromiter(map(attrgetter("step"), ex), dtype=float, count=n),
+        "group": np.repeat(np.arange(len(groups), dtype=float), sizes),
+        "capped": np.fromiter(map(attrgetter("capped"), ex), dtype=bool, count=n),
     }
-    out["length"] = turns if target == "turns" else np.fromiter((e.gen[0] for e in ex), dtype=float, count=len(ex))
+    out["length"] = out["turns"] if target == "turns" else gen[np.cumsum(turns) - turns]  # first segment's tokens
     return out
 
 
-def _drift(y: np.ndarray, step: np.ndarray) -> float:
-    """Slope of y on step (log units per step), or 0 when not clearly nonzero."""
+def _slope(y: np.ndarray, step: np.ndarray) -> tuple[float, float]:
+    """(least-squares slope of y on step, its standard error); (0, inf) with under 3 distinct steps."""
     if len(np.unique(step)) < 3:
-        return 0.0
+        return 0.0, math.inf
     s = step - step.mean()
     b = float((s * (y - y.mean())).sum() / (s * s).sum())
     resid = y - y.mean() - b * s
     se = math.sqrt(float((resid**2).sum()) / max(len(y) - 2, 1) / float((s * s).sum()))
-    return b if abs(b) > 2 * se else 0.0
+    return b, se
+
+
+def _ks(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    return float(np.abs(np.searchsorted(a, grid, side="right") / len(a)
+                        - np.searchsorted(b, grid, side="right") / len(b)).max())
+
+
+def choose_drift(y: np.ndarray, step: np.ndarray, mode: str, foreign: bool) -> tuple[float, dict]:
+    """(slope of log-length per step, what was decided and why) for a drift mode (see the module doc)."""
+    b, se = _slope(y, step)
+    info: dict = {"mode": mode, "slope_fitted": b if math.isfinite(se) else 0.0}
+    if mode == "off":
+        return 0.0, {**info, "chosen": "off", "why": "--drift off"}
+    if mode == "linear":
+        return (b if math.isfinite(se) else 0.0), {**info, "chosen": "linear", "why": "--drift linear"}
+    if foreign:
+        return 0.0, {**info, "chosen": "off", "why": "request/session trace: steps are windows of arrivals "
+                                                       "(--drift linear to fit one anyway)"}
+    order = np.argsort(step, kind="stable")
+    cut = int(0.75 * len(order))
+    inner, held = order[:cut], order[cut:]
+    b_in, se_in = _slope(y[inner], step[inner])
+    if len(held) < 20 or not math.isfinite(se_in) or abs(b_in) <= 2 * se_in:
+        return 0.0, {**info, "chosen": "off", "why": "no slope over 2 standard errors in the first 75%"}
+    ks_off = _ks(y[held], y[inner])
+    ks_on = _ks(y[held] - b_in * step[held], y[inner] - b_in * step[inner])
+    info.update(held_out_ks_off=ks_off, held_out_ks_linear=ks_on)
+    if ks_on >= ks_off:
+        return 0.0, {**info, "chosen": "off", "why": f"drift does not improve the held-out fit "
+                                                      f"(KS D {ks_on:.3f} with, {ks_off:.3f} without)"}
+    return b, {**info, "chosen": "linear", "why": f"drift improves the held-out fit (KS D {ks_on:.3f} with, "
+                                                  f"{ks_off:.3f} without)"}
+
+
+def drift_range(length: np.ndarray, step: np.ndarray, slope: float) -> tuple[float, float]:
+    """The drift factors the fitted data support: each window's median over the de-drifted median
+    (windows of drift_windows), widened to include 1 (the base level)."""
+    if slope == 0.0 or len(length) == 0:
+        return 1.0, 1.0
+    base = float(np.median(length / np.exp(slope * step)))
+    levels = [w["median"] / base for w in drift_windows(length, step)]
+    return min(1.0, *levels), max(1.0, *levels)
 
 
 def _difficulty(y: np.ndarray, group: np.ndarray) -> tuple[float, np.ndarray]:
@@ -106,9 +169,11 @@ def base_config(trace: Trace, train: list[GroupSpec], q: dict[str, np.ndarray], 
     """The structure of the calibrated workload: from the trace's header, else from its data."""
     turns_total = max(float(q["turns"].sum()), 1.0)
     ex = [e for g in train for e in g.executions]
-    n_sub = sum(1 for e in ex for _, k in e.branches if k == "subagent")
-    n_retry = sum(1 for e in ex for _, k in e.branches if k == "retry")
-    max_kv = max((max(e.kv) + max(e.gen) for e in ex), default=1)
+    kinds = [k for b in map(attrgetter("branches"), ex) if b for _, k in b]
+    n_sub, n_retry = kinds.count("subagent"), kinds.count("retry")
+    kv_top = np.fromiter(map(max, map(attrgetter("kv"), ex)), dtype=float, count=len(ex))
+    gen_top = np.fromiter(map(max, map(attrgetter("gen"), ex)), dtype=float, count=len(ex))
+    max_kv = int((kv_top + gen_top).max()) if len(ex) else 1
     sizes = np.bincount([len(g.executions) for g in trace.groups])
     fields = dict(
         prompt_tokens=_lognormal(q["prompt"]), turns=_lognormal(q["turns"]), gen_tokens=_lognormal(q["gen"]),
@@ -152,8 +217,9 @@ def calibrate(trace: Trace, opts: CalibrateOptions = CalibrateOptions()) -> Cali
     k = opts.k or base.groups_per_step * base.group_size
     at_cap = length >= cap
     y = np.log(np.maximum(length, 1e-9))
-    slope = _drift(y[~at_cap], q["step"][~at_cap])
-    if trace.times:  # foreign traces: groups are windows of arrivals, not tasks, so no difficulty
+    foreign = bool(trace.times)
+    slope, drift_info = choose_drift(y[~at_cap], q["step"][~at_cap], opts.drift, foreign)
+    if foreign:  # groups are windows of arrivals, not tasks, so no difficulty
         sigma, effect = 0.0, np.zeros(int((~at_cap).sum()))
     else:
         sigma, effect = _difficulty(y[~at_cap] - slope * q["step"][~at_cap], q["group"][~at_cap])
@@ -162,22 +228,38 @@ def calibrate(trace: Trace, opts: CalibrateOptions = CalibrateOptions()) -> Cali
     if not np.allclose(scaled, length):
         scaled[~at_cap] = np.minimum(scaled[~at_cap], cap)  # de-scaled lengths are reals, not counts
     cap_arg = cap if math.isfinite(cap) else None
-    dists = {"length": fit_tail_dist(scaled, cap=cap_arg, k=k)}
+    window = float(base.context_window)
+    dists = {"length": fit_tail_dist(scaled, cap=cap_arg, k=k, upper=window if target == "gen" else None)}
     for name in ("gen", "tool_out", "tool_s", "prompt"):
         if len(q[name]) and not (target == "gen" and name == "gen"):
-            dists[name] = fit_tail_dist(q[name], k=k)
+            dists[name] = fit_tail_dist(q[name], k=k, upper=None if name == "tool_s" else window)
+    live = length[~at_cap]
     cw = CalibratedWorkload(base=base, dists=dists, scale_target=target, difficulty_sigma=sigma,
-                            drift_per_step=math.expm1(slope))
+                            drift_per_step=math.expm1(slope),
+                            drift_range=drift_range(live, q["step"][~at_cap], slope),
+                            length_range=(float(live.min()), float(live.max())) if len(live) else (0.0, math.inf),
+                            prompt_per_execution=foreign)
     cw.report = {
         "trace": trace.path, "executions": trace.n_executions, "fitted": int(len(length)),
         "held_out": int(sum(len(g.executions) for g in test)), "split": opts.split, "k": k,
-        "cap": cap_arg, "scale_target": target, "difficulty_sigma": sigma, "drift_per_step": cw.drift_per_step,
-        "threshold_quantile_u": dists["length"].u, "xi": dists["length"].xi,
+        "cap": cap_arg, "context_window": window, "scale_target": target, "difficulty_sigma": sigma,
+        "drift_per_step": cw.drift_per_step, "drift_range": list(cw.drift_range), "drift": drift_info,
+        "tails": {(target if n == "length" else n): tail_summary(d) for n, d in dists.items()},
         "windows": drift_windows(q["length"], q["step"]),
     }
     if test:
         cw.report["quality"] = evaluate(cw, test, k, opts)
     return cw
+
+
+def tail_summary(d) -> dict:
+    """How a quantity's tail was modelled: threshold u (a value, not a quantile), shape, clamps, notes."""
+    out = {"kind": d.kind, "clamp": d.upper, "cap": d.cap, "p_cap": d.p_cap}
+    if d.kind == "tail":
+        out.update(u=d.u, p_tail=d.p_tail, xi=d.xi if d.p_tail > 0 else None, sigma=d.sigma if d.p_tail > 0 else None)
+    if d.note:
+        out["note"] = d.note
+    return out
 
 
 def drift_windows(length: np.ndarray, step: np.ndarray, n: int = 8) -> list[dict[str, float]]:

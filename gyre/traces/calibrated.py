@@ -6,10 +6,15 @@ the KV footprint by gyre.workload's walk), but every quantity is drawn from a Ta
 trace instead of a lognormal:
 
 - the *length* (turns per execution for multi-turn traces, generated tokens for single-turn ones)
-  is TailDist x difficulty x (1 + drift_per_step) ** step, where a task's difficulty is lognormal
-  with log-sd `difficulty_sigma`, shared by its group; a length reaching the cap ends capped;
+  is TailDist x difficulty x drift, where a task's difficulty is lognormal with log-sd
+  `difficulty_sigma`, shared by its group, and the drift factor (1 + drift_per_step) ** step is
+  held inside `drift_range` (the levels seen in the fitted data: never extrapolated past them);
+  scaling never takes a length below the smallest or above the largest seen (`length_range`),
+  unless the unscaled draw already was; a length reaching the cap ends capped;
 - tokens per turn, tool-output tokens and tool latency per call, and the prompt are independent
-  draws from their own TailDists.
+  draws from their own TailDists; the prompt is one per task (the group) in rollout traces and one
+  per execution when `prompt_per_execution` (request and session traces: groups there are windows
+  of arrivals, not tasks).
 
 `base` is a plain WorkloadConfig (lognormal summaries of the same data) that carries the structure
 (group size, groups per step, window, branching rates, deadline) for everything that reads
@@ -40,6 +45,9 @@ class CalibratedWorkload:
     scale_target: str  # "turns" or "gen": which quantity `length` is
     difficulty_sigma: float = 0.0
     drift_per_step: float = 0.0
+    drift_range: tuple[float, float] = (0.0, math.inf)  # the drift factor is clipped into this range
+    length_range: tuple[float, float] = (0.0, math.inf)  # scaling keeps a length inside (smallest, largest seen)
+    prompt_per_execution: bool = False
     report: dict[str, Any] = field(default_factory=dict)  # fit quality, provenance (not used to sample)
 
     def __post_init__(self) -> None:
@@ -59,12 +67,24 @@ class CalibratedWorkload:
         return {
             "gyre_workload": FORMAT_VERSION, "kind": "calibrated", "workload": workload_to_dict(self.base),
             "scale_target": self.scale_target, "difficulty_sigma": self.difficulty_sigma,
-            "drift_per_step": self.drift_per_step, "dists": {k: d.to_dict() for k, d in self.dists.items()},
+            "drift_per_step": self.drift_per_step, "drift_range": _json_range(self.drift_range),
+            "length_range": _json_range(self.length_range),
+            "prompt_per_execution": self.prompt_per_execution, "dists": {k: d.to_dict() for k, d in self.dists.items()},
             "report": self.report,
         }
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1, allow_nan=False, default=float))
+
+
+def _json_range(r: tuple[float, float]) -> list:
+    return [r[0], None if math.isinf(r[1]) else r[1]]
+
+
+def _range(v) -> tuple[float, float]:
+    """[lo, hi] from JSON (hi null: unbounded); absent (a file written before bounds): (0, inf)."""
+    lo, hi = v if v is not None else (0.0, None)
+    return float(lo), math.inf if hi is None else float(hi)
 
 
 def load_workload(path: str | Path) -> CalibratedWorkload:
@@ -82,12 +102,28 @@ def load_workload(path: str | Path) -> CalibratedWorkload:
         return CalibratedWorkload(
             base=workload_from_dict(d["workload"], str(path)), dists=dists, scale_target=d["scale_target"],
             difficulty_sigma=float(d.get("difficulty_sigma", 0.0)), drift_per_step=float(d.get("drift_per_step", 0.0)),
-            report=d.get("report", {}),
+            drift_range=_range(d.get("drift_range")), length_range=_range(d.get("length_range")),
+            prompt_per_execution=bool(d.get("prompt_per_execution", False)), report=d.get("report", {}),
         )
     except KeyError as exc:
         raise TraceError(f"{path}: missing field {exc.args[0]!r}") from None
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise TraceError(f"{path}: bad field: {exc}") from None
+
+
+def drift_factor(cw: CalibratedWorkload, step) -> np.ndarray:
+    """(1 + drift_per_step) ** step, clipped into cw.drift_range."""
+    lo, hi = cw.drift_range
+    return np.clip(np.power(1.0 + cw.drift_per_step, np.asarray(step, dtype=float)), lo, hi)
+
+
+def scaled_length(cw: CalibratedWorkload, raw: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Length draws times their scale (difficulty x drift), bounded: a draw at the cap stays there, and
+    scaling moves no draw below the smallest or above the largest length seen, nor past the cap."""
+    cap = cw.length_cap
+    lo, hi = cw.length_range
+    x = np.clip(raw * scale, np.minimum(raw, lo), np.maximum(raw, hi))
+    return np.where(raw >= cap, cap, np.minimum(x, cap))
 
 
 def _draw(cw: CalibratedWorkload, name: str, rng: np.random.Generator, n: int, default: float) -> np.ndarray:
@@ -100,11 +136,11 @@ def sample_calibrated_group(cw: CalibratedWorkload, group_id: int, step: int, se
     w = cw.base
     rng = np.random.default_rng([seed, group_id, 0x7ACE])
     k = w.group_size
-    scale = math.exp(cw.difficulty_sigma * rng.standard_normal()) * (1.0 + cw.drift_per_step) ** step
-    prompt = int(max(0, _draw(cw, "prompt", rng, 1, 0)[0]))
+    scale = math.exp(cw.difficulty_sigma * rng.standard_normal()) * float(drift_factor(cw, step))
+    prompts = np.maximum(0, _draw(cw, "prompt", rng, k if cw.prompt_per_execution else 1, 0)).astype(np.int64)
+    prompts = np.broadcast_to(prompts, k).tolist()
     cap = cw.length_cap
-    raw = cw.dists["length"].sample(rng, k)
-    length = np.where(raw >= cap, cap, np.minimum(raw * scale, cap))
+    length = scaled_length(cw, cw.dists["length"].sample(rng, k), np.full(k, scale))
     capped = length >= cap
     if cw.scale_target == "turns":
         turns = np.maximum(1, np.round(length)).astype(np.int64)
@@ -124,6 +160,7 @@ def sample_calibrated_group(cw: CalibratedWorkload, group_id: int, step: int, se
     for j, n in enumerate(turns.tolist()):
         hi = lo + n
         g = gen_l[lo:hi]
+        prompt = prompts[j]
         if n == 1 and prompt <= w.context_window:  # the walk, for one segment
             kv, branches = [prompt], []
         else:
@@ -158,11 +195,9 @@ def sample_quantities(cw: CalibratedWorkload, steps: np.ndarray, seed: int) -> d
     sample_calibrated_group, vectorized, without building specs. steps: one entry per group."""
     rng = np.random.default_rng([seed, 0x5A11])
     k = cw.base.group_size
-    scale = np.exp(cw.difficulty_sigma * rng.standard_normal(len(steps))) * (1.0 + cw.drift_per_step) ** steps
-    cap = cw.length_cap
+    scale = np.exp(cw.difficulty_sigma * rng.standard_normal(len(steps))) * drift_factor(cw, steps)
     raw = cw.dists["length"].sample(rng, len(steps) * k)
-    length = np.where(raw >= cap, cap, np.minimum(raw * np.repeat(scale, k), cap))
-    length = np.maximum(1, np.round(length))
+    length = np.maximum(1, np.round(scaled_length(cw, raw, np.repeat(scale, k))))
     if cw.scale_target == "turns":
         turns = length
     else:
@@ -176,5 +211,5 @@ def sample_quantities(cw: CalibratedWorkload, steps: np.ndarray, seed: int) -> d
         "length": length, "turns": turns, "gen": gen,
         "tool_out": np.maximum(0, np.round(_draw(cw, "tool_out", rng, calls, 0))),
         "tool_s": np.maximum(0.0, _draw(cw, "tool_s", rng, calls, 0.0)),
-        "prompt": np.maximum(0, _draw(cw, "prompt", rng, len(steps), 0)),
+        "prompt": np.maximum(0, _draw(cw, "prompt", rng, len(length) if cw.prompt_per_execution else len(steps), 0)),
     }

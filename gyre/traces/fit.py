@@ -8,7 +8,9 @@ TailDist is a three-part mixture, the shape of rollout lengths that decides make
 - above u, a generalized Pareto tail (scipy.stats.genpareto, MLE with location 0) on the excesses,
   truncated at the cap.
 u is chosen among candidate quantiles by held-out error: fit on the first 75% of the training data
-(in time order), score tail quantiles on the last 25%, refit on all of it with the winner.
+(in time order), score tail quantiles on the last 25%, refit on all of it with the winner. The
+empirical tail (no GPD: the data's own distribution, up to the largest value seen) is one more
+candidate, scored the same way: when it predicts the held-out end better, no tail is extrapolated.
 With little data (< SMALL_N values, or too few above every candidate u) the body and tail are
 replaced by a two-component Gaussian mixture on log-length (EM), floored at the observed minimum.
 
@@ -16,9 +18,16 @@ Integer data (token counts, turns) stay integer: the tail excess Y is fitted wit
 correction (k - 0.5) and sampled as u + ceil(Y). Sampling is inverse-CDF on uniforms from a passed
 numpy Generator, so a seed fixes every draw.
 
+Every draw is clamped at `upper` when set (the context window: no token count exceeds it) and
+below the cap. A GPD tail has a finite mean only for shape xi < 1; a fitted xi >= XI_FINITE is not
+used: the tail falls back to the empirical one (the body then holds all the data, up to the largest
+value seen), and `note` says so.
+
 fit_quality compares two samples (the model's, drawn large, and held-out data): KS D, Wasserstein-1
-(absolute and relative to the held-out mean), relative error of p50/p90/p99, and of the median of
-the maximum over K draws (the quantile at 0.5 ** (1 / K)), which is what a batch of K waits on.
+(absolute and relative to the held-out mean), relative error of p50/p90/p99, and of the median and
+the mean of the maximum over K draws (K at most the held-out size), which is what a batch of K
+waits on. The median of the max is the quantile at 0.5 ** (1 / K); the mean is exact for each
+sample's empirical distribution: sum of x_(i) * ((i / n) ** K - ((i - 1) / n) ** K).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ MIN_TAIL = 30
 THRESHOLDS = (0.8, 0.85, 0.9, 0.93, 0.95, 0.97)
 MAX_EXACT_VALUES = 4096
 KNOTS = 2049
+XI_FINITE = 1.0  # a GPD has a finite mean only below this shape
 
 
 def gpd_ppf(p: np.ndarray, xi: float, sigma: float) -> np.ndarray:
@@ -59,6 +69,8 @@ def gpd_mle(y: np.ndarray) -> tuple[float, float]:
     xi0 = float(np.clip(0.5 * (1 - m * m / max(v, 1e-12)), -0.4, 0.9))
     s0 = max(m * (1 - xi0), 1e-9)
     ymax = float(np.max(y))
+    if xi0 < 0 and 1 + xi0 * ymax / s0 <= 0:  # the moment start ends below the largest value: start exponential
+        xi0, s0 = 0.0, max(m, 1e-9)
 
     def nll(p: np.ndarray) -> float:
         xi, sigma = p[0], math.exp(p[1])
@@ -68,8 +80,9 @@ def gpd_mle(y: np.ndarray) -> tuple[float, float]:
             return len(y) * p[1] + float(y.sum()) / sigma
         return len(y) * p[1] + (1 + 1 / xi) * float(np.log1p(xi * y / sigma).sum())
 
-    res = optimize.minimize(nll, np.array([xi0, math.log(s0)]), method="Nelder-Mead",
-                            options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 2000})
+    with np.errstate(all="ignore"):  # the search tries shapes whose likelihood overflows: inf, not a warning
+        res = optimize.minimize(nll, np.array([xi0, math.log(s0)]), method="Nelder-Mead",
+                                options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 2000})
     return float(res.x[0]), float(math.exp(res.x[1]))
 
 
@@ -92,6 +105,8 @@ class TailDist:
     mu: np.ndarray = field(default_factory=lambda: np.zeros(0))
     sd: np.ndarray = field(default_factory=lambda: np.zeros(0))
     floor: float = 0.0
+    upper: float | None = None  # every draw is clamped here (the context window)
+    note: str = ""  # what the fit did that a reader should know (e.g. an empirical tail fallback)
 
     def quantile(self, q: np.ndarray) -> np.ndarray:
         """Inverse CDF at probabilities q in [0, 1)."""
@@ -102,6 +117,10 @@ class TailDist:
         r = q[live] / p_rest if p_rest > 0 else q[live]
         out[live] = self._body_tail(r) if self.kind == "tail" else self._logmix(r)
         return out
+
+    def mean_max(self, k: int, n: int = 8192) -> float:
+        """Expected maximum of k draws: the mean of Q(V ** (1 / k)) over V uniform (midpoint rule)."""
+        return float(self.quantile(((np.arange(n) + 0.5) / n) ** (1.0 / k)).mean())
 
     def sample(self, rng: np.random.Generator, size: int | tuple[int, ...]) -> np.ndarray:
         return self.quantile(rng.random(size))
@@ -136,11 +155,13 @@ class TailDist:
     def _clip(self, x: np.ndarray) -> np.ndarray:
         if self.cap is not None:
             x = np.minimum(x, self.cap - 1 if self.discrete else self.cap)
+        if self.upper is not None:
+            x = np.minimum(x, self.upper)
         return x
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in self.__dict__.items()}
-        return {k: v for k, v in d.items() if v != [] or k.startswith("body")}
+        return {k: v for k, v in d.items() if (v != [] or k.startswith("body")) and v != ""}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TailDist:
@@ -174,9 +195,19 @@ def _fit_tail(x: np.ndarray, q_u: float, cap: float | None, discrete: bool) -> T
     if len(y) > 50_000:  # the MLE does not need more; take an even subsample (deterministic)
         y = np.sort(y)[:: len(y) // 50_000 + 1]
     xi, sigma = gpd_mle(y)
+    if xi >= XI_FINITE:  # no finite mean: keep the data's own tail instead
+        return _fit_empirical(x, cap, discrete, f"empirical tail: the GPD shape {xi:.2f} above u={u:g} "
+                                                f"has no finite mean (xi >= {XI_FINITE:g})")
     bx, bc, step = _body(x[x <= u], discrete)
     return TailDist(kind="tail", discrete=discrete, cap=cap, body_x=bx, body_cum=bc, body_step=step, u=u,
                     p_tail=len(tail) / len(x), xi=float(xi), sigma=float(sigma))
+
+
+def _fit_empirical(x: np.ndarray, cap: float | None, discrete: bool, note: str = "") -> TailDist:
+    """The data's own distribution, up to the largest value seen (no extrapolated tail)."""
+    bx, bc, step = _body(x, discrete)
+    return TailDist(kind="tail", discrete=discrete, cap=cap, body_x=bx, body_cum=bc, body_step=step,
+                    u=float(np.max(x)), note=note)
 
 
 def _fit_logmix(x: np.ndarray, cap: float | None, discrete: bool, k: int = 2, iters: int = 200) -> TailDist:
@@ -185,9 +216,10 @@ def _fit_logmix(x: np.ndarray, cap: float | None, discrete: bool, k: int = 2, it
     mu = np.quantile(z, (np.arange(k) + 0.5) / k)
     sd = np.full(k, max(np.std(z), 1e-3))
     w = np.full(k, 1.0 / k)
-    for _ in range(iters if k > 1 else 0):  # EM
-        dens = w[:, None] * stats.norm.pdf(z[None, :], mu[:, None], sd[:, None]) + 1e-300
-        resp = dens / dens.sum(0)
+    for _ in range(iters if k > 1 else 0):  # EM (a collapsing component underflows to 0, not a warning)
+        with np.errstate(all="ignore"):
+            dens = w[:, None] * stats.norm.pdf(z[None, :], mu[:, None], sd[:, None]) + 1e-300
+            resp = dens / dens.sum(0)
         nk = resp.sum(1)
         w = nk / nk.sum()
         mu = (resp * z).sum(1) / nk
@@ -198,14 +230,26 @@ def _fit_logmix(x: np.ndarray, cap: float | None, discrete: bool, k: int = 2, it
 
 
 def _tail_score(d: TailDist, test: np.ndarray, k: int) -> float:
+    """Mean relative error of p90, p99, and the median and mean of the max of k, model vs test."""
     qs = np.array([0.9, 0.99, 0.5 ** (1.0 / k)])
     m, t = d.quantile(qs), np.quantile(test, qs)
+    m = np.append(m, d.mean_max(k))
+    t = np.append(t, mean_max(test, k))
     return float(np.mean(np.abs(m - t) / np.maximum(np.abs(t), 1e-12)))
 
 
-def fit_tail_dist(x: np.ndarray, *, cap: float | None = None, k: int = 512,
+def mean_max(x: np.ndarray, k: int) -> float:
+    """Expected maximum of k draws (with replacement) from the empirical distribution of x."""
+    x = np.sort(np.asarray(x, dtype=float))
+    n = len(x)
+    w = np.diff(np.power(np.arange(n + 1) / n, k))
+    return float(w @ x)
+
+
+def fit_tail_dist(x: np.ndarray, *, cap: float | None = None, k: int = 512, upper: float | None = None,
                   thresholds: tuple[float, ...] = THRESHOLDS) -> TailDist:
-    """Fit a TailDist to x (in time order: the inner held-out split for the threshold is its end)."""
+    """Fit a TailDist to x (in time order: the inner held-out split for the threshold is its end);
+    draws are clamped at `upper` (None: unbounded)."""
     x = np.asarray(x, dtype=float)
     if len(x) == 0:
         raise ValueError("cannot fit a distribution to no data")
@@ -215,23 +259,30 @@ def fit_tail_dist(x: np.ndarray, *, cap: float | None = None, k: int = 512,
     p_cap = float(at_cap.mean())
     if len(rest) == 0:
         return TailDist(kind="tail", discrete=discrete, cap=cap, p_cap=1.0, body_x=np.array([cap]),
-                        body_cum=np.array([1.0]))
+                        body_cum=np.array([1.0]), upper=upper)
     best = None
     if len(rest) >= SMALL_N:
         cut = int(0.75 * len(rest))
         inner, held = rest[:cut], rest[cut:]
+        kk = min(k, len(held))
         scored = []
         for q in thresholds:
             d = _fit_tail(inner, q, cap, discrete)
             if d is not None:
-                scored.append((_tail_score(d, held, min(k, len(held))), q))
-        for _, q in sorted(scored):
+                scored.append((_tail_score(d, held, kk), q))
+        empirical = _tail_score(_fit_empirical(inner, cap, discrete), held, kk)
+        if scored and empirical < min(scored)[0]:  # the GPD extrapolates worse than the data's own tail
+            best = _fit_empirical(rest, cap, discrete, f"empirical tail: it predicts the end of the fitted data "
+                                                       f"better than a GPD tail (tail error {empirical:.3f} vs "
+                                                       f"{min(scored)[0]:.3f})")
+        for _, q in sorted(scored) if best is None else []:
             best = _fit_tail(rest, q, cap, discrete)
             if best is not None:
                 break
     if best is None:
         best = _fit_logmix(rest, cap, discrete)
     best.p_cap = p_cap
+    best.upper = upper
     return best
 
 
@@ -246,9 +297,11 @@ def _ecdf_distances(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 def fit_quality(model: np.ndarray, test: np.ndarray, k: int) -> dict[str, float]:
-    """Compare a (large) model sample with held-out data; relative errors are |model - test| / test."""
+    """Compare a (large) model sample with held-out data; relative errors are |model - test| / test.
+    K is capped at the held-out size (a max over more values than were held out is not measured)."""
     model = np.asarray(model, dtype=float)
     test = np.asarray(test, dtype=float)
+    k = max(1, min(int(k), len(test)))
     out: dict[str, float] = {"n_test": float(len(test)), "k": float(k)}
     out["ks_d"], w = _ecdf_distances(model, test)
     out["wasserstein"] = w
@@ -257,4 +310,7 @@ def fit_quality(model: np.ndarray, test: np.ndarray, k: int) -> dict[str, float]
         m, t = float(np.quantile(model, q)), float(np.quantile(test, q))
         out[f"{name}_model"], out[f"{name}_test"] = m, t
         out[f"{name}_err"] = abs(m - t) / max(abs(t), 1e-12)
+    m, t = mean_max(model, k), mean_max(test, k)
+    out["maxk_mean_model"], out["maxk_mean_test"] = m, t
+    out["maxk_mean_err"] = abs(m - t) / max(abs(t), 1e-12)
     return out

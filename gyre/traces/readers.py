@@ -10,7 +10,9 @@
 
 Requests and sessions carry no task or GRPO group: groups are consecutive windows of `group_size`
 executions in time order (a last, shorter window is kept), and step = group index // groups_per_step.
-Field and column names are configurable. Timestamps are numbers (seconds) or date-times.
+Field and column names are configurable. Timestamps are numbers (in `time_unit`, seconds by
+default) or date-times; a session's tool durations are numbers in `tool_unit` (ns by default).
+A record without a needed field is reported with the fields it does have.
 
 Simplifications: a session's tool-output tokens are inferred from context growth; no deadline;
 an execution is capped when its generated tokens reach `cap` (when given).
@@ -29,8 +31,17 @@ import numpy as np
 import pandas as pd
 
 from gyre.gc_pause import no_gc
-from gyre.traces.schema import BadLines, Trace, TraceError
+from gyre.traces.schema import BadLines, Trace, TraceError, json_error
 from gyre.workload import ExecutionSpec, GroupSpec
+
+
+TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+def unit_seconds(unit: str) -> float:
+    if unit not in TIME_UNITS:
+        raise TraceError(f"unknown time unit {unit!r}; known: {', '.join(TIME_UNITS)}")
+    return TIME_UNITS[unit]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +51,10 @@ class RequestFields:
     time: str = "TIMESTAMP"
     input: str = "ContextTokens"
     output: str = "GeneratedTokens"
+    time_unit: str = "s"  # of numeric timestamps
+
+    def __post_init__(self) -> None:
+        unit_seconds(self.time_unit)
 
 
 AZURE_FIELDS = RequestFields()
@@ -51,8 +66,13 @@ class SessionFields:
     requests: str = "requests"
     input: str = "input_toks"
     output: str = "output_toks"
-    tool_ns: str = "tool_duration_ns"
-    time: str = "timestamp"  # session start (optional)
+    tool_ns: str = "tool_duration_ns"  # tool time after a sub-request (optional), in tool_unit
+    time: str = "timestamp"  # session start (optional), in time_unit when a number
+    time_unit: str = "s"
+    tool_unit: str = "ns"
+
+    def __post_init__(self) -> None:
+        unit_seconds(self.time_unit), unit_seconds(self.tool_unit)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,17 +87,18 @@ class Grouping:
                              f"{self.groups_per_step}")
 
 
-def _to_seconds(raw: list, lines: list[int], bad: BadLines) -> np.ndarray:
-    """Timestamps (numbers or date-time strings) to seconds; NaN where bad (reported)."""
+def _to_seconds(raw: list, lines: list[int], bad: BadLines, unit: str = "s") -> np.ndarray:
+    """Timestamps (numbers in `unit`, or date-time strings) to seconds; NaN where bad (reported)."""
+    scale = unit_seconds(unit)
     if isinstance(raw, np.ndarray) and raw.dtype.kind in "iuf":  # already parsed (the CSV fast path)
-        return raw.astype(float)
+        return raw.astype(float) * scale
     s = pd.Series(raw, dtype=object)
     num = pd.to_numeric(s, errors="coerce")
     if num.notna().all():
-        return num.to_numpy(dtype=float)
+        return num.to_numpy(dtype=float) * scale
     dt = pd.to_datetime(s.astype(str), errors="coerce", format="ISO8601")
     if dt.notna().sum() < num.notna().sum():  # mostly numbers: the strings are the bad ones
-        out = num.to_numpy(dtype=float)
+        out = num.to_numpy(dtype=float) * scale
     else:
         out = (dt - dt.min()).dt.total_seconds().to_numpy(dtype=float)
     for i in np.flatnonzero(np.isnan(out)):
@@ -134,7 +155,7 @@ def _finish_requests(path: str, lines: list[int], t_raw: list | None, in_raw: li
     n = len(lines)
     inp = _check_tokens(f.input, 0, lines, in_raw, bad)
     outp = _check_tokens(f.output, 1, lines, out_raw, bad)
-    t = _to_seconds(t_raw, lines, bad) if t_raw is not None else np.arange(n, dtype=float)
+    t = _to_seconds(t_raw, lines, bad, f.time_unit) if t_raw is not None else np.arange(n, dtype=float)
     keep = np.isfinite(inp) & np.isfinite(outp) & np.isfinite(t)
     bad.skipped = sorted(dict(reversed(bad.skipped)).items())  # one entry per line (its first reason)
     t = t[keep]
@@ -229,7 +250,7 @@ def _json_lines(path: str | Path, bad: BadLines):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
-                bad.bad(lineno, f"invalid JSON: {exc.msg} at column {exc.colno}")
+                bad.bad(lineno, json_error(exc))
                 continue
             if not isinstance(obj, dict):
                 bad.bad(lineno, "invalid record: a line must be a JSON object")
@@ -248,7 +269,7 @@ def read_request_jsonl(path: str | Path, *, fields: RequestFields = JSONL_FIELDS
     for lineno, obj in _json_lines(path, bad):
         missing = [k for k in (f for f in (fields.time, fields.input, fields.output) if f) if k not in obj]
         if missing:
-            bad.bad(lineno, f"missing field {missing[0]!r}")
+            bad.bad(lineno, f"missing field {missing[0]!r}: {has_fields(obj)}")
             continue
         lines.append(lineno)
         if fields.time:
@@ -258,18 +279,38 @@ def read_request_jsonl(path: str | Path, *, fields: RequestFields = JSONL_FIELDS
     return _finish_requests(str(path), lines, t_raw if fields.time else None, in_raw, out_raw, fields, grouping, bad)
 
 
+def has_fields(obj: dict) -> str:
+    """'the record has a, b, c' (what a user needs to pick the right --*-field)."""
+    return f"the record has {', '.join(map(str, obj)) or 'no fields'}"
+
+
+class MissingField(KeyError):
+    """A needed field is absent; str() is the one-line reason."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
 def _session_spec(obj: dict, f: SessionFields, g: Grouping) -> ExecutionSpec:
+    if f.requests not in obj:
+        raise MissingField(f"missing field {f.requests!r} (the list of sub-requests): {has_fields(obj)}")
     reqs = obj[f.requests]
     if not isinstance(reqs, list) or not reqs:
         raise ValueError(f"field {f.requests!r} must be a non-empty list")
     inp, out, tool = [], [], []
-    for r in reqs:
+    tool_scale = unit_seconds(f.tool_unit)
+    for i, r in enumerate(reqs):
+        if not isinstance(r, dict):
+            raise ValueError(f"sub-request {i} of {f.requests!r} is not a JSON object")
+        for name in (f.input, f.output):
+            if name not in r:
+                raise MissingField(f"missing field {name!r} in sub-request {i}: {has_fields(r)}")
         a, b, ns = r[f.input], r[f.output], r.get(f.tool_ns, 0) or 0
         if type(a) is not int or a < 0 or type(b) is not int or b < 1:
             raise ValueError(f"bad sub-request {r!r}: {f.input} >= 0 and {f.output} >= 1 must be integers")
         if type(ns) not in (int, float) or not ns >= 0:
             raise ValueError(f"bad {f.tool_ns} {ns!r} (a number >= 0)")
-        inp.append(a), out.append(b), tool.append(ns / 1e9)
+        inp.append(a), out.append(b), tool.append(ns * tool_scale)
     n = len(reqs)
     tool_out, branches = [], []
     for i in range(n - 1):
@@ -297,8 +338,8 @@ def _read_sessions(path, fields: SessionFields, grouping: Grouping, bad: BadLine
     for lineno, obj in _json_lines(path, bad):
         try:
             spec = _session_spec(obj, fields, grouping)
-        except KeyError as exc:
-            bad.bad(lineno, f"missing field {exc.args[0]!r}")
+        except MissingField as exc:
+            bad.bad(lineno, str(exc))
             continue
         except (TypeError, ValueError) as exc:
             bad.bad(lineno, f"invalid session: {exc}")
@@ -306,27 +347,7 @@ def _read_sessions(path, fields: SessionFields, grouping: Grouping, bad: BadLine
         specs.append(spec)
         lines.append(lineno)
         t_raw.append(obj.get(fields.time, len(specs)))
-    t = _to_seconds(t_raw, lines, bad) if specs else np.zeros(0)
+    t = _to_seconds(t_raw, lines, bad, fields.time_unit) if specs else np.zeros(0)
     keep = np.flatnonzero(np.isfinite(t))
     bad.skipped.sort()
     return _group([specs[i] for i in keep], t[keep], grouping, str(path), bad)
-
-
-def sniff(path: str | Path) -> str:
-    """Guess a trace's format: 'rollout', 'sessions', 'requests-csv' or 'requests-jsonl'."""
-    p = Path(path)
-    if not p.exists():
-        raise TraceError(f"{path}: no such file")
-    if p.suffix.lower() == ".csv":
-        return "requests-csv"
-    with open(p, encoding="utf-8") as fh:
-        first = next((ln for ln in fh if ln.strip()), "")
-    try:
-        obj = json.loads(first)
-    except ValueError:
-        raise TraceError(f"{path}:1: cannot tell the format (not JSON, and the name does not end in .csv)") from None
-    if isinstance(obj, dict) and "gyre_trace" in obj:
-        return "rollout"
-    if isinstance(obj, dict) and any(isinstance(v, list) for v in obj.values()):
-        return "sessions"
-    return "requests-jsonl"

@@ -78,6 +78,12 @@ class Trace:
         return f"{self.path}: skipped {len(self.skipped)} bad lines ({parts}); first at line {self.skipped[0][0]}"
 
 
+def json_error(exc: json.JSONDecodeError) -> str:
+    """'invalid JSON: <what> at column <n>' (json's "Unterminated string starting at" loses its "at")."""
+    msg = exc.msg[: -len(" at")] if exc.msg.endswith(" at") else exc.msg
+    return f"invalid JSON: {msg} at column {exc.colno}"
+
+
 class BadLines:
     """Collects bad lines: raises at the first one, or records it when skip_bad is set."""
 
@@ -249,7 +255,7 @@ def read_trace(path: str | Path, *, skip_bad: bool = False) -> Trace:
                     raise ValueError("a record must be a JSON object")
                 spec, out = record_to_spec(rec)
             except json.JSONDecodeError as exc:
-                bad.bad(lineno, f"invalid JSON: {exc.msg} at column {exc.colno}")
+                bad.bad(lineno, json_error(exc))
                 continue
             except ValueError as exc:
                 bad.bad(lineno, str(exc))

@@ -1,0 +1,122 @@
+"""Which reader a trace file needs, told from the fields its first record has, and reading it.
+
+Formats: "rollout" (gyre's own JSONL, header with `gyre_trace`), "sessions" (JSONL, one session per
+line holding a list of sub-request objects), "requests-jsonl" (JSONL, one request per line with an
+input and an output token field), "requests-csv" (a CSV with a header row).
+
+Sniffing (format "auto"): a name ending in .csv is a request CSV. Otherwise the first non-blank line
+is parsed and judged by its fields, in this order: `gyre_trace` -> rollout; the configured sessions
+field (`requests` unless renamed), or else any field holding a non-empty list of objects -> sessions;
+the configured request input and output fields -> requests-jsonl. A list of numbers (e.g. Mooncake's
+`hash_ids`) is not a list of sub-requests. A record that fits none is an error naming the fields
+it has. Every read error then says which format was used and why (guessed from which fields, or
+given with --format), so a wrong guess is visible in the one line the user sees.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gyre.traces.readers import (
+    Grouping, RequestFields, SessionFields, has_fields, read_request_csv, read_request_jsonl, read_sessions,
+)
+from gyre.traces.schema import Trace, TraceError, read_trace
+
+FORMATS = ("auto", "rollout", "sessions", "requests-csv", "requests-jsonl")
+CSV_FIELDS = RequestFields()
+JSONL_FIELDS = RequestFields(time="timestamp", input="input_length", output="output_length")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldNames:
+    """Names the user gave (None: the format's default); one set serves every format."""
+
+    time: str | None = None
+    input: str | None = None
+    output: str | None = None
+    sessions: str | None = None  # the list of sub-requests in a session record
+    tool: str | None = None  # a sub-request's tool duration
+    time_unit: str = "s"  # numeric timestamps
+    tool_unit: str = "ns"  # tool durations
+
+    def requests(self, fmt: str) -> RequestFields:
+        d = CSV_FIELDS if fmt == "requests-csv" else JSONL_FIELDS
+        return RequestFields(time=d.time if self.time is None else self.time, input=self.input or d.input,
+                             output=self.output or d.output, time_unit=self.time_unit)
+
+    def session(self) -> SessionFields:
+        d = SessionFields()
+        return SessionFields(requests=self.sessions or d.requests, input=self.input or d.input,
+                             output=self.output or d.output, tool_ns=self.tool or d.tool_ns,
+                             time=d.time if self.time is None else self.time, time_unit=self.time_unit,
+                             tool_unit=self.tool_unit)
+
+
+def _first_record(path: Path):
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                try:
+                    return lineno, json.loads(line)
+                except ValueError:
+                    raise TraceError(f"{path}:{lineno}: cannot tell the format: the first record is not JSON "
+                                     "(and the name does not end in .csv); use --format") from None
+    raise TraceError(f"{path}: empty file")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Guess:
+    fmt: str
+    why: str
+    names: FieldNames  # the given names, plus the sessions field found when it was guessed
+
+
+def sniff(path: str | Path, names: FieldNames = FieldNames()) -> Guess:
+    """The format a file's name or first record points to (see the module doc)."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(f"{path}: no such file")
+    if p.suffix.lower() == ".csv":
+        return Guess(fmt="requests-csv", why="guessed from the .csv name", names=names)
+    lineno, obj = _first_record(p)
+    if not isinstance(obj, dict):
+        raise TraceError(f"{path}:{lineno}: cannot tell the format: a record must be a JSON object")
+    if "gyre_trace" in obj:
+        return Guess(fmt="rollout", why="guessed from the 'gyre_trace' header", names=names)
+    sf, rf = names.session(), names.requests("requests-jsonl")
+    lists = [k for k, v in obj.items() if isinstance(v, list) and v and all(isinstance(r, dict) for r in v)]
+    if sf.requests in obj:
+        return Guess(fmt="sessions", why=f"guessed from the field {sf.requests!r}", names=names)
+    if rf.input in obj and rf.output in obj:
+        return Guess(fmt="requests-jsonl", why=f"guessed from the fields {rf.input!r} and {rf.output!r}", names=names)
+    if lists:
+        return Guess(fmt="sessions", why=f"guessed from the field {lists[0]!r} (a list of objects)",
+                     names=replace(names, sessions=lists[0]))
+    raise TraceError(f"{path}:{lineno}: cannot tell the format: {has_fields(obj)}; a request needs "
+                     f"{rf.input!r} and {rf.output!r} (--input-field, --output-field), a session a list of "
+                     f"sub-requests (--sessions-field); or give --format")
+
+
+def load_trace(path: str | Path, fmt: str = "auto", *, names: FieldNames = FieldNames(), skip_bad: bool = False,
+               grouping: Grouping = Grouping()) -> Trace:
+    """Read a trace in any supported format; a read error says which format was used and why."""
+    if fmt not in FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
+    if fmt == "auto":
+        g = sniff(path, names)
+        fmt, why, names = g.fmt, g.why, g.names
+    else:
+        if not Path(path).exists():
+            raise TraceError(f"{path}: no such file")
+        why = "given with --format"
+    try:
+        if fmt == "rollout":
+            return read_trace(path, skip_bad=skip_bad)
+        if fmt == "sessions":
+            return read_sessions(path, fields=names.session(), grouping=grouping, skip_bad=skip_bad)
+        reader = read_request_csv if fmt == "requests-csv" else read_request_jsonl
+        return reader(path, fields=names.requests(fmt), grouping=grouping, skip_bad=skip_bad)
+    except TraceError as exc:
+        raise TraceError(f"{exc} (read as {fmt}, {why})") from None
