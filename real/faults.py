@@ -6,8 +6,9 @@ A run's faults are strings (`RealClusterConfig.faults`, `gyre-real run --faults`
 - `kill-trainer@T`: kill a trainer worker: a rank of the step in flight (chosen by the seed), else the
   worker of record (the one holding the latest state);
 - `random-engines:N`, `random-trainers:N`: N such kills at random moments of the whole run, drawn from the
-  run's seed: each fires a random 0-1 s after a random fraction (uniform) of the run's executions finished,
-  so kills fall across the run whatever its length, in generation and in training alike;
+  run's seed: each fires once a random fraction f (uniform on [0, 0.95]) of the run's executions finished,
+  after a random part u (uniform on [0, 1]) of the mean time between finishes so far, so kills fall across
+  the run whatever its length, in generation and in training alike;
 - `delay-sync:S@T`: the first weight sync at or after T reaches its engines S seconds late;
 - `drop-sync@T`: the first weight sync at or after T loses its message to one engine (chosen by the seed);
   the driver's sync timeout (`SYNC_TIMEOUT_S`) sends it again.
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+LAST_PROGRESS = 0.95  # random faults fire before this fraction of the executions finished (+ a gap's share)
 SYNC_TIMEOUT_S = 3.0  # a weight load with no reply after this long is sent again
 FORMS = "kill-engine@T, kill-trainer@T, random-engines:N, random-trainers:N, delay-sync:S@T, drop-sync@T"
 _SPEC = re.compile(r"^(kill-engine|kill-trainer|drop-sync)@([0-9.]+)$|^(random-engines|random-trainers):([0-9]+)$"
@@ -43,7 +45,7 @@ class Fault:
     spec: str  # the spec it came from
     at_s: float | None = None  # fires at this time (s since the run started)
     at_progress: float | None = None  # or once this fraction of the run's executions finished (+ delay_s)
-    delay_s: float = 0.0
+    delay_s: float = 0.0  # progress faults: the share of the mean time between finishes to wait after it
     sync_delay_s: float = 0.0  # delay-sync: how late the sync arrives
 
 
@@ -91,7 +93,7 @@ class FaultInjector:
     def _resolve(self, f: Fault) -> Fault:
         if f.at_progress is None:
             return f
-        return Fault(kind=f.kind, spec=f.spec, at_progress=float(self.rng.uniform(0.0, 1.0)),
+        return Fault(kind=f.kind, spec=f.spec, at_progress=float(self.rng.uniform(0.0, LAST_PROGRESS)),
                      delay_s=float(self.rng.uniform(0.0, 1.0)))
 
     def start(self, total_executions: int) -> None:
@@ -104,8 +106,8 @@ class FaultInjector:
     def _due(self, i: int, f: Fault, cluster) -> bool:
         if f.at_s is not None:
             return cluster.now >= f.at_s
-        if i not in self.due_at and self.finished / self.total >= f.at_progress:
-            self.due_at[i] = cluster.now + f.delay_s
+        if i not in self.due_at and self.finished / self.total >= f.at_progress:  # delay_s: a share of the gap
+            self.due_at[i] = cluster.now + f.delay_s * cluster.now / max(1, self.finished)
         return i in self.due_at and cluster.now >= self.due_at[i]
 
     def tick(self, cluster) -> None:

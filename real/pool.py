@@ -140,8 +140,8 @@ class ActorPool:
         for slot in range(cfg.n_gpus // k):  # start every engine process now, in parallel
             self._engines[slot] = self._spawn(slot)
         # a local Ray of one node: every member is on this machine, so the weight-sync store listens on loopback
-        local = not cfg.address and sum(n["Alive"] for n in ray.nodes()) == 1
-        store = ray.get(self.trainers[0].serve_store.remote(cfg.collective.timeout_s, local=local))
+        self._local = not cfg.address and sum(n["Alive"] for n in ray.nodes()) == 1
+        store = ray.get(self.serve_store())
         self.book = GroupBook(store, cfg.collective, ray.get(self.trainers[0].layout.remote()))
         ray.get([e.ping.remote() for e in self._engines.values()] + [t.ping.remote() for t in self.trainers]
                 + [self.tools.ping.remote()])
@@ -151,6 +151,10 @@ class ActorPool:
         init = str(Path(cfg.init_checkpoint).resolve()) if cfg.init_checkpoint else ""
         return self._worker.options(scheduling_strategy=self._bundle(g // cfg.gpus_per_engine)).remote(
             cfg.model, cfg.trainer_config, init_checkpoint=init)
+
+    def serve_store(self):
+        """Have trainer worker 0 serve the weight-sync store; an object ref of its (address, port)."""
+        return self.trainers[0].serve_store.remote(self.cfg.collective.timeout_s, local=self._local)
 
     def respawn_trainer(self, g: int):
         """A fresh trainer worker for GPU g (its actor died). Worker 0 serves the collective store: after its
@@ -222,9 +226,9 @@ class ActorPool:
                 ray.get(actor.ping.remote())
             except ray.exceptions.RayActorError:
                 dead.append(f"t{g}")
-                new = self.respawn_trainer(g)
+                self.respawn_trainer(g)
                 if g == 0:
-                    self.book.new_store(tuple(ray.get(new.serve_store.remote(self.cfg.collective.timeout_s))))
+                    self.book.new_store(tuple(ray.get(self.serve_store())))
         for slot, actor in list(self._engines.items()):
             try:
                 ray.get(actor.ping.remote())

@@ -154,7 +154,7 @@ class TrainSteps:
             self._lost_at = self.now  # the incident starts (a rebuild's recovery_s counts from here)
         self._log(("note", self.now, "trainer_fault", {"worker": gpu, "version": self._tv,
                                                        "in_step": self._stepping, "record": gpu == self._record}))
-        new = self.pool.respawn_trainer(gpu)
+        self.pool.respawn_trainer(gpu)
         self._held[gpu] = None
         if gpu == 0:  # it served the collective store: the replacement serves a new one
             self._store_pending = True
@@ -166,7 +166,7 @@ class TrainSteps:
                 self._store_pending = False
                 self._next_step()
 
-            self._submit(new.serve_store.remote(self.pool.cfg.collective.timeout_s), served)
+            self._submit(self.pool.serve_store(), served)
         if gpu == self._record:
             self._lose_record(gpu)
         self._next_step()

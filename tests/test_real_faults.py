@@ -14,6 +14,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
 
 from gyre.cluster import Role  # noqa: E402
+from gyre.policies import REGISTRY  # noqa: E402
 from gyre.real.pool import ActorPool  # noqa: E402
 from gyre.real.runner import preset_tiny_test, run_real  # noqa: E402
 from test_real_cluster import check_run  # noqa: E402
@@ -63,6 +64,40 @@ def test_engine_killed_while_a_step_trains_serves_the_new_version(pool):
     assert mismatch.max() < 1e-5, f"engines did not serve the trainer's weights: {list(mismatch)}"
 
 
+def check_survived(r, bound: int) -> None:
+    """The run completed exactly once per execution, within the staleness bound, with no execution lost or
+    duplicated by the summary's count, and every step's samples came from exactly the trainer's weights."""
+    from gyre.real.faults import fault_summary
+
+    check_run(r, len(r.metrics.steps))
+    assert r.metrics.staleness["staleness"].max() <= bound, f"{r.policy}: staleness above {bound}"
+    fs = fault_summary(r.log)
+    assert fs["executions_lost"] == fs["executions_duplicated"] == 0, f"{r.policy}: {fs}"
+    mismatch = r.learning()["logp_mismatch"]
+    assert mismatch.max() < 1e-5, f"{r.policy}: engines off the trainer's weights: {list(mismatch)}"
+
+
+ON_POLICY = {"async": {"eta": 0}, "elastic": {"eta": 0}}  # every sample from the trainer's latest weights
+
+
+@pytest.mark.parametrize("policy", sorted(REGISTRY))
+def test_random_faults_are_survived_by_every_policy(pool, policy):
+    """Engines and a trainer worker killed at random moments of the run (seeded), every registered policy
+    on-policy (so the log-prob mismatch must stay at its no-fault floor): the run completes, every execution is
+    admitted, started, finished and trained exactly once, within the policy's staleness bound."""
+    from gyre.real.faults import fault_summary
+
+    seed = sorted(REGISTRY).index(policy)
+    cluster = dataclasses.replace(CFG.cluster, seed=seed, checkpoint_every=2,
+                                  faults=("random-engines:2", "random-trainers:1"))
+    cfg = dataclasses.replace(CFG, steps=4, cluster=cluster, policy_params=ON_POLICY)
+    r = run_real(cfg, policy, pool=pool)
+    check_survived(r, 0)
+    fired = [x[3] for x in r.log if x[0] == "note" and x[2] == "fault"]
+    assert len(fired) == 3, f"{policy}: faults fired {fired}"
+    assert fault_summary(r.log)["faults"] == 3
+
+
 def test_real_cli_flag_set_is_frozen():
     """gyre-real's surface does not sprawl: run's flags are exactly these."""
     import typer.main
@@ -100,7 +135,7 @@ def test_fault_specs_resolve_from_the_seed():
     assert [f.kind for f in faults] == ["kill-engine"] * 3 + ["kill-trainer", "delay-sync"]
     a, b, c = (FaultInjector(faults, s).pending for s in (7, 7, 8))
     assert a == b and a != c, "random moments not a function of the seed"
-    assert all(0 <= f.at_progress <= 1 and 0 <= f.delay_s <= 1 for f in a[:3]), a
+    assert all(0 <= f.at_progress <= 0.95 and 0 <= f.delay_s <= 1 for f in a[:3]), a
     assert a[3].at_s == 4.0 and a[4].sync_delay_s == 0.5 and a[4].at_s == 2.0
 
 
