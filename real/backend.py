@@ -36,7 +36,7 @@ from gyre.backend import ClusterBase
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
-from gyre.real.faults import SYNC_TIMEOUT_S, FaultInjector, parse_faults
+from gyre.real.faults import FaultInjector, parse_faults
 from gyre.real.flow import ExecutionFlow
 from gyre.real.task_api import DEFAULT_TASK, load_task
 from gyre.real.train_step import TrainSteps
@@ -283,29 +283,6 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
             self._publish_each(todo, one, fault[1] if fault is not None else None)
         return h
 
-    def _publish_each(self, engines: list[RealEngine], one, drop: int | None) -> None:
-        """Send each engine the latest weights; a load without a reply after SYNC_TIMEOUT_S is sent again (the
-        engine `drop` never gets the first message: an injected fault)."""
-        for e in engines:
-            answered, done = [False], one(e)
-
-            def reply(dt, err, answered=answered, done=done) -> None:
-                if not answered[0]:
-                    answered[0] = True
-                    done(dt, err)
-
-            def resend(e=e, answered=answered, reply=reply) -> None:
-                if not answered[0] and self._engines.get(e.id) is e and e.ready:
-                    self._log(("note", self.now, "sync_resent", {"engine": e.id, "version": self._version}))
-                    self._publish([e], lambda _e: reply)
-                    self._call_after(SYNC_TIMEOUT_S, resend)
-                elif not answered[0]:
-                    reply(0.0, None)  # it died or stopped meanwhile: it wakes with the latest
-
-            if e.id != drop:
-                self._publish([e], lambda _e, reply=reply: reply)
-            self._call_after(SYNC_TIMEOUT_S, resend)
-
     def _succeed_after(self, seconds: float, h: Handle) -> None:
         self._call_after(seconds, lambda: self._deferred.append((h, None)))
 
@@ -314,21 +291,6 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         heapq.heappush(self._timers, (self.now + seconds, self._seq, fn))
 
     # ------------------------------------------------------------------ fault injection
-    def kill_engine(self, engine_id: int) -> None:
-        """Kill the actor behind a running engine (fault injection); the run must survive it. The driver
-        finds it dead through a liveness probe (`ping`), as it would through any other failed call."""
-        eng = self._engines.get(engine_id)
-        if eng is None or not eng.ready:
-            raise ClusterError(f"kill_engine: engine {engine_id} is not running")
-        actor = eng.actor
-        ray.kill(actor, no_restart=True)
-
-        def probed(_v, err) -> None:
-            if isinstance(err, ray.exceptions.RayActorError):
-                self._on_engine_dead(eng, actor)
-
-        self._submit(actor.ping.remote(), probed)
-
     def step_in_flight(self) -> tuple[int, ...]:
         """The GPUs of the training step running now (empty: none)."""
         return self._steps[0][0] if self._stepping else ()

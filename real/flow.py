@@ -8,10 +8,13 @@ its context), or, when the engine actor died, move it to another engine from its
 same GPUs. Handle completions are only queued here (`_deferred`); the run loop releases them.
 
 `ExecutionFlow` is a mixin of gyre.real.backend.RealCluster and uses its bookkeeping (`_engines`, `_log`,
-`_submit`, `_busy`, `_wake`, `pool`, `profile`, `cfg`).
+`_submit`, `_busy`, `_wake`, `_publish`, `_version`, `pool`, `profile`, `cfg`).
 
-Simplifications: a dead engine is noticed on its next failed call; a released KV cache on a dead engine is
-not retried.
+A replacement engine is ready only once it serves the latest version: a step that ended during its restart is
+loaded first (docs/real.md, Faults).
+
+Simplifications: a dead engine is noticed on its next failed call (or the probe `kill_engine` sends); a
+released KV cache on a dead engine is not retried.
 """
 
 from __future__ import annotations
@@ -148,6 +151,21 @@ class ExecutionFlow:
             self._resume_lost(e)
         self._busy(eng)
         self._respawn_engine(eng)
+
+    def kill_engine(self, engine_id: int) -> None:
+        """Kill the actor behind a running engine (fault injection); the run must survive it. The driver
+        finds it dead through a liveness probe (`ping`), as it would through any other failed call."""
+        eng = self._engines.get(engine_id)
+        if eng is None or not eng.ready:
+            raise ClusterError(f"kill_engine: engine {engine_id} is not running")
+        actor = eng.actor
+        ray.kill(actor, no_restart=True)
+
+        def probed(_v, err) -> None:
+            if isinstance(err, ray.exceptions.RayActorError):
+                self._on_engine_dead(eng, actor)
+
+        self._submit(actor.ping.remote(), probed)
 
     def _respawn_engine(self, eng: RealEngine) -> None:
         """A fresh actor on the dead one's GPUs, woken with the latest weights."""

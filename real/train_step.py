@@ -46,6 +46,7 @@ class TrainSteps:
         self._ckpt_version: int | None = base if base > 0 else None  # the checkpoint's version (None: none)
         self._batches: dict[int, Any] = {}  # version -> the batch that made it, since the checkpoint
         self._lost_at, self._lost_gpu = 0.0, 0
+        self._trainer_faults = 0  # trainer workers lost so far
 
     # --- the queue ---
     def _enqueue_step(self, gpus: tuple[int, ...], batch, end: Callable[[dict], None]) -> None:
@@ -85,6 +86,7 @@ class TrainSteps:
         every = self._ckpt_every
         save = self._ckpt_path if self._ckpt_path and every and (v - self.base_version) % every == 0 else None
         left, ok, errors, died = [len(gpus)], {}, [], []
+        faults_before = self._trainer_faults
 
         def one(rank: int, actor):
             def done(stats, err) -> None:
@@ -101,7 +103,9 @@ class TrainSteps:
                                     ray.kill(a, no_restart=True)
                 left[0] -= 1
                 if left[0] == 0:
-                    self._step_ended(gpus, batch, ok, errors, bool(died), save, len(stale))
+                    # a rank may fail for a worker lost elsewhere (worker 0's store): retried as well
+                    lost = bool(died) or self._trainer_faults != faults_before
+                    self._step_ended(gpus, batch, ok, errors, lost, save, len(stale))
             return done
 
         ranks = [trainers[g] for g in gpus]
@@ -130,7 +134,7 @@ class TrainSteps:
             return
         if len(gpus) > 1:
             self.pool.book.broken("dp", tuple(f"t{g}" for g in gpus))
-        if not died:  # no worker was lost: a genuine error
+        if not died:  # no worker was lost meanwhile: a genuine error
             raise ClusterError(f"train: step {self._tv + 1} failed: {'; '.join(errors)}")
         for g in gpus:  # mid-step state: unknown
             self._held[g] = None
@@ -150,6 +154,7 @@ class TrainSteps:
         """Worker `gpu`'s actor died: replace it; if it held the only state of record, rebuild that."""
         if self.pool.trainers[gpu] is not actor:
             return  # already replaced
+        self._trainer_faults += 1
         if self._record is not None:
             self._lost_at = self.now  # the incident starts (a rebuild's recovery_s counts from here)
         self._log(("note", self.now, "trainer_fault", {"worker": gpu, "version": self._tv,

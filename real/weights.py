@@ -8,7 +8,7 @@ broadcast failed (a peer died), on NCCL for the engine sharing the sender's GPU,
 lost trainer worker is replaced (the driver keeps the latest version's object ref for that).
 
 `WeightPublisher` is a mixin of gyre.real.backend.RealCluster and uses its `pool`, `cfg`, `_submit`,
-`_log`, `_version`, `_tv`, `_record` and `_store_pending`.
+`_log`, `_call_after`, `_engines`, `_version`, `_tv`, `_record` and `_store_pending`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from gyre.real.collective import plan_broadcast
+from gyre.real.faults import SYNC_TIMEOUT_S
 from gyre.real.engine_view import RealEngine
 
 
@@ -80,3 +81,26 @@ class WeightPublisher:
         self._submit(pool.trainers[src].send_weights.remote(specs[0], self._tv), sent)
         for e, spec in zip(targets, specs[1:]):
             self._submit(e.actor.receive_weights.remote(spec, v), received(e, e.actor))
+
+    def _publish_each(self, engines: list[RealEngine], one, drop: int | None) -> None:
+        """Send each engine the latest weights; a load without a reply after SYNC_TIMEOUT_S is sent again (the
+        engine `drop` never gets the first message: an injected fault)."""
+        for e in engines:
+            answered, done = [False], one(e)
+
+            def reply(dt, err, answered=answered, done=done) -> None:
+                if not answered[0]:
+                    answered[0] = True
+                    done(dt, err)
+
+            def resend(e=e, answered=answered, reply=reply) -> None:
+                if not answered[0] and self._engines.get(e.id) is e and e.ready:
+                    self._log(("note", self.now, "sync_resent", {"engine": e.id, "version": self._version}))
+                    self._publish([e], lambda _e: reply)
+                    self._call_after(SYNC_TIMEOUT_S, resend)
+                elif not answered[0]:
+                    reply(0.0, None)  # it died or stopped meanwhile: it wakes with the latest
+
+            if e.id != drop:
+                self._publish([e], lambda _e, reply=reply: reply)
+            self._call_after(SYNC_TIMEOUT_S, resend)
