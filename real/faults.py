@@ -6,9 +6,9 @@ A run's faults are strings (`RealClusterConfig.faults`, `gyre-real run --faults`
 - `kill-trainer@T`: kill a trainer worker: a rank of the step in flight (chosen by the seed), else the
   worker of record (the one holding the latest state);
 - `random-engines:N`, `random-trainers:N`: N such kills at random moments of the whole run, drawn from the
-  run's seed: each fires once a random fraction f (uniform on [0, 0.95]) of the run's executions finished,
+  run's seed: each fires once a random fraction f (uniform on [0, 0.9]) of the run's executions finished,
   after a random part u (uniform on [0, 1]) of the mean time between finishes so far, so kills fall across
-  the run whatever its length, in generation and in training alike;
+  the run whatever its length, in generation and in training alike (one drawn late may find the run over);
 - `delay-sync:S@T`: the first weight sync at or after T reaches its engines S seconds late;
 - `drop-sync@T`: the first weight sync at or after T loses its message to one engine (chosen by the seed);
   the driver's sync timeout (`SYNC_TIMEOUT_S`) sends it again.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-LAST_PROGRESS = 0.95  # random faults fire before this fraction of the executions finished (+ a gap's share)
+LAST_PROGRESS = 0.9  # random faults fire before this fraction of the executions finished (+ a gap's share)
 SYNC_TIMEOUT_S = 3.0  # a weight load with no reply after this long is sent again
 FORMS = "kill-engine@T, kill-trainer@T, random-engines:N, random-trainers:N, delay-sync:S@T, drop-sync@T"
 _SPEC = re.compile(r"^(kill-engine|kill-trainer|drop-sync)@([0-9.]+)$|^(random-engines|random-trainers):([0-9]+)$"

@@ -80,22 +80,24 @@ def check_survived(r, bound: int) -> None:
 ON_POLICY = {"async": {"eta": 0}, "elastic": {"eta": 0}}  # every sample from the trainer's latest weights
 
 
+@pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("policy", sorted(REGISTRY))
-def test_random_faults_are_survived_by_every_policy(pool, policy):
+def test_random_faults_are_survived_by_every_policy(pool, policy, seed):
     """Engines and a trainer worker killed at random moments of the run (seeded), every registered policy
     on-policy (so the log-prob mismatch must stay at its no-fault floor): the run completes, every execution is
     admitted, started, finished and trained exactly once, within the policy's staleness bound."""
     from gyre.real.faults import fault_summary
 
-    seed = sorted(REGISTRY).index(policy)
+    seed = 2 * sorted(REGISTRY).index(policy) + seed
     cluster = dataclasses.replace(CFG.cluster, seed=seed, checkpoint_every=2,
                                   faults=("random-engines:2", "random-trainers:1"))
     cfg = dataclasses.replace(CFG, steps=4, cluster=cluster, policy_params=ON_POLICY)
     r = run_real(cfg, policy, pool=pool)
     check_survived(r, 0)
     fired = [x[3] for x in r.log if x[0] == "note" and x[2] == "fault"]
-    assert len(fired) == 3, f"{policy}: faults fired {fired}"
-    assert fault_summary(r.log)["faults"] == 3
+    # a fault drawn late in the run may find it over before its moment comes
+    assert len(fired) >= 2 and len(fired) + len(r.cluster.injector.pending) == 3, f"{policy}: fired {fired}"
+    assert fault_summary(r.log)["faults"] == len(fired)
 
 
 def test_real_cli_flag_set_is_frozen():
@@ -135,7 +137,7 @@ def test_fault_specs_resolve_from_the_seed():
     assert [f.kind for f in faults] == ["kill-engine"] * 3 + ["kill-trainer", "delay-sync"]
     a, b, c = (FaultInjector(faults, s).pending for s in (7, 7, 8))
     assert a == b and a != c, "random moments not a function of the seed"
-    assert all(0 <= f.at_progress <= 0.95 and 0 <= f.delay_s <= 1 for f in a[:3]), a
+    assert all(0 <= f.at_progress <= 0.9 and 0 <= f.delay_s <= 1 for f in a[:3]), a
     assert a[3].at_s == 4.0 and a[4].sync_delay_s == 0.5 and a[4].at_s == 2.0
 
 
