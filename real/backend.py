@@ -99,8 +99,10 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self._tmp = tempfile.mkdtemp(prefix="gyre-ckpt-") if every and not config.checkpoint else None
         ckpt = config.checkpoint or (str(Path(self._tmp) / "trainer.pt") if self._tmp else None)
         self._init_steps(base, len(pool.trainers), ckpt, every)
-        self._weights = None  # object ref of the latest weights (kept: engines load it while a trainer recovers)
-        self._weights_ref()
+        # object ref of the latest version's snapshot, made before the version is booked (engines load it even
+        # while a lost trainer worker's state is rebuilt)
+        self._weights = pool.trainers[0].weights.remote(base)
+        ray.get(self._weights)
         self.injector = FaultInjector(parse_faults(config.faults), config.seed)
         self._t0 = time.perf_counter()
 
@@ -237,8 +239,6 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         t0 = self.now
 
         def end(stats) -> None:
-            self._weights = None
-            self._weights_ref()
             self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
             self._step_done(gpus, stats["tokens"])
             for e in self._engines.values():  # they load this version before they are ready again

@@ -47,6 +47,7 @@ class TrainSteps:
         self._batches: dict[int, Any] = {}  # version -> the batch that made it, since the checkpoint
         self._lost_at, self._lost_gpu = 0.0, 0
         self._trainer_faults = 0  # trainer workers lost so far
+        self._rebuilt: Callable[[], None] | None = None  # to run once the state of record is rebuilt
 
     # --- the queue ---
     def _enqueue_step(self, gpus: tuple[int, ...], batch, end: Callable[[dict], None]) -> None:
@@ -128,9 +129,8 @@ class TrainSteps:
                 self._batches = {v: b for v, b in self._batches.items() if v > self._tv}
             if errors:
                 self._log(("note", self.now, "step_partial", {"version": self._tv, "errors": errors}))
-            _, _, end = self._steps.popleft()
-            end(stats)
-            self._next_step()
+            self._stepping = True  # until its snapshot exists
+            self._publish_step(stats)
             return
         if len(gpus) > 1:
             self.pool.book.broken("dp", tuple(f"t{g}" for g in gpus))
@@ -142,6 +142,33 @@ class TrainSteps:
             self._lose_record(self._record)
         self._log(("note", self.now, "step_retry", {"version": self._tv + 1, "gpus": list(gpus), "errors": errors}))
         self._next_step()
+
+    def _publish_step(self, stats: dict) -> None:
+        """Make the new version's snapshot (an object the driver owns, so it outlives the worker), then book
+        the step. If the worker of record dies first, another holder (or the rebuilt state) makes it."""
+        if self._record is None:  # rebuilt first; _recover calls back
+            self._stepping = False
+            self._rebuilt = lambda: self._publish_step(stats)
+            self._next_step()
+            return
+        gpu = self._record
+        actor = self.pool.trainers[gpu]
+        ref = actor.weights.remote(self._tv)
+
+        def made(_w, err) -> None:
+            if isinstance(err, ray.exceptions.RayActorError):
+                self._trainer_dead(gpu, actor)
+                self._publish_step(stats)
+                return
+            if err is not None:
+                raise ClusterError(f"train: the snapshot of version {self._tv} could not be made: {err}")
+            self._weights = ref
+            self._stepping = False
+            _, _, end = self._steps.popleft()
+            end(stats)
+            self._next_step()
+
+        self._submit(ref, made)
 
     # --- losing a worker ---
     def kill_trainer(self, gpu: int) -> None:
@@ -185,32 +212,51 @@ class TrainSteps:
         """Rebuild the state of record on the lost record's GPU: checkpoint (or starting weights) + replay."""
         self._recovering = True
         gpu, actor = self._lost_gpu, self.pool.trainers[self._lost_gpu]
-        start = self._ckpt_version
-        replay = [self._batches[v] for v in range((start if start is not None else self.base_version) + 1,
-                                                   self._tv + 1)]
-        first = actor.load.remote(self._ckpt_path) if start is not None else actor.reset.remote(self.cfg.seed)
-        refs = [first] + [actor.train.remote(b, None, None, None) for b in replay]
-        left = [len(refs)]
+        restore = actor.load.remote(self._ckpt_path) if self._ckpt_version is not None else \
+            actor.reset.remote(self.cfg.seed)
+        failed = [False]
 
-        def done(_v, err) -> None:
-            if left[0] < 0:
-                return  # this attempt failed already
+        def lost(err) -> bool:
+            if failed[0]:
+                return True  # this attempt failed already
             if isinstance(err, ray.exceptions.RayActorError):
-                left[0] = -1
-                self._recovering = False
+                failed[0], self._recovering = True, False
                 self._trainer_dead(gpu, actor)
-                return
+                return True
             if err is not None:
                 raise ClusterError(f"trainer: the state of record could not be rebuilt: {err}")
-            left[0] -= 1
-            if left[0] == 0:
-                self._recovering = False
-                self._record = gpu
-                self._held[gpu] = self._tv
-                self._log(("note", self.now, "trainer_recovered", {
-                    "worker": gpu, "version": self._tv, "from_version": start if start is not None else
-                    self.base_version, "replayed": len(replay), "recovery_s": self.now - self._lost_at}))
-                self._next_step()
+            return False
 
-        for ref in refs:
-            self._submit(ref, done)
+        def restored(version, err) -> None:
+            if lost(err):
+                return
+            start = version if self._ckpt_version is not None else self.base_version
+            if start > self._tv:  # written by a step that did not stand: the state before it is gone
+                raise ClusterError(f"trainer: checkpoint {self._ckpt_path} holds version {start}, the run's state "
+                                   f"of record is {self._tv}")
+            replay = [self._batches[v] for v in range(start + 1, self._tv + 1)]
+            refs = [actor.train.remote(b, None, None, None) for b in replay] or [actor.ping.remote()]
+            left = [len(refs)]
+
+            def replayed(_v, err2) -> None:
+                if lost(err2):
+                    return
+                left[0] -= 1
+                if left[0] == 0:
+                    self._recovering = False
+                    self._record = gpu
+                    self._held[gpu] = self._tv
+                    self._log(("note", self.now, "trainer_recovered", {
+                        "worker": gpu, "version": self._tv, "from_version": start, "replayed": len(replay),
+                        "recovery_s": self.now - self._lost_at}))
+                    then, self._rebuilt = self._rebuilt, None
+                    if then is not None:  # a step whose snapshot was lost with its worker
+                        self._stepping = True
+                        then()
+                        return
+                    self._next_step()
+
+            for ref in refs:
+                self._submit(ref, replayed)
+
+        self._submit(restore, restored)

@@ -26,9 +26,7 @@ from gyre.real.engine_view import RealEngine
 class WeightPublisher:
     def _weights_ref(self):
         """The object ref of the latest weights (the worker of record's snapshot), made once per version."""
-        if self._weights is None:  # never None while the state of record is rebuilt (_record None)
-            self._weights = self.pool.trainers[self._record].weights.remote(self._tv)
-        return self._weights
+        return self._weights  # made by the step that published it, before the version was booked
 
     def _wake(self, eng: RealEngine, v: int, done: Callable[[Any, BaseException | None], None]) -> None:
         """Wake the engine's actor with version `v` (the latest): in the call, or by a broadcast after it."""

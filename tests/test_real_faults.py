@@ -100,6 +100,34 @@ def test_random_faults_are_survived_by_every_policy(pool, policy, seed):
     assert fault_summary(r.log)["faults"] == len(fired)
 
 
+def test_a_trainer_killed_mid_step_is_rebuilt_and_the_step_retried(pool):
+    """async (eta 0, one trainer worker, no checkpoint): the worker is killed while it trains step 2, so the
+    state of record is gone. It is rebuilt from the starting weights plus step 1's batch (equal to the version 1
+    the engines were serving), the step is run again, and versions continue."""
+    import torch
+
+    cfg = dataclasses.replace(CFG, steps=3, policy_params={"async": {"eta": 0}},
+                              cluster=dataclasses.replace(CFG.cluster, checkpoint_every=0))
+    killed, served = [], []
+
+    def chaos(c) -> None:
+        if not killed and c.version == 1 and c.step_in_flight():
+            served.append(ray.get(c._weights))  # version 1, as the engines load it
+            killed.append(c.step_in_flight()[0])
+            c.kill_trainer(killed[0])
+
+    r = run_real(cfg, "async", pool=pool, on_tick=chaos)
+    assert killed, "the fault never fired"
+    check_survived(r, 0)
+    notes = {x[2]: x[3] for x in r.log if x[0] == "note"}
+    assert notes["step_retry"]["version"] == 2, notes.get("step_retry")
+    rec = notes["trainer_recovered"]
+    assert (rec["from_version"], rec["replayed"], rec["version"]) == (0, 1, 1), rec
+    assert r.cluster.trainer_version == 3, "versions did not continue"
+    rebuilt = ray.get(pool.trainers[killed[0]].weights.remote(1))
+    assert all(torch.allclose(rebuilt[k], v, atol=1e-6) for k, v in served[0].items()), "rebuilt != version 1"
+
+
 def test_real_cli_flag_set_is_frozen():
     """gyre-real's surface does not sprawl: run's flags are exactly these."""
     import typer.main
