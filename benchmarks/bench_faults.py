@@ -39,7 +39,8 @@ def main() -> None:
     from gyre.policies import REGISTRY
     from gyre.real.faults import fault_summary
     from gyre.real.pool import ActorPool
-    from gyre.real.runner import preset_tiny_test, run_real
+    from gyre.real.config import preset_tiny_test
+    from gyre.real.runner import run_real
 
     base = preset_tiny_test()
     pool = ActorPool.shared(base.pool)

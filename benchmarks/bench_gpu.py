@@ -24,7 +24,7 @@ import traceback
 import numpy as np
 import torch
 
-from gyre.nn.model import ModelConfig, TinyLlama
+from gyre.nn.model import TinyLlamaConfig, TinyLlama
 from gyre.trajectory import PackConfig, TaskRecorder, build_packs
 from gyre.trajectory.torch_ops import branches_of, naive_loss, packed_loss
 
@@ -66,7 +66,7 @@ def timed(fn, repeats: int) -> float:
 
 def check_exactness(dev: str, smoke: bool) -> dict:
     rng = np.random.default_rng(0)
-    mcfg = ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
+    mcfg = TinyLlamaConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
     recs = sharing_groups(rng, 2, mcfg.vocab_size, 64, 3, 12, 8)
     advs = [rng.normal(size=8) for _ in recs]
     out = {}
@@ -110,10 +110,10 @@ def bench_training(dev: str, smoke: bool) -> dict:
 
     rng = np.random.default_rng(2)
     if smoke:
-        mcfg = ModelConfig(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
+        mcfg = TinyLlamaConfig(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
         shape, bound, reps, dtype = dict(tasks=1, prompt=256, turns=2, model_tok=32, env_tok=32), 2048, 1, torch.float32
     else:
-        mcfg = ModelConfig(vocab_size=32000, dim=1024, n_layers=8, n_heads=16, n_kv_heads=4, ffn_dim=2816,
+        mcfg = TinyLlamaConfig(vocab_size=32000, dim=1024, n_layers=8, n_heads=16, n_kv_heads=4, ffn_dim=2816,
                            tie_embeddings=False)
         shape, bound, reps, dtype = dict(tasks=2, prompt=4096, turns=4, model_tok=256, env_tok=512), 8192, 5, torch.bfloat16
     model = TinyLlama(mcfg, rng, dtype=dtype).to(dev)
@@ -145,10 +145,10 @@ def bench_training(dev: str, smoke: bool) -> dict:
 
 def bench_decode(dev: str, smoke: bool) -> dict:
     if smoke:
-        mcfg = ModelConfig(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
+        mcfg = TinyLlamaConfig(vocab_size=512, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128)
         batches, contexts, dtype = [1, 4], [64, 256], torch.float32
     else:
-        mcfg = ModelConfig(vocab_size=32000, dim=1024, n_layers=8, n_heads=16, n_kv_heads=4, ffn_dim=2816)
+        mcfg = TinyLlamaConfig(vocab_size=32000, dim=1024, n_layers=8, n_heads=16, n_kv_heads=4, ffn_dim=2816)
         batches, contexts, dtype = [1, 8, 32, 64], [512, 2048, 8192], torch.bfloat16
     model = TinyLlama(mcfg, np.random.default_rng(3), dtype=dtype).to(dev)
     rows = []

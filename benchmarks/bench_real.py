@@ -171,7 +171,7 @@ def run_policies(cfg, policies, pool, out: Path) -> list:
 
 def sim_to_real(out: Path, policies: list[str]) -> pd.DataFrame:
     """Every (calibrated on, predicted) pair of the runs in `out`, on the source's and on the own workload."""
-    from gyre.real.calibrate import predict_makespans
+    from gyre.bridge.calibrate import predict_makespans
 
     return pd.concat([predict_makespans(out, src, policies, workload=w) for w in ("source", "own")
                       for src in policies], ignore_index=True)
@@ -179,7 +179,8 @@ def sim_to_real(out: Path, policies: list[str]) -> pd.DataFrame:
 
 def control_plane(results, cfg, pool) -> pd.DataFrame:
     """Role moves and migrations read off the runs, and a probe policy's rollout -> train -> rollout."""
-    from gyre.real.runner import preset_tiny_test, run_real
+    from gyre.real.config import preset_tiny_test
+    from gyre.real.runner import run_real
 
     rows = []
     for r in results:
@@ -211,7 +212,7 @@ def main() -> None:
     ap.add_argument("--sync-only", action="store_true", help="only the weight-sync timing (section 4)")
     args = ap.parse_args()
     from gyre.real.pool import ActorPool
-    from gyre.real.runner import preset_tiny_cpu
+    from gyre.real.config import preset_tiny_cpu
 
     cfg = dataclasses.replace(preset_tiny_cpu(), steps=args.steps)
     if args.eta is not None:

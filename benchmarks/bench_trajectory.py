@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gyre.nn.model import ModelConfig, TinyLlama
+from gyre.nn.model import TinyLlamaConfig, TinyLlama
 from gyre.trajectory import LossRows, Pack, PackConfig, TaskRecorder, build_packs
 from gyre.trajectory.torch_ops import LossConfig, branches_of, packed_loss
 
@@ -182,7 +182,7 @@ def sharing_workload(rng: np.random.Generator, tasks: int, vocab: int) -> list[T
 def bench_training(repeats: int, seed: int) -> None:
     torch.set_num_threads(1)  # steadier than 2 threads on a shared 2-core host
     rng = np.random.default_rng(seed)
-    mcfg = ModelConfig(vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384)
+    mcfg = TinyLlamaConfig(vocab_size=512, dim=128, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=384)
     model = TinyLlama(mcfg, rng, dtype=torch.float32)
     recs = sharing_workload(rng, 2, mcfg.vocab_size)
     advs = [rng.normal(size=8) for _ in recs]

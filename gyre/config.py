@@ -1,12 +1,14 @@
 """Run configuration: which cluster, model, workload and policy; built without side effects.
 
 A preset is a plain function returning a RunConfig (gyre.presets); a CLI flag only overrides a field
-of a named preset via `override`, which validates and reports the offending field in one line.
+of a named preset via `override`, which validates and reports the offending field in one line. The real
+backend's configs (gyre.real.config) are overridden by the same two functions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,35 +63,40 @@ class RunConfig:
         return derive_costs(self.cluster.model, self.cluster.gpu, self.cluster.cost)
 
 
-def override(cfg: RunConfig, **changes: Any) -> RunConfig:
-    """Replace fields; dotted keys reach nested configs ('cluster.gpus', 'workload.deadline_s')."""
-    nested: dict[str, dict[str, Any]] = {}
-    flat: dict[str, Any] = {}
+def replace_fields(obj, table: Mapping[str, Any], where: str = "", prefix: str = ""):
+    """`dataclasses.replace` with nested tables: a dict value reaches the nested config it names; a list or a
+    table given for a tuple field becomes a tuple (TOML has no tuples). Unknown fields and values a config
+    refuses are one ConfigError naming `where` (a file, or nothing) and the dotted field."""
+    at = f"{where}: " if where else ""
+    fields = {f.name for f in dataclasses.fields(obj)}
+    kw = {}
+    for k, v in table.items():
+        if k not in fields:
+            raise ConfigError(f"{at}unknown field {prefix + k!r} (known: {', '.join(sorted(fields))})")
+        cur = getattr(obj, k)
+        if dataclasses.is_dataclass(cur) and isinstance(v, Mapping):
+            v = replace_fields(cur, v, where, f"{prefix}{k}.")
+        elif isinstance(cur, tuple) and isinstance(v, list):
+            v = tuple(v)
+        elif isinstance(cur, tuple) and isinstance(v, Mapping):
+            v = tuple(sorted(v.items()))
+        kw[k] = v
+    try:
+        return dataclasses.replace(obj, **kw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{at}{prefix.rstrip('.') or 'run'}: {exc}") from None
+
+
+def override(cfg, **changes: Any):
+    """Replace fields; dotted keys reach nested configs ('cluster.gpus', 'workload.deadline_s'); None is no
+    change. The one override mechanism of both backends (TOML files go through `replace_fields` too)."""
+    table: dict[str, Any] = {}
     for key, value in changes.items():
         if value is None:
             continue
-        head, _, rest = key.partition(".")
-        if rest:
-            nested.setdefault(head, {})[rest] = value
-        else:
-            flat[key] = value
-    for head, sub in nested.items():
-        obj = getattr(cfg, head, None)
-        if obj is None or not dataclasses.is_dataclass(obj):
-            raise ConfigError(f"unknown config section {head!r}")
-        names = {f.name for f in dataclasses.fields(obj)}
-        bad = [k for k in sub if k.partition(".")[0] not in names]
-        if bad:
-            raise ConfigError(f"unknown field {head}.{bad[0]}")
-        try:
-            flat[head] = override(obj, **sub) if any("." in k for k in sub) else dataclasses.replace(obj, **sub)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    names = {f.name for f in dataclasses.fields(cfg)}
-    bad = [k for k in flat if k not in names]
-    if bad:
-        raise ConfigError(f"unknown field {bad[0]!r}")
-    try:
-        return dataclasses.replace(cfg, **flat)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        *heads, last = key.split(".")
+        t = table
+        for h in heads:
+            t = t.setdefault(h, {})
+        t[last] = value
+    return replace_fields(cfg, table)

@@ -69,7 +69,7 @@ print(f"an engine takes {costs.engine_gpus} GPU and holds {costs.kv_capacity_tok
 """),
     ("code", """
 results = {name: simulate(cfg, name) for name in ["colocate", "async", "elastic"]}
-nb.summary(results)
+nb.summary(results, baseline="colocate")
 """),
     ("md", """
 ### GPU-role timeline
@@ -173,7 +173,7 @@ Run it exactly like the built-ins: `simulate` takes a registered name, a dotted 
 results["pipeline"] = simulate(cfg, Pipeline())
 assert results["pipeline"].metrics.summary()["staleness_max"] <= 1, "pipeline is one step off-policy at most"
 assert len(results["pipeline"].metrics.steps) == cfg.steps
-nb.summary(results)
+nb.summary(results, baseline="colocate")
 """),
     ("code", "nb.timeline(results);"),
     ("md", """
@@ -196,7 +196,8 @@ if os.environ.get("GYRE_NOTEBOOK_REAL") != "1":
     print("skipped: set GYRE_NOTEBOOK_REAL=1 to run Pipeline on local Ray (about a minute on a CPU)")
 else:
     try:
-        from gyre.real.runner import get_preset as real_preset, run_real
+        from gyre.real.config import get_preset as real_preset
+        from gyre.real.runner import run_real
     except ImportError as exc:
         print(f"skipped: the real backend does not import here ({exc})")
     else:

@@ -6,7 +6,7 @@ trained by step a + eta, its deadline; step v trains exactly groups_per_step gro
 deadline scheduling, and the Batcher keeps it feasible at all times:
 - admission: a group may join only if, for every deadline T >= its own, the untrained groups due by T
   fit into the steps left until T: |{untrained: deadline <= T}| <= (T - s + 1) * groups_per_step, where
-  s is the next step to batch (a batch already taken but still training no longer has room);
+  s is the next step to batch (a batch already taken but still training has no room left);
 - batching: step v takes every group due at v (the trainer waits for them), then finished groups in
   (deadline, finish order), and only if the groups left over stay feasible for the steps after v;
   otherwise it waits for more groups to finish.

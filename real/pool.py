@@ -32,7 +32,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from gyre.nn.hf_llama import check_hf_llama, config_mismatch
-from gyre.nn.model import ModelConfig
+from gyre.nn.model import TinyLlamaConfig
 from gyre.real.collective import CollectiveConfig, GroupBook
 from gyre.real.engine_torch import TorchEngine, TorchEngineConfig
 from gyre.real.task import ToolServer
@@ -48,7 +48,7 @@ class PoolConfig:
     address: str | None = None
     local_cpus: int = 2
     engine: str = "torch"  # or "vllm" (gyre.real.engine_vllm)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: TinyLlamaConfig = field(default_factory=TinyLlamaConfig)
     engine_config: TorchEngineConfig = field(default_factory=TorchEngineConfig)
     trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
     vllm_model: str = ""  # engine == "vllm": the served model (path or hub name)

@@ -36,7 +36,7 @@ import ray
 import torch
 
 from gyre.nn.hf_llama import config_mismatch, load_hf_llama
-from gyre.nn.model import ModelConfig, TinyLlama
+from gyre.nn.model import TinyLlamaConfig, TinyLlama
 from gyre.real import collective as C
 from gyre.trajectory import PackConfig, build_packs
 from gyre.trajectory.torch_ops import LossConfig, packed_loss
@@ -74,7 +74,7 @@ def shard_packs(sizes: list[int], n: int) -> list[list[int]]:
 
 
 class Trainer:
-    def __init__(self, model_config: ModelConfig, config: TrainerConfig | None = None, seed: int = 0,
+    def __init__(self, model_config: TinyLlamaConfig, config: TrainerConfig | None = None, seed: int = 0,
                  init_checkpoint: str = "") -> None:
         self.cfg = config or TrainerConfig()
         self.init_checkpoint = init_checkpoint  # a Llama model directory: every reset starts from its weights
@@ -259,7 +259,7 @@ class CheckpointError(ValueError):
     """A trainer checkpoint refused: it needs more than data to load, cannot be read, or is of another model."""
 
 
-def read_checkpoint(path: str | Path, model_config: ModelConfig, *, map_location: str | torch.device = "cpu",
+def read_checkpoint(path: str | Path, model_config: TinyLlamaConfig, *, map_location: str | torch.device = "cpu",
                     mmap: bool = False) -> dict:
     """The state a trainer checkpoint holds (model, opt, version, model_config), unpickled as data only: tensors,
     numbers, strings and plain containers. A file that needs anything more (a pickled class or callable) is

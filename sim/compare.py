@@ -7,7 +7,6 @@ is reported. Runs go to worker processes (one per core); the results are written
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -17,8 +16,9 @@ from typing import Any
 
 import pandas as pd
 
-from gyre import plots
+from gyre import outputs, plots
 from gyre.config import RunConfig
+from gyre.outputs import RunOutput
 from gyre.policies import REGISTRY, ClusterShape, baselines, sweep
 from gyre.sim.runner import SimResult, simulate
 
@@ -111,22 +111,11 @@ def comparison_table(best: dict[str, tuple[Candidate, SimResult]]) -> pd.DataFra
 
 def write_outputs(out: Path, cfg: RunConfig, best: dict[str, tuple[Candidate, SimResult]], table: pd.DataFrame,
                   sweep: pd.DataFrame | None = None) -> dict[str, Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"summary": out / "summary.csv"}
-    table.to_csv(paths["summary"], index=False)
+    """gyre.outputs' files for the best run of each policy, plus sweep.csv (every run) and gpu_hours.png."""
+    runs = [RunOutput(name=name, label=f"{name}: {c.label}", log=r.log, metrics=r.metrics)
+            for name, (c, r) in best.items()]
+    paths = outputs.write_outputs(out, runs, table, preset=cfg.name, seed=cfg.seed, n_gpus=cfg.cluster.gpus)
     if sweep is not None:
         sweep.to_csv(out / "sweep.csv", index=False)
-    for name, (_, r) in best.items():
-        r.metrics.steps.assign(policy=name).to_csv(out / f"steps_{name}.csv", index=False)
-        r.metrics.utilization.assign(policy=name).to_parquet(out / f"utilization_{name}.parquet", index=False)
-        r.metrics.staleness.assign(policy=name).to_csv(out / f"staleness_{name}.csv", index=False)
-    json_rows = table.to_dict(orient="records")
-    (out / "summary.json").write_text(json.dumps({"preset": cfg.name, "seed": cfg.seed, "results": json_rows}, indent=2, default=float))
-    n = cfg.cluster.gpus
-    paths["timeline"] = plots.role_timelines(
-        [(f"{name}: {c.label}", r.log, n, r.makespan_s) for name, (c, r) in best.items()], out / "role_timeline.png"
-    )
-    paths["utilization"] = plots.utilization([(name, r.metrics.utilization) for name, (_, r) in best.items()], n,
-                                             out / "utilization.png")
     paths["gpu_hours"] = plots.step_breakdown(table.to_dict(orient="records"), out / "gpu_hours.png")
     return paths

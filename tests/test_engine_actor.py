@@ -33,11 +33,11 @@ def test_contract_lists_every_method():
 
 def test_torch_engine_satisfies_engine_actor():
     """TorchEngine has every EngineActor method with the same parameters and async-ness."""
-    from gyre.nn.model import ModelConfig
+    from gyre.nn.model import TinyLlamaConfig
     from gyre.real.engine_torch import TorchEngine
 
     check_against_contract(TorchEngine)
-    eng = TorchEngine(ModelConfig(vocab_size=16, dim=32, n_heads=2, n_kv_heads=1, ffn_dim=64, n_layers=1))
+    eng = TorchEngine(TinyLlamaConfig(vocab_size=16, dim=32, n_heads=2, n_kv_heads=1, ffn_dim=64, n_layers=1))
     assert isinstance(eng, EngineActor), "a TorchEngine instance is not an EngineActor"
 
 

@@ -20,13 +20,13 @@ from gyre.nn.hf_llama import (
     tinyllama_state,
     write_hf_llama,
 )
-from gyre.nn.model import ModelConfig, TinyLlama
+from gyre.nn.model import TinyLlamaConfig, TinyLlama
 
-CFG = ModelConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, rope_theta=5e5,
+CFG = TinyLlamaConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, rope_theta=5e5,
                   norm_eps=1e-5)
 
 
-def weights(cfg: ModelConfig, seed: int = 0) -> dict:
+def weights(cfg: TinyLlamaConfig, seed: int = 0) -> dict:
     return TinyLlama(cfg, np.random.default_rng(seed)).state_dict()
 
 
@@ -40,7 +40,7 @@ def assert_bitwise(a: dict, b: dict) -> None:
 @pytest.mark.parametrize("shards", [1, 2])
 def test_written_checkpoint_loads_back_bitwise(tmp_path, tied, shards):
     """Config and every tensor come back exactly, tied or untied head, one file or two shards."""
-    cfg = ModelConfig(**{**CFG.__dict__, "tie_embeddings": tied})
+    cfg = TinyLlamaConfig(**{**CFG.__dict__, "tie_embeddings": tied})
     w = weights(cfg, seed=3)
     write_hf_llama(tmp_path, cfg, w, shards=shards)
     files = sorted(p.name for p in tmp_path.glob("*.safetensors"))
@@ -77,7 +77,7 @@ def test_bf16_checkpoint_keeps_its_dtype(tmp_path):
 
 
 def test_names_map_both_ways():
-    w = weights(ModelConfig(tie_embeddings=False))
+    w = weights(TinyLlamaConfig(tie_embeddings=False))
     hf = hf_llama_state(w)
     assert hf_llama_name("layers.1.mlp.w1.weight") == "model.layers.1.mlp.gate_proj.weight"
     assert tinyllama_name("model.layers.1.mlp.down_proj.weight") == "layers.1.mlp.w2.weight"
@@ -87,11 +87,14 @@ def test_names_map_both_ways():
         tinyllama_name("model.layers.0.self_attn.q_proj.bias")
 
 
-def test_engine_vllm_keeps_its_names():
-    """engine_vllm re-exports the moved mapping (it imports no vllm at module level)."""
+def test_engine_vllm_uses_the_one_mapping_and_writer():
+    """engine_vllm renames weights with gyre.nn.hf_llama's mapping and has no model-directory writer of its own
+    (it imports no vllm at module level)."""
     from gyre.real import engine_vllm
 
-    assert engine_vllm.hf_llama_name is hf_llama_name and engine_vllm.hf_llama_state is hf_llama_state
+    assert engine_vllm.hf_llama_state is hf_llama_state, "engine_vllm has its own name mapping"
+    assert not hasattr(engine_vllm, "save_hf_llama") and not hasattr(engine_vllm, "hf_llama_config"), \
+        "engine_vllm writes model directories itself"
 
 
 def test_transformers_5_rope_parameters_are_read():
@@ -132,7 +135,7 @@ def test_bad_config_is_one_line_naming_file_and_field(tmp_path, field, value, me
 def test_missing_and_misshapen_tensors_are_named(tmp_path):
     from safetensors.torch import save_file
 
-    untied = ModelConfig(**{**CFG.__dict__, "tie_embeddings": False})
+    untied = TinyLlamaConfig(**{**CFG.__dict__, "tie_embeddings": False})
     w = hf_llama_state(weights(untied))
     write_hf_llama(tmp_path, untied, w)
     save_file({k: v for k, v in w.items() if k != "lm_head.weight"}, str(tmp_path / "model.safetensors"))
@@ -155,7 +158,8 @@ def test_toml_init_checkpoint_takes_the_model_and_refuses_a_different_one(tmp_pa
     """[pool] init_checkpoint: the model config comes from the checkpoint; a [pool.model] that differs is one line."""
     pytest.importorskip("ray")
     from gyre.real.pool import check_init_checkpoint
-    from gyre.real.runner import RealConfigError, load_config
+    from gyre.real.config import RealConfigError
+    from gyre.real.config_file import load_config
 
     ck = write_hf_llama(tmp_path / "llama", CFG, weights(CFG))
     toml = tmp_path / "run.toml"
@@ -174,7 +178,7 @@ def test_toml_init_checkpoint_takes_the_model_and_refuses_a_different_one(tmp_pa
 
     with pytest.raises(ValueError, match=r"PoolConfig.model differs from init_checkpoint .*: vocab_size = 256, the "
                                          r"checkpoint has 40"):
-        check_init_checkpoint(dataclasses.replace(cfg.pool, model=ModelConfig()))
+        check_init_checkpoint(dataclasses.replace(cfg.pool, model=TinyLlamaConfig()))
 
 
 def test_trainer_resets_to_the_checkpoint(tmp_path):
@@ -191,4 +195,4 @@ def test_trainer_resets_to_the_checkpoint(tmp_path):
         t.model.embed.weight.add_(1.0)
     assert t.reset(seed=1) == 0 and torch.equal(t.weights(0)["embed.weight"], got["embed.weight"])
     with pytest.raises(ValueError, match=r"init_checkpoint .*bf16: the trainer's model has n_layers = 1, the checkpoint has 2"):
-        Trainer(ModelConfig(**{**CFG.__dict__, "n_layers": 1}), init_checkpoint=str(ck))
+        Trainer(TinyLlamaConfig(**{**CFG.__dict__, "n_layers": 1}), init_checkpoint=str(ck))

@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 import torch
 
-from gyre.nn.model import KVCache, ModelConfig, TinyLlama
+from gyre.nn.model import KVCache, TinyLlamaConfig, TinyLlama
 
-CFG = ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48)
+CFG = TinyLlamaConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48)
 
 
-def make_model(seed: int = 0, cfg: ModelConfig = CFG) -> TinyLlama:
+def make_model(seed: int = 0, cfg: TinyLlamaConfig = CFG) -> TinyLlama:
     return TinyLlama(cfg, np.random.default_rng(seed), dtype=torch.float64)
 
 
@@ -24,7 +24,7 @@ def test_same_seed_same_weights():
 
 def test_untied_head_has_its_own_weight():
     """An untied config owns a separate output projection."""
-    m = TinyLlama(ModelConfig(vocab_size=20, dim=16, n_heads=2, n_kv_heads=1, ffn_dim=16, tie_embeddings=False),
+    m = TinyLlama(TinyLlamaConfig(vocab_size=20, dim=16, n_heads=2, n_kv_heads=1, ffn_dim=16, tie_embeddings=False),
                   np.random.default_rng(0))
     assert m.head is not None and m.head.weight.shape == (20, 16), "untied head missing"
 
@@ -32,7 +32,7 @@ def test_untied_head_has_its_own_weight():
 def test_bad_config_is_one_clear_error():
     """A head count that is not a multiple of the KV heads is rejected naming the field."""
     with pytest.raises(ValueError, match="n_kv_heads"):
-        ModelConfig(n_heads=4, n_kv_heads=3)
+        TinyLlamaConfig(n_heads=4, n_kv_heads=3)
 
 
 def test_default_mask_is_causal():

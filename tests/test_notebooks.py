@@ -140,7 +140,8 @@ def test_notebook_policy_on_real_backend(local_ray):
     pytest.importorskip("torch", reason="the real backend needs torch (pip install -e '.[real]')")
     try:
         from gyre.real.pool import ActorPool
-        from gyre.real.runner import get_preset, run_real
+        from gyre.real.config import get_preset
+        from gyre.real.runner import run_real
     except ImportError as exc:
         pytest.skip(f"gyre.real does not import: {exc}")
     cfg = get_preset("tiny-test")

@@ -13,7 +13,8 @@ pytest.importorskip("torch")
 from gyre.cluster import Cluster, Role  # noqa: E402
 from gyre.policies import REGISTRY  # noqa: E402
 from gyre.real.pool import ActorPool  # noqa: E402
-from gyre.real.runner import preset_tiny_test, run_real, write_outputs  # noqa: E402
+from gyre.real.config import preset_tiny_test  # noqa: E402
+from gyre.real.runner import run_real, write_outputs  # noqa: E402
 
 CFG = preset_tiny_test()
 # every test that starts a local Ray node runs in one xdist worker (two nodes on one host collide)
@@ -119,8 +120,8 @@ def test_cli_run_then_calibrate(pool, tmp_path):
     import pandas as pd
     from typer.testing import CliRunner
 
-    from gyre.real.calibrate import CalibrationError, predict_makespans
-    from gyre.real.cli import app
+    from gyre.bridge.calibrate import CalibrationError, predict_makespans
+    from gyre.bridge.cli import app
 
     res = CliRunner().invoke(app, ["run", "--preset", "tiny-test", "--policy", "colocate", "--policy", "async",
                                    "--out", str(tmp_path)])
@@ -228,7 +229,7 @@ def test_stalled_since_finds_a_final_run_of_steps_without_learning_signal():
 def test_a_pool_built_for_another_config_is_refused(pool):
     """run_real with a warm pool whose [pool] config differs (here the trainer's lr) would silently run with the
     pool's settings: it is a one-line error naming the fields instead."""
-    from gyre.real.runner import RealConfigError
+    from gyre.real.config import RealConfigError
 
     tc = dataclasses.replace(CFG.pool.trainer_config, lr=CFG.pool.trainer_config.lr / 2)
     other = dataclasses.replace(CFG, pool=dataclasses.replace(CFG.pool, trainer_config=tc))
@@ -240,7 +241,7 @@ def test_cli_refuses_bad_policy_params_in_one_line(tmp_path):
     """A [policy_params.<p>] value the policy refuses is one line naming the file and field, before any actor starts."""
     from typer.testing import CliRunner
 
-    from gyre.real.cli import app
+    from gyre.bridge.cli import app
 
     cfg = tmp_path / "bad.toml"
     cfg.write_text('[policy_params.elastic]\nstart_trainer = "half"\n')
@@ -291,7 +292,7 @@ def test_a_bad_task_path_is_one_line(tmp_path):
     """An unloadable [cluster] task_class is one line naming it, before any actor starts."""
     from typer.testing import CliRunner
 
-    from gyre.real.cli import app
+    from gyre.bridge.cli import app
 
     cfg = tmp_path / "bad.toml"
     cfg.write_text('[cluster]\ntask_class = "no_such_module:Task"\n')

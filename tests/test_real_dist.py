@@ -18,7 +18,8 @@ from test_trajectory_pack import random_group  # noqa: E402
 from gyre.real import task as T  # noqa: E402
 from gyre.real.collective import CollectiveConfig, GroupBook, buckets, plan_broadcast  # noqa: E402
 from gyre.real.pool import ActorPool  # noqa: E402
-from gyre.real.runner import preset_tiny_test, run_real  # noqa: E402
+from gyre.real.config import preset_tiny_test  # noqa: E402
+from gyre.real.runner import run_real  # noqa: E402
 from gyre.real.trainer import Trainer, shard_packs  # noqa: E402
 from gyre.trajectory import group_advantages, score_group  # noqa: E402
 

@@ -16,7 +16,8 @@ pytest.importorskip("torch")
 from gyre.cluster import Role  # noqa: E402
 from gyre.policies import REGISTRY  # noqa: E402
 from gyre.real.pool import ActorPool  # noqa: E402
-from gyre.real.runner import preset_tiny_test, run_real  # noqa: E402
+from gyre.real.config import preset_tiny_test  # noqa: E402
+from gyre.real.runner import run_real  # noqa: E402
 from test_real_cluster import check_run  # noqa: E402
 
 CFG = preset_tiny_test()
@@ -126,18 +127,6 @@ def test_a_trainer_killed_mid_step_is_rebuilt_and_the_step_retried(pool):
     assert r.cluster.trainer_version == 3, "versions did not continue"
     rebuilt = ray.get(pool.trainers[killed[0]].weights.remote(1))
     assert all(torch.allclose(rebuilt[k], v, atol=1e-6) for k, v in served[0].items()), "rebuilt != version 1"
-
-
-def test_real_cli_flag_set_is_frozen():
-    """gyre-real's surface does not sprawl: run's flags are exactly these."""
-    import typer.main
-
-    from gyre.real.cli import app
-
-    cmd = typer.main.get_command(app)
-    run_flags = {o for p in cmd.commands["run"].params for o in p.opts}
-    assert run_flags == {"--policy", "--preset", "-p", "--config", "-c", "--steps", "--address", "--seed", "--out",
-                         "-o", "--faults", "--checkpoint-every"}, sorted(run_flags)
 
 
 @pytest.mark.parametrize("spec", ["kill-engine", "kill-engine@soon", "random-engines:0", "delay-sync:0@1",

@@ -21,7 +21,7 @@ pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
 from gyre.real import collective as C  # noqa: E402
-from gyre.real.runner import preset_tiny_test  # noqa: E402
+from gyre.real.config import preset_tiny_test  # noqa: E402
 from gyre.real.trainer import CheckpointError, Trainer  # noqa: E402
 
 CFG = preset_tiny_test()

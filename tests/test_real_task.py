@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gyre.nn.model import ModelConfig  # noqa: E402
+from gyre.nn.model import TinyLlamaConfig  # noqa: E402
 from gyre.real import task as T  # noqa: E402
 from gyre.real.agent import Done, Generate, RealGroup, Tool  # noqa: E402
 from gyre.real.engine_torch import TorchEngine  # noqa: E402
@@ -92,7 +92,7 @@ def test_deadline_truncates_with_partial_credit():
 
 
 def _engine(seed=0):
-    cfg = ModelConfig(vocab_size=T.VOCAB_SIZE)
+    cfg = TinyLlamaConfig(vocab_size=T.VOCAB_SIZE)
     tr = Trainer(cfg, TrainerConfig(), seed=seed)
     eng = TorchEngine(cfg)
     asyncio.run(eng.wake(tr.weights(), 0))
@@ -133,7 +133,7 @@ def test_engine_reuses_cache_and_reprefills_a_moved_context():
 
 def test_trainer_step_raises_good_samples_probability():
     """One trainer step on a group raises the log-prob of the rewarded execution's tokens."""
-    cfg = ModelConfig(vocab_size=T.VOCAB_SIZE)
+    cfg = TinyLlamaConfig(vocab_size=T.VOCAB_SIZE)
     tr = Trainer(cfg, TrainerConfig(lr=1e-2), seed=0)
     g = group(size=2)
     good, bad = g.executions
@@ -169,7 +169,8 @@ def test_cli_user_errors_are_one_line(args, needle):
 
 def test_bad_config_file_names_the_field(tmp_path):
     """A TOML config with an unknown field fails with the file and the dotted field name."""
-    from gyre.real.runner import RealConfigError, load_config
+    from gyre.real.config import RealConfigError
+    from gyre.real.config_file import load_config
 
     p = tmp_path / "run.toml"
     p.write_text('preset = "tiny-cpu"\n[cluster.task]\nmax_turn = 3\n')
@@ -181,7 +182,7 @@ def test_example_gpu_config_parses():
     """configs/real_gpu_example.toml builds a vLLM run config."""
     from pathlib import Path
 
-    from gyre.real.runner import load_config
+    from gyre.real.config_file import load_config
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / "real_gpu_example.toml")
     assert cfg.pool.engine == "vllm" and cfg.pool.n_gpus == 16, f"parsed {cfg.pool}"

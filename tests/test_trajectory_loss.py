@@ -10,14 +10,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))  # the random scenario generator lives beside this file
 from test_trajectory_pack import random_group  # noqa: E402
 
-from gyre.nn.model import ModelConfig, TinyLlama  # noqa: E402
+from gyre.nn.model import TinyLlamaConfig, TinyLlama  # noqa: E402
 from gyre.trajectory import PackConfig, build_packs, group_advantages, merge_by_sign, score_group  # noqa: E402
 from gyre.trajectory.pack import Pack  # noqa: E402
 from gyre.trajectory.torch_ops import (  # noqa: E402
     Branch, LossConfig, block_mask, branches_of, dense_mask, naive_loss, packed_loss,
 )
 
-CFG = ModelConfig(vocab_size=3, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=24, init_std=0.4)
+CFG = TinyLlamaConfig(vocab_size=3, dim=16, n_layers=2, n_heads=2, n_kv_heads=1, ffn_dim=24, init_std=0.4)
 LOSS = LossConfig(clip_low=0.2, clip_high=0.28)
 
 

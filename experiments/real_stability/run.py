@@ -30,7 +30,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
     from gyre.real.pool import ActorPool
-    from gyre.real.runner import preset_tiny_cpu, run_real
+    from gyre.real.config import preset_tiny_cpu
+    from gyre.real.runner import run_real
 
     base = dataclasses.replace(preset_tiny_cpu(), steps=args.steps)
     rows, t0 = [], time.perf_counter()

@@ -4,7 +4,7 @@ What it models: a Llama-architecture model directory (config.json plus one or mo
 the folder vLLM serves) is the same network as a TinyLlama when its config asks only for what TinyLlama
 computes: RMSNorm, RoPE without scaling, grouped-query attention, a SiLU-gated MLP, no biases, tied or
 untied head. Then
-- `model_config_from_hf(config_json)` is its ModelConfig (anything else is one ValueError naming the file
+- `model_config_from_hf(config_json)` is its TinyLlamaConfig (anything else is one ValueError naming the file
   and the field: a different model_type, rope_scaling, attention/mlp bias, an activation other than silu,
   an inconsistent head_dim, dropout);
 - `load_hf_llama(path)` reads every *.safetensors file of the folder (sharded checkpoints too) into a
@@ -18,7 +18,7 @@ Both config.json spellings of RoPE are read: `rope_theta` (+ `rope_scaling`) of 
 `rope_parameters` ({"rope_type": "default", "rope_theta": ...}) of transformers 5.
 
 Simplifications: `max_position_embeddings`, `torch_dtype`/`dtype`, token ids and `pretraining_tp` are not
-part of ModelConfig (TinyLlama has no position limit; a loaded model takes the dtype it is built with); a
+part of TinyLlamaConfig (TinyLlama has no position limit; a loaded model takes the dtype it is built with); a
 tied checkpoint's `lm_head.weight`, if present, is ignored (as transformers does), and
 `rotary_emb.inv_freq` buffers of old checkpoints are skipped. safetensors and torch are imported lazily.
 """
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gyre.nn.model import ModelConfig
+from gyre.nn.model import TinyLlamaConfig
 
 _LAYER_NAMES = {  # gyre.nn.model.Block -> transformers LlamaDecoderLayer
     "attn_norm.weight": "input_layernorm.weight",
@@ -118,8 +118,8 @@ def _rope_theta(cfg: dict, where: str) -> float:
     return float(theta)
 
 
-def model_config_from_hf(config_json: dict, *, source: str = "config.json") -> ModelConfig:
-    """The ModelConfig of a Hugging Face Llama config.json (a dict); `source` names the file in errors."""
+def model_config_from_hf(config_json: dict, *, source: str = "config.json") -> TinyLlamaConfig:
+    """The TinyLlamaConfig of a Hugging Face Llama config.json (a dict); `source` names the file in errors."""
     c = config_json
 
     def need(field: str):
@@ -149,7 +149,7 @@ def model_config_from_hf(config_json: dict, *, source: str = "config.json") -> M
         raise ValueError(f"{source}: head_dim = {c['head_dim']} but hidden_size / num_attention_heads = "
                          f"{dim // heads}: TinyLlama's heads split hidden_size")
     try:
-        return ModelConfig(
+        return TinyLlamaConfig(
             vocab_size=int(need("vocab_size")), dim=dim, n_layers=int(need("num_hidden_layers")), n_heads=heads,
             n_kv_heads=kv_heads, ffn_dim=int(need("intermediate_size")), rope_theta=_rope_theta(c, source),
             norm_eps=float(c.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(c.get("tie_word_embeddings", False)),
@@ -158,7 +158,7 @@ def model_config_from_hf(config_json: dict, *, source: str = "config.json") -> M
         raise ValueError(f"{source}: {exc}") from None
 
 
-def read_model_config(path: str | Path) -> ModelConfig:
+def read_model_config(path: str | Path) -> TinyLlamaConfig:
     """model_config_from_hf of `path`/config.json (a model directory) or of `path` (a config.json file)."""
     p = Path(path)
     f = p / "config.json" if p.is_dir() else p
@@ -169,7 +169,7 @@ def read_model_config(path: str | Path) -> ModelConfig:
     return model_config_from_hf(data, source=str(f))
 
 
-def hf_llama_config_dict(cfg: ModelConfig, *, max_position_embeddings: int = 4096, dtype: str = "float32") -> dict:
+def hf_llama_config_dict(cfg: TinyLlamaConfig, *, max_position_embeddings: int = 4096, dtype: str = "float32") -> dict:
     """config.json of the Llama model computing what TinyLlama(cfg) computes (as transformers' LlamaConfig writes)."""
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
@@ -194,7 +194,7 @@ def _safetensors():
     return load_file, save_file
 
 
-def tinyllama_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+def tinyllama_shapes(cfg: TinyLlamaConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of TinyLlama(cfg)'s state dict, in its order (no weights are built)."""
     hd, out = cfg.head_dim, {"embed.weight": (cfg.vocab_size, cfg.dim)}
     for i in range(cfg.n_layers):
@@ -212,7 +212,7 @@ def tinyllama_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def write_hf_llama(path: str | Path, cfg: ModelConfig, weights: Mapping[str, Any], *, shards: int = 1,
+def write_hf_llama(path: str | Path, cfg: TinyLlamaConfig, weights: Mapping[str, Any], *, shards: int = 1,
                    max_position_embeddings: int = 4096, dtype: str = "float32") -> Path:
     """Write a Llama model directory for TinyLlama(cfg) with `weights` (TinyLlama or HF names): config.json and
     model.safetensors, or `shards` files model-0000i-of-0000n.safetensors plus model.safetensors.index.json."""
@@ -240,7 +240,7 @@ def write_hf_llama(path: str | Path, cfg: ModelConfig, weights: Mapping[str, Any
     return path
 
 
-def _index(p: Path, cfg: ModelConfig) -> dict[str, tuple[str, str]]:
+def _index(p: Path, cfg: TinyLlamaConfig) -> dict[str, tuple[str, str]]:
     """TinyLlama name -> (HF name, file) of every tensor the model needs, checked from the files' headers only
     (names and shapes; no tensor data is read)."""
     from safetensors import safe_open
@@ -281,8 +281,8 @@ def _index(p: Path, cfg: ModelConfig) -> dict[str, tuple[str, str]]:
     return {k: index[k] for k in want}
 
 
-def check_hf_llama(path: str | Path) -> ModelConfig:
-    """The ModelConfig of a Llama model directory whose tensors load_hf_llama would accept, from config.json and
+def check_hf_llama(path: str | Path) -> TinyLlamaConfig:
+    """The TinyLlamaConfig of a Llama model directory whose tensors load_hf_llama would accept, from config.json and
     the safetensors headers only (cheap: a driver validates a checkpoint its workers will load)."""
     _safetensors()
     p = Path(path)
@@ -293,8 +293,8 @@ def check_hf_llama(path: str | Path) -> ModelConfig:
     return cfg
 
 
-def load_hf_llama(path: str | Path) -> tuple[ModelConfig, dict]:
-    """(ModelConfig, state dict under TinyLlama names) of a Llama model directory: config.json plus every
+def load_hf_llama(path: str | Path) -> tuple[TinyLlamaConfig, dict]:
+    """(TinyLlamaConfig, state dict under TinyLlama names) of a Llama model directory: config.json plus every
     *.safetensors file in it (sharded checkpoints too). Tensors keep their stored dtype and bits. A missing,
     duplicated, unexpected or misshapen tensor is one ValueError naming the folder (or file) and the tensor."""
     from safetensors import safe_open
@@ -311,9 +311,9 @@ def load_hf_llama(path: str | Path) -> tuple[ModelConfig, dict]:
     return cfg, {k: state[k] for k in index}
 
 
-def config_mismatch(given: ModelConfig, checkpoint: ModelConfig) -> str | None:
+def config_mismatch(given: TinyLlamaConfig, checkpoint: TinyLlamaConfig) -> str | None:
     """The first field (init_std aside: loaded weights make it moot) where `given` differs from a checkpoint's
-    ModelConfig, as 'field = given, the checkpoint has value'; None when they agree."""
+    TinyLlamaConfig, as 'field = given, the checkpoint has value'; None when they agree."""
     for f in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "rope_theta", "norm_eps",
               "tie_embeddings"):
         a, b = getattr(given, f), getattr(checkpoint, f)

@@ -30,7 +30,7 @@ from torch import nn
 
 
 @dataclass(kw_only=True, frozen=True)
-class ModelConfig:
+class TinyLlamaConfig:
     """Shape of the tiny decoder; `n_heads` must be a multiple of `n_kv_heads` (GQA)."""
 
     vocab_size: int = 256
@@ -46,11 +46,12 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.dim % self.n_heads:
-            raise ValueError(f"ModelConfig.dim={self.dim} is not a multiple of n_heads={self.n_heads}")
+            raise ValueError(f"TinyLlamaConfig.dim={self.dim} is not a multiple of n_heads={self.n_heads}")
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"ModelConfig.n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+            raise ValueError(f"TinyLlamaConfig.n_heads={self.n_heads} is not a multiple of "
+                             f"n_kv_heads={self.n_kv_heads}")
         if (self.dim // self.n_heads) % 2:
-            raise ValueError(f"ModelConfig head_dim={self.dim // self.n_heads} must be even for RoPE")
+            raise ValueError(f"TinyLlamaConfig head_dim={self.dim // self.n_heads} must be even for RoPE")
 
     @property
     def head_dim(self) -> int:
@@ -157,7 +158,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Te
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: TinyLlamaConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.cfg = cfg
         hd = cfg.head_dim
@@ -190,7 +191,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: w2(silu(w1 x) * w3 x)."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: TinyLlamaConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.w1 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False, dtype=dtype)
         self.w3 = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False, dtype=dtype)
@@ -201,7 +202,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: TinyLlamaConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps, dtype)
         self.attn = Attention(cfg, dtype)
@@ -217,7 +218,7 @@ class Block(nn.Module):
 class TinyLlama(nn.Module):
     """The decoder. Weights come from `rng` (normal(0, init_std), output projections scaled by depth)."""
 
-    def __init__(self, config: ModelConfig, rng: np.random.Generator, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, config: TinyLlamaConfig, rng: np.random.Generator, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config = config
         self.dtype = dtype

@@ -171,7 +171,7 @@ def _clean_csv(path: str | Path, f: RequestFields):
     Only a file where every line after the header is one row, with integer token columns and no
     missing value, takes this path; anything else (blank lines, quoted newlines, bad or missing
     values, wrong field counts) returns None and is read line by line, so every bad line is still
-    reported as `file:line: reason`, exactly as before."""
+    reported as `file:line: reason`."""
     need = [c for c in (f.time, f.input, f.output) if c]
     try:
         raw = Path(path).read_bytes()

@@ -217,14 +217,6 @@ def write_trace(
     return n
 
 
-def is_rollout_trace(first_line: str) -> bool:
-    try:
-        d = json.loads(first_line)
-    except ValueError:
-        return False
-    return isinstance(d, dict) and "gyre_trace" in d
-
-
 def read_trace(path: str | Path, *, skip_bad: bool = False) -> Trace:
     """Read a rollout trace; groups must be contiguous and agree on task and step."""
     bad = BadLines(path, skip_bad)

@@ -16,6 +16,9 @@ parent), target token, old log-prob, advantage and execution of the branch, and 
 so that sum(weight * term) over all packs of the batch is the naive loss ("token": 1 / total rows;
 "sequence": 1 / (executions * rows of the row's execution)). Duplicates are counted, as in the naive one.
 
+The steps of `build_packs` (cut, weight, place, assemble, locate leaves) share one chunk layout, so they
+live in this one module, a little over the usual size.
+
 Simplifications: children are visited in insertion order; a context deeper than the bound is an error
 (exact attention needs every ancestor in the pack); packs are not padded; tokens on no closed branch (an
 execution still running) are packed but never trained; cuts minimize replayed tokens, not pack count.
@@ -108,19 +111,6 @@ class PackedBatch:
     branch_pack: np.ndarray  # pack of each branch's leaf (batch-global branch order: tree by tree)
     branch_index: np.ndarray  # pack index of each branch's leaf
     branch_execution: np.ndarray  # batch-global execution of each branch
-
-
-def concat_ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """Concatenation of arange(s, s + n) for each (s, n), vectorized."""
-    keep = lens > 0
-    starts, lens = starts[keep].astype(np.int64), lens[keep].astype(np.int64)
-    if starts.shape[0] == 0:
-        return np.zeros(0, np.int64)
-    step = np.ones(int(lens.sum()), np.int64)
-    heads = np.cumsum(lens) - lens
-    step[0] = starts[0]
-    step[heads[1:]] = starts[1:] - (starts[:-1] + lens[:-1] - 1)
-    return np.cumsum(step)
 
 
 def _choose_cuts(pre: Preorder, max_tokens: int) -> list[int]:
@@ -232,24 +222,23 @@ def _tree_rows(pre: Preorder, ca: np.ndarray, eoff: int, boff: int) -> _TreeRows
             branch.append(np.full(m, b + boff, np.int64))
             counts.append(m)
             chunk_rows[seg_chunk[k] + 1] += m
-    cat = lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dt)  # noqa: E731
     return _TreeRows(
-        pred=cat(pred, np.int64), target=cat(target, np.int64), old_logprob=cat(olp, np.float64),
-        execution=cat(execution, np.int64), branch=cat(branch, np.int64), chunk_bounds=np.cumsum(chunk_rows),
+        pred=_cat(pred, np.int64), target=_cat(target, np.int64), old_logprob=_cat(olp, np.float64),
+        execution=_cat(execution, np.int64), branch=_cat(branch, np.int64), chunk_bounds=np.cumsum(chunk_rows),
     )
 
 
-def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: PackConfig) -> PackedBatch:
-    """Pack a batch of task trees; `advantages[i][e]` is the advantage of execution e of tree i."""
-    if len(trees) != len(advantages):
-        raise ValueError(f"got {len(trees)} trees but {len(advantages)} advantage arrays")
-    pres = [t.preorder() if isinstance(t, TokenTree) else t for t in trees]
-    B = config.max_tokens
-    advs = [np.asarray(a, np.float64).reshape(-1) for a in advantages]
-    eoff = np.concatenate([[0], np.cumsum([a.shape[0] for a in advs])]).astype(np.int64)
-    boff = np.concatenate([[0], np.cumsum([p.branch_leaf.shape[0] for p in pres])]).astype(np.int64)
-    adv_all = np.concatenate(advs) if advs else np.zeros(0)
-    chunks: list[tuple[int, int, int]] = []  # (tree, a, b)
+def _cat(xs: list[np.ndarray], dtype) -> np.ndarray:
+    """The arrays end to end (the one array itself when there is one; an empty one when there are none)."""
+    if not xs:
+        return np.zeros(0, dtype)
+    return xs[0] if len(xs) == 1 else np.concatenate(xs)
+
+
+def _cut_trees(pres: list[Preorder], advs: list[np.ndarray], B: int, eoff: np.ndarray, boff: np.ndarray):
+    """Step 1: check each tree against its advantages and the bound, choose its cuts, and build its loss rows.
+    Returns (chunks as (tree, a, b), cut starts per tree, rows per tree)."""
+    chunks: list[tuple[int, int, int]] = []
     cuts, rows = [], []
     for i, (p, adv) in enumerate(zip(pres, advs)):
         if p.branch_execution.size and p.branch_execution.max() >= adv.shape[0]:
@@ -261,15 +250,77 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
         cuts.append(ca)
         chunks.extend((i, int(a), int(b)) for a, b in zip(ca.tolist(), np.append(ca[1:], p.size).tolist()))
         rows.append(_tree_rows(p, ca, int(eoff[i]), int(boff[i])))
-    n_rows = sum(int(r.pred.shape[0]) for r in rows)
-    if config.normalization == "token":
-        exec_weight = np.full(int(eoff[-1]), 1.0 / max(n_rows, 1))
-    else:
-        per_exec = np.bincount(np.concatenate([r.execution for r in rows]) if rows else np.zeros(0, np.int64),
-                               minlength=int(eoff[-1])).astype(np.float64)
-        n_active = max(int((per_exec > 0).sum()), 1)
-        exec_weight = np.where(per_exec > 0, 1.0 / (n_active * np.maximum(per_exec, 1)), 0.0)
+    return chunks, cuts, rows
 
+
+def _execution_weights(rows: list[_TreeRows], n_exec: int, n_rows: int, normalization: str) -> np.ndarray:
+    """Step 2: each execution's loss weight, so the weighted sum over all packs is the naive loss."""
+    if normalization == "token":
+        return np.full(n_exec, 1.0 / max(n_rows, 1))
+    per_exec = np.bincount(_cat([r.execution for r in rows], np.int64), minlength=n_exec).astype(np.float64)
+    n_active = max(int((per_exec > 0).sum()), 1)
+    return np.where(per_exec > 0, 1.0 / (n_active * np.maximum(per_exec, 1)), 0.0)
+
+
+def _assemble_pack(members: list[int], chunks, pres, ctx, csize, rows, cuts_before, adv_all, exec_weight,
+                   chunk_off) -> Pack:
+    """Step 4: one pack from its chunks, each preceded by its ancestor path replayed one unbranched run at a
+    time; records where each chunk starts in the pack (`chunk_off`)."""
+    ids, pos, lv, parts = [], [], [], []
+    off = 0
+    for c in members:
+        t, a, b = chunks[c]
+        pre = pres[t]
+        chunk_off[c] = off
+        pieces = [(a, b)]
+        x = int(pre.parent[a])
+        while x >= 0:
+            s = int(pre.run_start[np.searchsorted(pre.run_start, x, "right") - 1])
+            pieces.append((s, x + 1))
+            x = int(pre.parent[s])
+        base = off + int(ctx[c]) - a
+        for s, e in reversed(pieces):
+            ids.append(pre.tokens[s:e])
+            pos.append(pre.depth[s:e])
+            lv.append(np.minimum(pre.leave[s:e], b) + base)
+        k = c - int(cuts_before[t])
+        r0, r1 = int(rows[t].chunk_bounds[k]), int(rows[t].chunk_bounds[k + 1])
+        parts.append((rows[t], r0, r1, off))
+        off += int(csize[c])
+    execution = _cat([r.execution[r0:r1] for r, r0, r1, _ in parts], np.int64)
+    return Pack(
+        input_ids=_cat(ids, np.int64), position_ids=_cat(pos, np.int64), leave=_cat(lv, np.int64),
+        rows=LossRows(
+            pred=_cat([r.pred[r0:r1] + o if o else r.pred[r0:r1] for r, r0, r1, o in parts], np.int64),
+            target=_cat([r.target[r0:r1] for r, r0, r1, _ in parts], np.int64),
+            old_logprob=_cat([r.old_logprob[r0:r1] for r, r0, r1, _ in parts], np.float64),
+            advantage=adv_all[execution], execution=execution,
+            branch=_cat([r.branch[r0:r1] for r, r0, r1, _ in parts], np.int64),
+            weight=exec_weight[execution],
+        ),
+    )
+
+
+def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: PackConfig) -> PackedBatch:
+    """Pack a batch of task trees; `advantages[i][e]` is the advantage of execution e of tree i.
+
+    Steps: cut every tree into chunks and build its loss rows; weight the rows; place the chunks into packs
+    (first-fit decreasing by chunk size, context included); assemble each pack; record where each branch's
+    leaf landed."""
+    if len(trees) != len(advantages):
+        raise ValueError(f"got {len(trees)} trees but {len(advantages)} advantage arrays")
+    pres = [t.preorder() if isinstance(t, TokenTree) else t for t in trees]
+    B = config.max_tokens
+    advs = [np.asarray(a, np.float64).reshape(-1) for a in advantages]
+    eoff = np.concatenate([[0], np.cumsum([a.shape[0] for a in advs])]).astype(np.int64)
+    boff = np.concatenate([[0], np.cumsum([p.branch_leaf.shape[0] for p in pres])]).astype(np.int64)
+    adv_all = np.concatenate(advs) if advs else np.zeros(0)
+
+    chunks, cuts, rows = _cut_trees(pres, advs, B, eoff, boff)
+    n_rows = sum(int(r.pred.shape[0]) for r in rows)
+    exec_weight = _execution_weights(rows, int(eoff[-1]), n_rows, config.normalization)
+
+    # step 3: placement
     ctx = np.array([int(pres[t].depth[a]) for t, a, _ in chunks], np.int64)
     csize = ctx + np.array([b - a for _, a, b in chunks], np.int64)
     cpack = _first_fit_decreasing(csize, B)
@@ -277,65 +328,28 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
     members: list[list[int]] = [[] for _ in range(n_packs)]
     for c in np.lexsort((np.arange(len(chunks)), cpack)).tolist():
         members[cpack[c]].append(c)
-    chunk_of_tree = np.concatenate([[0], np.cumsum([len(c) for c in cuts])]).astype(np.int64)
+    cuts_before = np.concatenate([[0], np.cumsum([len(c) for c in cuts])]).astype(np.int64)
 
-    packs, chunk_off = [], np.zeros(len(chunks), np.int64)
-    for p in range(n_packs):
-        ids, pos, lv, parts = [], [], [], []
-        off = 0
-        for c in members[p]:
-            t, a, b = chunks[c]
-            pre = pres[t]
-            chunk_off[c] = off
-            pieces = [(a, b)]
-            x = int(pre.parent[a])
-            while x >= 0:  # replay the ancestor path of a, one unbranched run at a time
-                s = int(pre.run_start[np.searchsorted(pre.run_start, x, "right") - 1])
-                pieces.append((s, x + 1))
-                x = int(pre.parent[s])
-            base = off + int(ctx[c]) - a
-            for s, e in reversed(pieces):
-                ids.append(pre.tokens[s:e])
-                pos.append(pre.depth[s:e])
-                lv.append(np.minimum(pre.leave[s:e], b) + base)
-            k = c - int(chunk_of_tree[t])
-            r0, r1 = int(rows[t].chunk_bounds[k]), int(rows[t].chunk_bounds[k + 1])
-            parts.append((rows[t], r0, r1, off))
-            off += int(csize[c])
-        cat = lambda xs: np.concatenate(xs) if len(xs) > 1 else xs[0]  # noqa: E731
-        execution = cat([r.execution[r0:r1] for r, r0, r1, _ in parts])
-        packs.append(Pack(
-            input_ids=cat(ids), position_ids=cat(pos), leave=cat(lv),
-            rows=LossRows(
-                pred=cat([r.pred[r0:r1] + o if o else r.pred[r0:r1] for r, r0, r1, o in parts]),
-                target=cat([r.target[r0:r1] for r, r0, r1, _ in parts]),
-                old_logprob=cat([r.old_logprob[r0:r1] for r, r0, r1, _ in parts]),
-                advantage=adv_all[execution], execution=execution,
-                branch=cat([r.branch[r0:r1] for r, r0, r1, _ in parts]),
-                weight=exec_weight[execution],
-            ),
-        ))
+    chunk_off = np.zeros(len(chunks), np.int64)
+    packs = [_assemble_pack(members[p], chunks, pres, ctx, csize, rows, cuts_before, adv_all, exec_weight,
+                            chunk_off) for p in range(n_packs)]
 
-    # Where each branch's leaf landed (for reconstruction and tests).
+    # step 5: where each branch's leaf landed (for reconstruction and tests)
     b_pack, b_index, b_exec, naive = [], [], [], 0
     for t, pre in enumerate(pres):
         leaves = pre.branch_leaf
         lc = np.searchsorted(cuts[t], leaves, "right") - 1
-        gc = lc + int(chunk_of_tree[t])
+        gc = lc + int(cuts_before[t])
         b_pack.append(cpack[gc])
         b_index.append(chunk_off[gc] + ctx[gc] + leaves - cuts[t][lc])
         b_exec.append(pre.branch_execution + eoff[t])
         naive += int((pre.depth[leaves] + 1).sum())
-    z = np.zeros(0, np.int64)
     stats = PackStats(
         unique_tokens=sum(p.size for p in pres), naive_tokens=naive, packed_tokens=int(csize.sum()),
         num_packs=n_packs, loss_rows=n_rows,
     )
-    return PackedBatch(
-        packs=packs, stats=stats, branch_pack=np.concatenate(b_pack) if b_pack else z,
-        branch_index=np.concatenate(b_index) if b_index else z,
-        branch_execution=np.concatenate(b_exec) if b_exec else z,
-    )
+    return PackedBatch(packs=packs, stats=stats, branch_pack=_cat(b_pack, np.int64),
+                       branch_index=_cat(b_index, np.int64), branch_execution=_cat(b_exec, np.int64))
 
 
 def merge_by_sign(rows: LossRows) -> LossRows:
