@@ -1,33 +1,31 @@
 """Hardware and model descriptions, and the cost model derived from them.
 
-Every simulator constant comes from here and is derived from a model's shape and a GPU's data sheet,
-never tuned by hand:
+Every simulator constant comes from here and is derived from a model's shape and a GPU's data sheet
+(cited beside each preset in gyre.presets), never tuned by hand:
 
-- KV bytes per token = 2 (K and V) x layers x KV heads x head dim x bytes per element.
 - Engine size: the fewest GPUs (power of two, up to whole nodes) whose memory holds the inference
-  weights at <= `weight_fraction` of HBM; what remains (x `kv_utilization`) is KV cache.
-- Decode step time of an engine (memory-bound, fluid): t = a + b * batch + c * kv_tokens, with
-  a = weight bytes read per step / (engine HBM bandwidth) + fixed launch overhead,
-  b = 2 * active params FLOPs per sequence / (engine FLOP/s * decode MFU),
-  c = KV bytes per token / engine HBM bandwidth.
-- Prefill is compute-bound: 2 * active params FLOPs per token at `prefill_mfu`.
-- Training: 6 * active params FLOPs per token at `train_mfu`; the trainer needs enough GPUs to hold
-  `train_bytes_per_param` per parameter (weights + grads + optimizer state, sharded) at 85% of HBM.
+  weights at <= `weight_fraction` of HBM.
+- Engine step and KV capacity: gyre.roofline (bytes moved / bandwidth vs FLOPs / peak, plus a fixed
+  overhead; the weights an MoE step reads follow the distinct experts its tokens touch; capacity =
+  GPUs x HBM x gpu_memory_utilization - weights - an activation reserve per GPU).
+- Training: 6 x active params FLOPs per token plus attention 12 L H d_h per token per context token,
+  at `train_mfu`; the trainer needs enough GPUs to hold `train_bytes_per_param` per parameter
+  (weights + grads + optimizer state, sharded) at 85% of HBM.
 - Weight sync: per-GPU weight shard / inter-node bandwidth + latency.
 - Role switch: engine wake = weight shard / host-to-device bandwidth + fixed (graph capture,
   allocator); trainer on/offload = trainer state shard / host-to-device bandwidth.
 
-Sources: NVIDIA H100 SXM and H200 SXM data sheets (HBM 3.35 / 4.8 TB/s, 80 / 141 GB, 989 TFLOP/s
-dense BF16, 1979 TFLOP/s dense FP8, NVLink 900 GB/s), 400 Gb/s InfiniBand per GPU (50 GB/s),
-PCIe Gen5 x16 (~55 GB/s practical host<->device). Model shapes from the Qwen2.5-7B and
-Qwen3-30B-A3B config files; the very large MoE is a stand-in with the published 2.4T total /
-95B active parameter counts and a GQA shape of the same family.
+Network: 400 Gb/s InfiniBand per GPU (50 GB/s); PCIe Gen5 x16 (~55 GB/s practical host<->device).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
+
+from gyre.roofline import Coefficients, EngineRoofline, kv_bytes_per_token
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,13 +48,27 @@ class ModelConfig:
     layers: int
     kv_heads: int
     head_dim: int
+    q_heads: int = 0  # attention (query) heads; 0: as many as KV heads
+    experts: int = 0  # routed experts per MoE layer (0: dense)
+    top_k: int = 0  # routed experts per token
+    kv_lora_rank: int = 0  # MLA: latent KV width (0: plain K/V heads)
+    rope_dim: int = 0  # MLA: decoupled rotary key width
     infer_bytes_per_param: float = 2.0  # bf16; 1.0 for fp8 serving
     kv_bytes_per_elem: float = 2.0
     train_bytes_per_param: float = 16.0  # bf16 weights+grads, fp32 master + Adam moments
 
     @property
     def kv_bytes_per_token(self) -> float:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.kv_bytes_per_elem
+        return kv_bytes_per_token(layers=self.layers, kv_heads=self.kv_heads, head_dim=self.head_dim,
+                                  bytes_per_elem=self.kv_bytes_per_elem, kv_lora_rank=self.kv_lora_rank,
+                                  rope_dim=self.rope_dim)
+
+    @property
+    def routed_params_b(self) -> float:
+        """Parameters in routed experts, from the total and active counts: active = total - R (1 - k/E)."""
+        if not self.experts:
+            return 0.0
+        return (self.total_params_b - self.active_params_b) / (1.0 - self.top_k / self.experts)
 
     @property
     def infer_weight_bytes(self) -> float:
@@ -65,14 +77,13 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class CostConfig:
-    """Efficiency factors (the only constants not read off a data sheet; values from public MFU reports)."""
+    """Efficiency factors and engine settings (the only constants not read off a data sheet)."""
 
     weight_fraction: float = 0.6  # an engine's weights may fill at most this share of its HBM
-    kv_utilization: float = 0.9  # share of the remaining HBM given to KV cache (vLLM default 0.9)
-    decode_mfu: float = 0.5
-    prefill_mfu: float = 0.5
+    engine: Coefficients = Coefficients()  # the engine step's fitted constants (gyre.roofline)
+    max_batched_tokens: int = 8192  # vLLM max_num_batched_tokens (its default with chunked prefill)
+    kv_reserve: bool = False  # admit only if the execution's largest context fits (no preemption)
     train_mfu: float = 0.35
-    step_overhead_s: float = 0.004  # per decode step: launch + scheduling
     sync_latency_s: float = 0.5
     engine_wake_fixed_s: float = 5.0
     engine_sleep_s: float = 2.0
@@ -81,7 +92,11 @@ class CostConfig:
 
 @dataclass(frozen=True)
 class Costs:
-    """All derived per-engine and per-run cost constants (seconds, tokens, bytes)."""
+    """All derived per-engine and per-run cost constants (seconds, tokens, bytes).
+
+    The engine step is the roofline `roofline` when set; without one (hand-built or calibrated costs)
+    it is linear: a + b * decodes + c * decode context + prefill_s_per_token * prefill tokens, and a
+    zero prefill_s_per_token makes prefill free."""
 
     engine_gpus: int
     kv_capacity_tokens: int
@@ -98,26 +113,88 @@ class Costs:
     trainer_offload_s: float
     kv_transfer_s_per_token: float
     migration: str
+    roofline: EngineRoofline | None = None
+    max_batched_tokens: int = 8192
+    kv_reserve: bool = False
+    train_attn_flops_per_ctx_token: float = 0.0  # 12 L H d_h: training attention FLOPs per token per context token
+    train_flops_per_s_gpu: float = 0.0  # GPU peak x train MFU (0: training time is linear in tokens)
+    train_mfu: float = 0.0  # the share of peak training runs at (0: unknown; utilization leaves training out)
 
-    def step_time(self, batch: int, kv_tokens: float) -> float:
-        return self.step_a + self.step_b * batch + self.step_c * kv_tokens
+    def step_time(self, batch: int, kv_tokens: float, chunk: float = 0.0, offset: float = 0.0) -> float:
+        """One engine step: `batch` decodes at total context `kv_tokens`, plus `chunk` prefill tokens at `offset`."""
+        if self.roofline is not None:
+            return self.roofline.step_time(batch, kv_tokens, chunk, offset)
+        return self.step_a + self.step_b * batch + self.step_c * kv_tokens + self.prefill_s_per_token * chunk
 
-    def train_time(self, tokens: float, gpus: int) -> float:
-        return tokens * self.train_s_per_token_gpu / gpus
+    def prefill_time(self, tokens: float, offset: float = 0.0) -> float:
+        """Seconds to prefill `tokens` after `offset` alone on an engine."""
+        if self.roofline is not None:
+            return self.roofline.prefill_time(tokens, offset)
+        if tokens <= 0 or self.prefill_s_per_token == 0:
+            return 0.0
+        return math.ceil(tokens / self.max_batched_tokens) * self.step_a + tokens * self.prefill_s_per_token
 
-    def migration_time(self, context_tokens: float) -> float:
-        if self.migration == "kv_transfer":
-            return context_tokens * self.kv_transfer_s_per_token
-        return context_tokens * self.prefill_s_per_token
+    def decode_s_per_token(self, ctx):
+        """Seconds per token of one sequence decoding alone at context ctx (an array): the least any decode pays."""
+        if self.roofline is not None:
+            return self.roofline.decode_time(ctx)
+        return self.step_a + self.step_b + self.step_c * np.asarray(ctx, dtype=float)
+
+    def min_prefill_s_per_token(self, offset):
+        """The least engine time a prefill token at `offset` (an array) costs in any step."""
+        if self.roofline is not None:
+            return self.roofline.min_prefill_time_per_token(offset)
+        if self.prefill_s_per_token == 0:  # free prefill
+            return np.zeros(np.shape(offset))
+        return np.full(np.shape(offset), self.step_a / self.max_batched_tokens + self.prefill_s_per_token)
+
+    def train_time(self, tokens: float, gpus: int, attn_ctx_tokens: float = 0.0) -> float:
+        """Training time of `tokens` tokens on `gpus` GPUs; `attn_ctx_tokens` = sum over tokens of their context."""
+        return (tokens * self.train_s_per_token_gpu
+                + (attn_ctx_tokens * self.train_attn_flops_per_ctx_token / self.train_flops_per_s_gpu
+                   if self.train_flops_per_s_gpu else 0.0)) / gpus
 
     def best_decode_tokens_per_gpu_s(self, mean_context: float) -> float:
         """Peak decode throughput per GPU: an engine full of sequences of `mean_context` tokens."""
         n = max(1, int(self.kv_capacity_tokens // max(mean_context, 1.0)))
+        n = min(n, self.max_batched_tokens)
         return n / self.step_time(n, n * mean_context) / self.engine_gpus
+
+
+def train_attention_ctx(prompt: int, gen, kv, tool_out) -> float:
+    """Sum over an execution's trained tokens of the context each attends to (its position in the
+    sequence): the prompt (p^2 / 2), then each turn's generated tokens after the turn's context and the
+    tool output after those. Training attention FLOPs = 12 L H d_h x this sum."""
+    g = np.asarray(gen, dtype=float)
+    k = np.asarray(kv, dtype=float)
+    o = np.zeros(len(g))
+    o[: len(tool_out)] = tool_out
+    return float(0.5 * prompt * prompt + np.sum(g * k + 0.5 * g * g + o * (k + g) + 0.5 * o * o))
+
+
+def group_train_attention_ctx(executions) -> float:
+    """A GRPO group's training attention context sum: the shared prompt once, every execution's own tokens."""
+    p = executions[0].prompt
+    return 0.5 * p * p + sum(train_attention_ctx(e.prompt, e.gen, e.kv, e.tool_out) - 0.5 * e.prompt * e.prompt
+                             for e in executions)
 
 
 def _pow2_at_least(x: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(x, 1.0))))
+
+
+def engine_roofline(model: ModelConfig, gpu: GpuConfig, gpus: int, coef: Coefficients | None = None,
+                    max_batched_tokens: int = 8192) -> EngineRoofline:
+    """The step-time and memory model of an engine of `gpus` GPUs serving `model`."""
+    fp8 = model.infer_bytes_per_param <= 1
+    return EngineRoofline(
+        gpus=gpus, gpus_per_node=gpu.gpus_per_node, hbm_bytes=gpu.memory_gb * 1e9, bw_bytes_s=gpu.hbm_tb_s * 1e12,
+        flops=(gpu.fp8_tflops if fp8 else gpu.bf16_tflops) * 1e12, layers=model.layers,
+        q_heads=model.q_heads or model.kv_heads, head_dim=model.head_dim, kv_bytes_per_token=model.kv_bytes_per_token,
+        weight_bytes=model.infer_weight_bytes, routed_bytes=model.routed_params_b * 1e9 * model.infer_bytes_per_param,
+        experts=model.experts, top_k=model.top_k, active_params=model.active_params_b * 1e9,
+        max_batched_tokens=max_batched_tokens, coef=coef or Coefficients(),
+    )
 
 
 def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = None) -> Costs:
@@ -126,16 +203,15 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
     engine_gpus = _pow2_at_least(model.infer_weight_bytes / (cost.weight_fraction * hbm))
     if engine_gpus > gpu.gpus_per_node:  # multi-node engines come in whole nodes
         engine_gpus = gpu.gpus_per_node * math.ceil(engine_gpus / gpu.gpus_per_node)
-    free = engine_gpus * hbm - model.infer_weight_bytes
-    kv_capacity = int(free * cost.kv_utilization / model.kv_bytes_per_token)
-    bw = engine_gpus * gpu.hbm_tb_s * 1e12
-    peak = engine_gpus * (gpu.fp8_tflops if model.infer_bytes_per_param <= 1 else gpu.bf16_tflops) * 1e12
+    roof = engine_roofline(model, gpu, engine_gpus, cost.engine, cost.max_batched_tokens)
+    # the linear form's coefficients (a + b n + c K: the roofline's terms summed instead of maxed)
+    step_b = 2 * model.active_params_b * 1e9 / roof._pk
+    step_a = roof.step_time(1, 0.0) - step_b
+    step_c = roof.kv_bytes_per_token / roof._bw
+    prefill = roof.prefill_time(cost.max_batched_tokens) / cost.max_batched_tokens
     active = model.active_params_b * 1e9
-    step_a = model.infer_weight_bytes / bw + cost.step_overhead_s
-    step_b = 2 * active / (peak * cost.decode_mfu)
-    step_c = model.kv_bytes_per_token / bw
-    prefill = 2 * active / (peak * cost.prefill_mfu)
-    train_per_token_gpu = 6 * active / (gpu.bf16_tflops * 1e12 * cost.train_mfu)
+    train_flops = gpu.bf16_tflops * 1e12 * cost.train_mfu
+    train_per_token_gpu = 6 * active / train_flops
     train_bytes = model.total_params_b * 1e9 * model.train_bytes_per_param
     min_train = _pow2_at_least(train_bytes / (0.85 * hbm))  # within a node: a power of two
     if min_train > gpu.gpus_per_node:  # across nodes: whole nodes
@@ -144,7 +220,7 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
     train_shard = train_bytes / max(min_train, 1)
     return Costs(
         engine_gpus=engine_gpus,
-        kv_capacity_tokens=kv_capacity,
+        kv_capacity_tokens=roof.kv_capacity_tokens,
         step_a=step_a,
         step_b=step_b,
         step_c=step_c,
@@ -158,4 +234,10 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         trainer_offload_s=train_shard / (gpu.host_gb_s * 1e9),
         kv_transfer_s_per_token=model.kv_bytes_per_token / (gpu.internode_gb_s * 1e9),
         migration=cost.migration,
+        roofline=roof,
+        max_batched_tokens=cost.max_batched_tokens,
+        kv_reserve=cost.kv_reserve,
+        train_attn_flops_per_ctx_token=12.0 * model.layers * (model.q_heads or model.kv_heads) * model.head_dim,
+        train_flops_per_s_gpu=train_flops,
+        train_mfu=cost.train_mfu,
     )

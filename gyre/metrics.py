@@ -5,7 +5,8 @@ Log records are tuples whose first two fields are (kind, time):
   ("engine_up", t, engine, gpus)     ("engine_down", t, engine)
   ("busy", t, engine, 0|1)           an engine starts/stops having a decoding sequence
   ("group", t, group, size)          ("admit", t, exec, engine)   ("start", t, exec, engine)
-  ("finish", t, exec, truncated, generated_tokens)
+  ("finish", t, exec, end, generated_tokens)  end: 0 done, 1 capped (length cap), 2 deadline hit
+  ("preempt", t, exec, engine, tokens, gpu_s)  KV full: exec's context freed, to be recomputed (gpu_s)
   ("migrate", t, exec, src, dst)     ("sync", t, engine, version)
   ("trained", t, exec, group, version, staleness)
   ("step", t, version, gpus, tokens) ("note", t, kind, fields)
@@ -36,6 +37,9 @@ class RunMetrics:
     executions: pd.DataFrame
     migrations: int
     reallocations: int
+    preemptions: int = 0
+    preempt_gpu_s: float = 0.0
+    roofline_gpu_s: float | None = None  # GPU-seconds of the work at hardware peak (simulator: gyre.roofline)
     extra: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, float | str]:
@@ -47,13 +51,17 @@ class RunMetrics:
             "makespan_s": self.makespan_s,
             "steps": len(self.steps),
             "median_step_s": float(self.steps["duration_s"].median()) if len(self.steps) else 0.0,
-            "utilization": busy / total,
+            "utilization": self.roofline_gpu_s / total if self.roofline_gpu_s is not None else float("nan"),
+            "busy_share": busy / total,
             **{f"gpu_h_{k}": v / 3600 for k, v in self.gpu_seconds.items()},
             "staleness_mean": float(st.mean()),
             "staleness_max": int(st.max()),
             "tokens_generated": int(self.executions["generated"].sum()) if len(self.executions) else 0,
             "tokens_trained": int(self.steps["tokens"].sum()) if len(self.steps) else 0,
-            "truncated": int(self.executions["truncated"].sum()) if len(self.executions) else 0,
+            "capped": int((self.executions["end"] == 1).sum()) if len(self.executions) else 0,
+            "deadline_hit": int((self.executions["end"] == 2).sum()) if len(self.executions) else 0,
+            "preemptions": self.preemptions,
+            "preempt_gpu_s": self.preempt_gpu_s,
             "migrations": self.migrations,
             "reallocations": self.reallocations,
             **self.extra,
@@ -156,8 +164,8 @@ def compute_metrics(log: list[tuple], *, n_gpus: int, policy: str) -> RunMetrics
         "idle": float(secs[0]),
     }
     staleness = _frame(kinds.get("trained", []), 2, ["exec", "group", "version", "staleness"])
-    executions = _frame(kinds.get("finish", []), 1, ["end_s", "exec", "truncated", "generated"])
-    executions = executions[["exec", "end_s", "truncated", "generated"]]
+    executions = _frame(kinds.get("finish", []), 1, ["end_s", "exec", "end", "generated"])
+    executions = executions[["exec", "end_s", "end", "generated"]]
     start = _frame(kinds.get("start", []), 1, ["t", "exec"])
     start_s = pd.Series(start["t"].to_numpy(dtype=float), index=start["exec"].to_numpy())
     start_s = start_s[~start_s.index.duplicated(keep="last")]
@@ -173,6 +181,8 @@ def compute_metrics(log: list[tuple], *, n_gpus: int, policy: str) -> RunMetrics
         executions=executions,
         migrations=len(kinds.get("migrate", [])),
         reallocations=realloc,
+        preemptions=len(kinds.get("preempt", [])),
+        preempt_gpu_s=float(sum(r[5] for r in kinds.get("preempt", []))),
     )
 
 

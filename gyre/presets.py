@@ -29,23 +29,83 @@ from gyre.hardware import GpuConfig, ModelConfig
 from gyre.workload import LogNormal, WorkloadConfig
 
 GPUS: dict[str, GpuConfig] = {
+    # NVIDIA H100 SXM data sheet: 80 GB HBM3, 3.35 TB/s, 989 / 1,979 TFLOP/s dense BF16 / FP8
     "h100": GpuConfig(name="h100", memory_gb=80, hbm_tb_s=3.35, bf16_tflops=989, fp8_tflops=1979),
+    # NVIDIA H200 SXM data sheet: 141 GB HBM3e, 4.8 TB/s, same tensor cores as H100
     "h200": GpuConfig(name="h200", memory_gb=141, hbm_tb_s=4.8, bf16_tflops=989, fp8_tflops=1979),
+    # GeForce RTX 4090 (NVIDIA Ada whitepaper, appendix): 1,008 GB/s GDDR6X, 165.2 TFLOP/s dense BF16 and
+    # 330.3 dense FP8, both with FP32 accumulate; memory as CUDA reports it (25.25 GB, vllm_timings meta.json)
+    "rtx4090": GpuConfig(name="rtx4090", memory_gb=25.25, hbm_tb_s=1.008, bf16_tflops=165.2, fp8_tflops=330.3,
+                         gpus_per_node=1, internode_gb_s=25.0, host_gb_s=25.0),
+    # NVIDIA RTX PRO 6000 Blackwell (data sheet; RTX Blackwell architecture whitepaper): 96 GB GDDR7 at 1,792 GB/s,
+    # 503.8 TFLOP/s dense BF16 and 1,007.6 dense FP8, both with FP32 accumulate; PCIe Gen5 x16, no NVLink;
+    # up to 8 in one RTX PRO server (Server Edition)
+    "rtxpro6000": GpuConfig(name="rtxpro6000", memory_gb=96, hbm_tb_s=1.792, bf16_tflops=503.8, fp8_tflops=1007.6,
+                            gpus_per_node=8),
 }
 
 MODELS: dict[str, ModelConfig] = {
-    # Qwen2.5-7B: 28 layers, 4 KV heads x 128
-    "dense-7b": ModelConfig(name="dense-7b", total_params_b=7.6, active_params_b=7.6, layers=28, kv_heads=4, head_dim=128),
-    # Qwen3-30B-A3B: 48 layers, 4 KV heads x 128, 3.3B active
+    # Qwen2.5-7B config.json: 28 layers, 28 query heads, 4 KV heads x 128, 7.61B parameters
+    "dense-7b": ModelConfig(name="dense-7b", total_params_b=7.6, active_params_b=7.6, layers=28, kv_heads=4,
+                            head_dim=128, q_heads=28),
+    # Llama-3.1-8B config.json: 32 layers, 32 query heads, 8 KV heads x 128, 8.03B parameters
+    "llama-3.1-8b": ModelConfig(name="llama-3.1-8b", total_params_b=8.03, active_params_b=8.03, layers=32,
+                                kv_heads=8, head_dim=128, q_heads=32),
+    # Qwen3-32B config.json: 64 layers, 64 query heads, 8 KV heads x 128 (hidden 5120, MLP 25600, vocabulary
+    # 151936, untied embeddings): 32.8B parameters
+    "qwen3-32b": ModelConfig(name="qwen3-32b", total_params_b=32.8, active_params_b=32.8, layers=64, kv_heads=8,
+                             head_dim=128, q_heads=64),
+    # Qwen3-30B-A3B config.json: 48 layers, 32 query heads, 4 KV heads x 128, 128 experts top-8, 3.3B active
     "moe-30b-a3b": ModelConfig(
-        name="moe-30b-a3b", total_params_b=30.5, active_params_b=3.3, layers=48, kv_heads=4, head_dim=128
+        name="moe-30b-a3b", total_params_b=30.5, active_params_b=3.3, layers=48, kv_heads=4, head_dim=128,
+        q_heads=32, experts=128, top_k=8,
     ),
-    # stand-in for a 2.4T-total / 95B-active MoE, served in FP8 with an FP8 KV cache
+    # Stand-in for a 2.4T-total / 95B-active MoE, served in FP8 with an FP8 KV cache. Only the two counts
+    # are published; the rest is borrowed: routing from DeepSeek-V3 (config.json: 256 routed experts,
+    # top-8, the largest fine-grained MoE with a public config; its 5.5% active share is near this
+    # model's 4%), which makes the routed experts (2,400 - 95) / (1 - 8/256) = 2,379B and the part every
+    # token reads 21B; attention from Llama-3.1-405B (128 query heads, 8 KV heads x 128, GQA) on 96 layers.
     "moe-2.4t-a95b": ModelConfig(
         name="moe-2.4t-a95b", total_params_b=2400, active_params_b=95, layers=96, kv_heads=8, head_dim=128,
-        infer_bytes_per_param=1.0, kv_bytes_per_elem=1.0,
+        q_heads=128, experts=256, top_k=8, infer_bytes_per_param=1.0, kv_bytes_per_elem=1.0,
     ),
 }
+
+# Names that serving logs use (a Hugging Face model id, CUDA's device name) for the presets above; a name
+# matches a preset also when it equals the preset's key up to case and punctuation ("Llama-3.1-8B").
+MODEL_ALIASES: dict[str, str] = {"Qwen/Qwen3-30B-A3B": "moe-30b-a3b", "Qwen/Qwen2.5-7B": "dense-7b"}
+GPU_ALIASES: dict[str, str] = {
+    "NVIDIA GeForce RTX 4090": "rtx4090",
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": "rtxpro6000",
+    "NVIDIA RTX PRO 6000 Blackwell Workstation Edition": "rtxpro6000",
+    "NVIDIA H100 80GB HBM3": "h100",
+    "NVIDIA H200": "h200",
+}
+
+
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.rsplit("/", 1)[-1].lower() if ch.isalnum())
+
+
+def _lookup(table: dict, aliases: dict[str, str], name: str, what: str, where: str):
+    n = _norm(name)
+    key = (aliases.get(name) or next((k for k in table if _norm(k) == n), None)
+           or next((v for a, v in aliases.items() if _norm(a) == n), None))
+    if key is None or key not in table:
+        raise ConfigError(f"unknown {what} {name!r}; known: {', '.join(sorted(table))} (add a {where} to "
+                          f"{'GPUS' if what == 'GPU' else 'MODELS'} in gyre/presets.py with its sources cited, "
+                          f"or map the name in {'GPU' if what == 'GPU' else 'MODEL'}_ALIASES)")
+    return table[key]
+
+
+def find_model(name: str) -> ModelConfig:
+    """The model preset for a name as serving logs write it (a key, an alias, or a Hugging Face id)."""
+    return _lookup(MODELS, MODEL_ALIASES, name, "model", "ModelConfig (config.json fields)")
+
+
+def find_gpu(name: str) -> GpuConfig:
+    """The GPU preset for a name as serving logs write it (a key, an alias, or CUDA's device name)."""
+    return _lookup(GPUS, GPU_ALIASES, name, "GPU", "GpuConfig (data-sheet figures)")
 
 
 def xlong_swe() -> WorkloadConfig:
@@ -81,6 +141,7 @@ def short_math() -> WorkloadConfig:
         prompt_tokens=LogNormal(median=300, p99_ratio=3.0),
         turns=LogNormal(median=1, p99_ratio=1.0),
         max_turns=1,
+        max_gen_tokens=8192,
         gen_tokens=LogNormal(median=3000, p99_ratio=3.0),
         tool_out_tokens=LogNormal(median=1, p99_ratio=1.0),
         tool_s=LogNormal(median=0.0 + 1e-9, p99_ratio=1.0),

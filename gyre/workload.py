@@ -15,7 +15,9 @@ KV footprint (context tokens resident on the engine) at the start of each segmen
 Simplifications: per-turn quantities are independent draws (lognormal bodies, a slow-tool mixture
 for latency); a task's difficulty scales the number of turns of every execution in its group; drift
 multiplies the turn count by (1 + drift_per_step) ** step. The turn count has a point mass at
-`max_turns` (the length cap): those executions end truncated with partial credit.
+`max_turns` (the length cap), and a turn's generation can be capped at `max_gen_tokens`: an execution
+whose turn draw exceeds the turn cap, or whose last turn's generation exceeds the token cap, ends
+capped (truncated, with partial credit).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class WorkloadConfig:
     prompt_tokens: LogNormal
     turns: LogNormal
     max_turns: int
+    max_gen_tokens: int = 0  # per-turn generation cap (0: none); a single-turn execution reaching it is capped
     gen_tokens: LogNormal  # per turn
     tool_out_tokens: LogNormal  # per tool call
     tool_s: LogNormal  # per tool call, typical
@@ -160,10 +163,16 @@ def sample_group(w: WorkloadConfig, group_id: int, step: int, seed: int) -> Grou
     scale = difficulty * (1.0 + w.drift_per_step) ** step
     prompt = int(max(1, w.prompt_tokens.sample(rng, 1)[0]))  # one task, one prompt
     turns_f = w.turns.sample(rng, g, scale)
-    capped = turns_f >= w.max_turns
-    n = np.clip(np.rint(turns_f), 1, w.max_turns).astype(np.int64)
+    n_drawn = np.maximum(np.rint(turns_f), 1)
+    # the draw wanted more turns than the cap allows (a single-turn task has one turn by its shape: no cap)
+    capped = (n_drawn > w.max_turns) & (w.max_turns > 1)
+    n = np.minimum(n_drawn, w.max_turns).astype(np.int64)
     total = int(n.sum())
     gen = np.maximum(1, w.gen_tokens.sample(rng, total)).astype(np.int64)
+    if w.max_gen_tokens:  # a per-turn generation cap: an execution whose last turn is cut by it is capped
+        over = gen >= w.max_gen_tokens  # reaching max_tokens ends the turn by length, as in vLLM
+        gen = np.minimum(gen, w.max_gen_tokens)
+        capped = capped | over[np.cumsum(n) - 1]
     tool_out = np.maximum(0, w.tool_out_tokens.sample(rng, total)).astype(np.int64)
     lat = w.tool_s.sample(rng, total)
     if w.slow_tool_p > 0:

@@ -1,19 +1,32 @@
-"""The work-conserving lower bound: no policy on this cluster can finish sooner.
+"""The lower bound: no policy on this simulated cluster can finish the given groups sooner.
 
-bound = max(total GPU-work / N, critical path), where
-- rollout work of an execution = its generated tokens at the engine's peak per-GPU decode throughput
-  (an engine full of sequences of the workload's mean context) plus its prefill at peak, in GPU-s;
-- training work = trained tokens at train MFU, in GPU-s (switch, sync and tool time cost no GPU-work
-  here: a perfect policy hides them);
-- critical path = the longest single execution run alone at batch size 1 (decode + prefill + tool
-  latency), plus the last step's training on every GPU.
+Every term is a minimum of something the simulator charges (its engine and gyre.hardware):
 
-With a staleness bound eta (0 for on-policy colocate) there is a third, usually the largest, term.
-A group trained in step s was admitted at version >= s - eta, so after step s - eta - 1 ended:
-T(s) >= T(s - eta - 1) + D(s) + train(s), where D(s) is the longest solo execution in step s's batch.
-Summing along the eta + 1 chains of steps eta + 1 apart, the makespan is at least the average chain:
-(sum over steps of D(s) + total training time on all GPUs) / (eta + 1), and sum D(s) is smallest when
-the longest groups share steps: sum over k of the (k * groups_per_step)-th longest group duration.
+- rollout GPU-work: the engines' busy time x their GPUs. Each engine step costs at least
+  max(bytes / bandwidth, FLOPs / peak) + overhead (gyre.roofline), so the busy time of all steps is at
+  least max(sum of bytes, sum of FLOPs) + overhead x steps (EngineRoofline.min_busy_time), where the
+  tokens are the decoded ones plus the prefill each turn needs at least (the prompt, each tool output;
+  never a preemption's or a migration's recomputation), each decode token reads and attends to at
+  least its segment's starting context, each prefill token attends to at least its offset, and a step
+  holds at most max(budget, KV capacity / smallest context) tokens. Linear costs: a per step plus
+  b, c and the per-token prefill price, at the same minima.
+- training GPU-work: 6 x active params per trained token plus attention (Costs.train_time);
+- solo latency of an execution: each token decoded at batch 1 at its segment's starting context,
+  each prefill token at its cheapest (Costs.min_prefill_s_per_token), plus its tool time, capped by
+  its deadline (a deadline only cuts at a turn boundary, after it has passed). Executions with a
+  finite deadline contribute only their prompt's prefill to the GPU-work (they may be cut at once).
+
+bound = max(GPU-work / N, critical path, staleness chain), where
+- critical path = max over groups of (solo latency of its longest execution + its own training on all
+  N GPUs): a group is trained after its rollouts end;
+- staleness chain (with eta): a group trained in step s first decoded at version >= s - 1 - eta, so
+  after step s - eta - 1 ended: T(s) >= T(s - eta - 1) + D(s) + train(s), D(s) the longest solo
+  latency in step s after its prompt's prefill. Summing along the eta + 1 chains of steps eta + 1
+  apart, the makespan is at least (sum of D(s) + total training / N) / (eta + 1), and sum D(s) is
+  smallest when the longest groups share steps.
+
+The bound holds for the groups a policy must train: the first steps x groups_per_step it draws
+(the simulator flags a run whose policy trained others). It assumes the policy respects its eta.
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gyre.hardware import Costs
+from gyre.hardware import Costs, group_train_attention_ctx
 from gyre.workload import GroupSpec
 
 
@@ -41,38 +54,80 @@ class Bound:
         return max(self.work_s, self.critical_path_s, self.staleness_s)
 
 
-def _solo(groups: list[GroupSpec], costs: Costs):
-    """Per-execution sums (generated tokens G, context x tokens KG, tool-output tokens TO, prompt, prefill), the
-    first execution index of each group, and each group's solo duration: its longest execution run alone at
-    batch size 1 (decode + prefill + tool latency, capped by its deadline)."""
-    execs = [e for g in groups for e in g.executions]
-    # per-execution sums over segments, vectorized (a 1M-execution trace is one pass over its lists)
+@dataclass(frozen=True)
+class _PerExec:
+    """Per-execution sums over its turns (arrays over executions, in group order)."""
+
+    gen: np.ndarray  # tokens decoded (0 if a deadline may cut it)
+    kv_gen: np.ndarray  # sum of segment-start context x tokens decoded there
+    pf: np.ndarray  # tokens prefilled at least
+    pf_offset: np.ndarray  # sum of prefill tokens x their starting offset
+    solo: np.ndarray  # solo latency, capped by the deadline
+    prompt_pf_s: np.ndarray  # the prompt's prefill time at its cheapest
+    min_ctx: float  # the smallest context a decode token has
+
+
+def _per_exec(execs, costs: Costs) -> _PerExec:
     n = len(execs)
     gen, seg_of = _flat([e.gen for e in execs], n)
     kv, _ = _flat([e.kv for e in execs], n)
     tool_s, tool_of = _flat([e.tool_s for e in execs], n)
     tool_out, _ = _flat([e.tool_out for e in execs], n)
-    G = np.bincount(seg_of, gen, minlength=n)  # generated tokens
-    KG = np.bincount(seg_of, kv * gen, minlength=n)  # sum of context x tokens decoded at it
-    TS = np.bincount(tool_of, tool_s, minlength=n)
-    TO = np.bincount(tool_of, tool_out, minlength=n)
-    prompt = np.fromiter((e.prompt for e in execs), np.float64, n)
+    # the prefill each turn needs (as the simulated engine does): the tool output appended after the turn,
+    # or, when the next context is rebuilt smaller (compaction, retry), min(tool output, next context)
+    lens = np.fromiter(map(len, (e.gen for e in execs)), np.int64, n)
+    first = np.concatenate(([0], np.cumsum(lens)[:-1]))
+    has_next = np.ones(len(gen), dtype=bool)
+    has_next[np.cumsum(lens) - 1] = False
+    after = kv[has_next] + gen[has_next]  # context after each turn that has a tool call
+    nxt = kv[np.flatnonzero(has_next) + 1]
+    grow = nxt >= after
+    t_need = np.where(grow, nxt - after, np.minimum(tool_out, nxt))
+    t_off = np.where(grow, after, nxt - t_need)
+    prompt = kv[first]  # the engine prefills the first context (the prompt) from 0
+    # per-token minima
+    dec_s = np.asarray(costs.decode_s_per_token(kv))
+    pf_tok_turn = np.asarray(costs.min_prefill_s_per_token(t_off))
+    pf_tok_prompt = np.asarray(costs.min_prefill_s_per_token(np.zeros(n)))
+    prompt_pf_s = prompt * pf_tok_prompt
+    alone = np.bincount(seg_of, gen * dec_s, minlength=n) + np.bincount(tool_of, tool_s + t_need * pf_tok_turn,
+                                                                        minlength=n) + prompt_pf_s
     deadline = np.fromiter((e.deadline_s for e in execs), np.float64, n)
-    prefill = prompt + TO
-    # alone at batch size 1: step_time(1, k) = a + b + c*k per token decoded at context k
-    alone = (costs.step_a + costs.step_b) * G + costs.step_c * KG + TS + prefill * costs.prefill_s_per_token
-    solo = np.minimum(alone, deadline)
-    sizes = np.fromiter((len(g.executions) for g in groups), np.int64, len(groups))
-    first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
-    group_solo = np.maximum.reduceat(solo, first)
-    return G, KG, TO, prompt, prefill, first, group_solo
+    sure = ~np.isfinite(deadline)  # only these are sure to run every turn
+    G = np.where(sure, np.bincount(seg_of, gen, minlength=n), 0.0)
+    KG = np.where(sure, np.bincount(seg_of, kv * gen, minlength=n), 0.0)
+    PF = prompt + np.where(sure, np.bincount(tool_of, t_need, minlength=n), 0.0)
+    PFO = np.where(sure, np.bincount(tool_of, t_need * t_off, minlength=n), 0.0)
+    min_ctx = float(kv.min()) if len(kv) else 1.0
+    return _PerExec(G, KG, PF, PFO, np.minimum(alone, deadline), prompt_pf_s, max(min_ctx, 1.0))
+
+
+def _group_max(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    return np.maximum.reduceat(values, np.concatenate(([0], np.cumsum(sizes)[:-1])))
 
 
 def group_solo_s(groups: list[GroupSpec], costs: Costs) -> np.ndarray:
-    """Each group's solo duration (s): the time its longest execution takes alone at batch size 1."""
+    """Each group's solo duration (s): its longest execution alone at batch size 1, capped by its deadline."""
     if not groups:
         return np.zeros(0)
-    return _solo(groups, costs)[-1]
+    sizes = np.fromiter((len(g.executions) for g in groups), np.int64, len(groups))
+    return _group_max(_per_exec([e for g in groups for e in g.executions], costs).solo, sizes)
+
+
+def rollout_gpu_s_min(p: _PerExec, costs: Costs) -> float:
+    """The least engine GPU-time that decodes and prefills the executions' tokens (module docstring)."""
+    tokens = float(p.gen.sum() + p.pf.sum())
+    if tokens <= 0:
+        return 0.0
+    n_max = max(costs.max_batched_tokens, costs.kv_capacity_tokens // p.min_ctx)
+    r = costs.roofline
+    if r is None:
+        busy = costs.step_a * tokens / n_max + costs.step_b * float(p.gen.sum()) + costs.step_c * float(p.kv_gen.sum()) \
+            + costs.prefill_s_per_token * float(p.pf.sum())
+    else:
+        flops = r.flops_per_token * tokens + r.attn_flops_per_ctx * float(p.kv_gen.sum() + p.pf_offset.sum())
+        busy = r.min_busy_time(tokens=tokens, kv_read_tokens=float(p.kv_gen.sum()), flops=flops, max_step_tokens=n_max)
+    return busy * costs.engine_gpus
 
 
 def lower_bound(groups: list[GroupSpec], costs: Costs, n_gpus: int, groups_per_step: int,
@@ -80,23 +135,27 @@ def lower_bound(groups: list[GroupSpec], costs: Costs, n_gpus: int, groups_per_s
     execs = [e for g in groups for e in g.executions]
     if not execs:
         return Bound(work_s=0.0, critical_path_s=0.0, rollout_gpu_s=0.0, train_gpu_s=0.0, eta=eta)
-    G, KG, TO, prompt, prefill, first, group_solo = _solo(groups, costs)
-    gen_tokens = G.sum()
-    mean_ctx = KG.sum() / max(gen_tokens, 1.0)
-    rollout = gen_tokens / costs.best_decode_tokens_per_gpu_s(mean_ctx) \
-        + prefill.sum() * costs.prefill_s_per_token * costs.engine_gpus
-    # trained tokens per group: the shared prompt once, then every execution's own tokens
-    trained = prompt[first] + np.add.reduceat(G + TO, first)
-    train = float(trained.sum()) * costs.train_s_per_token_gpu
-    last = float(trained[-groups_per_step:].sum()) * costs.train_s_per_token_gpu / n_gpus
+    p = _per_exec(execs, costs)
+    sizes = np.fromiter((len(g.executions) for g in groups), np.int64, len(groups))
+    rollout = rollout_gpu_s_min(p, costs)
+    # training GPU-seconds per group: the shared prompt once, then every execution's own tokens
+    tokens = np.array([g.executions[0].prompt + sum(e.tokens - e.prompt for e in g.executions) for g in groups],
+                      dtype=float)
+    attn = np.array([group_train_attention_ctx(g.executions) for g in groups], dtype=float)
+    train_g = np.array([costs.train_time(t, 1, a) for t, a in zip(tokens, attn)])
+    train = float(train_g.sum())
+    solo = _group_max(p.solo, sizes)
+    critical = float(np.max(solo + train_g / n_gpus))
     stale = 0.0
     if eta is not None:
-        per_step = np.sort(group_solo)[::-1][::groups_per_step]
+        sure = np.fromiter((not np.isfinite(e.deadline_s) for e in execs), bool, len(execs))
+        after_prompt = _group_max(np.where(sure, np.maximum(p.solo - p.prompt_pf_s, 0.0), 0.0), sizes)
+        per_step = np.sort(after_prompt)[::-1][::groups_per_step]
         stale = (float(per_step.sum()) + train / n_gpus) / (eta + 1)
     return Bound(
-        work_s=float(rollout + train) / n_gpus,
-        critical_path_s=float(group_solo.max()) + last,
-        rollout_gpu_s=float(rollout),
+        work_s=(rollout + train) / n_gpus,
+        critical_path_s=critical,
+        rollout_gpu_s=rollout,
         train_gpu_s=train,
         staleness_s=stale,
         eta=eta,

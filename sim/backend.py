@@ -20,13 +20,16 @@ from typing import Any
 import simpy
 
 from gyre.cluster import ClusterError, Phase, Role
+from gyre.config import ConfigError
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process, done_handle
-from gyre.hardware import Costs
+from gyre.hardware import Costs, group_train_attention_ctx
 from gyre.backend import ClusterBase
 from gyre.pool import TRAINER
 from gyre.sim.engine import SimEngine
 from gyre.sim.execution import SimExecution, SimGroup
+
+_END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third field (gyre.metrics)
 
 
 class SimCluster(ClusterBase):
@@ -41,6 +44,8 @@ class SimCluster(ClusterBase):
         self.trained_groups: list[int] = []  # group ids in the order they were trained
         self.events = 0
         self.check = check
+        self._kv_peak = 0.0  # the largest KV use of a stopped engine (tokens)
+        self._roof_gpu_s = 0.0  # roofline-ideal GPU-seconds of stopped engines and of training
 
     # ------------------------------------------------------------------ observations
     @property
@@ -59,6 +64,20 @@ class SimCluster(ClusterBase):
     def groups_per_step(self) -> int:
         return self.source.config.groups_per_step
 
+    def kv_peak_frac(self) -> float:
+        """The largest KV use of any engine at any time so far, as a share of its capacity."""
+        peak = max([self._kv_peak] + [e.kv_peak for e in self._engines.values()])
+        return peak / self.costs.kv_capacity_tokens
+
+    def roofline_gpu_s(self) -> float:
+        """GPU-seconds the work done so far would take at the hardware's peak (the roofline's ideal time of
+        every engine step, training at 100% MFU): utilization = this / (GPUs x makespan)."""
+        live = 0.0
+        for e in self._engines.values():
+            e._advance(self.now)
+            live += e.roof_s * len(e.gpus)
+        return self._roof_gpu_s + live
+
     # ------------------------------------------------------------------ the scheduling surface of SimEngine
     def schedule(self, t: float, fn: Callable[[float, Any], None], arg: Any) -> None:
         """Call fn(t, arg) at simulated time t (a fine event; ties go in insertion order)."""
@@ -68,9 +87,9 @@ class SimCluster(ClusterBase):
         """Re-plan the engine's next wakeup once the current event is fully processed."""
         self._dirty.append(engine)
 
-    def finish(self, ex: SimExecution, t: float, truncated: bool) -> None:
-        """An execution ended at t (its last segment, or its deadline)."""
-        self._finish(ex, t, truncated)
+    def finish(self, ex: SimExecution, t: float, end: str) -> None:
+        """An execution ended at t: "done", "capped" (its last segment, at the length cap) or "deadline"."""
+        self._finish(ex, t, end)
 
     def migrate_at_boundary(self, ex: SimExecution, t: float) -> None:
         """Carry out an execution's pending migration: it reached a tool-call boundary at t."""
@@ -90,11 +109,12 @@ class SimCluster(ClusterBase):
     def _migrate_now(self, ex: SimExecution) -> None:
         self._do_migrate(ex, self.now)
 
-    def _finish(self, ex: SimExecution, t: float, truncated: bool) -> None:
+    def _finish(self, ex: SimExecution, t: float, end: str) -> None:
         ex.phase = Phase.DONE
         ex.finished_at = t
-        ex.truncated = truncated
-        self.log.append(("finish", t, ex.id, int(truncated), ex.generated))
+        ex.end = end
+        ex.truncated = end != "done"
+        self.log.append(("finish", t, ex.id, _END_CODE[end], ex.generated))
         self._deferred.append((ex.handle, ex))
         if ex.migrate_handle is not None:  # finished before reaching a tool-call boundary
             self._deferred.append((ex.migrate_handle, False))
@@ -103,11 +123,13 @@ class SimCluster(ClusterBase):
     def _do_migrate(self, ex: SimExecution, t: float) -> None:
         src, dst, h = ex.engine, ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
+        kv = ex.resident
         src.remove(ex)
-        src._touch(t)
-        if ex.phase != Phase.QUEUED:
-            ex.ready_min = t + self.costs.migration_time(ex.resident)
-        dst.add_migrated(ex, t)
+        transfer = self.costs.migration == "kv_transfer" and kv > 0
+        if transfer:  # the KV travels (its context arrives resident if it fits the destination)
+            ex.resident = kv
+            ex.ready_at = max(ex.ready_at if ex.ready_at is not None else t, t + kv * self.costs.kv_transfer_s_per_token)
+        dst.add_migrated(ex, t, transfer)
         self._log(("migrate", t, ex.id, src.id, dst.id))
         self._deferred.append((h, True))
 
@@ -157,6 +179,9 @@ class SimCluster(ClusterBase):
         h = Handle(f"stop_engine{eng.id}")
 
         def down() -> None:
+            self._kv_peak = max(self._kv_peak, eng.kv_peak)
+            eng._advance(self.now)
+            self._roof_gpu_s += eng.roof_s * len(eng.gpus)
             self._engine_down(eng)
             h.succeed(None)
 
@@ -165,6 +190,9 @@ class SimCluster(ClusterBase):
 
     def admit(self, execution: SimExecution, engine: SimEngine) -> Handle:
         ex, eng = self._check_admit(execution, engine)
+        if ex.max_ctx + 2 > self.costs.kv_capacity_tokens * (1 - 1e-9):
+            raise ConfigError(f"execution {ex.id} reaches a {ex.max_ctx:,}-token context; an engine holds "
+                              f"{self.costs.kv_capacity_tokens:,} KV tokens (a larger model parallelism or GPU is needed)")
         t = self.env._now
         self.log.append(("admit", t, ex.id, eng.id))
         eng.admit(ex, t)
@@ -179,7 +207,8 @@ class SimCluster(ClusterBase):
         self._book_trained(groups, v)
         self._hold_for_training(gpus)
         onload = self._switch_in_s(gpus, "trainer")
-        compute = self.costs.train_time(tokens, len(gpus))
+        attn = sum(group_train_attention_ctx([e.spec for e in g.executions]) for g in groups)
+        compute = self.costs.train_time(tokens, len(gpus), attn)
         h = Handle(f"train{v}")
         if onload > 0:
             self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
@@ -190,6 +219,7 @@ class SimCluster(ClusterBase):
             self._after(compute, end)
 
         def end() -> None:
+            self._roof_gpu_s += compute * len(gpus) * self.costs.train_mfu
             self._step_done(gpus, tokens)
             h.succeed(self._version)
 
@@ -245,6 +275,8 @@ class SimCluster(ClusterBase):
             ts = simq[0][0] if simq else inf
             if tq <= ts:
                 if tq == inf:
+                    if proc.error is not None:  # the policy failed: its error, not the deadlock it left
+                        raise proc.error
                     raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
                 t, _, fn, arg = pop(q)
                 env._now = t
@@ -280,6 +312,11 @@ class SimCluster(ClusterBase):
             assert e.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
             assert e.n_dec == len(e._heap), "heap size != decoding count"
             assert e.mem_fixed >= -1e-6, f"engine {e.id} negative memory"
+            assert e.kv_used <= self.costs.kv_capacity_tokens * (1 + 1e-12), f"engine {e.id} KV over capacity"
+            held = sum(x.resident for x in e.members.values() if x.phase != Phase.DECODE)
+            assert abs(held - e.mem_fixed) <= 1e-6 * (1 + held), f"engine {e.id} KV accounting {held} != {e.mem_fixed}"
+            pending = sum(x.pf_left for x in e.prefill)
+            assert abs(pending - e.pf_pending) <= 1e-6 * (1 + pending), f"engine {e.id} prefill {pending} != {e.pf_pending}"
             for x in e.members.values():
                 assert x.engine is e and x.phase != Phase.DONE, f"{x} misplaced"
                 assert x.id not in seen, f"exec {x.id} on two engines"

@@ -18,7 +18,7 @@ from rich.table import Table
 from gyre.config import ConfigError, RunConfig, override
 from gyre.policies import REGISTRY, UnknownPolicy, baselines, check_params, policy_class, takes
 from gyre.presets import DEFAULT_PRESET, PRESETS, get_preset
-from gyre.sim import cli_traces
+from gyre.sim import cli_engine, cli_traces
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulator: compare RL scheduling policies.")
 console = Console(width=None if sys.stdout.isatty() else 140)
@@ -70,12 +70,13 @@ def run(
     out: Out = Path("out/run"),
     workload: Annotated[Optional[Path], typer.Option("--workload", help="calibrated workload JSON (gyre-sim calibrate)")] = None,
     trace_out: Annotated[Optional[Path], typer.Option("--trace-out", help="also write the run as a rollout trace (JSONL)")] = None,
+    engine: cli_engine.EngineOpt = None,
 ) -> None:
     """Simulate one policy and write its metrics."""
     from gyre.sim.compare import Candidate, comparison_table, write_outputs
     from gyre.sim.runner import simulate
 
-    cfg = build_config(preset, gpus, steps, seed, eta, [policy])
+    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy]), engine)
     with _progress() as prog:
         task = prog.add_task(f"{policy} on {cfg.name}", total=cfg.steps)
         try:
@@ -104,11 +105,12 @@ def compare(
     seed: Seed = None,
     policy: Annotated[Optional[list[str]], typer.Option("--policy", help="restrict to these policies")] = None,
     out: Out = Path("out/compare"),
+    engine: cli_engine.EngineOpt = None,
 ) -> None:
     """Run every registered policy on the same workload and seed (async tuned by a sweep)."""
     from gyre.sim.compare import best_per_policy, candidates, comparison_table, run_candidates, write_outputs
 
-    cfg = build_config(preset, gpus, steps, seed, policies=policy)
+    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy), engine)
     cands = candidates(cfg, policy)
     with _progress() as prog:
         task = prog.add_task(f"{len(cands)} runs on {cfg.name}", total=len(cands))
@@ -167,6 +169,7 @@ def presets() -> None:
 
 
 cli_traces.register(app)
+cli_engine.register(app)
 
 
 def main() -> None:

@@ -197,14 +197,16 @@ def replay_cmd(
     fmt: Fmt = "auto", skip_bad: SkipBad = False, group_size: GroupSize = 8, groups_per_step: GroupsPerStep = 64,
     time_field: TimeF = None, input_field: InF = None, output_field: OutF = None, sessions_field: SessF = None,
     tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns",
+    engine: Annotated[Optional[Path], typer.Option("--engine", help="engine calibration JSON (calibrate-engine -o)")] = None,
 ) -> None:
     """Replay a trace's executions exactly (not resampled) through policies; same comparison as `compare`."""
     names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
     with no_gc():  # a million executions and their run's log live to the end: see gyre.gc_pause
-        _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names)
+        _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names, engine)
 
 
-def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names) -> None:
+def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names,
+            engine=None) -> None:
     from dataclasses import replace
 
     from gyre.config import ConfigError, override
@@ -232,6 +234,9 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
             policy_class(p)
         except UnknownPolicy as exc:
             _fail(exc)
+    from gyre.sim.cli_engine import with_engine
+
+    cfg = with_engine(cfg, engine)
     cands = candidates(cfg, policy)
     if len(cands) == 1:  # runs in this process: replay the trace already read
         def factory():

@@ -1,30 +1,45 @@
-"""A fluid model of one inference engine (vLLM-like continuous batching) on k GPUs.
+"""A fluid model of one inference engine (vLLM-like continuous batching, chunked prefill) on k GPUs.
 
 Every decoding sequence advances one token per engine step, so all of them share one virtual token
-clock V (tokens per sequence since the engine started). With n decoding sequences holding K KV
-tokens, a step takes a + b*n + c*K seconds (hardware.Costs), so dV/dt = 1 / step_time. The rate is
-held constant between changes of batch membership (the fluid model): events happen only when a
-segment ends, a tool returns, an execution is admitted, migrated or finished, or weights sync.
-A heap of per-sequence target V values gives the next segment end in O(log n), and a second heap
-holds the executions between turns (tool call or prefill) by the time they rejoin; the engine keeps
-one wakeup in the backend's queue at the earlier of the two. Cost grows with executions and turns,
-never with tokens.
+clock V (tokens per sequence since the engine started). A step processes the n decodes and, within
+the token budget `max_batched_tokens`, a chunk of the prefill queue (m = min(budget - n, pending)
+tokens at the head's offset); it takes `Costs.step_time(n, K, m, offset)` seconds (gyre.roofline),
+so prefill slows the decodes it shares a step with. Between changes of membership the step time is
+held constant (the fluid model: K and the head's offset are sampled at events): V advances at
+1 / step time and the prefill queue drains, head first, at m / step time tokens per second. Events
+happen only when a segment ends, a tool returns, a prefill finishes, an execution is admitted,
+migrated or preempted, KV fills, or weights sync; cost grows with executions and turns, never tokens.
 
-Memory: an execution's resident KV is its context; admission is gated on current usage (plus the
-new prompt) against capacity; contexts then grow turn by turn. Admitted executions are never evicted;
-any overshoot past capacity is recorded as `kv_peak` (a real engine would preempt and recompute).
+An execution on an engine is in one of four places: the wait queue (QUEUED), the prefill queue
+(PREFILL: its missing context is being computed), the decode batch (DECODE) or a tool call (TOOL, a
+timer). Its next turn's context is `ctx`; `resident` of it is in KV; the rest (the tool's output,
+or all of it after a preemption or a re-prefill migration) must be prefilled here before it decodes.
 
-Simplifications: prefill (prompt, tool output, a migrated context) delays only its own execution and
-does not slow the decode batch; K is sampled at events, not integrated continuously.
+KV memory is a hard limit: KV in use is the resident context of every member plus the growing
+contexts of the decodes, and never exceeds capacity. Leaving the wait queue (FIFO, head-of-line, as
+vLLM schedules) reserves the tokens it will prefill. When growth would fill the memory an event
+fires and the engine preempts, as vLLM does in recompute mode, the most recently admitted execution
+holding KV: its KV is freed, it goes to the front of the wait queue (a tool call keeps running) and
+later re-prefills its whole context; its generated tokens are kept. The context of an execution that
+is not running (in a tool call, or waiting) is a cache, like vLLM's prefix cache of a finished request:
+when the head of the wait queue does not fit, such contexts are evicted, newest first, if that makes
+room (each logged as a preemption, since it will be recomputed). Optional reservation mode admits
+an execution only if its largest context fits beside the others' and never preempts. A context
+larger than the whole engine is a configuration error (SimCluster.admit).
+
+Costs without a roofline use the linear step a + b n + c K + prefill_s_per_token m; a zero
+prefill_s_per_token makes prefill free (no prefill queue), as in hand-built test scenarios.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from typing import TYPE_CHECKING
 
 from gyre.cluster import Phase
+from gyre.sim.kv_pressure import KvPressure
 
 if TYPE_CHECKING:
     from gyre.sim.backend import SimCluster
@@ -32,38 +47,52 @@ if TYPE_CHECKING:
 
 _EPS = 1e-9
 _INF = float("inf")
-_TOOL = Phase.TOOL
-_PREFILL = Phase.PREFILL
+_FULL = 1.0 - 1e-9  # the KV-full event fires when use reaches this share of capacity
+_TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
 
 
-class SimEngine:
+class SimEngine(KvPressure):
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
         self.cluster = cluster
         self.id = engine_id
         self.gpus = gpus
         self._version = version
-        self.costs = cluster.costs
+        c = self.costs = cluster.costs
         self.state = "starting"  # starting -> ready -> stopping -> stopped
         self.members: dict[int, SimExecution] = {}  # every execution it holds, any phase
-        self.queue: deque[SimExecution] = deque()
+        self.queue: deque[SimExecution] = deque()  # waiting for KV to start its prefill
         self._heap: list[tuple[float, int, SimExecution]] = []  # decoding: (target V, seq, execution)
-        self._ready: list[tuple[float, int, SimExecution]] = []  # between turns: (rejoin time, seq, execution)
+        self._ready: list[tuple[float, int, SimExecution]] = []  # tool calls: (return time, seq, execution)
+        self.prefill: deque[SimExecution] = deque()  # prefill queue; ex.pf_left tokens still to compute
+        self.pf_pending = 0.0  # sum of pf_left over the prefill queue
+        self.pf_resident = 0.0  # KV reserved by the prefill queue (the rest of mem_fixed is idle cache)
+        self._pf_due = _INF  # when the prefill head is planned to finish
+        self._adm: list[tuple[int, SimExecution]] = []  # (admission seq, execution), ascending; stale entries skipped
         self.V = 0.0
         self.t_last = 0.0
-        self.rate = 0.0
+        self.rate = 0.0  # dV/dt
+        self.pf_rate = 0.0  # prefill tokens per second
         self.n_dec = 0
-        self.kv_dec_base = 0.0  # sum(kv_seg - v_start) over decoding executions
-        self.mem_fixed = 0  # resident KV of non-decoding executions
+        self.kv_dec_base = 0.0  # sum(ctx - v_start) over decoding executions
+        self.mem_fixed = 0.0  # resident KV of non-decoding members
+        self.reserved = 0.0  # reservation mode: sum of the members' largest contexts
         self.paused = False
         self.epoch = 0  # invalidates stale wakeups
-        self._q = cluster._q  # the backend's fine-event heap, pushed directly on the hot path
-        self._qseq = cluster._seq
-        self._prefill = cluster.costs.prefill_s_per_token
-        self._kv_cap = cluster.costs.kv_capacity_tokens
+        self._free_prefill = c.roofline is None and c.prefill_s_per_token == 0
+        self._budget = c.max_batched_tokens
+        self._reserve = c.kv_reserve
+        self._kv_cap = c.kv_capacity_tokens
+        self._full = c.kv_capacity_tokens * _FULL
+        self._schedule = cluster.schedule  # the backend's fine-event queue
+        self._fire = self.fire
         self._log = cluster.log.append
         self.kv_peak = 0.0
-        self._seq = 0
-        self._dirty = False  # a re-plan is pending in cluster._dirty
+        self.roof_s = 0.0  # integral of the roofline utilization (ideal / actual step time) over busy time
+        self._roof = 0.0  # that share in the current plan
+        # (step time, its ideal part at hardware peak) of a step: the roofline's, or the linear form's (no ideal)
+        self._step2 = c.roofline.step_and_ideal if c.roofline is not None else (
+            lambda n, k, m=0.0, p=0.0: (c.step_time(n, k, m, p), 0.0))
+        self._seq = itertools.count()
 
     # --- EngineView ---
     @property
@@ -88,7 +117,7 @@ class SimEngine:
 
     @property
     def kv_capacity(self) -> int:
-        return self.costs.kv_capacity_tokens
+        return self._kv_cap
 
     @property
     def kv_used(self) -> float:
@@ -97,183 +126,305 @@ class SimEngine:
 
     # --- fluid clock ---
     def _advance(self, t: float) -> None:
-        if self.rate:
-            self.V += (t - self.t_last) * self.rate
+        dt = t - self.t_last
+        if dt > 0.0:
+            if self.rate:
+                self.V += dt * self.rate
+            if self.pf_rate:
+                done = dt * self.pf_rate
+                head = self.prefill[0]
+                head.pf_left = head.pf_left - done if head.pf_left > done else 0.0
+                self.pf_pending = self.pf_pending - done if self.pf_pending > done else 0.0
+            self.roof_s += dt * self._roof
         self.t_last = t
 
+    def _used(self) -> float:
+        return self.mem_fixed + self.kv_dec_base + self.n_dec * self.V
+
     def _reschedule(self) -> None:
-        """Put this engine's next wakeup in the backend's queue (earlier ones become stale)."""
+        """Plan this engine's next wakeup: a segment end, a tool return, the prefill head's end or KV full."""
         self._dirty = False
-        self.epoch += 1
+        self.epoch = ep = self.epoch + 1
         n = self.n_dec
-        wake = self._ready[0][0] if self._ready else _INF
-        if n == 0 or self.paused:
-            self.rate = 0.0
+        ready = self._ready
+        wake = ready[0][0] if ready else _INF
+        dec = self.kv_dec_base + n * self.V  # decode context
+        used = self.mem_fixed + dec
+        if used > self.kv_peak:
+            self.kv_peak = used
+        pend = self.pf_pending if self.prefill else 0.0  # an empty queue's float residue is 0
+        if self.paused or (n == 0 and pend <= 0.0):
+            self.rate = self.pf_rate = self._roof = 0.0
+            self._pf_due = _INF
         else:
-            kv = self.kv_dec_base + n * self.V
-            c = self.costs
-            rate = self.rate = 1.0 / (c.step_a + c.step_b * n + c.step_c * kv)
-            used = self.mem_fixed + kv
-            if used > self.kv_peak:
-                self.kv_peak = used
-            dt = (self._heap[0][0] - self.V) / rate
-            t_dec = self.t_last + (dt if dt > 0.0 else 0.0)
-            if t_dec < wake:
-                wake = t_dec
+            tl = self.t_last
+            if pend > 0.0 and n < self._budget and self.prefill:
+                m = self._budget - n
+                if pend < m:
+                    m = pend
+                head = self.prefill[0]
+                step, ideal = self._step2(n, dec, m, head.resident - head.pf_left)
+                self.pf_rate = m / step
+                t_pf = self._pf_due = tl + head.pf_left * step / m
+                if t_pf < wake:
+                    wake = t_pf
+            else:
+                step, ideal = self._step2(n, dec)
+                self.pf_rate = 0.0
+                self._pf_due = _INF
+            self._roof = ideal / step
+            if n:
+                self.rate = 1.0 / step
+                dv = self._heap[0][0] - self.V
+                t_dec = tl + dv * step if dv > 0.0 else tl
+                if t_dec < wake:
+                    wake = t_dec
+                if not self._reserve:
+                    t_full = tl + ((self._full - used) / n) * step
+                    if t_full < wake:
+                        wake = t_full if t_full > tl else tl
+            else:
+                self.rate = 0.0
         if wake < _INF:
-            heapq.heappush(self._q, (wake, next(self._qseq), self.fire, self.epoch))
+            self._schedule(wake, self._fire, ep)
 
     def _touch(self, t: float) -> None:
-        """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup.
-
-        The re-plan waits until the current event is fully processed (SimCluster.run flushes
-        cluster._dirty), so admitting a whole batch to an engine costs one wakeup, not one each.
-        Nothing changes in simulated time meanwhile, so the plan is the same."""
+        """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup, once,
+        after the current event is fully processed (nothing changes in simulated time meanwhile)."""
         self._advance(t)
         if not self._dirty:
             self._dirty = True
-            self.cluster._dirty.append(self)
+            self.cluster.replan(self)
+
+    _dirty = False
 
     def fire(self, t: float, epoch: int) -> None:
-        """Wakeup: segments that end now leave the batch; executions whose tool returned rejoin it."""
+        """Wakeup: segments that end leave the batch, tool calls return, prefills finish, a full KV preempts."""
         if epoch != self.epoch:
             return
-        if self.rate:
-            self.V += (t - self.t_last) * self.rate
+        dt = t - self.t_last
+        if dt > 0.0:
+            if self.rate:
+                self.V += dt * self.rate
+            if self.pf_rate:
+                done = dt * self.pf_rate
+                head = self.prefill[0]
+                head.pf_left = head.pf_left - done if head.pf_left > done else 0.0
+                self.pf_pending = self.pf_pending - done if self.pf_pending > done else 0.0
+            self.roof_s += dt * self._roof
         self.t_last = t
-        heap = self._heap
         V = self.V
+        used = self.mem_fixed + self.kv_dec_base + self.n_dec * V
+        if used > self.kv_peak:
+            self.kv_peak = used
+        heap = self._heap
         limit = V + _EPS * (V if V > 1.0 else 1.0)
-        pop = heapq.heappop
-        busy = self.n_dec > 0
-        while heap and heap[0][0] <= limit:
-            ex = pop(heap)[2]
-            # the execution leaves the decode batch
-            self.n_dec -= 1
-            self.kv_dec_base -= ex.kv_seg - ex.v_start
-            seg = ex.seg
-            gen = ex.gen[seg]
-            ex.generated += gen
-            if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None:
-                self._end_segment(ex, t, seg, gen)
-                continue
-            # a tool-call boundary (the common case, kept inline)
-            out = ex.tool_out[seg]
-            ex.phase = _TOOL
-            r = ex.resident = ex.kv_seg + gen + out
-            self.mem_fixed += r
-            ex.seg = seg + 1
-            r = ex.ready_at = t + ex.tool_s[seg] + out * self._prefill
-            heapq.heappush(self._ready, (r, next(self._qseq), ex))
-        if busy and self.n_dec == 0:
-            self._log(("busy", t, self.id, 0))
+        if heap and heap[0][0] <= limit:
+            pop, push, ready, seq = heapq.heappop, heapq.heappush, self._ready, self._seq
+            while heap and heap[0][0] <= limit:
+                ex = pop(heap)[2]
+                self.n_dec -= 1
+                self.kv_dec_base -= ex.ctx - ex.v_start
+                seg = ex.seg
+                if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done:
+                    self._segment_end(ex, t)
+                    continue
+                # a tool-call boundary, the common case (as _segment_end, kept inline)
+                gen = ex.gen[seg]
+                ex.generated += gen
+                ctx = ex.kv[seg] + gen
+                ex.phase = _TOOL
+                nxt = ex.kv[seg + 1]
+                if nxt < ctx:  # the context is rebuilt smaller
+                    ctx = nxt - min(ex.tool_out[seg], nxt)
+                ex.resident = ctx
+                self.mem_fixed += ctx
+                ex.ctx = nxt
+                ex.seg = seg + 1
+                r = ex.ready_at = t + ex.tool_s[seg]
+                push(ready, (r, next(seq), ex))
+            if self.n_dec == 0:
+                self._log(("busy", t, self.id, 0))
+        pf = self.prefill
+        if pf:
+            # the head is done at its planned time (its residue may be below what the clock resolves)
+            if t >= self._pf_due:
+                pf[0].pf_left = 0.0
+            while pf and pf[0].pf_left <= _EPS * (pf[0].resident + 1.0):
+                ex = pf.popleft()
+                self.pf_pending -= ex.pf_left
+                self.pf_resident -= ex.resident
+                ex.pf_left = 0.0
+                ex.phase = _QUEUED  # out of the prefill queue, not yet decoding
+                self._decode(ex, t)
+            if not pf:
+                self.pf_pending = self.pf_resident = 0.0
         ready = self._ready
-        while ready and ready[0][0] <= t:
-            ex = pop(ready)[2]
-            ex.ready_at = None
-            self._rejoin(ex, t)
+        if ready and ready[0][0] <= t:
+            queue = self.queue
+            while ready and ready[0][0] <= t:
+                ex = heapq.heappop(ready)[2]
+                ex.ready_at = None
+                if t >= ex.deadline_at:
+                    self._drop(ex)
+                    self.cluster.finish(ex, t, "deadline")
+                else:
+                    ex.phase = _QUEUED
+                    queue.append(ex)
+        n = self.n_dec
+        if n and not self._reserve and self.mem_fixed + self.kv_dec_base + n * self.V + n > self._full:
+            self._make_room(t)
+        if self.queue:
+            self._drain_queue(t)
         self._reschedule()
 
     # --- execution lifecycle on this engine ---
     def admit(self, ex: SimExecution, t: float) -> None:
+        self._advance(t)
         ex.engine = self
-        ex.phase = Phase.QUEUED
+        ex.phase = _QUEUED
+        ex.ctx = ex.kv[0]
+        ex.resident = 0
         self.members[ex.id] = ex
         self.queue.append(ex)
         self._drain_queue(t)
         self._touch(t)
 
-    def _fits(self, tokens: float, t: float) -> bool:
-        """Admission gate: KV in use at time t plus `tokens` within capacity (an idle engine takes one)."""
-        if len(self.members) == len(self.queue):  # nothing running: always take one
-            return True
-        used = self.mem_fixed + self.kv_dec_base + self.n_dec * (self.V + (t - self.t_last) * self.rate)
-        return used + tokens <= self._kv_cap
-
     def _drain_queue(self, t: float) -> None:
+        """Start the prefill of waiting executions in order while their missing context fits (head-of-line)."""
         queue = self.queue
-        while queue and self.state == "ready" and self._fits(queue[0].kv[0], t):
-            ex = queue.popleft()
+        while queue and self.state == "ready":
+            ex = queue[0]
+            need = ex.ctx - ex.resident
+            if self._reserve:
+                if not ex.reserved and self.reserved + ex.max_ctx > self._full:
+                    break
+            else:
+                over = self._used() + need + self.n_dec + 1 - self._full  # leaves a step of headroom
+                if over > 0:
+                    # the KV of executions that are not running (tool calls, waiting) is a cache: evict it,
+                    # newest first, if that makes room; otherwise wait for the running ones to free theirs
+                    if self.mem_fixed - self.pf_resident - ex.resident < over:
+                        break
+                    self._evict_idle(over, ex, t)
+            queue.popleft()
+            if self._reserve and not ex.reserved:
+                ex.reserved = ex.max_ctx
+                self.reserved += ex.max_ctx
             if ex.started_at is None:
                 ex.started_at = t
                 ex.deadline_at = t + ex.spec.deadline_s
                 self._log(("start", t, ex.id, self.id))
-            ex.phase = _PREFILL
-            r = ex.resident = ex.kv[0]
-            self.mem_fixed += r
-            r = ex.ready_at = t + ex.spec.prompt * self._prefill
-            heapq.heappush(self._ready, (r, next(self._qseq), ex))
+            self._admitted(ex)
+            self.mem_fixed += need
+            ex.resident = ex.ctx
+            if need <= 0 or self._free_prefill:
+                self._decode(ex, t)
+            else:
+                ex.phase = _PREFILL
+                ex.pf_left = need
+                self.pf_pending += need
+                self.pf_resident += ex.resident
+                self.prefill.append(ex)
 
-    def _rejoin(self, ex: SimExecution, t: float) -> None:
-        """A tool call (or prefill) is over: the execution decodes its next segment, unless it is late."""
-        if t < ex.ready_min:  # a migrated context is still being prefilled here
-            ex.ready_at = ex.ready_min
-            heapq.heappush(self._ready, (ex.ready_min, next(self._qseq), ex))
-            return
+    def _decode(self, ex: SimExecution, t: float) -> None:
+        """Its context is all in KV: it joins the decode batch, unless its deadline has passed."""
         if t >= ex.deadline_at:
-            self.remove(ex)
-            self.cluster._finish(ex, t, truncated=True)
+            self._drop(ex)
+            self.cluster.finish(ex, t, "deadline")
             return
         self.mem_fixed -= ex.resident
         ex.resident = 0
-        ex.phase = Phase.DECODE
+        ex.phase = _DECODE
         V = self.V
-        seg = ex.seg
-        kv = ex.kv_seg = ex.kv[seg]
         ex.v_start = V
-        target = ex.v_target = V + ex.gen[seg]
+        target = V + ex.gen[ex.seg] - ex.seg_done
         if ex.first_version is None or self._version < ex.first_version:
             ex.first_version = self._version
         if self.n_dec == 0:
             self._log(("busy", t, self.id, 1))
         self.n_dec += 1
-        self.kv_dec_base += kv - V
-        self._seq += 1
-        heapq.heappush(self._heap, (target, self._seq, ex))
+        self.kv_dec_base += ex.ctx - V
+        heapq.heappush(self._heap, (target, next(self._seq), ex))
 
-    def _end_segment(self, ex: SimExecution, t: float, seg: int, gen: int) -> None:
-        """Segment end off the common path: the execution finishes, or migrates at this boundary."""
+    def _segment_end(self, ex: SimExecution, t: float) -> None:
+        """A decoded segment ends (ex already left the batch): finish, or start its tool call."""
+        seg = ex.seg
+        gen = ex.gen[seg]
+        ex.generated += gen
+        ex.seg_done = 0
+        ctx = ex.kv[seg] + gen  # the context after the segment
+        ex.phase = _TOOL
+        ex.resident = ctx
+        self.mem_fixed += ctx
         if seg == ex.last or t >= ex.deadline_at:
-            ex.resident = ex.kv_seg + gen
-            ex.phase = Phase.TOOL  # off the batch; its KV is now counted as resident
-            self.mem_fixed += ex.resident
-            self.remove(ex)
-            self.cluster._finish(ex, t, truncated=ex.spec.capped or seg < ex.last)
+            self._drop(ex)
+            why = "capped" if seg == ex.last and ex.spec.capped else ("done" if seg == ex.last else "deadline")
+            self.cluster.finish(ex, t, why)
             return
-        out = ex.tool_out[seg]
-        ex.phase = Phase.TOOL
-        ex.resident = ex.kv_seg + gen + out
-        self.mem_fixed += ex.resident
+        nxt = ex.kv[seg + 1]
+        if nxt < ctx:  # compaction, a retry or a sub-agent's return: the context is rebuilt smaller
+            keep = nxt - min(ex.tool_out[seg], nxt)
+            self.mem_fixed -= ctx - keep
+            ex.resident = keep
+        ex.ctx = nxt
         ex.seg = seg + 1
-        r = ex.ready_at = t + ex.tool_s[seg] + out * self._prefill
-        heapq.heappush(self._ready, (r, next(self._qseq), ex))
-        self.cluster._do_migrate(ex, t)
+        r = ex.ready_at = t + ex.tool_s[seg]
+        heapq.heappush(self._ready, (r, next(self._seq), ex))
+        if ex.migrate_to is not None:
+            self.cluster.migrate_at_boundary(ex, t)
+
+    # --- leaving and arriving ---
+    def _drop(self, ex: SimExecution) -> None:
+        """Take ex (not decoding) off this engine and free its KV (and its reservation)."""
+        del self.members[ex.id]
+        ph = ex.phase
+        if ph == _QUEUED:
+            if ex in self.queue:
+                self.queue.remove(ex)
+        elif ph == _PREFILL:
+            self.prefill.remove(ex)
+            self.pf_pending -= ex.pf_left
+            self.pf_resident -= ex.resident
+            ex.pf_left = 0.0
+            if not self.prefill:  # no float residue once the queue is empty
+                self.pf_pending = self.pf_resident = 0.0
+        self.mem_fixed -= ex.resident
+        ex.resident = 0
+        if ex.reserved:
+            self.reserved -= ex.reserved
+            ex.reserved = 0
+        ex.adm = -1
+        ex.engine = None
 
     def remove(self, ex: SimExecution) -> None:
-        """Take a non-decoding execution off this engine (finish or migration) and free its KV.
-
-        A pending rejoin leaves with it (ex.ready_at keeps its time for the next engine)."""
-        del self.members[ex.id]
-        if ex.phase == Phase.QUEUED:
-            self.queue.remove(ex)
-        else:
-            self.mem_fixed -= ex.resident
+        """Take a non-decoding execution off this engine (migration); a pending tool call leaves with it."""
+        self._advance(self.cluster.now)
         if ex.ready_at is not None:
             self._ready = [x for x in self._ready if x[2] is not ex]
             heapq.heapify(self._ready)
-        ex.engine = None
-        self._drain_queue(self.cluster.env._now)
+        self._drop(ex)
+        self._drain_queue(self.cluster.now)
+        self._touch(self.cluster.now)
 
-    def add_migrated(self, ex: SimExecution, t: float) -> None:
-        """Take an execution that is between turns (or still queued) from another engine."""
+    def add_migrated(self, ex: SimExecution, t: float, kv_fits_free: bool) -> None:
+        """Take an execution that is between turns (or waiting) from another engine. With `kv_fits_free`
+        (its KV was transferred and fits here) its context arrives resident; otherwise it re-prefills."""
+        self._advance(t)
         ex.engine = self
         self.members[ex.id] = ex
-        if ex.phase == Phase.QUEUED:
+        if kv_fits_free and ex.resident and self._used() + ex.resident + self.n_dec + 1 <= self._full:
+            self.mem_fixed += ex.resident
+            self._admitted(ex)
+        else:
+            ex.resident = 0
+        if ex.ready_at is not None:
+            ex.phase = _TOOL
+            heapq.heappush(self._ready, (ex.ready_at, next(self._seq), ex))
+        else:
+            ex.phase = _QUEUED
             self.queue.append(ex)
             self._drain_queue(t)
-        else:
-            self.mem_fixed += ex.resident
-            heapq.heappush(self._ready, (ex.ready_at, next(self._qseq), ex))
         self._touch(t)
 
     # --- weights ---

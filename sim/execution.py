@@ -14,9 +14,9 @@ from gyre.workload import ExecutionSpec, GroupSpec
 class SimExecution:
     __slots__ = (
         "id", "group_id", "task_id", "spec", "engine", "phase", "seg", "first_version", "started_at",
-        "deadline_at", "handle", "v_target", "v_start", "kv_seg", "resident", "ready_min",
-        "migrate_to", "migrate_handle", "finished_at", "truncated", "generated", "gen", "kv", "tool_s",
-        "tool_out", "last", "ready_at",
+        "deadline_at", "handle", "v_start", "ctx", "seg_done", "resident", "pf_left", "adm", "reserved",
+        "max_ctx", "migrate_to", "migrate_handle", "finished_at", "truncated", "end", "generated", "gen", "kv",
+        "tool_s", "tool_out", "last", "ready_at",
     )
 
     def __init__(self, spec: ExecutionSpec) -> None:
@@ -31,15 +31,19 @@ class SimExecution:
         self.started_at: float | None = None
         self.deadline_at = float("inf")
         self.handle = Handle(f"exec{spec.exec_id}")
-        self.v_target = 0.0
-        self.v_start = 0.0
-        self.kv_seg = 0  # KV footprint at the start of the current segment
-        self.resident = 0  # KV tokens held while not decoding
-        self.ready_min = 0.0  # a migrated execution resumes no earlier than this
+        self.v_start = 0.0  # the engine's V when it joined the decode batch
+        self.ctx = spec.kv[0]  # context when it (re)starts decoding: its segment's start plus tokens done
+        self.seg_done = 0.0  # tokens of the current segment decoded before a preemption
+        self.resident = 0  # KV tokens of ctx held on its engine while not decoding
+        self.pf_left = 0.0  # tokens still to prefill (in the engine's prefill queue)
+        self.adm = -1  # admission sequence number on its engine (preemption picks the largest)
+        self.reserved = 0  # KV reserved on its engine (reservation mode)
+        self.max_ctx = max(k + g for k, g in zip(spec.kv, spec.gen))  # its largest context
         self.migrate_to = None
         self.migrate_handle: Handle | None = None
         self.finished_at: float | None = None
         self.truncated = False
+        self.end = ""  # how it ended: "done", "capped" (length cap) or "deadline"
         self.generated = 0
         # the spec's per-segment lists, held directly for the hot path
         self.gen, self.kv, self.tool_s, self.tool_out = spec.gen, spec.kv, spec.tool_s, spec.tool_out
@@ -57,7 +61,7 @@ class SimExecution:
 
     @property
     def context_tokens(self) -> int:
-        return self.kv_seg if self.phase == Phase.DECODE else self.resident
+        return int(self.ctx) if self.phase == Phase.DECODE else self.resident
 
     @property
     def tokens(self) -> int:

@@ -59,8 +59,12 @@ def simulate(
     with no_gc():  # millions of log records and executions: see gyre.gc_pause
         cluster.run(pol, cfg.steps, progress=progress)
         wall = time.perf_counter() - t0
-        specs = [cluster.groups[gid].spec for gid in sorted(cluster.trained_groups)]
+        issued = [g.spec for g in cluster.groups.values()]  # in issue order
+        # the bound covers the groups the run had to train: the first steps x groups_per_step drawn
+        must = issued[: cfg.steps * cfg.workload.groups_per_step]
         metrics = compute_metrics(cluster.log, n_gpus=cfg.cluster.gpus, policy=name)
-        bound = lower_bound(specs, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None))
-        issued = [g.spec for g in cluster.groups.values()]
+        metrics.extra["kv_peak_frac"] = cluster.kv_peak_frac()
+        metrics.roofline_gpu_s = cluster.roofline_gpu_s()
+        metrics.extra["trained_other_groups"] = int({g.group_id for g in must} != set(cluster.trained_groups))
+        bound = lower_bound(must, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None))
     return SimResult(name, cfg, costs, cluster.log, metrics, bound, wall, cluster.events, issued)

@@ -44,9 +44,10 @@ def test_flag_set_is_frozen():
     import typer.main
 
     cmd = typer.main.get_command(app)
-    assert set(cmd.commands) == {"run", "compare", "presets", "calibrate", "replay"}, sorted(cmd.commands)
+    assert set(cmd.commands) == {"run", "compare", "presets", "calibrate", "replay", "calibrate-engine"}, sorted(cmd.commands)
     run_flags = {o for p in cmd.commands["run"].params for o in p.opts}
     assert run_flags == {"--policy", "--preset", "-p", "--gpus", "--steps", "--seed", "--eta", "--out", "-o",
-                         "--workload", "--trace-out"}, sorted(run_flags)
+                         "--workload", "--trace-out", "--engine"}, sorted(run_flags)
     compare_flags = {o for p in cmd.commands["compare"].params for o in p.opts}
-    assert compare_flags == {"--preset", "-p", "--gpus", "--steps", "--seed", "--policy", "--out", "-o"}, sorted(compare_flags)
+    assert compare_flags == {"--preset", "-p", "--gpus", "--steps", "--seed", "--policy", "--out", "-o",
+                             "--engine"}, sorted(compare_flags)

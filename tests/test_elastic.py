@@ -104,15 +104,20 @@ def test_exact_shrink_migrate_grow_timeline():
     ev = [r for r in c.log if r[0] in ("migrate", "engine_down", "engine_up", "step", "finish")]
     want = [
         ("engine_up", 1.0, 0, (0,)), ("engine_up", 1.0, 1, (1,)),
-        ("finish", 7.0, 0, 0, 5),             # exec 0: prefill 1 s, 5 tokens at 1 tok/s
-        ("migrate", 7.0, 1, 1, 0),            # exec 1 waits on its tool (5..8): moves at once off engine 1
-        ("engine_down", 8.0, 1),              # engine 1 sleeps 1 s
-        ("step", 11.1, 1, 1, 105),            # onload 1 s, 105 tokens x 0.02 s on 1 GPU
-        ("finish", 12.0, 2, 0, 8),            # exec 2: 2..8, tool 1 s + 1 s prefill, 10..12
-        ("engine_up", 12.1, 2, (1,)),         # grow: wake 1 s
-        ("finish", 13.03, 1, 0, 7),           # exec 1: re-prefill of 203 tokens until 9.03, then 4 tokens
-        ("engine_down", 14.03, 0),            # step 1 drains engine 0 (empty, lowest id)
-        ("step", 21.33, 2, 1, 315),           # onload 1 s, 315 tokens x 0.02 s
+        # engine 0 holds execs 0 and 2; a step is 1 s + 0.01 s per prefill token (chunked prefill):
+        # both prompts (200 tokens) share 3 s steps until exec 0's is done at 2.5; exec 0 then decodes
+        # 1 token in the 2 s step that finishes exec 2's prompt (4.5), and 4 more at 1 s
+        ("finish", 8.5, 0, 0, 5),
+        ("migrate", 8.5, 1, 1, 0),            # exec 1 (prompt 1..3, 3 tokens to 6, tool to 8, prefilling) moves
+        ("engine_down", 9.5, 1),              # engine 1 sleeps 1 s
+        ("step", 12.6, 1, 1, 105),            # onload 1 s, 105 tokens x 0.02 s on 1 GPU
+        ("engine_up", 13.6, 2, (1,)),         # grow: wake 1 s
+        # exec 1 re-prefills 203 tokens in one 3.03 s step (8.5..11.53) beside exec 2's decode, then 4 tokens,
+        # one of them in the 2 s step of exec 2's tool-output prefill (13.53..15.53)
+        ("finish", 16.53, 1, 0, 7),
+        ("finish", 17.53, 2, 0, 8),           # exec 2: 6 tokens to 12.53, tool 1 s, 100-token prefill 2 s, 2 tokens
+        ("engine_down", 18.53, 0),            # step 1 drains engine 0 (empty, lowest id)
+        ("step", 25.83, 2, 1, 315),           # onload 1 s, 315 tokens x 0.02 s
     ]
     assert len(ev) == len(want), f"event count: {ev}"
     for got, exp in zip(ev, want):

@@ -88,8 +88,8 @@ def test_tool_wait_frees_the_batch_and_deadline_truncates():
     c = cluster([group(0, a)], n_gpus=1, groups_per_step=1)
     c.run(make_policy("colocate"), steps=1)
     fin = [rec for rec in c.log if rec[0] == "finish"]
-    # starts 3, decodes to 4, tool returns at 14 > deadline 8: truncated at the boundary with 100 tokens
-    assert [(round(r[1], 9), r[3], r[4]) for r in fin] == [(14.0, 1, 100)], fin
+    # starts 3, decodes to 4, tool returns at 14 > deadline 8: ends at the boundary with 100 tokens, deadline hit (2)
+    assert [(round(r[1], 9), r[3], r[4]) for r in fin] == [(14.0, 2, 100)], fin
 
 
 def test_staleness_aware_bound_by_hand():

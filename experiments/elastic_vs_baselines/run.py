@@ -81,14 +81,18 @@ def main() -> None:
     ap.add_argument("--select-steps", type=int, default=12)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--reuse-selection", action="store_true", help="read {preset}_selection.csv instead of rerunning it")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
     sel_jobs = [(a.preset, a.select_steps, "async", p) for p in async_grid(a.preset)]
     sel_jobs += [(a.preset, a.select_steps, "elastic", dict(eta=e)) for e in ETAS]
-    sel = public(run_jobs(sel_jobs, a.jobs))
-    sel.to_csv(a.out / f"{a.preset}_selection.csv", index=False)
+    if a.reuse_selection:
+        sel = pd.read_csv(a.out / f"{a.preset}_selection.csv")
+    else:
+        sel = public(run_jobs(sel_jobs, a.jobs))
+        sel.to_csv(a.out / f"{a.preset}_selection.csv", index=False)
     best = {pol: eval(sel[sel.policy == pol].sort_values("makespan_s").iloc[0]["params"]) for pol in ("async", "elastic")}
     print(f"selection done in {time.perf_counter() - t0:.0f}s: {best}", flush=True)
 

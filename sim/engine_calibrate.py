@@ -1,0 +1,180 @@
+"""Fit and check the engine step cost against a real vLLM run: errors, fit, engine.json.
+
+The replay (engine_replay) runs every request of the run through the simulator's own step cost
+(gyre.roofline.EngineRoofline, built by gyre.hardware.engine_roofline from the run's GPU and model
+presets and its tensor-parallel size). The coefficients fitted (gyre.roofline.Coefficients) are the
+bandwidth and compute efficiencies and the fixed step overhead, plus the all-reduce latency when the
+run is tensor parallel (otherwise no step depends on it and it keeps its default); they are fitted to
+the first `split` of requests by arrival and judged on the rest, next to the uncalibrated model (the
+coefficients' cited defaults). KV capacity is the run's logged block count when it has one, otherwise
+the roofline's (its `gpu_memory_utilization` set to the run's).
+
+Errors are relative, per request, |predicted / measured - 1|, of end-to-end latency (last token -
+queued) and time to first token (first token - queued), summarized by median and p90; and the run's
+makespan (last token of the last request - first arrival) over the whole run.
+
+Fit: Nelder-Mead over the coefficients' logarithms (positivity for free; efficiencies above 1, beyond
+the data sheet, are refused), minimizing the mean over fitted requests of |log(pred/meas)| for
+end-to-end latency plus the same for TTFT, plus |log| of the fitted part's own makespan ratio (its
+last token minus the first arrival). Deterministic: it starts from the defaults with a fixed simplex.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy import optimize
+
+from gyre.config import ConfigError
+from gyre.hardware import engine_roofline
+from gyre.presets import find_gpu, find_model
+from gyre.roofline import Coefficients, EngineRoofline
+from gyre.sim.engine_replay import ReplayResult, SchedulerArgs, replay
+from gyre.sim.engine_run import Requests, Run, RunError
+
+ENGINE_FORMAT = 1
+METRICS = ("e2e_median_rel_err", "e2e_p90_rel_err", "ttft_median_rel_err", "makespan_rel_err")
+
+
+FITTED = ("eff_bw", "eff_flops", "step_overhead_s")
+FITTED_TP = FITTED + ("allreduce_s",)  # a tensor-parallel run also fits the all-reduce latency
+APPLIED = FITTED_TP  # what engine.json carries and --engine applies
+
+
+def setup(run: Run, coef: Coefficients) -> tuple[EngineRoofline, SchedulerArgs]:
+    """The step cost and scheduler arguments of the run's own GPU, model and engine arguments."""
+    try:
+        model, gpu = find_model(run.model), find_gpu(run.gpu)
+    except ConfigError as exc:
+        raise RunError(f"{run.path / 'meta.json'}: {exc}") from None
+    e = run.engine
+    coef = replace(coef, gpu_memory_utilization=e.gpu_memory_utilization)
+    roof = engine_roofline(model, gpu, e.tensor_parallel, coef, e.max_num_batched_tokens)
+    blocks = e.kv_blocks if e.kv_blocks is not None else roof.kv_capacity_tokens // e.block_size
+    if blocks <= 0:
+        raise RunError(f"{run.path / 'meta.json'}: {model.name} ({model.infer_weight_bytes / 1e9:.1f} GB of weights) "
+                       f"leaves no KV memory on {e.tensor_parallel} x {gpu.name}")
+    args = SchedulerArgs(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+                         block_size=e.block_size, kv_blocks=blocks)
+    return roof, args
+
+
+def simulate(run: Run, coef: Coefficients) -> ReplayResult:
+    roof, args = setup(run, coef)
+    r = run.requests
+    try:
+        return replay(r.queued, r.input_toks, r.output_toks, args, roof.step_time, run.engine.data_parallel)
+    except ValueError as exc:
+        raise RunError(f"{run.path / 'requests.jsonl'}: {exc}") from None
+
+
+def errors(req: Requests, res: ReplayResult, idx: np.ndarray) -> dict[str, float]:
+    """The report's four errors for requests `idx` (makespan: over the whole run)."""
+    e2e = np.abs((res.last_token[idx] - req.queued[idx]) / req.e2e[idx] - 1.0)
+    ttft = np.abs((res.first_token[idx] - req.queued[idx]) / np.maximum(req.ttft[idx], 1e-9) - 1.0)
+    mk = float(res.last_token.max() - req.queued.min())
+    return {"e2e_median_rel_err": float(np.median(e2e)), "e2e_p90_rel_err": float(np.quantile(e2e, 0.9)),
+            "ttft_median_rel_err": float(np.median(ttft)), "makespan_rel_err": abs(mk / req.makespan - 1.0)}
+
+
+def _loss(req: Requests, res: ReplayResult, idx: np.ndarray) -> float:
+    e2e = np.log((res.last_token[idx] - req.queued[idx]) / req.e2e[idx])
+    ttft = np.log(np.maximum(res.first_token[idx] - req.queued[idx], 1e-3) / np.maximum(req.ttft[idx], 1e-3))
+    span = (res.last_token[idx].max() - req.queued[0]) / (req.last_token[idx].max() - req.queued[0])
+    return float(np.mean(np.abs(e2e)) + np.mean(np.abs(ttft)) + abs(math.log(span)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fit:
+    coef: Coefficients
+    names: tuple[str, ...]
+    loss: float
+    evaluations: int
+
+
+def fit(run: Run, idx: np.ndarray, start: Coefficients = Coefficients(), max_evals: int = 240) -> Fit:
+    """Coefficients minimizing the loss on requests `idx` (see the module docstring)."""
+    names = FITTED_TP if run.engine.tensor_parallel > 1 else FITTED
+
+    def coef_of(x: np.ndarray) -> Coefficients:
+        return replace(start, **{k: math.exp(v) for k, v in zip(names, x)})
+
+    def f(x: np.ndarray) -> float:
+        c = coef_of(x)
+        if c.eff_bw > 1.0 or c.eff_flops > 1.0:  # beyond the data sheet: not physical
+            return 1e3 + float(np.sum(np.abs(x)))
+        return _loss(run.requests, simulate(run, c), idx)
+
+    x0 = np.log([max(getattr(start, k), 1e-6) for k in names])
+    simplex = np.vstack([x0] + [x0 - 0.4 * np.eye(len(x0))[i] for i in range(len(x0))])
+    r = optimize.minimize(f, x0, method="Nelder-Mead",
+                          options={"initial_simplex": simplex, "maxfev": max_evals, "xatol": 1e-3, "fatol": 1e-4})
+    return Fit(coef=coef_of(r.x), names=names, loss=float(r.fun), evaluations=int(r.nfev))
+
+
+def coef_dict(c: Coefficients) -> dict[str, float]:
+    return {k: float(getattr(c, k)) for k in APPLIED}
+
+
+def engine_json(coef: Coefficients, run: Run, fitted: tuple[str, ...], report: dict[str, Any],
+                applied: bool = False) -> dict[str, Any]:
+    """engine.json: the coefficients, which were fitted, and the run they were fitted on (or applied to)."""
+    return {"gyre_engine": ENGINE_FORMAT, "coeffs": coef_dict(coef), "fitted": list(fitted),
+            "applied_to" if applied else "fitted_on": {
+                "run": str(run.path), "model": run.model, "gpu": run.gpu,
+                "tensor_parallel": run.engine.tensor_parallel, "requests": len(run.requests)},
+            "report": report}
+
+
+def load_engine(path: Path, base: Coefficients = Coefficients()) -> Coefficients:
+    """`base` with the coefficients of an engine.json (gyre-sim calibrate-engine -o); RunError if bad."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise RunError(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunError(f"{path}: cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise RunError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
+    if not isinstance(doc, dict) or doc.get("gyre_engine") != ENGINE_FORMAT or not isinstance(doc.get("coeffs"), dict):
+        raise RunError(f"{path}: not an engine calibration (expected 'gyre_engine': {ENGINE_FORMAT} and 'coeffs')")
+    raw = doc["coeffs"]
+    unknown = sorted(set(raw) - set(APPLIED))
+    if unknown:
+        raise RunError(f"{path}: unknown field coeffs.{unknown[0]} (known: {', '.join(APPLIED)})")
+    for k, v in raw.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise RunError(f"{path}: field coeffs.{k} must be a number >= 0, got {v!r}")
+        if k.startswith("eff_") and not 0 < v <= 1:
+            raise RunError(f"{path}: field coeffs.{k} must be in (0, 1], got {v!r}")
+    return replace(base, **{k: float(v) for k, v in raw.items()})
+
+
+def calibrate_run(run: Run, split: float | None, engine: Coefficients | None = None) -> dict[str, Any]:
+    """The report: with `engine`, its errors on the whole run under `calibrated`; otherwise a fit on the
+    first `split` by arrival and errors on the rest. `uncalibrated` is always the defaults; `simulator`
+    is the simulator's own engine (gyre.sim.engine, engine_simcheck) with the calibrated coefficients."""
+    from gyre.sim.engine_run import split_by_arrival
+
+    n = len(run.requests)
+    if engine is not None:
+        test = np.arange(n)
+        coef, info = engine, {"applied": True, "fitted": ()}
+    else:
+        train, test = split_by_arrival(n, split if split is not None else 0.7)
+        ft = fit(run, train)
+        coef = ft.coef
+        info = {"fit_requests": len(train), "fit_loss": ft.loss, "fit_evaluations": ft.evaluations, "fitted": ft.names}
+    from gyre.sim.engine_simcheck import sim_engine_replay, sim_errors
+
+    cal = simulate(run, coef)
+    unc = simulate(run, Coefficients())
+    start, finish, _ = sim_engine_replay(run, coef)
+    return {"calibrated": errors(run.requests, cal, test), "uncalibrated": errors(run.requests, unc, test),
+            "simulator": sim_errors(run, finish, test), "coef": coef, "test_requests": len(test), **info,
+            "_results": {"calibrated": cal, "uncalibrated": unc}, "_simulator": (start, finish), "_test": test}

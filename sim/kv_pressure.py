@@ -1,0 +1,97 @@
+"""KV memory pressure on a simulated engine: admission order, preemption by recompute, idle-context eviction.
+
+A mixin of SimEngine (gyre.sim.engine), kept apart because it is the one place that takes KV away from
+executions. vLLM's recompute mode: the most recently admitted execution holding KV is preempted first;
+its KV is freed and it later re-prefills its whole context (its generated tokens are kept). Contexts
+of executions that are not running (in a tool call, or waiting) are an evictable cache. Every
+preemption or eviction is logged ("preempt", t, exec, engine, tokens to recompute, GPU-seconds that
+recomputation costs at the engine's prefill speed).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import TYPE_CHECKING
+
+from gyre.cluster import Phase
+
+if TYPE_CHECKING:
+    from gyre.sim.execution import SimExecution
+
+_TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
+
+
+class KvPressure:
+    """Needs from the engine: members, queue, prefill, _heap, _adm, _seq, V, n_dec, kv_dec_base, mem_fixed,
+    pf_pending, pf_resident, gpus, costs, _full, _used(), _log."""
+
+    def _admitted(self, ex: SimExecution) -> None:
+        """Record an admission (preemption takes the newest first); stale records are pruned now and then."""
+        ex.adm = a = next(self._seq)
+        adm = self._adm
+        adm.append((a, ex))
+        if len(adm) > 64 and len(adm) > 4 * len(self.members):
+            self._adm = [(b, x) for b, x in adm if x.engine is self and x.adm == b]
+
+    def _newest_holder(self) -> SimExecution | None:
+        """The most recently admitted member that holds KV or decodes."""
+        adm = self._adm
+        while adm:
+            a, ex = adm[-1]
+            if ex.engine is self and ex.adm == a and (ex.phase == _DECODE or ex.resident > 0):
+                return ex
+            adm.pop()
+        return None
+
+    def _make_room(self, t: float) -> None:
+        """KV is full and decodes still grow: preempt the newest holders until one more step fits."""
+        while self.n_dec and self._used() + self.n_dec > self._full:
+            ex = self._newest_holder()
+            if ex is None:
+                break
+            self.preempt(ex, t)
+
+    def preempt(self, ex: SimExecution, t: float, requeue: bool = True) -> None:
+        """Free ex's KV; it waits at the front of the queue (a running tool call keeps running) and later
+        re-prefills its whole context. Its tokens are kept; the recomputation is logged with its GPU-s."""
+        if ex.phase == _DECODE:
+            done = self.V - ex.v_start
+            self._heap = [x for x in self._heap if x[2] is not ex]
+            heapq.heapify(self._heap)
+            self.n_dec -= 1
+            self.kv_dec_base -= ex.ctx - ex.v_start
+            ex.seg_done += done
+            ex.ctx += done
+            if self.n_dec == 0:
+                self._log(("busy", t, self.id, 0))
+            lost = ex.ctx
+        else:
+            lost = ex.resident
+            self.mem_fixed -= ex.resident
+            if ex.phase == _PREFILL:
+                self.prefill.remove(ex)
+                self.pf_pending -= ex.pf_left
+                self.pf_resident -= ex.resident
+                lost -= ex.pf_left
+                ex.pf_left = 0.0
+                if not self.prefill:  # no float residue once the queue is empty
+                    self.pf_pending = self.pf_resident = 0.0
+            elif ex.phase == _QUEUED and requeue:
+                self.queue.remove(ex)
+        ex.resident = 0
+        ex.adm = -1
+        gpu_s = self.costs.prefill_time(lost) * len(self.gpus)
+        self._log(("preempt", t, ex.id, self.id, lost, gpu_s))
+        if ex.phase != _TOOL and requeue:
+            ex.phase = _QUEUED
+            self.queue.appendleft(ex)
+
+    def _evict_idle(self, over: float, keep: SimExecution, t: float) -> None:
+        """Free at least `over` KV tokens held by executions that are not running (not `keep`), newest first."""
+        for a, ex in reversed(self._adm):  # preempt() does not touch the list
+            if over <= 0:
+                return
+            if ex.engine is self and ex.adm == a and ex is not keep and ex.resident > 0 \
+                    and ex.phase in (_TOOL, _QUEUED):
+                over -= ex.resident
+                self.preempt(ex, t, requeue=False)

@@ -1,0 +1,117 @@
+"""The engine-step roofline against numbers worked out by hand from spec sheets and config files."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gyre.hardware import derive_costs, engine_roofline
+from gyre.presets import GPUS, MODELS
+from gyre.roofline import Coefficients, distinct_experts, kv_bytes_per_token
+
+IDEAL = Coefficients(eff_bw=1.0, eff_flops=1.0, step_overhead_s=0.0, allreduce_s=0.0, allreduce_internode_s=0.0)
+
+
+def test_kv_bytes_per_token_gqa_and_mla():
+    """Llama-3.1-8B: 2 x 32 layers x 8 KV heads x 128 x 2 B = 128 KiB; DeepSeek-V3 MLA: 61 x (512 + 64) x 2 B."""
+    assert kv_bytes_per_token(layers=32, kv_heads=8, head_dim=128, bytes_per_elem=2) == 131_072
+    assert kv_bytes_per_token(layers=61, kv_heads=128, head_dim=128, bytes_per_elem=2, kv_lora_rank=512,
+                              rope_dim=64) == 70_272
+    assert MODELS["llama-3.1-8b"].kv_bytes_per_token == 131_072
+
+
+def test_distinct_experts_by_hand():
+    """One token touches k experts; two touch 256 (1 - (248/256)^2) = 15.75; many touch all E."""
+    assert distinct_experts(256, 8, 1) == pytest.approx(8.0)
+    assert distinct_experts(256, 8, 2) == pytest.approx(15.75)
+    assert distinct_experts(256, 8, 10_000) == pytest.approx(256.0)
+    assert distinct_experts(256, 8, 0) == 0.0
+
+
+def test_batch_one_decode_is_weights_over_bandwidth():
+    """Llama-3.1-8B bf16 on one H100 at batch 1, empty context: 16.06 GB / 3.35 TB/s = 4.794 ms (ideal efficiency)."""
+    r = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1, IDEAL)
+    assert r.step_time(1, 0.0) == pytest.approx(16.06e9 / 3.35e12, rel=1e-9)
+    # with 100K tokens of context the KV read adds 100,000 x 131,072 B / 3.35 TB/s = 3.913 ms
+    assert r.step_time(1, 100_000) == pytest.approx((16.06e9 + 100_000 * 131_072) / 3.35e12, rel=1e-9)
+    # the default coefficients: 80% of the bandwidth plus a 4 ms step overhead
+    d = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1)
+    assert d.step_time(1, 0.0) == pytest.approx(16.06e9 / (0.8 * 3.35e12) + 0.004, rel=1e-9)
+
+
+def test_full_prefill_chunk_is_compute_bound():
+    """An 8,192-token chunk at offset 0 on Llama-3.1-8B / H100: 2 x 8.03e9 x 8192 + 4 x 32 x 32 x 128 x 8192^2 / 2
+    = 1.4915e14 FLOPs / 989 TFLOP/s = 0.1508 s; at offset 100K the attention adds 4 x 32 x 32 x 128 x 8192 x 1e5."""
+    r = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1, IDEAL)
+    flops = 2 * 8.03e9 * 8192 + 4 * 32 * 32 * 128 * 8192**2 / 2
+    assert r.step_time(0, 0.0, 8192, 0.0) == pytest.approx(flops / 989e12, rel=1e-9)
+    assert r.step_time(0, 0.0, 8192, 1e5) == pytest.approx((flops + 4 * 32 * 32 * 128 * 8192 * 1e5) / 989e12,
+                                                           rel=1e-9)
+    # a 100K-token prompt alone: 12 full chunks and one of 1,696, each at its offset
+    want = sum(r.step_time(0, 0.0, min(8192, 100_000 - o), o) for o in range(0, 100_000, 8192))
+    assert r.prefill_time(100_000) == pytest.approx(want, rel=1e-12)
+
+
+def test_moe_reads_active_experts_at_batch_one_and_all_at_large_batch():
+    """The 2.4T/95B stand-in in FP8: one token reads 95 GB of weights, a large batch all 2.4 TB."""
+    r = engine_roofline(MODELS["moe-2.4t-a95b"], GPUS["h200"], 32, IDEAL)
+    assert r.weight_bytes_read(1) == pytest.approx(95e9, rel=1e-9)
+    assert r.weight_bytes_read(100_000) == pytest.approx(2400e9, rel=1e-6)
+    # 32 GPUs of 4.8 TB/s across 4 nodes: 95 GB / 153.6 TB/s
+    assert r.step_time(1, 0.0) == pytest.approx(95e9 / (32 * 4.8e12), rel=1e-9)
+
+
+def test_tensor_parallel_divides_and_adds_all_reduces():
+    """Two GPUs halve the roofline part and add two all-reduces per layer; across nodes the slower latency."""
+    coef = Coefficients(eff_bw=1.0, eff_flops=1.0, step_overhead_s=0.0, allreduce_s=1e-5, allreduce_internode_s=3e-5)
+    one = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1, coef)
+    two = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 2, coef)
+    assert two.step_time(4, 1e4) == pytest.approx(one.step_time(4, 1e4) / 2 + 2 * 32 * 1e-5, rel=1e-9)
+    sixteen = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 16, coef)
+    assert sixteen.step_time(4, 1e4) == pytest.approx(one.step_time(4, 1e4) / 16 + 2 * 32 * 3e-5, rel=1e-9)
+
+
+def test_kv_capacity_by_hand():
+    """Llama-3.1-8B on one H100: 80 GB x 0.9 - 2 GB reserve - 16.06 GB weights = 53.94 GB / 128 KiB = 411,529 tokens;
+    on the RTX 4090 with the reserve vLLM measured (1.2376 GB) the 41,408 tokens vLLM reported."""
+    assert engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1).kv_capacity_tokens == int(53.94e9 // 131_072)
+    r = engine_roofline(MODELS["llama-3.1-8b"], GPUS["rtx4090"], 1, Coefficients(reserve_gb_per_gpu=1.2376))
+    assert abs(r.kv_capacity_tokens - 41_408) < 16, r.kv_capacity_tokens  # vLLM rounds to 16-token blocks
+    assert derive_costs(MODELS["llama-3.1-8b"], GPUS["h100"]).kv_capacity_tokens == int(53.94e9 // 131_072)
+
+
+@given(n=st.integers(0, 512), ctx=st.floats(0, 1e7), m=st.integers(0, 8192), p=st.floats(0, 1e6),
+       model=st.sampled_from(sorted(MODELS)), dn=st.integers(0, 64), dctx=st.floats(0, 1e6), dm=st.integers(0, 512))
+def test_step_time_grows_with_every_input(n, ctx, m, p, model, dn, dctx, dm):
+    """More decodes, more context or a longer chunk never make a step faster (the bound relies on it)."""
+    costs = derive_costs(MODELS[model], GPUS["h200"])
+    r = costs.roofline
+    base = r.step_time(n, ctx, m, p)
+    assert r.step_time(n + dn, ctx + dctx, m + dm, p) >= base * (1 - 1e-12)
+    assert base >= (r.coef.step_overhead_s if n + m else 0.0)
+
+
+def test_training_attention_context_by_hand():
+    """Prompt 10 (sum 50), 4 tokens at context 10 (40 + 8), 6 tool tokens at 14 (84 + 18), 2 tokens at 20 (40 + 2)."""
+    from gyre.hardware import train_attention_ctx
+
+    assert train_attention_ctx(10, [4, 2], [10, 20], [6]) == 242.0
+
+
+def test_ideal_share_is_one_at_full_efficiency_without_overhead():
+    """With 100% efficiencies and no overhead a step runs at its roofline: utilization 1; the defaults give less."""
+    r = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1, IDEAL)
+    assert r.ideal_share(8, 8e4, 512, 1e4) == pytest.approx(1.0)
+    d = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1)
+    assert d.ideal_share(1, 0.0) == pytest.approx((16.06e9 / 3.35e12) / (16.06e9 / (0.8 * 3.35e12) + 0.004))
+
+
+@given(n=st.integers(0, 300), ctx=st.floats(0, 1e7), m=st.integers(0, 8192), p=st.floats(0, 1e6),
+       model=st.sampled_from(sorted(MODELS)))
+def test_step_and_ideal_agrees_with_step_time_and_share(n, ctx, m, p, model):
+    """The simulator's one-pass (time, ideal) equals step_time and ideal_share x step_time."""
+    r = derive_costs(MODELS[model], GPUS["h200"]).roofline
+    t, ideal = r.step_and_ideal(n, ctx, m, p)
+    assert t == pytest.approx(r.step_time(n, ctx, m, p), rel=1e-12)
+    assert ideal == pytest.approx(r.ideal_share(n, ctx, m, p) * t, rel=1e-9, abs=1e-15)
