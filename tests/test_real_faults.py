@@ -130,6 +130,26 @@ def test_a_trainer_killed_mid_step_is_rebuilt_and_the_step_retried(pool):
     assert all(torch.allclose(rebuilt[k], v, atol=1e-6) for k, v in served[0].items()), "rebuilt != version 1"
 
 
+def test_a_dropped_sync_is_resent_and_a_delayed_one_arrives_late(pool):
+    """async (eta 0): the first sync loses its message to one engine, which the driver sends again after its
+    timeout; the second sync reaches every engine 0.5 s late. Every engine still serves each version."""
+    from gyre.real.faults import SYNC_TIMEOUT_S
+
+    cluster = dataclasses.replace(CFG.cluster, faults=("drop-sync@0", "delay-sync:0.5@0"))
+    r = run_real(dataclasses.replace(CFG, steps=3, cluster=cluster, policy_params=ON_POLICY), "async", pool=pool)
+    check_survived(r, 0)
+    faults = [x for x in r.log if x[0] == "note" and x[2] == "fault"]
+    assert [f[3]["fault"] for f in faults] == ["drop-sync", "delay-sync"], faults
+    dropped, t_drop = faults[0][3]["engine"], faults[0][1]
+    resent = [x for x in r.log if x[0] == "note" and x[2] == "sync_resent"]
+    assert [x[3] for x in resent] == [{"engine": dropped, "version": 1}], resent
+    late = [x for x in r.log if x[0] == "sync" and x[2] == dropped and x[3] == 1]
+    assert len(late) == 1 and late[0][1] >= t_drop + SYNC_TIMEOUT_S, (late, t_drop)
+    step2 = next(x[1] for x in r.log if x[0] == "step" and x[2] == 2)
+    v2 = [x[1] for x in r.log if x[0] == "sync" and x[3] == 2]
+    assert len(v2) == 3 and min(v2) >= step2 + 0.5, (v2, step2)
+
+
 @pytest.mark.parametrize("spec", ["kill-engine", "kill-engine@soon", "random-engines:0", "delay-sync:0@1",
                                   "explode@1"])
 def test_a_bad_fault_spec_is_one_line(tmp_path, spec):
