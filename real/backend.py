@@ -19,8 +19,9 @@ half-way through an update. Times in the log are seconds since the cluster was b
 from __future__ import annotations
 
 import heapq
+import shutil
+import tempfile
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from gyre.backend import ClusterBase
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
+from gyre.real.faults import FaultInjector, parse_faults
 from gyre.real.flow import ExecutionFlow
 from gyre.real.task_api import DEFAULT_TASK, load_task
 from gyre.real.train_step import TrainSteps
@@ -55,10 +57,17 @@ class RealClusterConfig:
     normalize_std: bool = True
     seed: int = 0
     max_wall_s: float = 1800.0
-    checkpoint: str | None = None  # trainer checkpoint path: saved every step, resumed from if present
+    checkpoint: str | None = None  # trainer checkpoint path: saved every `checkpoint_every` steps, resumed from
+    # steps between trainer checkpoints (None: 1 with a `checkpoint` path, else none); without a path they go to a
+    # temporary file, used only to rebuild a lost trainer state (with none, that replays every step of the run)
+    checkpoint_every: int | None = None
+    faults: tuple[str, ...] = ()  # injected faults (gyre.real.faults), e.g. ("kill-engine@1.5", "random-engines:3")
     weight_sync: str = "object_store"  # or "collective": a broadcast from the trainer worker of record
 
     def __post_init__(self) -> None:
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
+            raise ValueError(f"RealClusterConfig.checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        parse_faults(self.faults)  # a bad spec is a one-line ValueError
         if self.weight_sync not in WEIGHT_SYNC:
             raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")
 
@@ -81,17 +90,20 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         if config.weight_sync == "collective" and not all(hasattr(a, "receive_weights") for a in pool._engines.values()):
             raise ValueError(f"RealClusterConfig.weight_sync = 'collective' needs engines with receive_weights(group, "
                              f"version); engine {pool.cfg.engine!r} has none (use 'object_store')")
+        pool.heal()  # actors an earlier run lost
         ray.get([a.sleep.remote() for a in pool._engines.values()])  # engines of an earlier run
         base = ray.get([t.reset.remote(config.seed) for t in pool.trainers])[0]
         if config.checkpoint and Path(config.checkpoint).exists():
             base = ray.get([t.load.remote(config.checkpoint) for t in pool.trainers])[0]
-        self.base_version = base  # trainer versions count from here in this run
-        self._tv = base  # the trainer's version of record
-        self._record = 0  # the trainer worker (= GPU) holding it
-        self._held = [base] * len(pool.trainers)  # the version each trainer worker holds
-        self._weights = None  # object ref of the latest weights, made when needed
-        self._stepping = False
-        self._steps: deque[Callable[[], None]] = deque()  # steps waiting for the running one
+        every = config.checkpoint_every if config.checkpoint_every is not None else (1 if config.checkpoint else 0)
+        self._tmp = tempfile.mkdtemp(prefix="gyre-ckpt-") if every and not config.checkpoint else None
+        ckpt = config.checkpoint or (str(Path(self._tmp) / "trainer.pt") if self._tmp else None)
+        self._init_steps(base, len(pool.trainers), ckpt, every)
+        # object ref of the latest version's snapshot, made before the version is booked (engines load it even
+        # while a lost trainer worker's state is rebuilt)
+        self._weights = pool.trainers[0].weights.remote(base)
+        ray.get(self._weights)
+        self.injector = FaultInjector(parse_faults(config.faults), config.seed)
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ observations
@@ -149,6 +161,10 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         t0 = self.now
 
         def up(dt, err) -> None:
+            if isinstance(err, ray.exceptions.RayActorError):  # its actor died: a new one
+                self._log(("note", self.now, "engine_fault", {"engine": eid, "executions": []}))
+                self._restart_start(eng, up)
+                return
             if err is not None:
                 raise ClusterError(f"start_engine: engine {eid} on GPUs {gpus} failed: {err}")
             eng.state = "ready"
@@ -158,6 +174,10 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
         self._wake(eng, v, up)
         return h
+
+    def _restart_start(self, eng: RealEngine, up) -> None:
+        eng.actor, eng._version = self.pool.respawn(eng.gpus), self._version
+        self._wake(eng, self._version, up)
 
     def stop_engine(self, engine: RealEngine) -> Handle:
         eng = self._check_stop(engine)
@@ -174,7 +194,10 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         t0 = self.now
 
         def down(_dt, err) -> None:
-            if err is not None:
+            if isinstance(err, ray.exceptions.RayActorError):  # it died: down anyway; the slot gets a new actor
+                self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": []}))
+                self.pool.respawn(eng.gpus)
+            elif err is not None:
                 raise ClusterError(f"stop_engine: engine {eng.id} failed to sleep: {err}")
             self.profile["sleep"].append(self.now - t0)
             self._engine_down(eng)
@@ -215,28 +238,17 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         h = Handle(f"train{v}")
         t0 = self.now
 
-        def end(stats, err) -> None:
-            if err is not None:
-                raise ClusterError(f"train: step {v} failed: {err}")
-            self._tv, self._record, self._weights = stats["version"], gpus[0], None
-            for g in gpus:
-                self._held[g] = self._tv
-            if self.cfg.weight_sync == "object_store":
-                self._weights_ref()
+        def end(stats) -> None:
             self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
             self._step_done(gpus, stats["tokens"])
+            for e in self._engines.values():  # they load this version before they are ready again
+                if e.state == "restarting":
+                    e._version = self._version
             self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
                                                    "groups_with_signal": signal, "version": self._version}))
             self._deferred.append((h, self._version))
-            self._stepping = False
-            if self._steps:
-                self._steps.popleft()()
 
-        start = lambda: self._start_step(gpus, ray.put(batch), end)  # noqa: E731
-        if self._stepping:
-            self._steps.append(start)
-        else:
-            start()
+        self._enqueue_step(gpus, ray.put(batch), end)
         return h
 
     def sync(self, engines: Sequence[RealEngine]) -> Handle:
@@ -248,40 +260,56 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         v, h, t0, left = self._version, Handle(f"sync{self._version}"), self.now, [len(todo)]
 
         def one(e: RealEngine):
+            actor = e.actor
+
             def done(_dt, err) -> None:
                 if err is not None and not isinstance(err, ray.exceptions.RayActorError):
                     raise err
-                e._version = max(e._version, v)
-                self._log(("sync", self.now, e.id, v))
+                if err is not None:  # it died: its replacement wakes with (or catches up to) the latest
+                    self._on_engine_dead(e, actor)
+                else:
+                    e._version = max(e._version, v)
+                    self._log(("sync", self.now, e.id, v))
                 left[0] -= 1
                 if left[0] == 0:
                     self.profile["sync"].append(self.now - t0)
                     self._deferred.append((h, None))
             return done
 
-        self._publish(todo, one)
+        fault = self.injector.take_sync_fault(self, todo)
+        if fault is not None and fault[0] == "delay":
+            self._call_after(fault[1], lambda: self._publish_each(todo, one, None))
+        else:
+            self._publish_each(todo, one, fault[1] if fault is not None else None)
         return h
 
     def _succeed_after(self, seconds: float, h: Handle) -> None:
+        self._call_after(seconds, lambda: self._deferred.append((h, None)))
+
+    def _call_after(self, seconds: float, fn: Callable[[], None]) -> None:
         self._seq += 1
-        heapq.heappush(self._timers, (self.now + seconds, self._seq, lambda: self._deferred.append((h, None))))
+        heapq.heappush(self._timers, (self.now + seconds, self._seq, fn))
 
     # ------------------------------------------------------------------ fault injection
-    def kill_engine(self, engine_id: int) -> None:
-        """Kill the actor behind a running engine (tests and benchmarks); the run must survive it."""
-        eng = self._engines.get(engine_id)
-        if eng is None or not eng.ready:
-            raise ClusterError(f"kill_engine: engine {engine_id} is not running")
-        ray.kill(eng.actor, no_restart=True)
+    def step_in_flight(self) -> tuple[int, ...]:
+        """The GPUs of the training step running now (empty: none)."""
+        return self._steps[0][0] if self._stepping else ()
+
+    def worker_of_record(self) -> int | None:
+        """The trainer worker holding the latest state (None: it is being rebuilt)."""
+        return self._record
 
     # ------------------------------------------------------------------ running
     def run(self, policy, steps: int, on_tick: Callable[[RealCluster], None] | None = None) -> Process:
         """Run `policy` until it returns; raise its error, a deadlock or a wall-clock overrun."""
         proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
+        self.injector.start(steps * self.cfg.groups_per_step * self.cfg.group_size)
         self._drain()
         while not proc.done:
             while self._timers and self._timers[0][0] <= self.now:
                 heapq.heappop(self._timers)[2]()
+            self._drain()
+            self.injector.tick(self)
             self._drain()
             if proc.done:
                 break
@@ -314,12 +342,19 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     def close(self) -> dict:
         """Put engines still up to sleep (the pool is reused) and collect the engines' profiles."""
-        ray.get([e.actor.sleep.remote() for e in self._engines.values() if e.ready and not e.members])
+        for ref in [e.actor.sleep.remote() for e in self._engines.values() if e.ready and not e.members]:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
+                pass  # killed and not yet noticed: the pool replaces it below
         try:
             ray.get(self._background)
         except ray.exceptions.RayError:
             pass  # a release sent to an engine that was killed
         self._background = []
+        self.pool.heal()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
         profs = ray.get([a.get_profile.remote() for a in self.pool._engines.values()])
         for key in ("prefill", "decode", "load"):
             self.profile["engine_" + key] = [r for p in profs for r in p[key]]

@@ -28,10 +28,12 @@ def fail(msg: str) -> None:
     raise typer.Exit(2)
 
 
-def _config(preset: str, config: Path | None, steps: int | None, address: str | None, seed: int | None):
+def _config(preset: str, config: Path | None, steps: int | None, address: str | None, seed: int | None,
+            faults: list[str] | None = None, checkpoint_every: int | None = None):
     import dataclasses
 
     from gyre.real.config import RealConfigError, get_preset
+    from gyre.real.faults import FaultSpecError, parse_faults
     from gyre.real.config_file import load_config
 
     try:
@@ -47,6 +49,17 @@ def _config(preset: str, config: Path | None, steps: int | None, address: str | 
         cfg = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, address=address))
     if seed is not None:
         cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, seed=seed))
+    for spec in faults or []:
+        try:
+            parse_faults([spec])
+        except FaultSpecError as exc:
+            fail(f"--faults {spec}: {exc}")
+    if faults:
+        cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, faults=tuple(faults)))
+    if checkpoint_every is not None:
+        if checkpoint_every < 0:
+            fail(f"--checkpoint-every must be >= 0, got {checkpoint_every}")
+        cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, checkpoint_every=checkpoint_every))
     return cfg
 
 
@@ -66,15 +79,22 @@ def run(
     address: Address = None,
     seed: Seed = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="results folder")] = Path("out/real"),
+    faults: Annotated[Optional[list[str]], typer.Option(
+        "--faults", help="inject a fault (repeatable): kill-engine@T, kill-trainer@T, random-engines:N, "
+                         "random-trainers:N, delay-sync:S@T, drop-sync@T (T, S in seconds; see docs/real.md)")] = None,
+    checkpoint_every: Annotated[Optional[int], typer.Option(
+        "--checkpoint-every", help="trainer checkpoint every N steps (0: none): a lost trainer state is rebuilt "
+                                   "from it and the steps after it")] = None,
 ) -> None:
     """Run each policy for real (one after another, on warm actors) and write their outputs."""
     from gyre.cluster import ClusterError
     from gyre.policies import UnknownPolicy, check_params, policy_class
+    from gyre.real.faults import fault_summary
     from gyre.real.pool import ActorPool
     from gyre.real.runner import run_real, write_outputs
     from gyre.real.task_api import TaskError, load_task
 
-    cfg = _config(preset, config, steps, address, seed)
+    cfg = _config(preset, config, steps, address, seed, faults, checkpoint_every)
     for p in policy:
         try:
             policy_class(p)
@@ -120,6 +140,10 @@ def run(
         last = lc["reward_mean"].iloc[-max(1, len(lc) // 5):].mean()
         console.print(f"{r.policy}: makespan {r.makespan_s:.1f}s, {len(lc)} steps, reward {first:.3f} -> {last:.3f}",
                       highlight=False)
+        fs = fault_summary(r.log)
+        if fs["faults"] or fs["respawns"]:
+            console.print(f"{r.policy}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                                      for k, v in fs.items()), highlight=False)
         stalled = r.stalled_since()
         if stalled is not None:
             console.print(f"{r.policy}: warning: from step {stalled} on no group had a reward spread (every advantage "

@@ -140,6 +140,7 @@ class Comm:
         self.groups: dict[str, object] = {}
         self.turnstile = Turnstile()
         self._store: TCPStore | None = None
+        self._store_at: tuple | None = None  # the (host, port) it is connected to
         self._lock = threading.Lock()
 
     def group(self, spec: dict):
@@ -151,9 +152,11 @@ class Comm:
             if pg is not None:
                 return pg
             timeout = timedelta(seconds=spec["timeout_s"])
-            if self._store is None:
+            if self._store is None or self._store_at != tuple(spec["store"]):  # the store moved: its groups are gone
+                for name in list(self.groups):
+                    self.drop(name)
                 host, port = spec["store"]
-                self._store = TCPStore(host, port, None, False, timeout)
+                self._store, self._store_at = TCPStore(host, port, None, False, timeout), tuple(spec["store"])
             store = PrefixStore(f"gyre/{spec['name']}/", self._store)
             if spec["backend"] == "nccl":
                 from torch._C._distributed_c10d import ProcessGroupNCCL  # CUDA builds only
@@ -273,6 +276,12 @@ class GroupBook:
                 self._seq[m] += 1
             out.append(spec)
         return out
+
+    def new_store(self, store: tuple[str, int]) -> None:
+        """The store moved (its server died): every group is made afresh on the new one."""
+        self.store = store
+        for key in list(self._names):
+            self.broken(*key)
 
     def forget(self, member: str) -> None:
         """`member` is gone: every group holding it is dropped by the others at their next operation."""

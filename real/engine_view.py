@@ -27,9 +27,11 @@ class RealEngine:
         self._kv_capacity = kv_capacity
         self.busy = False  # has a decoding sequence (the "busy" log record)
         self.stop_after_restart = None  # a stop_engine handle waiting for a restart to finish
+        self.fault_t = 0.0  # when its actor was last found dead
 
     @property
     def version(self) -> int:
+        """The served version; while restarting, the version it will serve when ready (the latest)."""
         return self._version
 
     @property

@@ -8,10 +8,13 @@ its context), or, when the engine actor died, move it to another engine from its
 same GPUs. Handle completions are only queued here (`_deferred`); the run loop releases them.
 
 `ExecutionFlow` is a mixin of gyre.real.backend.RealCluster and uses its bookkeeping (`_engines`, `_log`,
-`_submit`, `_busy`, `_wake`, `pool`, `profile`, `cfg`).
+`_submit`, `_busy`, `_wake`, `_publish`, `_version`, `pool`, `profile`, `cfg`).
 
-Simplifications: a dead engine is noticed on its next failed call; a released KV cache on a dead engine is
-not retried.
+A replacement engine is ready only once it serves the latest version: a step that ended during its restart is
+loaded first (docs/real.md, Faults).
+
+Simplifications: a dead engine is noticed on its next failed call (or the probe `kill_engine` sends); a
+released KV cache on a dead engine is not retried.
 """
 
 from __future__ import annotations
@@ -131,8 +134,11 @@ class ExecutionFlow:
         if eng.actor is not actor or eng.state != "ready":
             return  # already handled
         eng.state = "restarting"
-        self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": sorted(eng.members)}))
+        eng._version = self._version  # it comes back serving at least this version (see _on_respawned)
+        eng.fault_t = self.now
         others = [e for e in self._engines.values() if e.ready and e is not eng]
+        self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": sorted(eng.members),
+                                                       "moved": len(eng.members) if others else 0}))
         for ex in sorted(eng.members.values(), key=lambda x: x.id):
             lost = ex.phase == Phase.DECODE
             ex.phase = Phase.PREFILL if lost else ex.phase
@@ -144,9 +150,28 @@ class ExecutionFlow:
             self._drain_queue(e)
             self._resume_lost(e)
         self._busy(eng)
+        self._respawn_engine(eng)
+
+    def kill_engine(self, engine_id: int) -> None:
+        """Kill the actor behind a running engine (fault injection); the run must survive it. The driver
+        finds it dead through a liveness probe (`ping`), as it would through any other failed call."""
+        eng = self._engines.get(engine_id)
+        if eng is None or not eng.ready:
+            raise ClusterError(f"kill_engine: engine {engine_id} is not running")
+        actor = eng.actor
+        ray.kill(actor, no_restart=True)
+
+        def probed(_v, err) -> None:
+            if isinstance(err, ray.exceptions.RayActorError):
+                self._on_engine_dead(eng, actor)
+
+        self._submit(actor.ping.remote(), probed)
+
+    def _respawn_engine(self, eng: RealEngine) -> None:
+        """A fresh actor on the dead one's GPUs, woken with the latest weights."""
         eng.actor = self.pool.respawn(eng.gpus)
-        v = self._version
-        self._wake(eng, v, lambda dt, err: self._on_respawned(eng, v, err))
+        v, actor = self._version, eng.actor
+        self._wake(eng, v, lambda dt, err: self._on_respawned(eng, actor, v, err))
 
     def _resume_lost(self, eng: RealEngine) -> None:
         for ex in sorted(eng.members.values(), key=lambda x: x.id):
@@ -154,11 +179,33 @@ class ExecutionFlow:
                 ex.lost = False
                 self._issue(ex, ex.inflight)
 
-    def _on_respawned(self, eng: RealEngine, version: int, err) -> None:
+    def _on_respawned(self, eng: RealEngine, actor, version: int, err) -> None:
+        """The replacement woke with `version`; it is ready only once it serves the latest version.
+
+        A step that ended during the restart published a newer version, which `sync` did not send to a
+        restarting engine: it is loaded here first, so a ready engine never serves older weights than the
+        version it reported while restarting (the latest)."""
         if err is not None:
+            if isinstance(err, ray.exceptions.RayActorError) and eng.actor is actor:
+                self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": []}))
+                self._respawn_engine(eng)  # the replacement died too: another one
+                return
             raise ClusterError(f"engine {eng.id}: replacement actor failed to start: {err}")
+        if eng.actor is not actor:
+            return
+        if version < self._version and eng.stop_after_restart is None:
+            v = self._version
+
+            def loaded(_dt, err2) -> None:
+                if err2 is None:
+                    self._log(("sync", self.now, eng.id, v))
+                self._on_respawned(eng, actor, v, err2)
+
+            self._publish([eng], lambda e: loaded)
+            return
         eng.state, eng._version = "ready", version
-        self._log(("note", self.now, "engine_restarted", {"engine": eng.id}))
+        self._log(("note", self.now, "engine_restarted", {"engine": eng.id, "version": version,
+                                                           "recovery_s": self.now - eng.fault_t}))
         if eng.stop_after_restart is not None:
             h, eng.stop_after_restart = eng.stop_after_restart, None
             self._stop(eng, h)

@@ -131,22 +131,38 @@ class ActorPool:
         self._incarnation: dict[int, int] = {}
         self.respawns = 0
         worker_gpus = 1 - cfg.engine_gpu_share if k == 1 else 1
-        worker = ray.remote(num_cpus=0, num_gpus=worker_gpus, concurrency_groups={"sync": 4})(Trainer)
-        init = str(Path(cfg.init_checkpoint).resolve()) if cfg.init_checkpoint else ""
-        self.trainers = [worker.options(scheduling_strategy=self._bundle(g // k)).remote(
-                             cfg.model, cfg.trainer_config, init_checkpoint=init)
-                         for g in range(cfg.n_gpus)]  # one data-parallel worker per GPU
+        self._worker = ray.remote(num_cpus=0, num_gpus=worker_gpus, concurrency_groups={"sync": 4},
+                                  max_restarts=0)(Trainer)
+        self.trainers = [self._spawn_trainer(g) for g in range(cfg.n_gpus)]  # one data-parallel worker per GPU
         self.tools = ray.remote(num_cpus=0, max_concurrency=10000)(ToolServer).remote()
         self._devices = [ray.get([t.gpu_ids.remote() for t in self.trainers[s * k:(s + 1) * k]])
                          for s in range(cfg.n_gpus // k)] if k > 1 else []
         for slot in range(cfg.n_gpus // k):  # start every engine process now, in parallel
             self._engines[slot] = self._spawn(slot)
         # a local Ray of one node: every member is on this machine, so the weight-sync store listens on loopback
-        local = not cfg.address and sum(n["Alive"] for n in ray.nodes()) == 1
-        store = ray.get(self.trainers[0].serve_store.remote(cfg.collective.timeout_s, local=local))
+        self._local = not cfg.address and sum(n["Alive"] for n in ray.nodes()) == 1
+        store = ray.get(self.serve_store())
         self.book = GroupBook(store, cfg.collective, ray.get(self.trainers[0].layout.remote()))
         ray.get([e.ping.remote() for e in self._engines.values()] + [t.ping.remote() for t in self.trainers]
                 + [self.tools.ping.remote()])
+
+    def _spawn_trainer(self, g: int):
+        cfg = self.cfg
+        init = str(Path(cfg.init_checkpoint).resolve()) if cfg.init_checkpoint else ""
+        return self._worker.options(scheduling_strategy=self._bundle(g // cfg.gpus_per_engine)).remote(
+            cfg.model, cfg.trainer_config, init_checkpoint=init)
+
+    def serve_store(self):
+        """Have trainer worker 0 serve the weight-sync store; an object ref of its (address, port)."""
+        return self.trainers[0].serve_store.remote(self.cfg.collective.timeout_s, local=self._local)
+
+    def respawn_trainer(self, g: int):
+        """A fresh trainer worker for GPU g (its actor died). Worker 0 serves the collective store: after its
+        respawn the caller has it serve a new one (`GroupBook.new_store`)."""
+        self.book.forget(f"t{g}")
+        self.trainers[g] = self._spawn_trainer(g)
+        self.respawns += 1
+        return self.trainers[g]
 
     def set_init_checkpoint(self, cfg: PoolConfig) -> None:
         """Take `cfg` (this pool's shape, another `init_checkpoint`): trainer workers start later runs from it."""
@@ -201,6 +217,26 @@ class ActorPool:
         self._engines[slot] = self._spawn(slot)
         self.respawns += 1
         return self._engines[slot]
+
+    def heal(self) -> list[str]:
+        """Replace every dead trainer worker and engine actor (a liveness probe each); returns their names."""
+        dead = []
+        for g, actor in enumerate(list(self.trainers)):
+            try:
+                ray.get(actor.ping.remote())
+            except ray.exceptions.RayActorError:
+                dead.append(f"t{g}")
+                self.respawn_trainer(g)
+                if g == 0:
+                    self.book.new_store(tuple(ray.get(self.serve_store())))
+        for slot, actor in list(self._engines.items()):
+            try:
+                ray.get(actor.ping.remote())
+            except ray.exceptions.RayActorError:
+                gpus = (slot * self.cfg.gpus_per_engine,)
+                dead.append(self.member(gpus))
+                self.respawn(gpus)
+        return dead
 
     def shutdown(self) -> None:
         for a in [*self._engines.values(), *self.trainers, self.tools]:

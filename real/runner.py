@@ -6,7 +6,8 @@ gyre.outputs' files (summary.csv/json, steps_<policy>.csv, staleness_<policy>.cs
 utilization_<policy>.parquet, role_timeline.png, utilization.png) and, for replay and calibration,
 `trace_<policy>.jsonl` (gyre.real.trace_export), `profile_<policy>.json` (measured engine step, prefill,
 train, sync and role-switch times), `executions_<policy>.csv`, `learning_<policy>.csv` (reward vs step and
-wall time) and `log_<policy>.jsonl` (the raw event log).
+wall time) and `log_<policy>.jsonl` (the raw event log). summary.csv also says what the run survived
+(gyre.real.faults.fault_summary, counted from the log).
 
 Simplifications: one policy per run; the actor pool is created on first use and may be passed in to
 reuse warm actors across runs (tests, benchmarks).
@@ -28,6 +29,7 @@ from gyre.metrics import RunMetrics, compute_metrics
 from gyre.outputs import RunOutput
 from gyre.real.backend import RealCluster
 from gyre.real.config import RealConfigError, RealRunConfig
+from gyre.real.faults import fault_summary
 from gyre.real.pool import ActorPool
 from gyre.real.trace_export import trace_groups, trace_workload
 
@@ -98,7 +100,7 @@ def write_outputs(out: str | Path, results: list[RealResult]) -> dict[str, Path]
     from gyre.traces.schema import write_trace
 
     out = Path(out)
-    table = pd.DataFrame([{**r.metrics.summary(), "wall_s": r.wall_s} for r in results])
+    table = pd.DataFrame([{**r.metrics.summary(), "wall_s": r.wall_s, **fault_summary(r.log)} for r in results])
     cfg = results[0].config
     runs = [RunOutput(name=r.policy, label=f"{r.policy} (real)", log=r.log, metrics=r.metrics) for r in results]
     paths = outputs.write_outputs(out, runs, table, preset=cfg.name, seed=cfg.cluster.seed, n_gpus=cfg.pool.n_gpus)

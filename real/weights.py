@@ -4,10 +4,11 @@
 reference, the worker of record's snapshot, made once per version, that engines load in their `wake` or
 `load_weights` call. "collective": the worker of record broadcasts it to the engines being woken or synced
 over a standalone group (gyre.real.collective), falling back to the object store for an engine whose
-broadcast failed (a peer died) and, on NCCL, for the engine sharing the sender's GPU.
+broadcast failed (a peer died), on NCCL for the engine sharing the sender's GPU, and for every engine while a
+lost trainer worker is replaced (the driver keeps the latest version's object ref for that).
 
 `WeightPublisher` is a mixin of gyre.real.backend.RealCluster and uses its `pool`, `cfg`, `_submit`,
-`_log`, `_version`, `_tv` and `_record`.
+`_log`, `_call_after`, `_engines`, `_version`, `_tv`, `_record` and `_store_pending`.
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ from typing import Any
 import ray
 
 from gyre.real.collective import plan_broadcast
+from gyre.real.faults import SYNC_TIMEOUT_S
 from gyre.real.engine_view import RealEngine
 
 
 class WeightPublisher:
     def _weights_ref(self):
         """The object ref of the latest weights (the worker of record's snapshot), made once per version."""
-        if self._weights is None:
-            self._weights = self.pool.trainers[self._record].weights.remote(self._tv)
-        return self._weights
+        return self._weights  # made by the step that published it, before the version was booked
 
     def _wake(self, eng: RealEngine, v: int, done: Callable[[Any, BaseException | None], None]) -> None:
         """Wake the engine's actor with version `v` (the latest): in the call, or by a broadcast after it."""
@@ -46,7 +46,7 @@ class WeightPublisher:
     def _publish(self, engines: list[RealEngine], done_for: Callable[[RealEngine], Callable]) -> None:
         """Load the latest version into awake engines; `done_for(e)(seconds, error)` when each has it."""
         pool, v = self.pool, self._version
-        if self.cfg.weight_sync == "object_store":
+        if self.cfg.weight_sync == "object_store" or self._record is None or self._store_pending:
             for e in engines:
                 self._submit(e.actor.load_weights.remote(self._weights_ref(), v), done_for(e))
             return
@@ -79,3 +79,26 @@ class WeightPublisher:
         self._submit(pool.trainers[src].send_weights.remote(specs[0], self._tv), sent)
         for e, spec in zip(targets, specs[1:]):
             self._submit(e.actor.receive_weights.remote(spec, v), received(e, e.actor))
+
+    def _publish_each(self, engines: list[RealEngine], one, drop: int | None) -> None:
+        """Send each engine the latest weights; a load without a reply after SYNC_TIMEOUT_S is sent again (the
+        engine `drop` never gets the first message: an injected fault)."""
+        for e in engines:
+            answered, done = [False], one(e)
+
+            def reply(dt, err, answered=answered, done=done) -> None:
+                if not answered[0]:
+                    answered[0] = True
+                    done(dt, err)
+
+            def resend(e=e, answered=answered, reply=reply) -> None:
+                if not answered[0] and self._engines.get(e.id) is e and e.ready:
+                    self._log(("note", self.now, "sync_resent", {"engine": e.id, "version": self._version}))
+                    self._publish([e], lambda _e: reply)
+                    self._call_after(SYNC_TIMEOUT_S, resend)
+                elif not answered[0]:
+                    reply(0.0, None)  # it died or stopped meanwhile: it wakes with the latest
+
+            if e.id != drop:
+                self._publish([e], lambda _e, reply=reply: reply)
+            self._call_after(SYNC_TIMEOUT_S, resend)

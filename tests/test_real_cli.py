@@ -17,6 +17,6 @@ def test_flag_set_is_frozen():
     assert set(cmd.commands) == {"run", "calibrate"}, sorted(cmd.commands)
     run_flags = {o for p in cmd.commands["run"].params for o in p.opts}
     assert run_flags == {"--policy", "--preset", "-p", "--config", "-c", "--steps", "--address", "--seed", "--out",
-                         "-o"}, sorted(run_flags)
+                         "-o", "--faults", "--checkpoint-every"}, sorted(run_flags)
     cal_flags = {o for p in cmd.commands["calibrate"].params for o in p.opts}
     assert cal_flags == {"run_dir", "--from", "--predict", "--out", "-o", "--workload"}, sorted(cal_flags)
