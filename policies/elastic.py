@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gyre.cluster import Cluster, EngineView, Phase
+from gyre.cluster import ClusterError, Cluster, EngineView, Phase
 from gyre.handles import Handle, all_of, any_of
 from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, least_loaded
 from gyre.policies.elastic_plan import DrainPlan, plan_drain
@@ -68,10 +68,15 @@ class Elastic:
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
-        return [{"eta": e} for e in etas]
+        fits = shape.n_gpus >= shape.min_train_gpus + shape.gpus_per_engine
+        return [{"eta": e} for e in etas] if fits else []
 
     # ------------------------------------------------------------------ the control loop
     def run(self, cluster: Cluster, steps: int):
+        per, need, n = cluster.gpus_per_engine, cluster.min_train_gpus, cluster.n_gpus
+        if n < need + per:  # the trainer and one engine must fit side by side
+            raise ClusterError(f"elastic: needs >= {need + per} GPUs (a trainer of {need} beside an engine of {per}), "
+                               f"the cluster has {n}")
         self.cluster = cluster
         self.pool: list[EngineView] = []  # engines that accept admissions (starting or ready)
         self.draining: Handle | None = None  # the one drain in flight

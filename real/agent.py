@@ -40,6 +40,7 @@ class Tool:
 @dataclass(frozen=True)
 class Done:
     truncated: bool
+    end: int = 0  # the log's finish code: 0 done, 1 capped (max_turns), 2 deadline hit
 
 
 class RealGroup:
@@ -184,7 +185,7 @@ class RealExecution:
         if self.turns >= self.cfg.max_turns or now >= self.deadline_at:
             self.reward = T.partial_credit(self.ctx, self.group.spec.secret, self.cfg)
             self.cursor.hit_deadline()
-            return Done(truncated=True)
+            return Done(truncated=True, end=1 if self.turns >= self.cfg.max_turns else 2)
         return None
 
     def __repr__(self) -> str:

@@ -41,7 +41,7 @@ class ExecutionFlow:
         req, eng = ex.req, ex.engine
         ex.inflight = action
         if isinstance(action, Done):
-            self._finish(ex, action.truncated)
+            self._finish(ex, action.truncated, action.end)
             return
         if isinstance(action, Tool):
             ex.phase = Phase.TOOL
@@ -90,14 +90,14 @@ class ExecutionFlow:
         ex.segs[-1]["tool_s"] = self.now - ex.tool_t0
         self._issue(ex, ex.on_tool(out, self.now))
 
-    def _finish(self, ex: RealExecution, truncated: bool) -> None:
+    def _finish(self, ex: RealExecution, truncated: bool, end: int) -> None:
         eng = ex.engine
         del eng.members[ex.id]
         ex.engine = None
         ex.phase = Phase.DONE
         ex.finished_at, ex.truncated = self.now, truncated
         self._background.append(eng.actor.release.remote(str(ex.id)))
-        self._log(("finish", self.now, ex.id, int(truncated), ex.generated))
+        self._log(("finish", self.now, ex.id, end, ex.generated))
         self._log(("note", self.now, "reward", {"exec": ex.id, "group": ex.group_id, "reward": ex.reward,
                                                  "truncated": truncated, "turns": ex.turns}))
         self._deferred.append((ex.handle, ex))

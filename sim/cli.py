@@ -111,6 +111,7 @@ def compare(
     from gyre.sim.compare import tune, tuned_table, write_outputs
 
     cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy), engine)
+    _report_infeasible(cfg, policy)
     with _progress() as prog:
         task = prog.add_task(f"tuning on {cfg.name}", total=None)
         tuned = tune(cfg, policy, on_done=lambda c, r: prog.advance(task))
@@ -119,6 +120,18 @@ def compare(
     _print_table(table, f"{cfg.name}: {cfg.cluster.gpus} GPUs, {cfg.steps} steps, seed {cfg.seed}")
     console.print(f"wrote {paths['summary']}, {paths['timeline'].name}, {paths['utilization'].name}, "
                   f"{paths['gpu_hours'].name} in {out}/")
+
+
+def _report_infeasible(cfg, policies) -> None:
+    """Say which policies this cluster cannot run (they are left out); fail if that is all of them."""
+    from gyre.policies import REGISTRY
+    from gyre.sim.compare import infeasible
+
+    skip = infeasible(cfg, policies)
+    for name, why in skip.items():
+        console.print(f"skipped {name}: {why}")
+    if skip and len(skip) == len(policies or REGISTRY):
+        fail(f"no policy can run on this cluster ({', '.join(skip)})")
 
 
 def _duration(s: float) -> str:

@@ -237,6 +237,9 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
     from gyre.sim.cli_engine import with_engine
 
     cfg = with_engine(cfg, engine)
+    from gyre.sim.cli import _report_infeasible
+
+    _report_infeasible(cfg, policy)
     cands = candidates(cfg, policy)
     if len(cands) == 1:  # runs in this process: replay the trace already read
         def factory():

@@ -48,6 +48,15 @@ def shape_of(cfg: RunConfig) -> ClusterShape:
                         min_train_gpus=costs.min_train_gpus)
 
 
+def infeasible(cfg: RunConfig, policies: list[str] | None = None) -> dict[str, str]:
+    """Policies (of those named, or every registered one) with no setting this cluster can run, and why."""
+    shape = shape_of(cfg)
+    return {name: (f"no setting fits {shape.n_gpus} GPUs (engines of {shape.gpus_per_engine}, a trainer of "
+                   f">= {shape.min_train_gpus})")
+            for name in policies or list(REGISTRY)
+            if name not in cfg.policy_params and not sweep(name, shape, ETAS)}
+
+
 def candidates(cfg: RunConfig, policies: list[str] | None = None, etas: tuple[int, ...] = ETAS) -> list[Candidate]:
     """Every policy at its configured params; where none are configured, every set of its sweep grid."""
     shape = shape_of(cfg)
@@ -86,7 +95,8 @@ def tune(
     steps. All searches advance together, one round (every active search's next batch) at a time."""
     shape = shape_of(cfg)
     pilot_cfg = replace(cfg, steps=max(1, cfg.steps // PILOT_SHARE))
-    names = policies or list(REGISTRY)
+    skip = infeasible(cfg, policies)
+    names = [n for n in policies or list(REGISTRY) if n not in skip]
     searches: dict[str, tuple[RunConfig, str, Any]] = {}
     fixed: dict[str, Candidate] = {}
     for name in names:

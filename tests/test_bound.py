@@ -119,6 +119,24 @@ def test_hand_built_traces_replay_above_the_bound(tmp_path):
                 assert row["makespan_s"] >= row["eta_bound_s"] * (1 - 1e-9), (name, row)
 
 
+def test_replay_leaves_out_the_policies_a_cluster_cannot_run(tmp_path):
+    """On 8 GPUs whose trainer needs all 8, async and elastic are left out with one line each, colocate runs;
+    asking only for one that cannot run is a one-line error, exit 2."""
+    import json
+
+    from gyre.sim.cli import app
+
+    trace = str(DATA / "bound_prefill_heavy.jsonl")
+    res = CliRunner().invoke(app, ["replay", trace, "--gpus", "8", "--out", str(tmp_path / "all")])
+    assert res.exit_code == 0, res.output
+    assert "skipped async: no setting fits 8 GPUs" in res.output and "skipped elastic:" in res.output, res.output
+    rows = json.loads((tmp_path / "all" / "summary.json").read_text())["results"]
+    assert [r["policy"] for r in rows] == ["colocate"], rows
+    res = CliRunner().invoke(app, ["replay", trace, "--gpus", "8", "--policy", "elastic", "--out", str(tmp_path / "e")])
+    assert res.exit_code == 2 and "no policy can run on this cluster (elastic)" in res.output, res.output
+    assert "Traceback" not in res.output
+
+
 def test_hand_built_traces_with_random_policies():
     """The same traces under random splits, delays and migrations (eta 0..2)."""
     for name, model, gpus in (("bound_long_tool", "dense-7b", 4), ("bound_long_tool", "dense-7b", 6)):

@@ -67,6 +67,16 @@ def test_delegate_runs_a_subagent_whose_result_returns_to_the_parent():
     assert T.seen_secret(ex.ctx, g.spec.secret), "the sub-agent's result must reach the parent's context"
 
 
+def test_turn_cap_ends_capped_not_deadline():
+    """An execution that reaches max_turns before its deadline ends truncated with the capped code (1)."""
+    g = group(T.TaskConfig(max_turns=1, fail_p=0.0))
+    ex = g.executions[0]
+    ex.start(0.0)
+    req = ex.on_generated([T.LOOKUP, T.SEP], [-1.0, -1.0], 0, 0.1)
+    done = ex.on_tool(T.run_tool(req.call), 0.2)
+    assert done == Done(truncated=True, end=1), f"expected a turn-cap truncation (finish code 1), got {done}"
+
+
 def test_context_past_the_limit_is_compacted():
     """Invalid turns grow the context; past context_limit it restarts from a compacted root."""
     cfg = T.TaskConfig(context_limit=8, max_turns=10, fail_p=0.0)
@@ -87,7 +97,7 @@ def test_deadline_truncates_with_partial_credit():
     ex.start(0.0)
     req = ex.on_generated([T.LOOKUP, T.SEP], [-1.0, -1.0], 0, 0.1)
     done = ex.on_tool(T.run_tool(req.call), CFG.deadline_s + 1)
-    assert done == Done(truncated=True), f"expected truncation, got {done}"
+    assert done == Done(truncated=True, end=2), f"expected a deadline truncation (finish code 2), got {done}"
     assert ex.reward == CFG.partial_seen and ex.cursor.status == "truncated", f"reward {ex.reward}"
 
 
