@@ -202,7 +202,7 @@ class SimEngine(KvPressure):
         """Wakeup: segments that end leave the batch, tool calls return, prefills finish, a full KV preempts."""
         if epoch != self.epoch:
             return
-        dt = t - self.t_last
+        dt = t - self.t_last  # _advance(t), inlined: this runs once per fine event
         if dt > 0.0:
             if self.rate:
                 self.V += dt * self.rate
