@@ -24,6 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from gyre.config import override
+from gyre.policies import takes
 from gyre.presets import get_preset
 from gyre.sim.runner import simulate
 from gyre.workload import LogNormal
@@ -53,7 +54,7 @@ def config(steps: int, knob: str, value: float):
 
 def run_one(job: tuple[int, str, float, str, int]) -> dict:
     steps, knob, value, policy, eta = job
-    params = {} if policy == "colocate" else {"eta": eta}
+    params = {"eta": eta} if takes(policy, "eta") else {}
     r = simulate(config(steps, knob, value), policy, params)
     return {"knob": knob, "value": value, "policy": policy, "eta": eta if params else 0,
             "makespan_s": r.makespan_s, "bound_s": r.bound.makespan_s,
