@@ -139,19 +139,8 @@ class EngineRoofline:
         return by, fl
 
     def step_time(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> float:
-        """Seconds of one step: n decodes at total context ctx, plus a prefill chunk of m tokens at offset p.
-        (step_bytes_flops inlined: the simulator calls this once per event.)"""
-        tokens = n + m
-        if tokens <= 0:
-            return 0.0
-        w = self._dense + self.routed_bytes * (1.0 - self._miss ** tokens) if self.routed_bytes else self.weight_bytes
-        if m > 0:
-            tb = (w + self.kv_bytes_per_token * (ctx + p)) / self._bw
-            tf = (self._2p * tokens + self._attn * (ctx + m * p + 0.5 * m * m)) / self._pk
-        else:
-            tb = (w + self.kv_bytes_per_token * ctx) / self._bw
-            tf = (self._2p * tokens + self._attn * ctx) / self._pk
-        return (tb if tb > tf else tf) + self._fixed
+        """Seconds of one step: n decodes at total context ctx, plus a prefill chunk of m tokens at offset p."""
+        return self.step_and_ideal(n, ctx, m, p)[0]
 
     def step_and_ideal(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
         """(step_time, the part of it the hardware peak needs: max(bytes / BW, FLOPs / peak) at 100%

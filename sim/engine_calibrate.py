@@ -21,7 +21,6 @@ last token minus the first arrival). Deterministic: it starts from the defaults 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from gyre.hardware import engine_roofline
 from gyre.presets import find_gpu, find_model
 from gyre.roofline import Coefficients, EngineRoofline
 from gyre.sim.engine_replay import ReplayResult, SchedulerArgs, replay
-from gyre.sim.engine_run import Requests, Run, RunError
+from gyre.sim.engine_run import Requests, Run, RunError, read_json
 
 ENGINE_FORMAT = 1
 METRICS = ("e2e_median_rel_err", "e2e_p90_rel_err", "ttft_median_rel_err", "makespan_rel_err")
@@ -133,14 +132,7 @@ def engine_json(coef: Coefficients, run: Run, fitted: tuple[str, ...], report: d
 
 def load_engine(path: Path, base: Coefficients = Coefficients()) -> Coefficients:
     """`base` with the coefficients of an engine.json (gyre-sim calibrate-engine -o); RunError if bad."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise RunError(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RunError(f"{path}: cannot read: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise RunError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
+    doc = read_json(path)
     if not isinstance(doc, dict) or doc.get("gyre_engine") != ENGINE_FORMAT or not isinstance(doc.get("coeffs"), dict):
         raise RunError(f"{path}: not an engine calibration (expected 'gyre_engine': {ENGINE_FORMAT} and 'coeffs')")
     raw = doc["coeffs"]

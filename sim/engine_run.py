@@ -22,6 +22,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,16 +100,21 @@ def _num(obj: dict, key: str, where: str, *, integer: bool = False, positive: bo
     return int(v) if integer else float(v)
 
 
-def read_meta(path: Path) -> tuple[str, str | None, EngineArgs]:
-    """(model name, GPU device name or None, engine arguments) from a meta.json."""
+def read_json(path: Path, missing: str = "missing") -> Any:
+    """The JSON document in `path`; RunError naming the file (and line) if it is missing, unreadable or not JSON."""
     try:
-        meta = json.loads(path.read_text())
+        return json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise RunError(f"{path}: missing (a run directory holds meta.json, requests.jsonl, timeseries.csv)") from None
+        raise RunError(f"{path}: {missing}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RunError(f"{path}: cannot read: {exc}") from None
     except json.JSONDecodeError as exc:
         raise RunError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
+
+
+def read_meta(path: Path) -> tuple[str, str | None, EngineArgs]:
+    """(model name, GPU device name or None, engine arguments) from a meta.json."""
+    meta = read_json(path, "missing (a run directory holds meta.json, requests.jsonl, timeseries.csv)")
     if not isinstance(meta, dict):
         raise RunError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     model = meta.get("model") or (meta.get("engine_kwargs") or {}).get("model")
