@@ -1,9 +1,9 @@
 """Fault soak on the real backend: every registered policy under random engine and trainer-worker kills.
 
 For each policy x fault kind x seed, one run of the tiny-test preset (local Ray, 4 logical GPUs) with the
-kind's faults drawn from the seed (gyre.real.faults); every policy on-policy (eta 0), so the log-prob mismatch
+kind's faults drawn from the seed (gyre.faults); every policy on-policy (eta 0), so the log-prob mismatch
 says whether the engines served the trainer's weights. Per run: completed or the error, what the log counts
-(gyre.real.faults.fault_summary), and the largest log-prob mismatch of a step. Writes runs.csv and the
+(gyre.faults.fault_summary), and the largest log-prob mismatch of a step. Writes runs.csv and the
 survival table (policy x fault kind: runs, completed, faults fired, executions lost, duplicated, max
 recovery time) as table.md.
 
@@ -37,7 +37,7 @@ def main() -> None:
 
     from gyre.cluster import ClusterError
     from gyre.policies import REGISTRY
-    from gyre.real.faults import fault_summary
+    from gyre.faults import fault_summary
     from gyre.real.pool import ActorPool
     from gyre.real.config import preset_tiny_test
     from gyre.real.runner import run_real

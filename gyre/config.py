@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gyre.faults import FaultSpecError, parse_faults
 from gyre.hardware import CostConfig, GpuConfig, ModelConfig
 from gyre.workload import WorkloadConfig
 
@@ -36,6 +37,8 @@ class RunConfig:
     steps: int = 8
     seed: int = 0
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per policy name
+    faults: tuple[str, ...] = ()  # injected faults (gyre.faults), e.g. ("kill-engine@600", "random-engines:4")
+    checkpoint_every: int = 0  # steps between trainer checkpoints (0: none; a lost trainer state replays every step)
 
     def validate(self) -> RunConfig:
         from gyre.hardware import derive_costs
@@ -44,6 +47,12 @@ class RunConfig:
             raise ConfigError(f"cluster.gpus must be >= 1, got {self.cluster.gpus}")
         if self.steps < 1:
             raise ConfigError(f"steps must be >= 1, got {self.steps}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        try:
+            parse_faults(self.faults)
+        except FaultSpecError as exc:
+            raise ConfigError(f"faults: {exc}") from None
         costs = derive_costs(self.cluster.model, self.cluster.gpu, self.cluster.cost)
         if self.cluster.gpus < costs.engine_gpus:
             raise ConfigError(

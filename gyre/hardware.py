@@ -20,6 +20,12 @@ Every simulator constant comes from here and is derived from a model's shape and
 - Weight sync: per-GPU weight shard / inter-node bandwidth + latency.
 - Role switch: engine wake = weight shard / host-to-device bandwidth + fixed (graph capture,
   allocator); trainer on/offload = trainer state shard / host-to-device bandwidth.
+- Restart after a crash (injected faults, gyre.sim.faults): the node survives, so the weights come from its
+  page cache over the host-to-device link. Engine: weight shard / host-to-device bandwidth + a process
+  start-up of 64 s (imports and engine init 34 s, Dynamo 10 s, graph compilation 13 s, CUDA-graph capture
+  7 s: vLLM serving Llama-3.1-8B on L40S with warm caches, tensorfuse.io, "Reducing GPU Cold Start Time
+  when using vLLM", 2025); trainer worker: its state shard / host-to-device bandwidth + 34 s (the same
+  source's imports and init, no compilation).
 
 Network: 400 Gb/s InfiniBand per GPU (50 GB/s); PCIe Gen5 x16 (~55 GB/s practical host<->device).
 """
@@ -96,6 +102,8 @@ class CostConfig:
     engine_wake_fixed_s: float = 5.0
     engine_sleep_s: float = 2.0
     migration: str = "reprefill"  # or "kv_transfer"
+    engine_restart_fixed_s: float = 64.0  # a crashed engine's process start-up, weights aside (module docstring)
+    trainer_restart_fixed_s: float = 34.0  # a crashed trainer worker's process start-up, state aside
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,8 @@ class Costs:
     train_attn_flops_per_ctx_token: float = 0.0  # 12 L H d_h: training attention FLOPs per token per context token
     train_flops_per_s_gpu: float = 0.0  # GPU peak x train MFU (0: training time is linear in tokens)
     train_mfu: float = 0.0  # the share of peak training runs at (0: unknown; utilization leaves training out)
+    engine_restart_s: float = 0.0  # a crashed engine back up (start-up + weight load; injected faults)
+    trainer_restart_s: float = 0.0  # a crashed trainer worker back up with its state (injected faults)
 
     def step_time(self, batch: int, kv_tokens: float, chunk: float = 0.0, offset: float = 0.0) -> float:
         """One engine step: `batch` decodes at total context `kv_tokens`, plus `chunk` prefill tokens at `offset`."""
@@ -251,4 +261,6 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         train_attn_flops_per_ctx_token=(12.0 + 4.0 * cost.train_extra_forwards) * model.layers * width,
         train_flops_per_s_gpu=train_flops,
         train_mfu=cost.train_mfu,
+        engine_restart_s=shard / (gpu.host_gb_s * 1e9) + cost.engine_restart_fixed_s,
+        trainer_restart_s=train_shard / (gpu.host_gb_s * 1e9) + cost.trainer_restart_fixed_s,
     )

@@ -27,6 +27,9 @@ def role_timelines(runs: Sequence[tuple[str, list[tuple], int, float]], path: Pa
         ax.imshow(m, aspect="auto", interpolation="nearest", cmap=ListedColormap(ROLE_COLORS), vmin=0, vmax=4,
                   extent=(0, makespan / 3600, n, 0))
         ax.set_xlim(0, horizon / 3600)
+        faults = [r[1] / 3600 for r in log if r[0] == "note" and r[2] == "fault"]
+        if faults:  # injected faults (gyre.faults): a black tick above the panel each
+            ax.plot(faults, [0] * len(faults), "kv", markersize=6, clip_on=False)
         ax.set_ylabel("GPU")
         ax.set_title(title, fontsize=9, loc="left")
     axes[-1, 0].set_xlabel("hours")

@@ -36,7 +36,7 @@ from gyre.backend import ClusterBase
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
-from gyre.real.faults import FaultInjector, parse_faults
+from gyre.faults import FaultInjector, parse_faults
 from gyre.real.flow import ExecutionFlow
 from gyre.real.task_api import DEFAULT_TASK, load_task
 from gyre.real.train_step import TrainSteps
@@ -61,7 +61,7 @@ class RealClusterConfig:
     # steps between trainer checkpoints (None: 1 with a `checkpoint` path, else none); without a path they go to a
     # temporary file, used only to rebuild a lost trainer state (with none, that replays every step of the run)
     checkpoint_every: int | None = None
-    faults: tuple[str, ...] = ()  # injected faults (gyre.real.faults), e.g. ("kill-engine@1.5", "random-engines:3")
+    faults: tuple[str, ...] = ()  # injected faults (gyre.faults), e.g. ("kill-engine@1.5", "random-engines:3")
     weight_sync: str = "object_store"  # or "collective": a broadcast from the trainer worker of record
 
     def __post_init__(self) -> None:

@@ -33,7 +33,7 @@ def _config(preset: str, config: Path | None, steps: int | None, address: str | 
     import dataclasses
 
     from gyre.real.config import RealConfigError, get_preset
-    from gyre.real.faults import FaultSpecError, parse_faults
+    from gyre.faults import spec_error
     from gyre.real.config_file import load_config
 
     try:
@@ -49,11 +49,9 @@ def _config(preset: str, config: Path | None, steps: int | None, address: str | 
         cfg = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, address=address))
     if seed is not None:
         cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, seed=seed))
-    for spec in faults or []:
-        try:
-            parse_faults([spec])
-        except FaultSpecError as exc:
-            fail(f"--faults {spec}: {exc}")
+    bad = spec_error(faults or [])
+    if bad:
+        fail(bad)
     if faults:
         cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, faults=tuple(faults)))
     if checkpoint_every is not None:
@@ -89,7 +87,7 @@ def run(
     """Run each policy for real (one after another, on warm actors) and write their outputs."""
     from gyre.cluster import ClusterError
     from gyre.policies import UnknownPolicy, check_params, policy_class
-    from gyre.real.faults import fault_summary
+    from gyre.faults import fault_summary
     from gyre.real.pool import ActorPool
     from gyre.real.runner import run_real, write_outputs
     from gyre.real.task_api import TaskError, load_task

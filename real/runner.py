@@ -7,7 +7,7 @@ utilization_<policy>.parquet, role_timeline.png, utilization.png) and, for repla
 `trace_<policy>.jsonl` (gyre.real.trace_export), `profile_<policy>.json` (measured engine step, prefill,
 train, sync and role-switch times), `executions_<policy>.csv`, `learning_<policy>.csv` (reward vs step and
 wall time) and `log_<policy>.jsonl` (the raw event log). summary.csv also says what the run survived
-(gyre.real.faults.fault_summary, counted from the log).
+(gyre.faults.fault_summary, counted from the log).
 
 Simplifications: one policy per run; the actor pool is created on first use and may be passed in to
 reuse warm actors across runs (tests, benchmarks).
@@ -29,7 +29,7 @@ from gyre.metrics import RunMetrics, compute_metrics
 from gyre.outputs import RunOutput
 from gyre.real.backend import RealCluster
 from gyre.real.config import RealConfigError, RealRunConfig
-from gyre.real.faults import fault_summary
+from gyre.faults import fault_summary
 from gyre.real.pool import ActorPool
 from gyre.real.trace_export import trace_groups, trace_workload
 

@@ -19,7 +19,7 @@ from typing import Any
 import ray
 
 from gyre.real.collective import plan_broadcast
-from gyre.real.faults import SYNC_TIMEOUT_S
+from gyre.faults import SYNC_TIMEOUT_S
 from gyre.real.engine_view import RealEngine
 
 

@@ -7,6 +7,10 @@ Both queues break ties by insertion order, so a run is a pure function of (confi
 
 Handle completions caused by fine events are deferred until that event is fully processed, so a
 policy reacting to a finished execution never sees an engine half-way through an update.
+
+Injected faults (`faults`, gyre.faults specs) are carried out by gyre.sim.faults.SimFaults, between events;
+a killed engine is listed as "restarting" (not ready; it accepts admissions, which wait for it, and a stop,
+carried out once it is back), as on the real backend. With no faults no code path changes.
 """
 
 from __future__ import annotations
@@ -28,12 +32,18 @@ from gyre.backend import ClusterBase
 from gyre.pool import TRAINER
 from gyre.sim.engine import SimEngine
 from gyre.sim.execution import SimExecution, SimGroup
+from gyre.sim.faults import SimFaults
 
 _END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third field (gyre.metrics)
 
 
 class SimCluster(ClusterBase):
-    def __init__(self, *, n_gpus: int, costs: Costs, source, check: bool = False) -> None:
+    LISTED = ("starting", "ready", "restarting")
+    ACCEPTING = ("ready", "restarting")
+    STOPPABLE = ("ready", "restarting")
+
+    def __init__(self, *, n_gpus: int, costs: Costs, source, check: bool = False, faults: tuple[str, ...] = (),
+                 seed: int = 0, checkpoint_every: int = 0) -> None:
         self.env = simpy.Environment()
         self.costs = costs
         self.source = source
@@ -46,6 +56,7 @@ class SimCluster(ClusterBase):
         self.check = check
         self._kv_peak = 0.0  # the largest KV use of a stopped engine (tokens)
         self._roof_gpu_s = 0.0  # roofline-ideal GPU-seconds of stopped engines and of training
+        self._faults = SimFaults(self, faults, seed, checkpoint_every) if faults else None
 
     # ------------------------------------------------------------------ observations
     @property
@@ -115,6 +126,8 @@ class SimCluster(ClusterBase):
         ex.end = end
         ex.truncated = end != "done"
         self.log.append(("finish", t, ex.id, _END_CODE[end], ex.generated))
+        if self._faults is not None:
+            self._faults.on_finish(t)
         self._deferred.append((ex.handle, ex))
         if ex.migrate_handle is not None:  # finished before reaching a tool-call boundary
             self._deferred.append((ex.migrate_handle, False))
@@ -174,9 +187,16 @@ class SimCluster(ClusterBase):
 
     def stop_engine(self, engine: SimEngine) -> Handle:
         eng = self._check_stop(engine)
+        h = Handle(f"stop_engine{eng.id}")
+        if eng.state == "restarting":
+            self._faults.stop_after_restart(eng, h)
+        else:
+            self._stop(eng, h)
+        return h
+
+    def _stop(self, eng: SimEngine, h: Handle) -> None:
         eng.state = "stopping"
         self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
-        h = Handle(f"stop_engine{eng.id}")
 
         def down() -> None:
             self._kv_peak = max(self._kv_peak, eng.kv_peak)
@@ -186,7 +206,6 @@ class SimCluster(ClusterBase):
             h.succeed(None)
 
         self._after(self.costs.engine_sleep_s, down)
-        return h
 
     def admit(self, execution: SimExecution, engine: SimEngine) -> Handle:
         ex, eng = self._check_admit(execution, engine)
@@ -212,21 +231,29 @@ class SimCluster(ClusterBase):
         h = Handle(f"train{v}")
         if onload > 0:
             self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
+        attempt = [0]  # a trainer fault voids the running attempt (gyre.sim.faults)
 
         def start() -> None:
             self.gpu_pool.load(gpus, "trainer")
             self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)
-            self._after(compute, end)
+            a = attempt[0]
+            if self._faults is not None:
+                self._faults.step_running(gpus, compute, attempt, start)
+            self._after(compute, lambda: end(a))
 
-        def end() -> None:
+        def end(a: int) -> None:
+            if a != attempt[0]:
+                return
             self._roof_gpu_s += compute * len(gpus) * self.costs.train_mfu
             self._step_done(gpus, tokens)
+            if self._faults is not None:
+                self._faults.step_ended(gpus, compute)
             h.succeed(self._version)
 
-        if onload > 0:
-            self._after(onload, start)
-        else:
-            start()
+        begin = (lambda: self._after(onload, start)) if onload > 0 else start
+        if self._faults is not None:
+            begin = self._faults.before_step(gpus, begin)
+        begin()
         return h
 
     def sync(self, engines: Sequence[SimEngine]) -> Handle:
@@ -235,12 +262,17 @@ class SimCluster(ClusterBase):
             return done_handle(None, "sync")
         v = self._version
         self._check_sync(todo)
+        h = Handle(f"sync{v}")
+        if self._faults is not None and self._faults.faulty_sync(todo, v, h):
+            return h
         for e in todo:
             e.pause(self.now)
-        h = Handle(f"sync{v}")
+        t0 = self.now
 
         def done() -> None:
             for e in todo:
+                if self._faults is not None and self._faults.lost(e, t0):
+                    continue  # killed meanwhile: it restarts with the latest weights
                 e.resume(self.now, v)
                 self._log(("sync", self.now, e.id, v))
             h.succeed(None)
@@ -261,6 +293,9 @@ class SimCluster(ClusterBase):
 
     def _run(self, policy, steps: int, progress: Callable[[int, float], None] | None) -> Process:
         proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
+        faults = self._faults
+        if faults is not None:
+            faults.start(steps * self.groups_per_step * self.source.config.group_size)
         q, env = self._q, self.env
         simq = env._queue  # SimPy's heap of (time, priority, id, event); read-only peek
         pop = heapq.heappop
@@ -287,6 +322,10 @@ class SimCluster(ClusterBase):
             if self._deferred:
                 self._drain()
             if self._dirty:
+                self._flush()
+            if faults is not None and env._now >= faults.next_at:
+                faults.tick()
+                self._drain()
                 self._flush()
             if self.check:
                 self.check_invariants()

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gyre.config import ConfigError, RunConfig, override
+from gyre.faults import spec_error
 from gyre.policies import REGISTRY, UnknownPolicy, baselines, check_params, policy_class, takes
 from gyre.presets import DEFAULT_PRESET, PRESETS, get_preset
 from gyre.sim import cli_engine, cli_traces
@@ -30,12 +31,18 @@ def fail(msg: str) -> None:
 
 
 def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | None, eta: int | None = None,
-                 policies: list[str] | None = None) -> RunConfig:
+                 policies: list[str] | None = None, faults: list[str] | None = None,
+                 checkpoint_every: int | None = None) -> RunConfig:
     """The preset with the flags applied; `eta` goes to the named policies (default: every one that has it)."""
+    bad = spec_error(faults or [])
+    if bad:
+        fail(bad)
     try:
         for p in policies or []:
             policy_class(p)
-        cfg = override(get_preset(preset), **{"cluster.gpus": gpus, "steps": steps, "seed": seed})
+        cfg = override(get_preset(preset), **{"cluster.gpus": gpus, "steps": steps, "seed": seed,
+                                              "faults": tuple(faults) if faults else None,
+                                              "checkpoint_every": checkpoint_every})
         if eta is not None:
             targets = policies or [p for p in REGISTRY if takes(p, "eta")]
             params = {p: {**cfg.policy_params.get(p, {}), "eta": eta} for p in targets}
@@ -57,6 +64,12 @@ Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs in the cluster
 Steps = Annotated[Optional[int], typer.Option("--steps", help="training steps")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="workload seed")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="results folder")]
+Faults = Annotated[Optional[list[str]], typer.Option(
+    "--faults", help="inject a fault (repeatable): kill-engine@T, kill-trainer@T (T: simulated seconds), "
+    "random-engines:N, random-trainers:N (moments drawn from --seed), delay-sync:S@T, drop-sync@T")]
+CheckpointEvery = Annotated[Optional[int], typer.Option(
+    "--checkpoint-every", help="trainer checkpoint every N steps (0: none): a lost trainer state is rebuilt from "
+    "the last one")]
 
 
 @app.command()
@@ -71,12 +84,15 @@ def run(
     workload: Annotated[Optional[Path], typer.Option("--workload", help="calibrated workload JSON (gyre-sim calibrate)")] = None,
     trace_out: Annotated[Optional[Path], typer.Option("--trace-out", help="also write the run as a rollout trace (JSONL)")] = None,
     engine: cli_engine.EngineOpt = None,
+    faults: Faults = None,
+    checkpoint_every: CheckpointEvery = None,
 ) -> None:
     """Simulate one policy and write its metrics."""
     from gyre.sim.compare import Candidate, comparison_table, write_outputs
     from gyre.sim.runner import simulate
 
-    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy]), engine)
+    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every),
+                                 engine)
     with _progress() as prog:
         task = prog.add_task(f"{policy} on {cfg.name}", total=cfg.steps)
         try:
@@ -106,11 +122,14 @@ def compare(
     policy: Annotated[Optional[list[str]], typer.Option("--policy", help="restrict to these policies")] = None,
     out: Out = Path("out/compare"),
     engine: cli_engine.EngineOpt = None,
+    faults: Faults = None,
+    checkpoint_every: CheckpointEvery = None,
 ) -> None:
     """Run every registered policy on the same workload and seed, each tuned (async also on a pilot)."""
     from gyre.sim.compare import tune, tuned_table, write_outputs
 
-    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy), engine)
+    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy, faults=faults,
+                                              checkpoint_every=checkpoint_every), engine)
     _report_infeasible(cfg, policy)
     with _progress() as prog:
         task = prog.add_task(f"tuning on {cfg.name}", total=None)

@@ -427,6 +427,35 @@ class SimEngine(KvPressure):
             self._drain_queue(t)
         self._touch(t)
 
+    # --- losing the process ---
+    def wipe(self, t: float) -> tuple[list[SimExecution], float]:
+        """The engine's process died at t: every member leaves it, in id order, holding no KV. The unfinished
+        part of a segment (decoding, or kept by a preemption) is lost and decoded again (nothing of it was
+        recorded); a tool call keeps running. Returns the members, detached, and the decoded tokens lost."""
+        self._advance(t)
+        if self.n_dec:
+            self._log(("busy", t, self.id, 0))
+        out = sorted(self.members.values(), key=lambda x: x.id)
+        lost = 0.0
+        for ex in out:
+            lost += ex.seg_done + (self.V - ex.v_start if ex.phase == _DECODE else 0.0)
+            ex.ctx = ex.kv[ex.seg]
+            ex.seg_done = 0.0
+            ex.phase = _TOOL if ex.ready_at is not None else _QUEUED
+            ex.resident = ex.reserved = 0
+            ex.adm = -1
+            ex.pf_left = 0.0
+            ex.engine = None
+        self.members = {}
+        self.queue.clear()
+        self.prefill.clear()
+        self._heap, self._ready, self._adm = [], [], []
+        self.n_dec = 0
+        self.kv_dec_base = self.mem_fixed = self.reserved = self.pf_pending = self.pf_resident = 0.0
+        self.paused = False
+        self._reschedule()  # nothing left to plan: invalidates the pending wakeup
+        return out, lost
+
     # --- weights ---
     def pause(self, t: float) -> None:
         self._advance(t)

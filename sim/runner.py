@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gyre.config import RunConfig
+from gyre.faults import fault_summary
 from gyre.gc_pause import no_gc
 from gyre.hardware import Costs
 from gyre.metrics import RunMetrics, compute_metrics
@@ -53,7 +54,8 @@ def simulate(
         pol, name = policy, getattr(policy, "name", type(policy).__name__)
     src = source if source is not None else WorkloadSource(cfg.workload, cfg.seed)
     cluster = SimCluster(
-        n_gpus=cfg.cluster.gpus, costs=costs, source=src, check=check
+        n_gpus=cfg.cluster.gpus, costs=costs, source=src, check=check, faults=cfg.faults, seed=cfg.seed,
+        checkpoint_every=cfg.checkpoint_every,
     )
     t0 = time.perf_counter()
     with no_gc():  # millions of log records and executions: see gyre.gc_pause
@@ -66,5 +68,7 @@ def simulate(
         metrics.extra["kv_peak_frac"] = cluster.kv_peak_frac()
         metrics.roofline_gpu_s = cluster.roofline_gpu_s()
         metrics.extra["trained_other_groups"] = int({g.group_id for g in must} != set(cluster.trained_groups))
+        if cfg.faults:  # what the run survived, counted from its log (the real backend's columns)
+            metrics.extra.update(fault_summary(cluster.log))
         bound = lower_bound(must, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None))
     return SimResult(name, cfg, costs, cluster.log, metrics, bound, wall, cluster.events, issued)

@@ -47,7 +47,7 @@ def test_flag_set_is_frozen():
     assert set(cmd.commands) == {"run", "compare", "presets", "calibrate", "replay", "calibrate-engine"}, sorted(cmd.commands)
     run_flags = {o for p in cmd.commands["run"].params for o in p.opts}
     assert run_flags == {"--policy", "--preset", "-p", "--gpus", "--steps", "--seed", "--eta", "--out", "-o",
-                         "--workload", "--trace-out", "--engine"}, sorted(run_flags)
+                         "--workload", "--trace-out", "--engine", "--faults", "--checkpoint-every"}, sorted(run_flags)
     compare_flags = {o for p in cmd.commands["compare"].params for o in p.opts}
     assert compare_flags == {"--preset", "-p", "--gpus", "--steps", "--seed", "--policy", "--out", "-o",
-                             "--engine"}, sorted(compare_flags)
+                             "--engine", "--faults", "--checkpoint-every"}, sorted(compare_flags)

@@ -69,7 +69,7 @@ def test_engine_killed_while_a_step_trains_serves_the_new_version(pool):
 def check_survived(r, bound: int) -> None:
     """The run completed exactly once per execution, within the staleness bound, with no execution lost or
     duplicated by the summary's count, and every step's samples came from exactly the trainer's weights."""
-    from gyre.real.faults import fault_summary
+    from gyre.faults import fault_summary
 
     check_run(r, len(r.metrics.steps))
     assert r.metrics.staleness["staleness"].max() <= bound, f"{r.policy}: staleness above {bound}"
@@ -88,7 +88,7 @@ def test_random_faults_are_survived_by_every_policy(pool, policy, seed):
     """Engines and a trainer worker killed at random moments of the run (seeded), every registered policy
     on-policy (so the log-prob mismatch must stay at its no-fault floor): the run completes, every execution is
     admitted, started, finished and trained exactly once, within the policy's staleness bound."""
-    from gyre.real.faults import fault_summary
+    from gyre.faults import fault_summary
 
     seed = 2 * sorted(REGISTRY).index(policy) + seed
     cluster = dataclasses.replace(CFG.cluster, seed=seed, checkpoint_every=2,
@@ -133,7 +133,7 @@ def test_a_trainer_killed_mid_step_is_rebuilt_and_the_step_retried(pool):
 def test_a_dropped_sync_is_resent_and_a_delayed_one_arrives_late(pool):
     """async (eta 0): the first sync loses its message to one engine, which the driver sends again after its
     timeout; the second sync reaches every engine 0.5 s late. Every engine still serves each version."""
-    from gyre.real.faults import SYNC_TIMEOUT_S
+    from gyre.faults import SYNC_TIMEOUT_S
 
     cluster = dataclasses.replace(CFG.cluster, faults=("drop-sync@0", "delay-sync:0.5@0"))
     r = run_real(dataclasses.replace(CFG, steps=3, cluster=cluster, policy_params=ON_POLICY), "async", pool=pool)
@@ -169,7 +169,7 @@ def test_a_bad_fault_spec_is_one_line(tmp_path, spec):
 def test_fault_specs_resolve_from_the_seed():
     """Random faults are drawn from the run's seed: the same seed gives the same moments, another seed others;
     fixed faults keep their times."""
-    from gyre.real.faults import FaultInjector, parse_faults
+    from gyre.faults import FaultInjector, parse_faults
 
     faults = parse_faults(["random-engines:3", "kill-trainer@4.0", "delay-sync:0.5@2"])
     assert [f.kind for f in faults] == ["kill-engine"] * 3 + ["kill-trainer", "delay-sync"]
@@ -181,7 +181,7 @@ def test_fault_specs_resolve_from_the_seed():
 
 def test_fault_summary_counts_from_the_log():
     """Lost and duplicated executions are counted from the records, not assumed."""
-    from gyre.real.faults import fault_summary
+    from gyre.faults import fault_summary
 
     log = [("admit", 0.0, 1, 0), ("admit", 0.0, 2, 0), ("admit", 0.0, 3, 0), ("start", 0.1, 1, 0),
            ("start", 0.1, 2, 0), ("start", 0.2, 2, 1), ("note", 0.5, "fault", {"fault": "kill-engine"}),

@@ -1,8 +1,10 @@
-"""Injected faults for the real backend: what a fault spec means, when each fires, and what a run survived.
+"""Injected faults, one grammar for both backends: what a fault spec means, when each fires, and what a run
+survived.
 
-A run's faults are strings (`RealClusterConfig.faults`, `gyre-real run --faults`):
-- `kill-engine@T`: T seconds after the run starts, kill the actor of one ready engine (chosen by the seed;
-  if none is ready then, the first that is);
+A run's faults are strings (`RealClusterConfig.faults` and `gyre-real run --faults`; `RunConfig.faults` and
+`gyre-sim run --faults`):
+- `kill-engine@T`: T seconds after the run starts, kill one ready engine (chosen by the seed; if none is
+  ready then, the first that is);
 - `kill-trainer@T`: kill a trainer worker: a rank of the step in flight (chosen by the seed), else the
   worker of record (the one holding the latest state);
 - `random-engines:N`, `random-trainers:N`: N such kills at random moments of the whole run, drawn from the
@@ -13,15 +15,22 @@ A run's faults are strings (`RealClusterConfig.faults`, `gyre-real run --faults`
 - `drop-sync@T`: the first weight sync at or after T loses its message to one engine (chosen by the seed);
   the driver's sync timeout (`SYNC_TIMEOUT_S`) sends it again.
 Each fault, when it fires, is a `fault` note in the run's log. `fault_summary` counts from the log what the
-run survived: faults, executions moved, actors respawned, the longest recovery, and executions lost or
-duplicated (counted from the admit/start/finish/trained records, not assumed).
+run survived: faults, executions moved, engines and trainer workers respawned, the longest recovery, and
+executions lost or duplicated (counted from the admit/start/finish/trained records, not assumed).
 
-Simplifications: faults are injected from the driver (ray.kill of an actor, a sync held back or not sent);
-a node's loss, a lost object, or a driver crash are not modelled.
+`FaultInjector` decides when and on what each fault fires; a backend carries the fault out through
+`kill_engine(id)`, `kill_trainer(gpu)`, `step_in_flight()`, `worker_of_record()` and, in its `sync`,
+`take_sync_fault`. The real backend calls `tick` from its run loop; the simulator calls it at the moments
+`wake_at` names and after each finish.
+
+Simplifications: the real backend injects faults from the driver (ray.kill of an actor, a sync held back or
+not sent), the simulator by its model of the same loss (gyre.sim.faults); a node's loss, a lost object, or a
+driver crash are not modelled.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +39,7 @@ import numpy as np
 
 LAST_PROGRESS = 0.9  # random faults fire before this fraction of the executions finished (+ a gap's share)
 SYNC_TIMEOUT_S = 3.0  # a weight load with no reply after this long is sent again
+KILLS = ("kill-engine", "kill-trainer")
 FORMS = "kill-engine@T, kill-trainer@T, random-engines:N, random-trainers:N, delay-sync:S@T, drop-sync@T"
 _SPEC = re.compile(r"^(kill-engine|kill-trainer|drop-sync)@([0-9.]+)$|^(random-engines|random-trainers):([0-9]+)$"
                    r"|^delay-sync:([0-9.]+)@([0-9.]+)$")
@@ -79,6 +89,16 @@ def parse_faults(specs: tuple[str, ...] | list[str]) -> tuple[Fault, ...]:
     return tuple(out)
 
 
+def spec_error(specs: tuple[str, ...] | list[str]) -> str | None:
+    """The CLI's one line for the first spec that cannot be read ("--faults SPEC: why"), or None."""
+    for spec in specs:
+        try:
+            parse_faults([spec])
+        except FaultSpecError as exc:
+            return f"--faults {spec}: {exc}"
+    return None
+
+
 class FaultInjector:
     """Fires a run's faults at their moments (`tick`, from the run loop); sync faults wait for a sync."""
 
@@ -110,6 +130,17 @@ class FaultInjector:
             self.due_at[i] = cluster.now + f.delay_s * cluster.now / max(1, self.finished)
         return i in self.due_at and cluster.now >= self.due_at[i]
 
+    def wake_at(self, now: float) -> float:
+        """When `tick` must next run for a kill fault to fire on time: `now` if one is due (it may wait for a
+        target), else the earliest known moment (inf: none known; a progress fault waits for finishes)."""
+        t = math.inf
+        for i, f in enumerate(self.pending):
+            if f.kind in KILLS:
+                due = f.at_s if f.at_s is not None else self.due_at.get(i)
+                if due is not None:
+                    t = min(t, max(due, now))
+        return t
+
     def tick(self, cluster) -> None:
         """Fire every kill fault that is due and has a target now."""
         if not self.pending:
@@ -119,7 +150,7 @@ class FaultInjector:
         self._seen = len(log)
         keep = []
         for i, f in enumerate(self.pending):
-            if f.kind in ("kill-engine", "kill-trainer") and self._due(i, f, cluster) and self._fire(f, cluster):
+            if f.kind in KILLS and self._due(i, f, cluster) and self._fire(f, cluster):
                 continue
             keep.append((i, f))
         self.due_at = {j: self.due_at[i] for j, (i, _) in enumerate(keep) if i in self.due_at}
