@@ -115,7 +115,7 @@ class SimFaults:
         c.gpu_pool.set_role(eng.gpus, Role.SWITCHING, t)
         others = [e for e in c._engines.values() if e.ready]
         c.note("engine_fault", engine=eng.id, executions=[x.id for x in execs],
-               moved=len(execs) if others else 0, tokens_lost=lost)
+               moved=len(execs) if others else 0, tokens_lost=lost, reprefill_tokens=sum(x.ctx for x in execs))
         for ex in execs:
             dst = min(others, key=lambda e: (e.n_live, e.id)) if others else eng
             if ex.migrate_handle is not None:  # a migration the policy asked for: at this boundary, if it can

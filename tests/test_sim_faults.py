@@ -66,7 +66,8 @@ def test_engine_kill_exact_timeline():
         ("start", 3.0, 0, 0), ("start", 3.0, 1, 1),  # both decode from 3.11
         ("fault", 4.11, {"fault": "kill-engine", "engine": 0}),
         ("role", 4.11, (0,), S),  # engine 0 restarts
-        ("engine_fault", 4.11, {"engine": 0, "executions": [0], "moved": 1, "tokens_lost": 100.0}),
+        ("engine_fault", 4.11, {"engine": 0, "executions": [0], "moved": 1, "tokens_lost": 100.0,
+                          "reprefill_tokens": 100}),
         ("migrate", 4.11, 0, 0, 1),
         # 0 re-prefills 100 tokens (0.11 s, b decodes 1 token meanwhile), then 200 at 100/s: tool call at 6.22;
         # b's 199 tokens left end at 6.21
@@ -91,7 +92,8 @@ def test_engine_kill_with_no_other_engine_waits_for_it():
         ("role", 0.0, (0,), S), ("role", 3.0, (0,), R), ("start", 3.0, 0, 0),
         ("fault", 5.61, {"fault": "kill-engine", "engine": 0}),
         ("role", 5.61, (0,), S),
-        ("engine_fault", 5.61, {"engine": 0, "executions": [0], "moved": 0, "tokens_lost": 0.0}),
+        ("engine_fault", 5.61, {"engine": 0, "executions": [0], "moved": 0, "tokens_lost": 0.0,
+                          "reprefill_tokens": 300}),
         ("role", 9.61, (0,), R),
         ("engine_restarted", 9.61, {"engine": 0, "version": 0, "recovery_s": 4.0}),
         ("finish", 10.92, 0, 0, 300),  # 9.61 + re-prefill 0.31 s + 100 tokens 1 s
