@@ -64,12 +64,8 @@ Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs in the cluster
 Steps = Annotated[Optional[int], typer.Option("--steps", help="training steps")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="workload seed")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="results folder")]
-Faults = Annotated[Optional[list[str]], typer.Option(
-    "--faults", help="inject a fault (repeatable): kill-engine@T, kill-trainer@T (T: simulated seconds), "
-    "random-engines:N, random-trainers:N (moments drawn from --seed), delay-sync:S@T, drop-sync@T")]
-CheckpointEvery = Annotated[Optional[int], typer.Option(
-    "--checkpoint-every", help="trainer checkpoint every N steps (0: none): a lost trainer state is rebuilt from "
-    "the last one")]
+Faults = cli_traces.FaultsOpt
+CheckpointEvery = cli_traces.CheckpointEveryOpt
 
 
 @app.command()

@@ -89,6 +89,13 @@ SessF = Annotated[Optional[str], typer.Option("--sessions-field", help="a sessio
 ToolF = Annotated[Optional[str], typer.Option("--tool-field", help="a sub-request's tool duration field")]
 TimeU = Annotated[str, typer.Option("--time-unit", help=f"unit of numeric timestamps: {', '.join(TIME_UNITS)}")]
 ToolU = Annotated[str, typer.Option("--tool-unit", help=f"unit of tool durations: {', '.join(TIME_UNITS)}")]
+# run, compare and replay: injected faults (gyre.faults)
+FaultsOpt = Annotated[Optional[list[str]], typer.Option(
+    "--faults", help="inject a fault (repeatable): kill-engine@T, kill-trainer@T (T: simulated seconds), "
+    "random-engines:N, random-trainers:N (moments drawn from --seed), delay-sync:S@T, drop-sync@T")]
+CheckpointEveryOpt = Annotated[Optional[int], typer.Option(
+    "--checkpoint-every", help="trainer checkpoint every N steps (0: none): a lost trainer state is rebuilt from "
+    "the last one")]
 
 
 def _load(trace, fmt, skip_bad, group_size, groups_per_step, names: FieldNames, cap=None):
@@ -198,15 +205,18 @@ def replay_cmd(
     time_field: TimeF = None, input_field: InF = None, output_field: OutF = None, sessions_field: SessF = None,
     tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns",
     engine: Annotated[Optional[Path], typer.Option("--engine", help="engine calibration JSON (calibrate-engine -o)")] = None,
+    faults: FaultsOpt = None,
+    checkpoint_every: CheckpointEveryOpt = None,
 ) -> None:
     """Replay a trace's executions exactly (not resampled) through policies; same comparison as `compare`."""
     names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
     with no_gc():  # a million executions and their run's log live to the end: see gyre.gc_pause
-        _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names, engine)
+        _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names, engine,
+                faults, checkpoint_every)
 
 
 def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names,
-            engine=None) -> None:
+            engine=None, faults=None, checkpoint_every=None) -> None:
     from dataclasses import replace
 
     from gyre.config import ConfigError, override
@@ -215,6 +225,11 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
     from gyre.sim.cli import _print_table, console
     from gyre.sim.compare import candidates, tune, tuned_table, write_outputs
 
+    from gyre.faults import spec_error
+
+    bad = spec_error(faults or [])
+    if bad:
+        _fail(ValueError(bad))
     tr, g = _load(trace, fmt, skip_bad, group_size, groups_per_step, names)
     w = trace_workload(tr)
     whole = len(tr.groups) // w.groups_per_step
@@ -225,7 +240,8 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
             raise TraceError(f"{trace}: --steps {steps} needs 1..{whole} (the trace holds {len(tr.groups)} groups)")
         base = get_preset(preset or tr.run.get("preset") or DEFAULT_PRESET)
         cfg = override(replace(base, workload=w), **{"cluster.gpus": gpus or tr.run.get("gpus"),
-                                                     "steps": steps or whole}).validate()
+                                                     "steps": steps or whole, "checkpoint_every": checkpoint_every,
+                                                     "faults": tuple(faults) if faults else None}).validate()
     except (TraceError, ConfigError) as exc:
         _fail(exc)
         raise

@@ -53,7 +53,8 @@ def test_calibrate_and_replay_flag_sets_are_frozen():
     cal = {o for p in cmd.commands["calibrate"].params for o in p.opts if o.startswith("-")}
     assert cal == reading | {"--out", "-o", "--split", "--cap", "--k", "--figures", "--seed", "--drift"}, sorted(cal)
     rep = {o for p in cmd.commands["replay"].params for o in p.opts if o.startswith("-")}
-    assert rep == reading | {"--policy", "--preset", "-p", "--gpus", "--steps", "--out", "-o", "--engine"}, sorted(rep)
+    assert rep == reading | {"--policy", "--preset", "-p", "--gpus", "--steps", "--out", "-o", "--engine",
+                             "--faults", "--checkpoint-every"}, sorted(rep)
 
 
 def _requests(path, n=400):
