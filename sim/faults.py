@@ -15,7 +15,8 @@ does, as the real backend does it (its flow, train_step and weights modules):
   same batch once the worker is back (`Costs.trainer_restart_s`). If no worker holds the latest state any more,
   it is rebuilt first: from the last checkpoint (every `checkpoint_every` steps; with none, from the run's
   starting weights) by replaying the steps since. A kill outside a step loses the worker of record; another
-  holder takes over, or the next step waits for the rebuild. Versions continue; nothing trained is lost.
+  holder takes over, or the next step waits for the rebuild; a step never starts before its workers are back.
+  Versions continue; nothing trained is lost.
 - delay-sync:S: the sync starts S seconds late (engines keep generating on their weights meanwhile).
 - drop-sync: one engine misses the sync; it is sent again after SYNC_TIMEOUT_S.
 The log gets the real backend's notes: fault, engine_fault, engine_restarted, trainer_fault, step_retry,
@@ -55,6 +56,7 @@ class SimFaults:
         self.step: tuple | None = None  # the step computing now: (GPUs, compute s, attempt counter, its start)
         self.lost_at = 0.0  # when the state of record was last lost
         self.lost_gpu = 0  # the GPU whose worker held it (a rebuild happens there)
+        self.back_at: dict[int, float] = {}  # GPU -> when its replaced trainer worker is up
         self._counting = False  # a progress fault waits for finishes
 
     # --- what FaultInjector reads ---
@@ -198,6 +200,7 @@ class SimFaults:
             self.lost_at = t
         c.note("trainer_fault", worker=gpu, version=c.version, in_step=in_step, record=gpu == self.record)
         self.held[gpu] = None
+        self.back_at[gpu] = t + c.costs.trainer_restart_s
         if in_step:
             gpus, compute, attempt, start = self.step
             self.step = None
@@ -232,14 +235,17 @@ class SimFaults:
         return run
 
     def before_step(self, gpus: tuple[int, ...], begin):
-        """A step asked for while no worker holds the latest state starts once it is rebuilt."""
-        if self.record is not None:
-            return begin
+        """A step starts once its workers are back and, if no worker holds the latest state, it is rebuilt."""
         c, t = self.c, self.c.now
+        ready = max([t] + [self.back_at.get(g, t) for g in gpus])
+        if self.record is not None and ready <= t:
+            return begin
+        if self.record is None:
+            ready = max(ready, self._recovery_s(t))
 
         def wait() -> None:
             c.gpu_pool.set_role(gpus, Role.SWITCHING, t)
-            c._after(self._recovery_s(t) - t, self._rebuilt_then(begin))
+            c._after(ready - t, self._rebuilt_then(begin))
         return wait
 
     def step_running(self, gpus: tuple[int, ...], compute: float, attempt: list[int], start) -> None:

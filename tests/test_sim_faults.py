@@ -125,6 +125,30 @@ def test_trainer_kill_mid_step_rebuilds_then_retries():
         ], (every, got)
 
 
+def test_trainer_kill_between_steps_delays_the_next():
+    """Async as above: its only trainer worker, the sole holder of version 1, dies at 9 s between steps; step 2,
+    asked for at 10.72 s, starts once the worker is back (14 s) and the state is rebuilt (step 1 replayed, 3 s;
+    none with a checkpoint every step)."""
+    for every, back in ((0, 17.0), (1, 14.0)):
+        g0, g1 = group(0, spec(0, 0, gen=[200])), group(1, spec(1, 1, gen=[100]))
+        c = run([g0, g1], 3, make_policy("async", rollout_gpus=2, eta=0), 2, ("kill-trainer@9",), seed=0,
+                checkpoint_every=every)
+        got = [x for x in timeline(c.log) if x[0] != "start" and (x[0] != "role" or x[2] == (2,)) and x[1] >= 8.6]
+        assert got == [
+            ("role", 8.61, (2,), int(Role.IDLE)),
+            ("step", 8.61, 1, 1, 300),
+            ("fault", 9.0, {"fault": "kill-trainer", "worker": 2, "in_step": False}),
+            ("trainer_fault", 9.0, {"worker": 2, "version": 1, "in_step": False, "record": True}),
+            ("finish", 10.72, 1, 0, 100),
+            ("role", 10.72, (2,), S),
+            ("trainer_recovered", back, {"worker": 2, "version": 1, "from_version": every, "replayed": 1 - every,
+                                         "recovery_s": back - 9.0}),
+            ("role", back, (2,), int(Role.TRAIN)),
+            ("role", back + 2.0, (2,), int(Role.IDLE)),
+            ("step", back + 2.0, 2, 1, 200),
+        ], (every, got)
+
+
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10_000), gpus=st.sampled_from([4, 6, 8]), eta=st.integers(0, 2),
        kind=st.sampled_from(["xlong", "math"]),
