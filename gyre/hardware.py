@@ -17,6 +17,8 @@ Every simulator constant comes from here and is derived from a model's shape and
   plus one layer's working set in the backward pass, 34 S d bytes (Korthikanti et al. 2022,
   "Reducing Activation Recomputation in Large Transformer Models", eq. 2 with flash attention, so no
   S^2 term), d = query heads x head dim), at 85% of HBM.
+- Running sequences per engine: vLLM's `max_num_seqs`; unset, vLLM's own default for the GPU
+  (`vllm_default_max_num_seqs`).
 - Weight sync: per-GPU weight shard / inter-node bandwidth + latency.
 - Role switch: engine wake = weight shard / host-to-device bandwidth + fixed (graph capture,
   allocator); trainer on/offload = trainer state shard / host-to-device bandwidth.
@@ -88,6 +90,7 @@ class CostConfig:
     weight_fraction: float = 0.6  # an engine's weights may fill at most this share of its HBM
     engine: Coefficients = Coefficients()  # the engine step's fitted constants (gyre.roofline)
     max_batched_tokens: int = 8192  # vLLM max_num_batched_tokens (its default with chunked prefill)
+    max_num_seqs: int | None = None  # vLLM max_num_seqs: running sequences per engine (None: vLLM's default)
     kv_reserve: bool = False  # admit only if the execution's largest context fits (no preemption)
     train_mfu: float = 0.35
     train_extra_forwards: int = 0  # forward passes per step beyond the one backward needs (recompute)
@@ -96,6 +99,20 @@ class CostConfig:
     engine_wake_fixed_s: float = 5.0
     engine_sleep_s: float = 2.0
     migration: str = "reprefill"  # or "kv_transfer"
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs is not None and (isinstance(self.max_num_seqs, bool) or self.max_num_seqs < 1):
+            raise ValueError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
+
+
+def vllm_default_max_num_seqs(gpu: GpuConfig, max_batched_tokens: int) -> int:
+    """vLLM's default `max_num_seqs` when the user sets none (V1 engine, OpenAI server and LLM class alike):
+    1024 on a GPU with at least 70 GiB of memory that is not an A100, 256 otherwise, and never more than
+    the step's token budget (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults and its caller:
+    vllm-project/vllm PRs #16158, #17073, #17885; the RTX 4090 run in shared/data/vllm_timings logs
+    256, as this gives)."""
+    big = gpu.memory_gb * 1e9 >= 70 * 2**30 and "a100" not in gpu.name.lower()
+    return min(1024 if big else 256, max_batched_tokens)
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,7 @@ class Costs:
     migration: str
     roofline: EngineRoofline | None = None
     max_batched_tokens: int = 8192
+    max_num_seqs: int = 0  # running (prefilling or decoding) sequences an engine holds at most; 0: no limit
     kv_reserve: bool = False
     train_attn_flops_per_ctx_token: float = 0.0  # 12 L H d_h: training attention FLOPs per token per context token
     train_flops_per_s_gpu: float = 0.0  # GPU peak x train MFU (0: training time is linear in tokens)
@@ -247,6 +265,8 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         migration=cost.migration,
         roofline=roof,
         max_batched_tokens=cost.max_batched_tokens,
+        max_num_seqs=(cost.max_num_seqs if cost.max_num_seqs is not None
+                      else vllm_default_max_num_seqs(gpu, cost.max_batched_tokens)),
         kv_reserve=cost.kv_reserve,
         train_attn_flops_per_ctx_token=(12.0 + 4.0 * cost.train_extra_forwards) * model.layers * width,
         train_flops_per_s_gpu=train_flops,
