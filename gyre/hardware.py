@@ -44,6 +44,7 @@ class GpuConfig:
     bf16_tflops: float
     fp8_tflops: float
     gpus_per_node: int = 8
+    link_gb_s: float = 0.0  # GPU-to-GPU per direction inside a node (NVLink, or PCIe); 0: tensor parallel moves no bytes
     internode_gb_s: float = 50.0  # per GPU, 400 Gb/s InfiniBand
     host_gb_s: float = 55.0  # PCIe Gen5 x16, practical
 
@@ -61,6 +62,9 @@ class ModelConfig:
     top_k: int = 0  # routed experts per token
     kv_lora_rank: int = 0  # MLA: latent KV width (0: plain K/V heads)
     rope_dim: int = 0  # MLA: decoupled rotary key width
+    hidden: int = 0  # model width (hidden_size); 0: query heads x head dim
+    vocab: int = 0  # vocabulary (embedding rows); 0: embedding and LM head not told apart from the rest
+    tied_embeddings: bool = False  # the LM head reuses the input embedding table
     infer_bytes_per_param: float = 2.0  # bf16; 1.0 for fp8 serving
     kv_bytes_per_elem: float = 2.0
     train_bytes_per_param: float = 16.0  # bf16 weights+grads, fp32 master + Adam moments
@@ -81,6 +85,15 @@ class ModelConfig:
     @property
     def infer_weight_bytes(self) -> float:
         return self.total_params_b * 1e9 * self.infer_bytes_per_param
+
+    @property
+    def width(self) -> int:
+        return self.hidden or (self.q_heads or self.kv_heads) * self.head_dim
+
+    @property
+    def head_params(self) -> float:
+        """Parameters of the LM head (vocab x width)."""
+        return float(self.vocab * self.width)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -213,12 +226,15 @@ def engine_roofline(model: ModelConfig, gpu: GpuConfig, gpus: int, coef: Coeffic
                     max_batched_tokens: int = 8192) -> EngineRoofline:
     """The step-time and memory model of an engine of `gpus` GPUs serving `model`."""
     fp8 = model.infer_bytes_per_param <= 1
+    embed = 0.0 if model.tied_embeddings else model.head_params  # an untied input table: gathered, not read
     return EngineRoofline(
         gpus=gpus, gpus_per_node=gpu.gpus_per_node, hbm_bytes=gpu.memory_gb * 1e9, bw_bytes_s=gpu.hbm_tb_s * 1e12,
         flops=(gpu.fp8_tflops if fp8 else gpu.bf16_tflops) * 1e12, layers=model.layers,
         q_heads=model.q_heads or model.kv_heads, head_dim=model.head_dim, kv_bytes_per_token=model.kv_bytes_per_token,
         weight_bytes=model.infer_weight_bytes, routed_bytes=model.routed_params_b * 1e9 * model.infer_bytes_per_param,
         experts=model.experts, top_k=model.top_k, active_params=model.active_params_b * 1e9,
+        embed_bytes=embed * model.infer_bytes_per_param, embed_params=embed, head_params=model.head_params,
+        hidden=model.width, link_bytes_s=gpu.link_gb_s * 1e9, internode_bytes_s=gpu.internode_gb_s * 1e9,
         max_batched_tokens=max_batched_tokens, coef=coef or Coefficients(),
     )
 
@@ -231,9 +247,9 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         engine_gpus = gpu.gpus_per_node * math.ceil(engine_gpus / gpu.gpus_per_node)
     roof = engine_roofline(model, gpu, engine_gpus, cost.engine, cost.max_batched_tokens)
     # the linear form's coefficients (a + b n + c K: the roofline's terms summed instead of maxed)
-    step_b = 2 * model.active_params_b * 1e9 / roof._pk
+    step_b = roof.flops_per_token / roof._pk
     step_a = roof.step_time(1, 0.0) - step_b
-    step_c = roof.kv_bytes_per_token / roof._bw
+    step_c = roof.kv_bytes_per_token / roof._bk
     prefill = roof.prefill_time(cost.max_batched_tokens) / cost.max_batched_tokens
     active = model.active_params_b * 1e9
     train_flops = gpu.bf16_tflops * 1e12 * cost.train_mfu
