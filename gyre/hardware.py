@@ -44,7 +44,7 @@ class GpuConfig:
     bf16_tflops: float
     fp8_tflops: float
     gpus_per_node: int = 8
-    link_gb_s: float = 0.0  # GPU-to-GPU per direction inside a node (NVLink, or PCIe); 0: tensor parallel moves no bytes
+    link_gb_s: float = 0.0  # GPU-to-GPU per direction in a node (NVLink or PCIe); 0: tensor parallel moves no bytes
     internode_gb_s: float = 50.0  # per GPU, 400 Gb/s InfiniBand
     host_gb_s: float = 55.0  # PCIe Gen5 x16, practical
 

@@ -8,8 +8,9 @@ The step runs two kinds of kernels one after the other, each bound by memory or 
     linear    = max(weights read / (BW x eff_bw), linear FLOPs / (peak x eff_flops))
       weights read = dense weights + routed weights x (1 - (1 - k/E)^(n + m)) - input embedding table
       linear FLOPs = 2 x (active params - embedding - LM head) x (n + m) + 2 x LM head x sampled
-    attention = max(KV bytes per token x (ctx + p) / (BW x eff_kv), 4 L H d_h (ctx + m p + m^2/2) / (peak x eff_flops))
-    time      = linear + attention + tensor-parallel all-reduces + step_overhead_s + seq_overhead_s x sampled
+    attention = max(KV bytes per token x (ctx + p) / (BW x eff_kv),
+                    4 L H d_h (ctx + m p + m^2 / 2) / (peak x eff_flops))
+    time      = linear + attention + tensor-parallel all-reduces + step_overhead_s
     all-reduces (gpus > 1) = 2 L x (latency + 2 (g - 1) / g x (n + m) x hidden x 2 B / (link x eff_link))
 
 with BW and peak the GPUs' summed data-sheet bandwidth and FLOP/s, and `sampled` = n + (1 if m > 0):
@@ -52,11 +53,6 @@ class Coefficients:
     - eff_flops 0.6: large bf16 GEMMs and FlashAttention-2/3 reach 60-75% of dense peak on H100.
     - step_overhead_s 0.004: vLLM's per-step scheduling, sampling and launch time with CUDA graphs
       (a few ms per step in vLLM V1 profiles).
-    - seq_overhead_s 0: CPU time per scheduled sequence per step (scheduling, input preparation,
-      sampling, output processing) beyond the fixed step. vLLM V0 spent ~20 ms between steps at
-      batch 200 (~0.1 ms a sequence, vllm-project/vllm#6801); V1 overlaps it with the GPU (async
-      scheduling) and no per-sequence figure for it is published, so the uncalibrated model charges none
-      and calibration fits it.
     - allreduce_s 10 us, allreduce_internode_s 30 us: latency of one small NCCL all-reduce inside an
       NVLink node, and across nodes over InfiniBand (nccl-tests small-message latencies).
     - eff_link 0.8: ring all-reduce bus bandwidth over the link's data-sheet rate (nccl-tests
@@ -73,7 +69,6 @@ class Coefficients:
     eff_kv: float = 0.65
     eff_flops: float = 0.6
     step_overhead_s: float = 0.004
-    seq_overhead_s: float = 0.0
     allreduce_s: float = 10e-6
     allreduce_internode_s: float = 30e-6
     eff_link: float = 0.8
@@ -143,7 +138,6 @@ class EngineRoofline:
                 comm = 2 * self.layers * 2.0 * (g - 1) / g * self.hidden * 2.0 / (link * c.eff_link)
         object.__setattr__(self, "_fixed", c.step_overhead_s + ar)
         object.__setattr__(self, "_comm", comm)
-        object.__setattr__(self, "_seq", c.seq_overhead_s)
         object.__setattr__(self, "_attn", 4.0 * self.layers * self.q_heads * self.head_dim)
         object.__setattr__(self, "_dense", self.weight_bytes - self.routed_bytes - self.embed_bytes)
         object.__setattr__(self, "_miss", 1.0 - self.top_k / self.experts if self.experts else 0.0)
@@ -191,7 +185,7 @@ class EngineRoofline:
             fa = self._attn * ctx
         fl = self._2p * tokens + self._2h * sampled
         lb, lf, ab, af = w / self._bw, fl / self._pk, kv / self._bk, fa / self._pk
-        t = (lb if lb > lf else lf) + (ab if ab > af else af) + self._fixed + self._comm * tokens + self._seq * sampled
+        t = (lb if lb > lf else lf) + (ab if ab > af else af) + self._fixed + self._comm * tokens
         lb, lf, ab, af = w / self._bw1, fl / self._pk1, kv / self._bw1, fa / self._pk1
         return t, (lb if lb > lf else lf) + (ab if ab > af else af)
 
@@ -216,7 +210,7 @@ class EngineRoofline:
         c = np.asarray(ctx, dtype=float)
         lin = max(self.weight_bytes_read(1) / self._bw, (self._2p + self._2h) / self._pk)
         att = np.maximum(self.kv_bytes_per_token * c / self._bk, self._attn * c / self._pk)
-        return lin + att + self._fixed + self._comm + self._seq
+        return lin + att + self._fixed + self._comm
 
     # --- minima, for a lower bound on what the engine charges ---
     def min_prefill_time_per_token(self, offset):

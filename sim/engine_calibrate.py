@@ -3,9 +3,9 @@
 The replay (engine_replay) runs every request of the run through the simulator's own step cost
 (gyre.roofline.EngineRoofline, built by gyre.hardware.engine_roofline from the run's GPU and model
 presets and its tensor-parallel size). The coefficients fitted (gyre.roofline.Coefficients) are the
-efficiencies of weight reads, KV reads and compute, the fixed step overhead and the overhead per
-sampled sequence, plus the all-reduce latency when the run is tensor parallel (otherwise no step
-depends on it and it keeps its default); they are fitted to
+efficiencies of weight reads, KV reads and compute and the fixed step overhead, plus the all-reduce
+latency when the run is tensor parallel (otherwise no step depends on it and it keeps its default);
+they are fitted to
 the first `split` of requests by arrival and judged on the rest, next to the uncalibrated model (the
 coefficients' cited defaults). KV capacity is the run's logged block count when it has one, otherwise
 the roofline's (its `gpu_memory_utilization` set to the run's).
@@ -17,8 +17,7 @@ makespan (last token of the last request - first arrival) over the whole run.
 Fit: Nelder-Mead over the coefficients' logarithms (positivity for free; efficiencies above 1, beyond
 the data sheet, are refused), minimizing the mean over fitted requests of |log(pred/meas)| for
 end-to-end latency plus the same for TTFT, plus |log| of the fitted part's own makespan ratio (its
-last token minus the first arrival). Deterministic: it starts from the defaults with a fixed simplex
-(a coefficient whose default is 0 starts at FIT_START, a log scale needs a positive start).
+last token minus the first arrival). Deterministic: it starts from the defaults with a fixed simplex.
 """
 
 from __future__ import annotations
@@ -42,10 +41,9 @@ ENGINE_FORMAT = 1
 METRICS = ("e2e_median_rel_err", "e2e_p90_rel_err", "ttft_median_rel_err", "makespan_rel_err")
 
 
-FITTED = ("eff_bw", "eff_kv", "eff_flops", "step_overhead_s", "seq_overhead_s")
+FITTED = ("eff_bw", "eff_kv", "eff_flops", "step_overhead_s")
 FITTED_TP = FITTED + ("allreduce_s",)  # a tensor-parallel run also fits the all-reduce latency
 APPLIED = FITTED_TP  # what engine.json carries and --engine applies
-FIT_START = {"seq_overhead_s": 1e-5}  # where the fit starts a coefficient whose default is 0
 
 
 def setup(run: Run, coef: Coefficients) -> tuple[EngineRoofline, SchedulerArgs]:
@@ -112,7 +110,7 @@ def fit(run: Run, idx: np.ndarray, start: Coefficients = Coefficients(), max_eva
             return 1e3 + float(np.sum(np.abs(x)))
         return _loss(run.requests, simulate(run, c), idx)
 
-    x0 = np.log([getattr(start, k) or FIT_START[k] for k in names])
+    x0 = np.log([max(getattr(start, k), 1e-6) for k in names])
     simplex = np.vstack([x0] + [x0 - 0.4 * np.eye(len(x0))[i] for i in range(len(x0))])
     r = optimize.minimize(f, x0, method="Nelder-Mead",
                           options={"initial_simplex": simplex, "maxfev": max_evals, "xatol": 1e-3, "fatol": 1e-4})

@@ -46,9 +46,6 @@ def test_batch_one_decode_is_weights_over_bandwidth():
     assert d.step_time(1, 0.0) == pytest.approx(w / (0.8 * 3.35e12) + 0.004, rel=1e-9)
     assert d.step_time(1, 1e5) == pytest.approx(w / (0.8 * 3.35e12) + 1e5 * 131_072 / (0.65 * 3.35e12) + 0.004,
                                                  rel=1e-9)
-    # a calibrated per-sequence overhead is charged once per sampled sequence
-    s = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1, Coefficients(seq_overhead_s=1e-4))
-    assert s.step_time(10, 0.0) - d.step_time(10, 0.0) == pytest.approx(10e-4, rel=1e-9)
 
 
 def test_full_prefill_chunk_is_compute_bound():
