@@ -12,6 +12,7 @@ The step runs two kinds of kernels one after the other, each bound by memory or 
                     4 L H d_h (ctx + m p + m^2 / 2) / (peak x eff_flops))
     time      = linear + attention + tensor-parallel all-reduces + step_overhead_s
     all-reduces (gpus > 1) = 2 L x (latency + 2 (g - 1) / g x (n + m) x hidden x 2 B / (link x eff_link))
+      link = the GPU-to-GPU link inside a node; across nodes a multi-rail ring's bus bandwidth (`ring_bytes_s`)
 
 with BW and peak the GPUs' summed data-sheet bandwidth and FLOP/s, and `sampled` = n + (1 if m > 0):
 the sequences that produce a token this step (vLLM computes logits only where it samples; the input
@@ -20,9 +21,12 @@ embedding is a gather of n + m rows, not a read of the table; a tied table is re
 Assumptions a reviewer should know: expert routing is uniform (the expected distinct experts of n
 tokens routed top-k over E are E (1 - (1 - k/E)^n), k at n = 1, E as n grows); tensor parallelism
 divides bytes and FLOPs evenly over the GPUs and adds two ring all-reduces of the step's activations
-per layer (Megatron-style: after attention and after the MLP), over the GPU-to-GPU link inside a node
-and the inter-node network across nodes; KV writes (m tokens) are ignored beside the reads; the two
-kernel classes do not overlap. The step-time formula is PHYSICS.md's, with attention's KV read as its
+per layer (Megatron-style: after attention and after the MLP), over the GPU-to-GPU link inside a node;
+an engine spanning nodes runs them as NCCL does on multi-rail nodes (one NIC per GPU, as DGX H100/H200
+nodes have): one ring per rail, each carrying 1/(GPUs per node) of the data and crossing each node
+boundary on its own NIC (`ring_bytes_s`); an MoE served expert-parallel across nodes would move its
+tokens by all-to-all instead, which is not modelled; KV writes (m tokens) are ignored beside the reads;
+the two kernel classes and the all-reduces do not overlap. The step-time formula is PHYSICS.md's, with attention's KV read as its
 own kernel (paged attention reads KV at a lower share of the bandwidth than GEMMs read weights) and the
 all-reduces' bandwidth added; the coefficients (efficiencies, fixed overheads, activation reserve) are
 the only fitted numbers, in `Coefficients`.
@@ -37,6 +41,24 @@ GPU presets, the simulator asks it for step times, and the engine calibrator fit
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+def ring_bytes_s(link_bytes_s: float, nic_bytes_s: float, gpus_per_node: int, across_nodes: bool) -> float:
+    """Bus bandwidth B (bytes/s) of a ring all-reduce, whose time is 2 (g - 1) / g x bytes / B.
+
+    Inside a node B is the GPU-to-GPU link. Across nodes NCCL runs one ring per rail on multi-rail nodes
+    (one NIC per GPU, as DGX H100/H200 nodes have): each of a node's G rings carries 1/G of the data and
+    leaves the node through its own NIC, so a GPU sends G - 1 rings' share over its in-node link and one
+    ring's share over its NIC: B = min(link x G / (G - 1), G x NIC). 0: no link figure (no bytes charged)."""
+    if link_bytes_s <= 0:
+        return 0.0
+    if not across_nodes:
+        return link_bytes_s
+    if nic_bytes_s <= 0:
+        return 0.0
+    g = gpus_per_node
+    in_node = link_bytes_s * g / (g - 1) if g > 1 else float("inf")
+    return min(in_node, g * nic_bytes_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +154,7 @@ class EngineRoofline:
         g = self.gpus
         if g > 1:
             across = g > self.gpus_per_node
-            link = self.internode_bytes_s if across else self.link_bytes_s
+            link = ring_bytes_s(self.link_bytes_s, self.internode_bytes_s, self.gpus_per_node, across)
             ar = 2 * self.layers * (c.allreduce_internode_s if across else c.allreduce_s)
             if link > 0:  # seconds per token: 2 L ring all-reduces of d bf16 activations
                 comm = 2 * self.layers * 2.0 * (g - 1) / g * self.hidden * 2.0 / (link * c.eff_link)

@@ -68,14 +68,14 @@ def test_moe_reads_active_experts_at_batch_one_and_all_at_large_batch():
     assert r.weight_bytes_read(1) == pytest.approx(95e9, rel=1e-9)
     assert r.weight_bytes_read(100_000) == pytest.approx(2400e9, rel=1e-6)
     # 32 GPUs of 4.8 TB/s across 4 nodes: 95 GB / 153.6 TB/s, plus the token's 2 x 96 ring all-reduces of
-    # 16,384 bf16 activations over 50 GB/s InfiniBand: 192 x 2 x 31/32 x 32,768 B / 50 GB/s = 0.244 ms
-    assert r.step_time(1, 0.0) == pytest.approx(95e9 / (32 * 4.8e12) + 192 * 2 * 31 / 32 * 32_768 / 50e9, rel=1e-9)
+    # 16,384 bf16 activations, the 8 rails' NICs (8 x 50 GB/s) the bottleneck: 192 x 2 x 31/32 x 32,768 B / 400 GB/s
+    assert r.step_time(1, 0.0) == pytest.approx(95e9 / (32 * 4.8e12) + 192 * 2 * 31 / 32 * 32_768 / 400e9, rel=1e-9)
 
 
 def test_tensor_parallel_divides_and_adds_all_reduces():
     """Two GPUs halve the roofline part and add two ring all-reduces per layer, each a latency plus
-    2 (g - 1) / g x tokens x 4,096 x 2 B over the link at eff_link (NVLink 450 GB/s inside a node,
-    InfiniBand 50 GB/s across nodes, with the slower latency)."""
+    2 (g - 1) / g x tokens x 4,096 x 2 B over the link at eff_link (NVLink 450 GB/s inside a node; across
+    nodes the 8 rails' 50 GB/s InfiniBand NICs, with the slower latency)."""
     coef = Coefficients(eff_bw=1.0, eff_kv=1.0, eff_flops=1.0, step_overhead_s=0.0, allreduce_s=1e-5,
                         allreduce_internode_s=3e-5, eff_link=0.5)
     one = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 1, coef)
@@ -83,7 +83,7 @@ def test_tensor_parallel_divides_and_adds_all_reduces():
     ar2 = 2 * 32 * (1e-5 + 2 * 1 / 2 * 4 * 8192 / (0.5 * 450e9))
     assert two.step_time(4, 1e4) == pytest.approx(one.step_time(4, 1e4) / 2 + ar2, rel=1e-9)
     sixteen = engine_roofline(MODELS["llama-3.1-8b"], GPUS["h100"], 16, coef)
-    ar16 = 2 * 32 * (3e-5 + 2 * 15 / 16 * 4 * 8192 / (0.5 * 50e9))
+    ar16 = 2 * 32 * (3e-5 + 2 * 15 / 16 * 4 * 8192 / (0.5 * 8 * 50e9))  # 8 rails' NICs, slower than NVLink x 8/7
     assert sixteen.step_time(4, 1e4) == pytest.approx(one.step_time(4, 1e4) / 16 + ar16, rel=1e-9)
     # a GPU without a link figure moves no all-reduce bytes, only pays their latency
     bare = engine_roofline(MODELS["llama-3.1-8b"], replace(GPUS["h100"], link_gb_s=0.0), 2, coef)
@@ -134,3 +134,30 @@ def test_step_and_ideal_agrees_with_step_time_and_share(n, ctx, m, p, model):
     t, ideal = r.step_and_ideal(n, ctx, m, p)
     assert t == pytest.approx(r.step_time(n, ctx, m, p), rel=1e-12)
     assert ideal == pytest.approx(r.ideal_share(n, ctx, m, p) * t, rel=1e-9, abs=1e-15)
+
+
+def _ring_time_by_ports(nodes: int, per_node: int, nbytes: float, link: float, nic: float) -> float:
+    """A ring all-reduce of `nbytes` laid out explicitly: one ring per rail r, visiting the nodes in turn and
+    inside each node its GPUs starting at local GPU r, so ring r leaves every node from local GPU r - 1.
+    Every hop of a ring of n members carries 2 (n - 1) / n of the ring's share; the all-reduce takes as
+    long as its busiest send port (a GPU's in-node link, or its NIC)."""
+    n = nodes * per_node
+    load: dict[tuple[str, int], float] = {}
+    for r in range(per_node):
+        order = [k * per_node + (r + i) % per_node for k in range(nodes) for i in range(per_node)]
+        hop = 2 * (n - 1) / n * nbytes / per_node
+        for a, b in zip(order, order[1:] + order[:1]):
+            port = ("link", a) if a // per_node == b // per_node else ("nic", a)
+            load[port] = load.get(port, 0.0) + hop
+    return max(v / (link if kind == "link" else nic) for (kind, _), v in load.items())
+
+
+@pytest.mark.parametrize("nodes,per_node,link,nic", [(4, 8, 450e9, 50e9), (2, 8, 450e9, 100e9),
+                                                     (3, 4, 100e9, 12.5e9), (4, 1, 31.5e9, 25e9)])
+def test_multi_node_all_reduce_matches_rings_laid_out_port_by_port(nodes, per_node, link, nic):
+    """The engine's per-token all-reduce bytes cross nodes at the bus bandwidth of explicit rail rings."""
+    from gyre.roofline import ring_bytes_s
+
+    g, nbytes = nodes * per_node, 32_768.0
+    want = _ring_time_by_ports(nodes, per_node, nbytes, link, nic)
+    assert 2 * (g - 1) / g * nbytes / ring_bytes_s(link, nic, per_node, True) == pytest.approx(want, rel=1e-12)
