@@ -45,10 +45,13 @@ def least_loaded(engines: Sequence[EngineView]) -> EngineView:
 
 def spread(cluster: Cluster, executions: Sequence, engines: Sequence[EngineView]) -> list[Handle]:
     """Admit executions one by one, each to the then least-loaded ready engine (as `least_loaded`
-    would choose), in O(log engines) per admission. Returns their completion handles."""
+    would choose), in O(log engines) per admission. Returns their completion handles. With none ready
+    (every engine restarting after a fault), to the least-loaded of those given: a restarting engine
+    accepts admissions and starts them once it is back."""
     import heapq
 
-    heap = [(e.n_live / max(e.kv_capacity, 1), e.id, i) for i, e in enumerate(engines) if e.ready]
+    ready = any(e.ready for e in engines)
+    heap = [(e.n_live / max(e.kv_capacity, 1), e.id, i) for i, e in enumerate(engines) if e.ready or not ready]
     heapq.heapify(heap)
     handles = []
     for x in executions:

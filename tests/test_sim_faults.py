@@ -36,10 +36,10 @@ def run(groups: list[GroupSpec], n_gpus: int, policy, steps: int, faults: tuple[
     return c
 
 
-def timeline(log, until: float = float("inf")):
+def timeline(log, until: float = float("inf"), kinds: tuple[str, ...] = KINDS):
     out = []
     for rec in log:
-        if rec[0] not in KINDS or rec[1] > until or (rec[0] == "note" and rec[2] not in NOTES):
+        if rec[0] not in kinds or rec[1] > until or (rec[0] == "note" and rec[2] not in NOTES):
             continue
         if rec[0] == "note":
             fields = {k: round(v, 9) if isinstance(v, float) else v for k, v in rec[3].items() if k != "spec"}
@@ -99,6 +99,26 @@ def test_engine_kill_with_no_other_engine_waits_for_it():
         ("finish", 10.92, 0, 0, 300),  # 9.61 + re-prefill 0.31 s + 100 tokens 1 s
         ("role", 10.92, (0,), S),  # the engine stops
     ], timeline(c.log, until=11.0)
+
+
+def test_a_group_admitted_while_every_engine_restarts_waits_for_one():
+    """Async (R=1, eta=0) on 2 GPUs: its one engine dies at 7 s while step 1 trains (5.61-8.61 s); the next
+    group, admitted at 8.61 s with no engine ready, waits on the restarting engine and starts when it is back
+    (11 s, serving version 1)."""
+    g0, g1 = group(0, spec(0, 0, gen=[200])), group(1, spec(1, 1, gen=[100]))
+    c = run([g0, g1], 2, make_policy("async", rollout_gpus=1, eta=0), 2, ("kill-engine@7",), seed=0)
+    got = [x for x in timeline(c.log) if x[0] != "role" and x[1] >= 7.0]
+    assert got == [
+        ("fault", 7.0, {"fault": "kill-engine", "engine": 0}),
+        ("engine_fault", 7.0, {"engine": 0, "executions": [], "moved": 0, "tokens_lost": 0.0, "reprefill_tokens": 0}),
+        ("step", 8.61, 1, 1, 300),
+        ("engine_restarted", 11.0, {"engine": 0, "version": 1, "recovery_s": 4.0}),
+        ("start", 11.0, 1, 0),  # prefill 0.11 s, decode 1 s
+        ("finish", 12.11, 1, 0, 100),
+        ("step", 14.11, 2, 1, 200),
+    ], got
+    assert timeline([x for x in c.log if x[0] == "admit"], kinds=("admit",))[-1] == ("admit", 8.61, 1, 0), \
+        "admitted to the restarting engine"
 
 
 def test_trainer_kill_mid_step_rebuilds_then_retries():
