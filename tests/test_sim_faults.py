@@ -121,15 +121,30 @@ def test_a_group_admitted_while_every_engine_restarts_waits_for_one():
         "admitted to the restarting engine"
 
 
+def trainer_timeline(kill_at: float, every: int, since: float) -> list:
+    """Async (R=2, eta=0) on 3 GPUs, two one-execution groups, a trainer kill at `kill_at`: the records from
+    `since` on, GPU 2's roles only (the trainer's), without start records."""
+    g0, g1 = group(0, spec(0, 0, gen=[200])), group(1, spec(1, 1, gen=[100]))
+    c = run([g0, g1], 3, make_policy("async", rollout_gpus=2, eta=0), 2, (f"kill-trainer@{kill_at}",), seed=0,
+            checkpoint_every=every)
+    return [x for x in timeline(c.log) if x[0] != "start" and (x[0] != "role" or x[2] == (2,)) and x[1] >= since]
+
+
+def rebuilt_then_step_2(back: float, every: int, lost_at: float) -> list:
+    """The state of version 1 rebuilt at `back` (replaying step 1 unless checkpointed), then step 2's 2 s."""
+    return [("trainer_recovered", back, {"worker": 2, "version": 1, "from_version": every, "replayed": 1 - every,
+                                         "recovery_s": back - lost_at}),
+            ("role", back, (2,), int(Role.TRAIN)),
+            ("role", back + 2.0, (2,), int(Role.IDLE)),
+            ("step", back + 2.0, 2, 1, 200)]
+
+
 def test_trainer_kill_mid_step_rebuilds_then_retries():
     """Async (R=2, eta=0) on 3 GPUs: step 2 (10.72-12.72 s without faults) loses its only worker at 11.5 s, which
     held the only copy of version 1: it is rebuilt (restart 5 s, then step 1's 3 s replayed; with a checkpoint
     every step, no replay) and step 2 runs again, 2 s."""
     for every, back in ((0, 19.5), (1, 16.5)):
-        g0, g1 = group(0, spec(0, 0, gen=[200])), group(1, spec(1, 1, gen=[100]))
-        c = run([g0, g1], 3, make_policy("async", rollout_gpus=2, eta=0), 2, ("kill-trainer@11.5",), seed=0,
-                checkpoint_every=every)
-        got = [x for x in timeline(c.log) if x[0] != "start" and (x[0] != "role" or x[2] == (2,)) and x[1] >= 10.7]
+        got = trainer_timeline(11.5, every, since=10.7)
         assert got == [
             ("finish", 10.72, 1, 0, 100),  # admitted at 9.61 after step 1 and its sync, prefill 0.11 s, decode 1 s
             ("role", 10.72, (2,), int(Role.TRAIN)),  # the trainer's state is resident: no onload
@@ -137,11 +152,7 @@ def test_trainer_kill_mid_step_rebuilds_then_retries():
             ("trainer_fault", 11.5, {"worker": 2, "version": 1, "in_step": True, "record": True}),
             ("step_retry", 11.5, {"version": 2, "gpus": [2]}),
             ("role", 11.5, (2,), S),
-            ("trainer_recovered", back, {"worker": 2, "version": 1, "from_version": every, "replayed": 1 - every,
-                                         "recovery_s": back - 11.5}),
-            ("role", back, (2,), int(Role.TRAIN)),
-            ("role", back + 2.0, (2,), int(Role.IDLE)),
-            ("step", back + 2.0, 2, 1, 200),
+            *rebuilt_then_step_2(back, every, lost_at=11.5),
         ], (every, got)
 
 
@@ -150,10 +161,7 @@ def test_trainer_kill_between_steps_delays_the_next():
     asked for at 10.72 s, starts once the worker is back (14 s) and the state is rebuilt (step 1 replayed, 3 s;
     none with a checkpoint every step)."""
     for every, back in ((0, 17.0), (1, 14.0)):
-        g0, g1 = group(0, spec(0, 0, gen=[200])), group(1, spec(1, 1, gen=[100]))
-        c = run([g0, g1], 3, make_policy("async", rollout_gpus=2, eta=0), 2, ("kill-trainer@9",), seed=0,
-                checkpoint_every=every)
-        got = [x for x in timeline(c.log) if x[0] != "start" and (x[0] != "role" or x[2] == (2,)) and x[1] >= 8.6]
+        got = trainer_timeline(9, every, since=8.6)
         assert got == [
             ("role", 8.61, (2,), int(Role.IDLE)),
             ("step", 8.61, 1, 1, 300),
@@ -161,11 +169,7 @@ def test_trainer_kill_between_steps_delays_the_next():
             ("trainer_fault", 9.0, {"worker": 2, "version": 1, "in_step": False, "record": True}),
             ("finish", 10.72, 1, 0, 100),
             ("role", 10.72, (2,), S),
-            ("trainer_recovered", back, {"worker": 2, "version": 1, "from_version": every, "replayed": 1 - every,
-                                         "recovery_s": back - 9.0}),
-            ("role", back, (2,), int(Role.TRAIN)),
-            ("role", back + 2.0, (2,), int(Role.IDLE)),
-            ("step", back + 2.0, 2, 1, 200),
+            *rebuilt_then_step_2(back, every, lost_at=9.0),
         ], (every, got)
 
 
