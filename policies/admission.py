@@ -1,0 +1,93 @@
+"""Ordered admission: among the groups drawn ahead, admit the longest-predicted first.
+
+The staleness bound decides *when* a group may be admitted (policies.common.Batcher); this decides
+*which*. The component draws up to `lookahead` steps' worth of groups from the cluster ahead of
+admission (never more than the run must train, so a run trains exactly the groups it would in drawn
+order) and hands the Batcher the one its predictor (policies.foresight) scores longest; ties, and
+every group under the `none` predictor, go in drawn order. With `none` nothing is drawn ahead: the
+Batcher sees the cluster's groups exactly as without this component.
+
+Why longest first: a group admitted at version a must be trained by step a + eta, so every window of
+eta + 1 steps that holds a long rollout lasts at least that rollout; admitting the long ones together
+lets them share windows (the bound's staleness term, policies.bound, assumes they all do). A wrong
+prediction costs only order: no group is held back longer than the lookahead drains.
+
+Observations: the component registers each admitted group with the predictor and each execution's
+finish (its turns) on the execution's handle; `Quality` gets the prediction at admission and the
+observed longest turns when the group completes. `report` writes the run's quality as a "foresight"
+note in the event log.
+
+Both async and elastic build their Batcher with one (`ForesightParams` are their shared parameters).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gyre.cluster import Cluster, Group
+from gyre.handles import Handle
+from gyre.policies.foresight import PREDICTORS, Quality, make_predictor
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForesightParams:
+    """The parameters every policy with ordered admission takes."""
+
+    predictor: str = "none"  # policies.foresight.PREDICTORS
+    lookahead: int = 4  # steps' worth of groups drawn ahead of admission (with a predictor other than none)
+
+    def __post_init__(self) -> None:
+        if self.predictor not in PREDICTORS:
+            raise ValueError(f"unknown predictor {self.predictor!r}; known: {', '.join(PREDICTORS)}")
+        if self.lookahead < 1:
+            raise ValueError(f"lookahead must be >= 1 step, got {self.lookahead}")
+
+
+class OrderedAdmission:
+    """Hands out groups for admission, longest-predicted first among those drawn ahead."""
+
+    def __init__(self, cluster: Cluster, steps: int, params: ForesightParams) -> None:
+        self.cluster = cluster
+        self.predictor = make_predictor(params.predictor)
+        gps = cluster.groups_per_step
+        self.window = 1 if params.predictor == "none" else params.lookahead * gps
+        self.total = steps * gps  # the groups the run trains: never drawn past
+        self.pool: list[Group] = []  # drawn, not yet admitted, in drawn order
+        self.drawn = 0
+        self.quality = Quality()
+
+    def next_group(self) -> Group:
+        """The next group to admit (the caller admits every execution of it and calls `watch`)."""
+        while len(self.pool) < self.window and (self.drawn < self.total or not self.pool):
+            self.pool.append(self.cluster.next_group())
+            self.drawn += 1
+        scores = [self.predictor.group(g) for g in self.pool]
+        best = max(range(len(self.pool)), key=lambda i: (scores[i], -i))
+        g = self.pool.pop(best)
+        self.predictor.admitted(g)
+        self.quality.predicted(g.id, scores[best])
+        return g
+
+    def watch(self, group: Group, handles: Sequence[Handle]) -> None:
+        """Observe each execution's finish; the group's longest turns once all have finished."""
+        left = [len(handles)]
+        longest = [0]
+
+        def one(h: Handle) -> None:
+            if h.error is not None:
+                return
+            x = h.value
+            self.predictor.finished(group.id, x)
+            longest[0] = max(longest[0], x.turns_done + 1)
+            left[0] -= 1
+            if left[0] == 0:
+                self.quality.observed(group.id, longest[0])
+
+        for h in handles:
+            h.on_done(one)
+
+    def report(self) -> None:
+        """The run's prediction quality, as a "foresight" note in the event log (none with no predictor)."""
+        if self.predictor.name != "none":
+            self.cluster.note("foresight", predictor=self.predictor.name, **self.quality.summary())
