@@ -147,12 +147,14 @@ class ClusterBase:
         del self._engines[eng.id]
 
     def _book_trained(self, groups: Sequence, v: int) -> None:
-        """One "trained" record per execution of the batch, with its staleness against version v."""
+        """One "trained" record per execution of the batch: its staleness against version v (the lag of its
+        oldest token), and the sum over its generated tokens of each one's lag (v - the version that generated
+        it) with their count, from the execution's `vsum` (sum of generating versions) and `generated`."""
         now = self.now
         for g in groups:
             for e in g.executions:
                 fv = e.first_version if e.first_version is not None else v
-                self.log.append(("trained", now, e.id, g.id, v, v - fv))
+                self.log.append(("trained", now, e.id, g.id, v, v - fv, v * e.generated - e.vsum, e.generated))
 
     def _step_done(self, gpus: Sequence[int], tokens: int) -> None:
         """A training step ended: the version advances and its GPUs are free."""

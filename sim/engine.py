@@ -226,12 +226,13 @@ class SimEngine(KvPressure):
                 self.n_dec -= 1
                 self.kv_dec_base -= ex.ctx - ex.v_start
                 seg = ex.seg
-                if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done:
+                if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done or ex.seg_cred:
                     self._segment_end(ex, t)
                     continue
                 # a tool-call boundary, the common case (as _segment_end, kept inline)
                 gen = ex.gen[seg]
                 ex.generated += gen
+                ex.vsum += gen * self._version
                 ctx = ex.kv[seg] + gen
                 ex.phase = _TOOL
                 nxt = ex.kv[seg + 1]
@@ -352,6 +353,8 @@ class SimEngine(KvPressure):
         seg = ex.seg
         gen = ex.gen[seg]
         ex.generated += gen
+        ex.vsum += (gen - ex.seg_cred) * self._version  # the segment's tokens not yet counted, at this version
+        ex.seg_cred = 0.0
         ex.seg_done = 0
         ctx = ex.kv[seg] + gen  # the context after the segment
         ex.phase = _TOOL
@@ -435,6 +438,10 @@ class SimEngine(KvPressure):
 
     def resume(self, t: float, version: int) -> None:
         self._advance(t)
+        for _, _, ex in self._heap:  # tokens decoded so far in the current segment were the old version's
+            done = ex.seg_done + self.V - ex.v_start
+            ex.vsum += (done - ex.seg_cred) * self._version
+            ex.seg_cred = done
         self.paused = False
         self._version = version
         self._reschedule()

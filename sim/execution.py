@@ -16,7 +16,7 @@ class SimExecution:
         "id", "group_id", "task_id", "spec", "engine", "phase", "seg", "first_version", "started_at",
         "deadline_at", "handle", "v_start", "ctx", "seg_done", "resident", "pf_left", "adm", "reserved",
         "max_ctx", "migrate_to", "migrate_handle", "finished_at", "truncated", "end", "generated", "gen", "kv",
-        "tool_s", "tool_out", "last", "ready_at",
+        "tool_s", "tool_out", "last", "ready_at", "vsum", "seg_cred",
     )
 
     def __init__(self, spec: ExecutionSpec) -> None:
@@ -49,6 +49,8 @@ class SimExecution:
         self.gen, self.kv, self.tool_s, self.tool_out = spec.gen, spec.kv, spec.tool_s, spec.tool_out
         self.last = len(spec.gen) - 1
         self.ready_at: float | None = None  # when it rejoins the batch (while between turns)
+        self.vsum = 0.0  # sum over its generated tokens of the version that generated each (per-token lag)
+        self.seg_cred = 0.0  # tokens of the current segment already counted in vsum (a sync or preemption mid-segment)
 
     # --- ExecutionView ---
     @property

@@ -61,6 +61,8 @@ class KvPressure:
             self.n_dec -= 1
             self.kv_dec_base -= ex.ctx - ex.v_start
             ex.seg_done += done
+            ex.vsum += (ex.seg_done - ex.seg_cred) * self._version  # decoded so far, at this version
+            ex.seg_cred = ex.seg_done
             ex.ctx += done
             if self.n_dec == 0:
                 self._log(("busy", t, self.id, 0))
