@@ -146,9 +146,10 @@ def spearman(pred: Sequence[float], actual: Sequence[float]) -> float:
 
 
 def top_share(pred: Sequence[float], actual: Sequence[float], q: float = 0.05) -> float:
-    """Share of the longest q of groups (by actual) that are in the predicted top q; ties by position."""
+    """Share of the longest q of groups (by actual) that are in the predicted top q; ties by position (NaN
+    when every actual length is the same: no longest to find)."""
     n = len(pred)
-    if n == 0:
+    if n == 0 or np.ptp(np.asarray(actual, float)) == 0:
         return float("nan")
     k = max(1, math.ceil(q * n))
     idx = np.arange(n)

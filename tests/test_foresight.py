@@ -231,3 +231,12 @@ def test_token_lag_splits_a_segment_at_a_mid_segment_sync():
     assert rec[1][4:] == (0, 0, 0, 100), rec[1]
     counts = Counter(x[0] for x in c.log)
     assert counts["trained"] == 2 and counts["finish"] == 2
+
+
+@pytest.mark.parametrize("policy", ["async", "elastic"])
+def test_without_recurring_tasks_a_predictor_degrades_to_drawn_order(policy):
+    """Every task is new, so every group scores the same: the same admissions at the same times as none."""
+    cfg = tiny_config(seed=11, steps=4)
+    runs = [simulate(cfg, policy, {"eta": 2, "predictor": p, "lookahead": 2}) for p in ("none", "history+siblings")]
+    admits = [[x for x in r.log if x[0] in ("admit", "finish", "step")] for r in runs]
+    assert admits[0] == admits[1], f"{policy}: a predictor with nothing to go on changed the schedule"
