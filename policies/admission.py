@@ -1,16 +1,21 @@
-"""Ordered admission: among the groups drawn ahead, admit the longest-predicted first.
+"""Ordered admission: within each window of groups drawn ahead, admit the longest-predicted first.
 
 The staleness bound decides *when* a group may be admitted (policies.common.Batcher); this decides
-*which*. The component draws up to `lookahead` steps' worth of groups from the cluster ahead of
-admission (never more than the run must train, so a run trains exactly the groups it would in drawn
-order) and hands the Batcher the one its predictor (policies.foresight) scores longest; ties, and
-every group under the `none` predictor, go in drawn order. With `none` nothing is drawn ahead: the
-Batcher sees the cluster's groups exactly as without this component.
+*which*. The component draws the next `lookahead` steps' worth of groups from the cluster once the
+previous window is all admitted (never more than the run must train, so a run trains exactly the groups
+it would in drawn order) and hands the Batcher, each time, the group of the window its predictor
+(policies.foresight) now scores longest; predictions are re-read at every pick, so what the run learns
+while a window drains reorders the rest of it. Ties, and every group under the `none` predictor, go in
+drawn order; with `none` nothing is drawn ahead, so the Batcher sees the cluster's groups exactly as
+without this component. With a lookahead of the whole run it is a full sort by prediction.
 
-Why longest first: a group admitted at version a must be trained by step a + eta, so every window of
-eta + 1 steps that holds a long rollout lasts at least that rollout; admitting the long ones together
-lets them share windows (the bound's staleness term, policies.bound, assumes they all do). A wrong
-prediction costs only order: no group is held back longer than the lookahead drains.
+Why windows, longest first: a group admitted at version a must be trained by step a + eta, so a long
+rollout holds back the steps that follow it. Admitting a window's long groups together lets their
+latencies overlap, one stall per window instead of one per eta + 1 steps (the oracle orders of
+experiments/elastic_vs_baselines/oracle.py sort the same way by true duration: within windows of h
+steps, or the whole run). Admitting a long group early without company gains nothing: its deadline
+moves with it. A wrong prediction costs only order: every group of a window is admitted before the next
+window is drawn.
 
 Observations: the component registers each admitted group with the predictor and each execution's
 finish (its turns) on the execution's handle; `Quality` gets the prediction at admission and the
@@ -35,7 +40,7 @@ class ForesightParams:
     """The parameters every policy with ordered admission takes."""
 
     predictor: str = "none"  # policies.foresight.PREDICTORS
-    lookahead: int = 4  # steps' worth of groups drawn ahead of admission (with a predictor other than none)
+    lookahead: int = 4  # steps' worth of groups per window drawn ahead of admission (with a predictor other than none)
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
@@ -45,7 +50,7 @@ class ForesightParams:
 
 
 class OrderedAdmission:
-    """Hands out groups for admission, longest-predicted first among those drawn ahead."""
+    """Hands out groups for admission, longest-predicted first within each window drawn ahead."""
 
     def __init__(self, cluster: Cluster, steps: int, params: ForesightParams) -> None:
         self.cluster = cluster
@@ -59,9 +64,11 @@ class OrderedAdmission:
 
     def next_group(self) -> Group:
         """The next group to admit (the caller admits every execution of it and calls `watch`)."""
-        while len(self.pool) < self.window and (self.drawn < self.total or not self.pool):
-            self.pool.append(self.cluster.next_group())
-            self.drawn += 1
+        if not self.pool:  # the next window (past the run's groups only if asked for one)
+            self.pool = [self.cluster.next_group()]
+            while len(self.pool) < self.window and self.drawn + len(self.pool) < self.total:
+                self.pool.append(self.cluster.next_group())
+            self.drawn += len(self.pool)
         scores = [self.predictor.group(g) for g in self.pool]
         best = max(range(len(self.pool)), key=lambda i: (scores[i], -i))
         g = self.pool.pop(best)
