@@ -8,6 +8,7 @@ Log records are tuples whose first two fields are (kind, time):
   ("finish", t, exec, end, generated_tokens)  end: 0 done, 1 capped (length cap), 2 deadline hit
   ("preempt", t, exec, engine, tokens, gpu_s)  KV full: exec's context freed, to be recomputed (gpu_s)
   ("migrate", t, exec, src, dst)     ("sync", t, engine, version)
+  ("park", t, exec, engine)          ("resume", t, exec, engine)  off every engine (KV freed) / back on one
   ("trained", t, exec, group, version, staleness, lag_tokens, tokens)  staleness: lag of its oldest token;
                                      lag_tokens: sum over its `tokens` generated tokens of (version - generating version)
   ("step", t, version, gpus, tokens) ("note", t, kind, fields)

@@ -24,7 +24,7 @@ from gyre.config import ConfigError
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process, done_handle
 from gyre.hardware import Costs, group_train_attention_ctx
-from gyre.backend import ClusterBase
+from gyre.backend import PARK, ClusterBase
 from gyre.pool import TRAINER
 from gyre.sim.engine import SimEngine
 from gyre.sim.execution import SimExecution, SimGroup
@@ -125,6 +125,12 @@ class SimCluster(ClusterBase):
         ex.migrate_to = ex.migrate_handle = None
         kv = ex.resident
         src.remove(ex)
+        if dst is PARK:  # off every engine, KV freed; a running tool call keeps its return time (ready_at)
+            ex.phase = Phase.PARKED
+            ex.resident = 0
+            self._log(("park", t, ex.id, src.id))
+            self._deferred.append((h, True))
+            return
         transfer = self.costs.migration == "kv_transfer" and kv > 0
         if transfer:  # the KV travels (its context arrives resident if it fits the destination)
             ex.resident = kv
@@ -132,6 +138,12 @@ class SimCluster(ClusterBase):
         dst.add_migrated(ex, t, transfer)
         self._log(("migrate", t, ex.id, src.id, dst.id))
         self._deferred.append((h, True))
+
+    def _resume_now(self, ex: SimExecution, engine: SimEngine) -> None:
+        t = self.now
+        if ex.ready_at is not None and ex.ready_at <= t:  # its tool call returned while parked: it waits to run
+            ex.ready_at = None
+        engine.add_migrated(ex, t, False)
 
     def _switch_in_s(self, gpus: Sequence[int], to: str) -> float:
         c = self.costs

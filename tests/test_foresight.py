@@ -239,3 +239,61 @@ def test_without_recurring_tasks_a_predictor_degrades_to_drawn_order(policy):
     runs = [simulate(cfg, policy, {"eta": 2, "predictor": p, "lookahead": 2}) for p in ("none", "history+siblings")]
     admits = [[x for x in r.log if x[0] in ("admit", "finish", "step")] for r in runs]
     assert admits[0] == admits[1], f"{policy}: a predictor with nothing to go on changed the schedule"
+
+
+# ---------------------------------------------------------------------------- park and resume
+@given(seed=st.integers(0, 10_000), eta=st.integers(0, 2), period=st.sampled_from([2.0, 10.0, 40.0]))
+@settings(max_examples=10, deadline=None)
+def test_parking_loses_nothing_and_keeps_every_token_within_the_bound(seed, eta, period):
+    """Executions parked at random tool-call boundaries and resumed on random engines: every admitted execution
+    finishes and is trained exactly once, parks and resumes pair up, staleness <= eta, every token's lag is
+    within [0, its execution's staleness], and the lag counts exactly the tokens it generated."""
+    from tests.simkit import ParkingAsync
+
+    cfg = tiny_config(gpus=6, seed=seed, steps=3)
+    r = simulate(cfg, ParkingAsync(eta, seed, period), check=True)
+    log = r.log
+    kinds = Counter(x[0] for x in log)
+    admitted = Counter(x[2] for x in log if x[0] == "admit")
+    finished = Counter(x[2] for x in log if x[0] == "finish")
+    trained = {x[2]: x for x in log if x[0] == "trained"}
+    assert max(admitted.values()) == max(finished.values()) == 1, "an execution restarted or finished twice"
+    assert set(admitted) == set(finished) == set(trained), "an execution was lost"
+    assert kinds["trained"] == len(trained), "an execution was trained twice"
+    assert kinds["park"] == kinds["resume"], f"{kinds['park']} parks, {kinds['resume']} resumes"
+    assert not r.metrics.extra["trained_other_groups"]
+    gen = {x[2]: x[4] for x in log if x[0] == "finish"}
+    for x in trained.values():
+        assert x[5] <= eta and x[7] == gen[x[2]], x
+        assert -1e-6 <= x[6] <= x[5] * x[7] + 1e-6, f"token lag {x[6]} outside [0, {x[5]} x {x[7]}]"
+
+
+def test_a_parked_execution_resumes_where_it_stopped():
+    """Exact timeline: parked during its tool call (KV freed), resumed on the other engine after the tool
+    returned, it re-prefills there and decodes its last segment; its tokens are all counted once."""
+
+    class ParkOnce:
+        name = "park-once"
+
+        def run(self, cluster, steps):
+            from gyre.handles import all_of
+
+            a, b = yield all_of([cluster.start_engine([0]), cluster.start_engine([1])])
+            g = cluster.next_group()
+            x = g.executions[0]
+            done = cluster.admit(x, a)
+            yield cluster.timeout(2.0)  # t = 5: its first segment (100 tokens at 100/s) ended at 4, tool until 14
+            parked = yield cluster.park(x)
+            assert parked and cluster.parked() == [x] and x.phase == Phase.PARKED and a.kv_used == 0
+            yield cluster.timeout(20.0)
+            yield cluster.resume(x, b)
+            yield done
+            yield cluster.train([2], [g])
+
+    c = cluster([GroupSpec(group_id=0, task_id=0, step=0, executions=[spec(0, 0, [100, 300], tool_s=[10.0])])],
+                n_gpus=3, groups_per_step=1)
+    c.run(ParkOnce(), 1)
+    got = [(x[0], x[1], *x[2:4]) for x in c.log if x[0] in ("start", "park", "resume", "finish")]
+    assert got == [("start", 3.0, 0, 0), ("park", 5.0, 0, 0), ("resume", 25.0, 0, 1), ("finish", 28.0, 0, 0)], got
+    trained = next(x for x in c.log if x[0] == "trained")
+    assert trained[4:] == (0, 0, 0, 400), trained

@@ -43,3 +43,20 @@ def test_async_with_a_predictor_and_ordered_admission_runs_for_real(pool):
     want = CFG.steps * CFG.cluster.groups_per_step
     assert len(notes) == 1 and notes[0]["groups"] == want, f"foresight notes {notes}, want {want} groups"
     assert r.metrics.summary()["lag_mean"] <= r.metrics.summary()["lag_max"]
+
+
+def test_parked_executions_resume_for_real(pool):
+    """Executions parked at tool-call boundaries and resumed on other engines: the run completes, each
+    execution trained once within eta, every park matched by a resume."""
+    from tests.simkit import ParkingAsync
+
+    r = run_real(CFG, ParkingAsync(eta=1, seed=0, period=0.3), pool=pool)
+    log = r.log
+    kinds = Counter(x[0] for x in log)
+    admitted = Counter(x[2] for x in log if x[0] == "admit")
+    trained = Counter(x[2] for x in log if x[0] == "trained")
+    assert len(r.metrics.steps) == CFG.steps, "the run did not complete"
+    assert set(admitted) == set(trained) and max(trained.values()) == 1, "an execution lost or trained twice"
+    assert kinds["park"] >= 1 and kinds["park"] == kinds["resume"], f"parks {kinds['park']}, resumes {kinds['resume']}"
+    assert r.metrics.staleness["staleness"].max() <= 1
+    assert not r.cluster.live() and not r.cluster.parked(), "executions left over"
