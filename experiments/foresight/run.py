@@ -6,7 +6,10 @@ groups admitted
 - longest-predicted first within a lookahead of L steps (policies.admission), for each predictor
   (policies.foresight: `history`, `history+siblings`) and each L given,
 - in the oracle order of experiments/elastic_vs_baselines/oracle.py (imported, not copied): the run's
-  groups sorted by true solo duration, longest first (and, with --horizons, within windows of h steps).
+  groups sorted by true solo duration, longest first (and, with --horizons, within windows of h steps);
+- with --scale-oracle, sorted by each group's true task difficulty in its epoch (gyre.workload
+  task_difficulty), longest first: what a perfect history could know (a task's scale, not the group's own
+  draws), so it bounds every predictor that learns from a task's past.
 Same seed, so the same groups and the same lower bound (policies.bound, with the staleness term at eta).
 
 Per run: makespan, makespan / bound, speedup over drawn order, staleness and per-token version lag
@@ -47,11 +50,26 @@ def oracle_module():
     return mod
 
 
+def scale_order(cfg, extra_steps: int) -> list:
+    """The run's groups sorted by their task's true difficulty in its epoch, longest first (then drawn order)."""
+    from gyre.workload import WorkloadSource, task_difficulty, task_of
+
+    w, gps = cfg.workload, cfg.workload.groups_per_step
+    src = WorkloadSource(w, cfg.seed)
+    drawn = [src.next_group() for _ in range((cfg.steps + extra_steps) * gps)]
+    n = cfg.steps * gps
+    scale = [task_difficulty(w, *task_of(w, g.group_id, cfg.seed), cfg.seed) for g in drawn[:n]]
+    idx = sorted(range(n), key=lambda i: (-scale[i], i))
+    return oracle_module().renumbered([drawn[i] for i in idx] + drawn[n:], gps)
+
+
 def run_one(job: dict) -> dict:
     cfg = override(get_preset(job["preset"]), steps=job["steps"])
     params = dict(job["params"])
     source = None
-    if job["order"] != "drawn":
+    if job["order"] == "task scale":
+        source = ReplaySource(scale_order(cfg, job["eta"] + 2), cfg.workload)
+    elif job["order"] != "drawn":
         groups = oracle_module().orders(cfg, extra_steps=job["eta"] + 2, horizons=job["horizons"])[job["order"]]
         source = ReplaySource(groups, cfg.workload)
     r = simulate(cfg, job["policy"], params, source=source)
@@ -82,6 +100,11 @@ def jobs(args) -> list[dict]:
             for p in PREDICTORS:
                 out.append({**common, "variant": f"{p}, lookahead {la}", "order": "drawn",
                             "params": {**params, "predictor": p, "lookahead": la}})
+        if args.scale_oracle:
+            out.append({**common, "variant": "oracle: task difficulty", "order": "task scale", "params": params})
+        if args.only_scale_oracle:
+            out = [j for j in out if j["order"] == "task scale"]
+            continue
         out.append({**common, "variant": "oracle", "order": "oracle", "params": params})
         for h in horizons:
             out.append({**common, "variant": f"oracle, horizon {h}", "order": f"horizon {h}", "params": params})
@@ -122,8 +145,17 @@ def main() -> None:
     ap.add_argument("--async-rollout-gpus", type=int, default=512, help="async's split (xlong-swe's tuned one)")
     ap.add_argument("--lookaheads", default="4,12", help="comma-separated lookaheads in steps")
     ap.add_argument("--horizons", default="", help="comma-separated oracle horizons in steps (oracle.py --horizons)")
+    ap.add_argument("--scale-oracle", action="store_true", help="add the task-difficulty oracle order")
+    ap.add_argument("--only-scale-oracle", action="store_true", help="run only the task-difficulty oracle rows and "
+                    "merge them into the existing results CSV")
+    ap.add_argument("--figure-only", action="store_true", help="redraw the figure from the results CSV")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args()
+    out = HERE / "results" / f"{args.preset}_foresight.csv"
+    if args.figure_only:
+        figure(pd.read_csv(out), out.with_suffix(".png"))
+        return
+    args.scale_oracle |= args.only_scale_oracle
     todo = jobs(args)
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as ex:
@@ -131,9 +163,13 @@ def main() -> None:
     else:
         rows = [run_one(j) for j in todo]
     df = pd.DataFrame(rows)
+    if args.only_scale_oracle:  # merged into the rows of a full run, which supply the drawn order
+        old = pd.read_csv(out)
+        df = pd.concat([old[old.order != "task scale"], df], ignore_index=True)
+        order = {p: i for i, p in enumerate(dict.fromkeys(old.policy))}
+        df = df.sort_values("policy", key=lambda c: c.map(order), kind="stable").reset_index(drop=True)
     drawn = df[df.variant == "drawn"].set_index("policy").makespan_s
     df["speedup_vs_drawn"] = df.policy.map(drawn) / df.makespan_s
-    out = HERE / "results" / f"{args.preset}_foresight.csv"
     out.parent.mkdir(exist_ok=True)
     df.to_csv(out, index=False)
     figure(df, out.with_suffix(".png"))
