@@ -129,7 +129,7 @@ def figure(df: pd.DataFrame, path: Path) -> None:
         for i, (m, o) in enumerate(zip(d.makespan_s, d.over_bound)):
             ax.text(m / 3600, i, f" {m / 3600:.1f} h (x{o:.1f})", va="center", fontsize=7)
         ax.set_xlabel("makespan (h)")
-        ax.set_title(f"{pol}, eta {d.params.iloc[0]}", fontsize=8)
+        ax.set_title(f"{pol} {d.params.iloc[0]}", fontsize=8)
         ax.invert_yaxis()
     fig.suptitle(f"{df.preset.iloc[0]}, {df.steps.iloc[0]} steps: admission order by predictor vs oracle", fontsize=9)
     fig.tight_layout()
