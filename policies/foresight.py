@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gyre.cluster import ExecutionView, Group
+from gyre.cluster import ExecutionView, Group, Phase
 
 RECENCY = 0.5  # weight of each older epoch relative to the next, in a task's estimate
 
@@ -102,18 +102,12 @@ class HistorySiblings(History):
             return est
         _, execs = self.live[gid]
         finished = self.done_logs[gid]
-        running = [math.log(x.turns_done + 1) for x in execs if not _ended(x)]
+        running = [math.log(x.turns_done + 1) for x in execs if x.phase != Phase.DONE]
         seen = finished + running  # every sibling's turns so far: a lower bound on its length
         if not seen:
             return est
         low = float(np.mean(seen))
         return low if est is None else max(est, low)
-
-
-def _ended(x: ExecutionView) -> bool:
-    from gyre.cluster import Phase
-
-    return x.phase == Phase.DONE
 
 
 PREDICTORS: dict[str, type[Predictor]] = {p.name: p for p in (Predictor, History, HistorySiblings)}
