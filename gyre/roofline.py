@@ -144,19 +144,22 @@ class EngineRoofline:
 
     def step_and_ideal(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
         """(step_time, the part of it the hardware peak needs: max(bytes / BW, FLOPs / peak) at 100%
-        efficiency, without overheads). One pass; the simulator calls it once per event."""
-        tokens = n + m
-        if tokens <= 0:
-            return 0.0, 0.0
-        w = self._dense + self.routed_bytes * (1.0 - self._miss ** tokens) if self.routed_bytes else self.weight_bytes
-        if m > 0:
-            tb = (w + self.kv_bytes_per_token * (ctx + p)) / self._bw
-            tf = (self._2p * tokens + self._attn * (ctx + m * p + 0.5 * m * m)) / self._pk
-        else:
-            tb = (w + self.kv_bytes_per_token * ctx) / self._bw
-            tf = (self._2p * tokens + self._attn * ctx) / self._pk
-        ib, if_ = tb * self._eb, tf * self._ef
-        return (tb if tb > tf else tf) + self._fixed, (ib if ib > if_ else if_)
+        efficiency, without overheads)."""
+        return self.stepper()(n, ctx, m, p)
+
+    def stepper(self):
+        """step_and_ideal as a plain function of (n, ctx, m=0, p=0) with this engine's constants bound in:
+        the simulator calls it once per event. Built once per roofline and kept out of pickles."""
+        f = self.__dict__.get("_stepper")
+        if f is None:
+            f = _make_stepper(self)
+            object.__setattr__(self, "_stepper", f)
+        return f
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_stepper", None)  # a closure: rebuilt on first use
+        return state
 
     def ideal_share(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> float:
         """The share of a step's time the hardware peak needs: max(bytes / BW, FLOPs / peak) at 100%
@@ -216,3 +219,26 @@ class EngineRoofline:
     def attn_flops_per_ctx(self) -> float:
         """4 L H d_h: attention FLOPs of one token per token of context."""
         return self._attn
+
+
+def _make_stepper(r: EngineRoofline):
+    """The one step formula (see the module docstring), closed over r's per-step constants."""
+    dense, routed, miss, weights = r._dense, r.routed_bytes, r._miss, r.weight_bytes
+    kvb, bw, pk, two_p, attn, fixed, eb, ef = (r.kv_bytes_per_token, r._bw, r._pk, r._2p, r._attn, r._fixed,
+                                              r._eb, r._ef)
+
+    def step_and_ideal(n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
+        tokens = n + m
+        if tokens <= 0:
+            return 0.0, 0.0
+        w = dense + routed * (1.0 - miss ** tokens) if routed else weights
+        if m > 0:
+            tb = (w + kvb * (ctx + p)) / bw
+            tf = (two_p * tokens + attn * (ctx + m * p + 0.5 * m * m)) / pk
+        else:
+            tb = (w + kvb * ctx) / bw
+            tf = (two_p * tokens + attn * ctx) / pk
+        ib, if_ = tb * eb, tf * ef
+        return (tb if tb > tf else tf) + fixed, (ib if ib > if_ else if_)
+
+    return step_and_ideal

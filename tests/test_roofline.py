@@ -115,3 +115,16 @@ def test_step_and_ideal_agrees_with_step_time_and_share(n, ctx, m, p, model):
     t, ideal = r.step_and_ideal(n, ctx, m, p)
     assert t == pytest.approx(r.step_time(n, ctx, m, p), rel=1e-12)
     assert ideal == pytest.approx(r.ideal_share(n, ctx, m, p) * t, rel=1e-9, abs=1e-15)
+
+
+def test_roofline_pickles_and_copies_after_its_step_function_is_built():
+    """A used roofline (its step function cached) still pickles, deep-copies and compares equal, as configs
+    sent to worker processes must."""
+    import copy
+    import pickle
+
+    r = derive_costs(MODELS["moe-30b-a3b"], GPUS["h200"]).roofline
+    want = r.step_and_ideal(4, 1e4, 512, 2e3)
+    for back in (pickle.loads(pickle.dumps(r)), copy.deepcopy(r)):
+        assert back == r, "the copy equals the original"
+        assert back.step_and_ideal(4, 1e4, 512, 2e3) == want, "the copy's step is the original's"
