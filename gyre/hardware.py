@@ -178,6 +178,11 @@ def train_attention_ctx(prompt: int, gen, kv, tool_out) -> float:
     (a request trace's million single-turn ones among them) take that plain-Python path, longer ones
     numpy's pairwise sum; both give numpy's bits."""
     n = len(gen)
+    if n == 1:  # a request: one generated segment, no tool output
+        g = float(gen[0])
+        k = float(kv[0])
+        o = float(tool_out[0]) if tool_out else 0.0
+        return float(0.5 * prompt * prompt + (g * k + 0.5 * g * g + o * (k + g) + 0.5 * o * o))
     if n <= 7:
         no = len(tool_out)
         total = 0.0
