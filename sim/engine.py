@@ -230,61 +230,56 @@ class SimEngine(KvPressure):
             self.roof_s += dt * self._roof
         self.t_last = t
         V = self.V
-        n = self.n_dec
-        used = self.mem_fixed + self.kv_dec_base + n * V
+        used = self.mem_fixed + self.kv_dec_base + self.n_dec * V
         if used > self.kv_peak:
             self.kv_peak = used
-        if n:
-            heap = self._heap
-            limit = V + _EPS * (V if V > 1.0 else 1.0)
-            if heap[0][0] <= limit:
-                ready, seq = self._ready, self._seq
-                while heap and heap[0][0] <= limit:
-                    ex = heappop(heap)[2]
-                    self.n_dec -= 1
-                    self.kv_dec_base -= ex.ctx - ex.v_start
-                    seg = ex.seg
-                    if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done:
-                        self._segment_end(ex, t)
-                        continue
-                    # a tool-call boundary, the common case (as _segment_end, kept inline)
-                    gen = ex.gen[seg]
-                    ex.generated += gen
-                    ctx = ex.kv[seg] + gen
-                    ex.phase = _TOOL
-                    nxt = ex.kv[seg + 1]
-                    if nxt < ctx:  # the context is rebuilt smaller
-                        ctx = nxt - min(ex.tool_out[seg], nxt)
-                    ex.resident = ctx
-                    self.mem_fixed += ctx
-                    ex.ctx = nxt
-                    ex.seg = seg + 1
-                    r = ex.ready_at = t + ex.tool_s[seg]
-                    heappush(ready, (r, next(seq), ex))
-                if self.n_dec == 0:
-                    self._log(("busy", t, self.id, 0))
+        heap = self._heap
+        limit = V + _EPS * (V if V > 1.0 else 1.0)
+        if heap and heap[0][0] <= limit:
+            pop, push, ready, seq = heapq.heappop, heapq.heappush, self._ready, self._seq
+            while heap and heap[0][0] <= limit:
+                ex = pop(heap)[2]
+                self.n_dec -= 1
+                self.kv_dec_base -= ex.ctx - ex.v_start
+                seg = ex.seg
+                if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done:
+                    self._segment_end(ex, t)
+                    continue
+                # a tool-call boundary, the common case (as _segment_end, kept inline)
+                gen = ex.gen[seg]
+                ex.generated += gen
+                ctx = ex.kv[seg] + gen
+                ex.phase = _TOOL
+                nxt = ex.kv[seg + 1]
+                if nxt < ctx:  # the context is rebuilt smaller
+                    ctx = nxt - min(ex.tool_out[seg], nxt)
+                ex.resident = ctx
+                self.mem_fixed += ctx
+                ex.ctx = nxt
+                ex.seg = seg + 1
+                r = ex.ready_at = t + ex.tool_s[seg]
+                push(ready, (r, next(seq), ex))
+            if self.n_dec == 0:
+                self._log(("busy", t, self.id, 0))
         pf = self.prefill
         if pf:
             # the head is done at its planned time (its residue may be below what the clock resolves)
-            head = pf[0]
             if t >= self._pf_due:
-                head.pf_left = 0.0
-            while head.pf_left <= _EPS * (head.resident + 1.0):
-                pf.popleft()
-                self.pf_pending -= head.pf_left
-                self.pf_resident -= head.resident
-                head.pf_left = 0.0
-                head.phase = _QUEUED  # out of the prefill queue, not yet decoding
-                self._decode(head, t)
-                if not pf:
-                    self.pf_pending = self.pf_resident = 0.0
-                    break
-                head = pf[0]
+                pf[0].pf_left = 0.0
+            while pf and pf[0].pf_left <= _EPS * (pf[0].resident + 1.0):
+                ex = pf.popleft()
+                self.pf_pending -= ex.pf_left
+                self.pf_resident -= ex.resident
+                ex.pf_left = 0.0
+                ex.phase = _QUEUED  # out of the prefill queue, not yet decoding
+                self._decode(ex, t)
+            if not pf:
+                self.pf_pending = self.pf_resident = 0.0
         ready = self._ready
         if ready and ready[0][0] <= t:
             queue = self.queue
             while ready and ready[0][0] <= t:
-                ex = heappop(ready)[2]
+                ex = heapq.heappop(ready)[2]
                 ex.ready_at = None
                 if t >= ex.deadline_at:
                     self._drop(ex)
