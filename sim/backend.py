@@ -40,6 +40,7 @@ class SimCluster(ClusterBase):
         self.init_books(n_gpus)
         self._q: list[tuple[float, int, Callable, Any]] = []
         self._seq = itertools.count()
+        self.fine_queue = (self._q, self._seq)  # what SimEngine pushes its wakeups onto, as schedule() does
         self._dirty: list[SimEngine] = []  # engines whose next wakeup must be re-planned (SimEngine._touch)
         self.trained_groups: list[int] = []  # group ids in the order they were trained
         self.events = 0
@@ -278,33 +279,42 @@ class SimCluster(ClusterBase):
         pop = heapq.heappop
         inf = math.inf
         last_version = -1
+        events, check = 0, self.check
+        plain = not check and progress is None  # nothing to do between two fine events but run them
         ended: list[bool] = []
         proc.on_done(lambda _h: ended.append(True))
         self._drain()
         self._flush()
-        while not ended:
-            tq = q[0][0] if q else inf
-            ts = simq[0][0] if simq else inf
-            if tq <= ts:
-                if tq == inf:
+        try:
+            while not ended:
+                ts = simq[0][0] if simq else inf
+                if q and q[0][0] <= ts:
+                    # fine events, in time order, while no coarse event is due and none leaves work behind
+                    while True:
+                        t, _, fn, arg = pop(q)
+                        env._now = t
+                        fn(t, arg)
+                        events += 1
+                        if not plain or self._deferred or self._dirty or not q or (simq and q[0][0] > simq[0][0]):
+                            break
+                elif ts == inf:
                     if proc.error is not None:  # the policy failed: its error, not the deadlock it left
                         raise proc.error
                     raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
-                t, _, fn, arg = pop(q)
-                env._now = t
-                fn(t, arg)
-            else:
-                env.step()
-            self.events += 1
-            if self._deferred:
-                self._drain()
-            if self._dirty:
-                self._flush()
-            if self.check:
-                self.check_invariants()
-            if progress is not None and self._version != last_version:
-                last_version = self._version
-                progress(self._version, self.now)
+                else:
+                    env.step()
+                    events += 1
+                if self._deferred:
+                    self._drain()
+                if self._dirty:
+                    self._flush()
+                if check:
+                    self.check_invariants()
+                if progress is not None and self._version != last_version:
+                    last_version = self._version
+                    progress(self._version, self.now)
+        finally:
+            self.events += events
         if proc.error is not None:
             raise proc.error
         return proc

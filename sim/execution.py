@@ -6,6 +6,8 @@ which knows the future, stays private to the backend.
 
 from __future__ import annotations
 
+from operator import add
+
 from gyre.cluster import Phase
 from gyre.handles import Handle
 from gyre.workload import ExecutionSpec, GroupSpec
@@ -38,7 +40,7 @@ class SimExecution:
         self.pf_left = 0.0  # tokens still to prefill (in the engine's prefill queue)
         self.adm = -1  # admission sequence number on its engine (preemption picks the largest)
         self.reserved = 0  # KV reserved on its engine (reservation mode)
-        self.max_ctx = max(k + g for k, g in zip(spec.kv, spec.gen))  # its largest context
+        self.max_ctx = max(map(add, spec.kv, spec.gen))  # its largest context
         self.migrate_to = None
         self.migrate_handle: Handle | None = None
         self.finished_at: float | None = None

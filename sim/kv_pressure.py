@@ -25,6 +25,8 @@ class KvPressure:
     """Needs from the engine: members, queue, prefill, _heap, _adm, _seq, V, n_dec, kv_dec_base, mem_fixed,
     pf_pending, pf_resident, gpus, costs, _full, _used(), _log."""
 
+    __slots__ = ()
+
     def _admitted(self, ex: SimExecution) -> None:
         """Record an admission (preemption takes the newest first); stale records are pruned now and then."""
         ex.adm = a = next(self._seq)
