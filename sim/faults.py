@@ -23,7 +23,8 @@ The log gets the real backend's notes: fault, engine_fault, engine_restarted, tr
 trainer_recovered, sync_resent (gyre.faults.fault_summary counts them).
 
 Simplifications: a replay runs on the retried step's GPUs at each replayed step's own compute time (the real
-backend replays on one worker); writing a checkpoint and handing the state of record to a stale worker are free.
+backend replays on one worker); writing a checkpoint and handing the state of record to a stale worker are free;
+the per-token version lag counts a lost partial segment's tokens at the version that first decoded them.
 """
 
 from __future__ import annotations
