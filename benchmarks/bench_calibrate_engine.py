@@ -35,7 +35,7 @@ from gyre.sim.engine_calibrate import calibrate_run, coef_dict, errors, setup, s
 from gyre.sim.engine_run import read_run
 
 DATA = Path("/work/shared/data/vllm_timings")
-IDEAL = Coefficients(eff_bw=1.0, eff_flops=1.0, step_overhead_s=0.0, allreduce_s=0.0)
+IDEAL = Coefficients(eff_bw=1.0, eff_kv=1.0, eff_flops=1.0, step_overhead_s=0.0, allreduce_s=0.0, eff_link=1.0)
 
 
 def measured_steps(run) -> dict[str, float]:

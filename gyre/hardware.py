@@ -17,6 +17,8 @@ Every simulator constant comes from here and is derived from a model's shape and
   plus one layer's working set in the backward pass, 34 S d bytes (Korthikanti et al. 2022,
   "Reducing Activation Recomputation in Large Transformer Models", eq. 2 with flash attention, so no
   S^2 term), d = query heads x head dim), at 85% of HBM.
+- Running sequences per engine: vLLM's `max_num_seqs`; unset, vLLM's own default for the GPU
+  (`vllm_default_max_num_seqs`).
 - Weight sync: per-GPU weight shard / inter-node bandwidth + latency.
 - Role switch: engine wake = weight shard / host-to-device bandwidth + fixed (graph capture,
   allocator); trainer on/offload = trainer state shard / host-to-device bandwidth.
@@ -42,6 +44,7 @@ class GpuConfig:
     bf16_tflops: float
     fp8_tflops: float
     gpus_per_node: int = 8
+    link_gb_s: float = 0.0  # GPU-to-GPU per direction in a node (NVLink or PCIe); 0: tensor parallel moves no bytes
     internode_gb_s: float = 50.0  # per GPU, 400 Gb/s InfiniBand
     host_gb_s: float = 55.0  # PCIe Gen5 x16, practical
 
@@ -59,6 +62,9 @@ class ModelConfig:
     top_k: int = 0  # routed experts per token
     kv_lora_rank: int = 0  # MLA: latent KV width (0: plain K/V heads)
     rope_dim: int = 0  # MLA: decoupled rotary key width
+    hidden: int = 0  # model width (hidden_size); 0: query heads x head dim
+    vocab: int = 0  # vocabulary (embedding rows); 0: embedding and LM head not told apart from the rest
+    tied_embeddings: bool = False  # the LM head reuses the input embedding table
     infer_bytes_per_param: float = 2.0  # bf16; 1.0 for fp8 serving
     kv_bytes_per_elem: float = 2.0
     train_bytes_per_param: float = 16.0  # bf16 weights+grads, fp32 master + Adam moments
@@ -80,6 +86,15 @@ class ModelConfig:
     def infer_weight_bytes(self) -> float:
         return self.total_params_b * 1e9 * self.infer_bytes_per_param
 
+    @property
+    def width(self) -> int:
+        return self.hidden or (self.q_heads or self.kv_heads) * self.head_dim
+
+    @property
+    def head_params(self) -> float:
+        """Parameters of the LM head (vocab x width)."""
+        return float(self.vocab * self.width)
+
 
 @dataclass(frozen=True, kw_only=True)
 class CostConfig:
@@ -88,6 +103,7 @@ class CostConfig:
     weight_fraction: float = 0.6  # an engine's weights may fill at most this share of its HBM
     engine: Coefficients = Coefficients()  # the engine step's fitted constants (gyre.roofline)
     max_batched_tokens: int = 8192  # vLLM max_num_batched_tokens (its default with chunked prefill)
+    max_num_seqs: int | None = None  # vLLM max_num_seqs: running sequences per engine (None: vLLM's default)
     kv_reserve: bool = False  # admit only if the execution's largest context fits (no preemption)
     train_mfu: float = 0.35
     train_extra_forwards: int = 0  # forward passes per step beyond the one backward needs (recompute)
@@ -96,6 +112,20 @@ class CostConfig:
     engine_wake_fixed_s: float = 5.0
     engine_sleep_s: float = 2.0
     migration: str = "reprefill"  # or "kv_transfer"
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs is not None and (isinstance(self.max_num_seqs, bool) or self.max_num_seqs < 1):
+            raise ValueError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
+
+
+def vllm_default_max_num_seqs(gpu: GpuConfig, max_batched_tokens: int) -> int:
+    """vLLM's default `max_num_seqs` when the user sets none (V1 engine, OpenAI server and LLM class alike):
+    1024 on a GPU with at least 70 GiB of memory that is not an A100, 256 otherwise, and never more than
+    the step's token budget (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults and its caller:
+    vllm-project/vllm PRs #16158, #17073, #17885; the RTX 4090 run in shared/data/vllm_timings logs
+    256, as this gives)."""
+    big = gpu.memory_gb * 1e9 >= 70 * 2**30 and "a100" not in gpu.name.lower()
+    return min(1024 if big else 256, max_batched_tokens)
 
 
 @dataclass(frozen=True)
@@ -123,6 +153,7 @@ class Costs:
     migration: str
     roofline: EngineRoofline | None = None
     max_batched_tokens: int = 8192
+    max_num_seqs: int = 0  # running (prefilling or decoding) sequences an engine holds at most; 0: no limit
     kv_reserve: bool = False
     train_attn_flops_per_ctx_token: float = 0.0  # 12 L H d_h: training attention FLOPs per token per context token
     train_flops_per_s_gpu: float = 0.0  # GPU peak x train MFU (0: training time is linear in tokens)
@@ -195,12 +226,15 @@ def engine_roofline(model: ModelConfig, gpu: GpuConfig, gpus: int, coef: Coeffic
                     max_batched_tokens: int = 8192) -> EngineRoofline:
     """The step-time and memory model of an engine of `gpus` GPUs serving `model`."""
     fp8 = model.infer_bytes_per_param <= 1
+    embed = 0.0 if model.tied_embeddings else model.head_params  # an untied input table: gathered, not read
     return EngineRoofline(
         gpus=gpus, gpus_per_node=gpu.gpus_per_node, hbm_bytes=gpu.memory_gb * 1e9, bw_bytes_s=gpu.hbm_tb_s * 1e12,
         flops=(gpu.fp8_tflops if fp8 else gpu.bf16_tflops) * 1e12, layers=model.layers,
         q_heads=model.q_heads or model.kv_heads, head_dim=model.head_dim, kv_bytes_per_token=model.kv_bytes_per_token,
         weight_bytes=model.infer_weight_bytes, routed_bytes=model.routed_params_b * 1e9 * model.infer_bytes_per_param,
         experts=model.experts, top_k=model.top_k, active_params=model.active_params_b * 1e9,
+        embed_bytes=embed * model.infer_bytes_per_param, embed_params=embed, head_params=model.head_params,
+        hidden=model.width, link_bytes_s=gpu.link_gb_s * 1e9, internode_bytes_s=gpu.internode_gb_s * 1e9,
         max_batched_tokens=max_batched_tokens, coef=coef or Coefficients(),
     )
 
@@ -213,9 +247,9 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         engine_gpus = gpu.gpus_per_node * math.ceil(engine_gpus / gpu.gpus_per_node)
     roof = engine_roofline(model, gpu, engine_gpus, cost.engine, cost.max_batched_tokens)
     # the linear form's coefficients (a + b n + c K: the roofline's terms summed instead of maxed)
-    step_b = 2 * model.active_params_b * 1e9 / roof._pk
+    step_b = roof.flops_per_token / roof._pk
     step_a = roof.step_time(1, 0.0) - step_b
-    step_c = roof.kv_bytes_per_token / roof._bw
+    step_c = roof.kv_bytes_per_token / roof._bk
     prefill = roof.prefill_time(cost.max_batched_tokens) / cost.max_batched_tokens
     active = model.active_params_b * 1e9
     train_flops = gpu.bf16_tflops * 1e12 * cost.train_mfu
@@ -247,6 +281,8 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         migration=cost.migration,
         roofline=roof,
         max_batched_tokens=cost.max_batched_tokens,
+        max_num_seqs=(cost.max_num_seqs if cost.max_num_seqs is not None
+                      else vllm_default_max_num_seqs(gpu, cost.max_batched_tokens)),
         kv_reserve=cost.kv_reserve,
         train_attn_flops_per_ctx_token=(12.0 + 4.0 * cost.train_extra_forwards) * model.layers * width,
         train_flops_per_s_gpu=train_flops,

@@ -55,36 +55,41 @@ from gyre.hardware import GpuConfig, ModelConfig
 from gyre.workload import LogNormal, WorkloadConfig
 
 GPUS: dict[str, GpuConfig] = {
-    # NVIDIA H100 SXM data sheet: 80 GB HBM3, 3.35 TB/s, 989 / 1,979 TFLOP/s dense BF16 / FP8
-    "h100": GpuConfig(name="h100", memory_gb=80, hbm_tb_s=3.35, bf16_tflops=989, fp8_tflops=1979),
-    # NVIDIA H200 SXM data sheet: 141 GB HBM3e, 4.8 TB/s, same tensor cores as H100
-    "h200": GpuConfig(name="h200", memory_gb=141, hbm_tb_s=4.8, bf16_tflops=989, fp8_tflops=1979),
+    # NVIDIA H100 SXM data sheet: 80 GB HBM3, 3.35 TB/s, 989 / 1,979 TFLOP/s dense BF16 / FP8; NVLink 4 at
+    # 900 GB/s per GPU, both directions together (450 each way)
+    "h100": GpuConfig(name="h100", memory_gb=80, hbm_tb_s=3.35, bf16_tflops=989, fp8_tflops=1979, link_gb_s=450),
+    # NVIDIA H200 SXM data sheet: 141 GB HBM3e, 4.8 TB/s, same tensor cores and NVLink as H100
+    "h200": GpuConfig(name="h200", memory_gb=141, hbm_tb_s=4.8, bf16_tflops=989, fp8_tflops=1979, link_gb_s=450),
     # GeForce RTX 4090 (NVIDIA Ada whitepaper, appendix): 1,008 GB/s GDDR6X, 165.2 TFLOP/s dense BF16 and
-    # 330.3 dense FP8, both with FP32 accumulate; memory as CUDA reports it (25.25 GB, vllm_timings meta.json)
+    # 330.3 dense FP8, both with FP32 accumulate; memory as CUDA reports it (25.25 GB, vllm_timings meta.json);
+    # PCIe Gen4 x16, 31.5 GB/s each way, no NVLink
     "rtx4090": GpuConfig(name="rtx4090", memory_gb=25.25, hbm_tb_s=1.008, bf16_tflops=165.2, fp8_tflops=330.3,
-                         gpus_per_node=1, internode_gb_s=25.0, host_gb_s=25.0),
+                         gpus_per_node=1, link_gb_s=31.5, internode_gb_s=25.0, host_gb_s=25.0),
     # NVIDIA RTX PRO 6000 Blackwell (data sheet; RTX Blackwell architecture whitepaper): 96 GB GDDR7 at 1,792 GB/s,
-    # 503.8 TFLOP/s dense BF16 and 1,007.6 dense FP8, both with FP32 accumulate; PCIe Gen5 x16, no NVLink;
-    # up to 8 in one RTX PRO server (Server Edition)
+    # 503.8 TFLOP/s dense BF16 and 1,007.6 dense FP8, both with FP32 accumulate; PCIe Gen5 x16 (63 GB/s each
+    # way), no NVLink, so tensor-parallel all-reduces cross PCIe; up to 8 in one RTX PRO server (Server Edition)
     "rtxpro6000": GpuConfig(name="rtxpro6000", memory_gb=96, hbm_tb_s=1.792, bf16_tflops=503.8, fp8_tflops=1007.6,
-                            gpus_per_node=8),
+                            gpus_per_node=8, link_gb_s=63.0),
 }
 
 MODELS: dict[str, ModelConfig] = {
-    # Qwen2.5-7B config.json: 28 layers, 28 query heads, 4 KV heads x 128, 7.61B parameters
+    # Qwen2.5-7B config.json: 28 layers, 28 query heads, 4 KV heads x 128, 7.61B parameters, hidden 3584,
+    # vocabulary 152064, untied embeddings
     "dense-7b": ModelConfig(name="dense-7b", total_params_b=7.6, active_params_b=7.6, layers=28, kv_heads=4,
-                            head_dim=128, q_heads=28),
-    # Llama-3.1-8B config.json: 32 layers, 32 query heads, 8 KV heads x 128, 8.03B parameters
+                            head_dim=128, q_heads=28, hidden=3584, vocab=152064),
+    # Llama-3.1-8B config.json: 32 layers, 32 query heads, 8 KV heads x 128, 8.03B parameters, hidden 4096,
+    # vocabulary 128256, untied embeddings
     "llama-3.1-8b": ModelConfig(name="llama-3.1-8b", total_params_b=8.03, active_params_b=8.03, layers=32,
-                                kv_heads=8, head_dim=128, q_heads=32),
+                                kv_heads=8, head_dim=128, q_heads=32, hidden=4096, vocab=128256),
     # Qwen3-32B config.json: 64 layers, 64 query heads, 8 KV heads x 128 (hidden 5120, MLP 25600, vocabulary
     # 151936, untied embeddings): 32.8B parameters
     "qwen3-32b": ModelConfig(name="qwen3-32b", total_params_b=32.8, active_params_b=32.8, layers=64, kv_heads=8,
-                             head_dim=128, q_heads=64),
-    # Qwen3-30B-A3B config.json: 48 layers, 32 query heads, 4 KV heads x 128, 128 experts top-8, 3.3B active
+                             head_dim=128, q_heads=64, hidden=5120, vocab=151936),
+    # Qwen3-30B-A3B config.json: 48 layers, 32 query heads, 4 KV heads x 128, 128 experts top-8, 3.3B active,
+    # hidden 2048, vocabulary 151936, untied embeddings
     "moe-30b-a3b": ModelConfig(
         name="moe-30b-a3b", total_params_b=30.5, active_params_b=3.3, layers=48, kv_heads=4, head_dim=128,
-        q_heads=32, experts=128, top_k=8,
+        q_heads=32, experts=128, top_k=8, hidden=2048, vocab=151936,
     ),
     # Stand-in for a 2.4T-total / 95B-active MoE, served in FP8 with an FP8 KV cache. Only the two counts
     # are published; the rest is borrowed: routing from DeepSeek-V3 (config.json: 256 routed experts,

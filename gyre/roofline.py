@@ -2,21 +2,34 @@
 
 An engine is `gpus` GPUs serving one model with tensor parallelism. One step processes `n` decoding
 sequences (one token each, contexts summing to `ctx`) and, within the step's token budget
-(`max_num_batched_tokens`), a prefill chunk of `m` tokens whose sequence already holds `p` tokens:
+(`max_num_batched_tokens`), a prefill chunk of `m` tokens whose sequence already holds `p` tokens.
+The step runs two kinds of kernels one after the other, each bound by memory or by compute:
 
-    bytes = dense weights + routed weights x (1 - (1 - k/E)^(n + m))      (distinct experts read)
-            + KV bytes per token x (ctx + p)                              (KV read by attention)
-    FLOPs = 2 x active params x (n + m) + 4 x L x H x d_h x (ctx + m p + m^2 / 2)
-    time  = max(bytes / (gpus x BW x eff_bw), FLOPs / (gpus x peak x eff_flops))
-            + step_overhead_s + (gpus > 1) x 2 x L x all-reduce latency
+    linear    = max(weights read / (BW x eff_bw), linear FLOPs / (peak x eff_flops))
+      weights read = dense weights + routed weights x (1 - (1 - k/E)^(n + m)) - input embedding table
+      linear FLOPs = 2 x (active params - embedding - LM head) x (n + m) + 2 x LM head x sampled
+    attention = max(KV bytes per token x (ctx + p) / (BW x eff_kv),
+                    4 L H d_h (ctx + m p + m^2 / 2) / (peak x eff_flops))
+    time      = linear + attention + tensor-parallel all-reduces + step_overhead_s
+    all-reduces (gpus > 1) = 2 L x (latency + 2 (g - 1) / g x (n + m) x hidden x 2 B / (link x eff_link))
+      link = the GPU-to-GPU link inside a node; across nodes a multi-rail ring's bus bandwidth (`ring_bytes_s`)
+
+with BW and peak the GPUs' summed data-sheet bandwidth and FLOP/s, and `sampled` = n + (1 if m > 0):
+the sequences that produce a token this step (vLLM computes logits only where it samples; the input
+embedding is a gather of n + m rows, not a read of the table; a tied table is read by the LM head).
 
 Assumptions a reviewer should know: expert routing is uniform (the expected distinct experts of n
 tokens routed top-k over E are E (1 - (1 - k/E)^n), k at n = 1, E as n grows); tensor parallelism
-divides bytes and FLOPs evenly over the GPUs and adds two all-reduces per layer whose bandwidth term
-is ignored (at decode a layer's activations are a few KB to MB per step, microseconds on NVLink), and
-an engine spanning nodes pays the inter-node latency per all-reduce instead; KV writes (m tokens) are
-ignored beside the reads. The step-time formula is the one PHYSICS.md states; the coefficients
-(efficiencies, fixed overheads, activation reserve) are the only fitted numbers, in `Coefficients`.
+divides bytes and FLOPs evenly over the GPUs and adds two ring all-reduces of the step's activations
+per layer (Megatron-style: after attention and after the MLP), over the GPU-to-GPU link inside a node;
+an engine spanning nodes runs them as NCCL does on multi-rail nodes (one NIC per GPU, as DGX H100/H200
+nodes have): one ring per rail, each carrying 1/(GPUs per node) of the data and crossing each node
+boundary on its own NIC (`ring_bytes_s`); an MoE served expert-parallel across nodes would move its
+tokens by all-to-all instead, which is not modelled; KV writes (m tokens) are ignored beside the reads;
+the two kernel classes and the all-reduces do not overlap. The step-time formula is PHYSICS.md's, with attention's KV read as its
+own kernel (paged attention reads KV at a lower share of the bandwidth than GEMMs read weights) and the
+all-reduces' bandwidth added; the coefficients (efficiencies, fixed overheads, activation reserve) are
+the only fitted numbers, in `Coefficients`.
 
 KV capacity = gpus x HBM x gpu_memory_utilization - weights - gpus x activation reserve.
 Bytes per KV token = 2 L H_kv d_h b_kv (K and V), or L (kv_lora_rank + rope_dim) b_kv for MLA.
@@ -30,6 +43,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+def ring_bytes_s(link_bytes_s: float, nic_bytes_s: float, gpus_per_node: int, across_nodes: bool) -> float:
+    """Bus bandwidth B (bytes/s) of a ring all-reduce, whose time is 2 (g - 1) / g x bytes / B.
+
+    Inside a node B is the GPU-to-GPU link. Across nodes NCCL runs one ring per rail on multi-rail nodes
+    (one NIC per GPU, as DGX H100/H200 nodes have): each of a node's G rings carries 1/G of the data and
+    leaves the node through its own NIC, so a GPU sends G - 1 rings' share over its in-node link and one
+    ring's share over its NIC: B = min(link x G / (G - 1), G x NIC). 0: no link figure (no bytes charged)."""
+    if link_bytes_s <= 0:
+        return 0.0
+    if not across_nodes:
+        return link_bytes_s
+    if nic_bytes_s <= 0:
+        return 0.0
+    g = gpus_per_node
+    in_node = link_bytes_s * g / (g - 1) if g > 1 else float("inf")
+    return min(in_node, g * nic_bytes_s)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Coefficients:
     """The fittable constants of the engine step; every other number comes from a spec sheet or config file.
@@ -38,11 +69,17 @@ class Coefficients:
     - eff_bw 0.8: memory-bound decode kernels reach 70-90% of data-sheet HBM bandwidth (NVIDIA's
       nvbandwidth / STREAM-style copies on H100 reach ~90%; GEMV-bound decode in vLLM and TensorRT-LLM
       is reported at 70-85%).
+    - eff_kv 0.65: paged attention reads KV slower than a GEMM reads weights: vLLM's PagedAttention
+      kernel takes 20-26% longer than FasterTransformer's contiguous-KV kernel on the same reads (Kwon
+      et al., SOSP 2023, section 7.1), so 0.8 / 1.23.
     - eff_flops 0.6: large bf16 GEMMs and FlashAttention-2/3 reach 60-75% of dense peak on H100.
     - step_overhead_s 0.004: vLLM's per-step scheduling, sampling and launch time with CUDA graphs
       (a few ms per step in vLLM V1 profiles).
     - allreduce_s 10 us, allreduce_internode_s 30 us: latency of one small NCCL all-reduce inside an
       NVLink node, and across nodes over InfiniBand (nccl-tests small-message latencies).
+    - eff_link 0.8: ring all-reduce bus bandwidth over the link's data-sheet rate (nccl-tests
+      all_reduce_perf: 24.7 GB/s bus bandwidth on PCIe Gen4 x16 RTX 4090s, 31.5 GB/s per direction,
+      tinygrad/open-gpu-kernel-modules#17; ~80% is also typical of NVLink H100 nodes).
     - gpu_memory_utilization 0.9: vLLM's default share of HBM it allows itself.
     - reserve_gb_per_gpu 2.0: activations, CUDA graphs and non-torch memory that vLLM's profiling run
       sets aside. Measured 1.24 GB in shared/data/vllm_timings/RTX4090_Llama-3.1-8B (0.9 x 25.25 GB
@@ -51,10 +88,12 @@ class Coefficients:
     """
 
     eff_bw: float = 0.8
+    eff_kv: float = 0.65
     eff_flops: float = 0.6
     step_overhead_s: float = 0.004
     allreduce_s: float = 10e-6
     allreduce_internode_s: float = 30e-6
+    eff_link: float = 0.8
     gpu_memory_utilization: float = 0.9
     reserve_gb_per_gpu: float = 2.0
 
@@ -93,24 +132,39 @@ class EngineRoofline:
     experts: int = 0
     top_k: int = 0
     active_params: float  # parameters one token passes through
+    embed_bytes: float = 0.0  # an untied input embedding table: gathered by row, never read whole
+    embed_params: float = 0.0  # parameters of the input embedding table (no FLOPs)
+    head_params: float = 0.0  # parameters of the LM head (FLOPs only for tokens that sample)
+    hidden: int = 0  # model width d: an all-reduce carries tokens x d activations
+    link_bytes_s: float = 0.0  # GPU-to-GPU bandwidth per direction inside a node (NVLink, or PCIe)
+    internode_bytes_s: float = 0.0  # per GPU across nodes
     max_batched_tokens: int = 8192  # vLLM's max_num_batched_tokens: decode + prefill tokens per step
     coef: Coefficients = Coefficients()
 
     def __post_init__(self) -> None:
-        # per-step constants, so step_time is a handful of float operations
+        # per-step constants, so step_and_ideal is a handful of float operations
         c = self.coef
-        object.__setattr__(self, "_bw", self.gpus * self.bw_bytes_s * c.eff_bw)
-        object.__setattr__(self, "_pk", self.gpus * self.flops * c.eff_flops)
-        ar = 0.0
-        if self.gpus > 1:
-            ar = 2 * self.layers * (c.allreduce_internode_s if self.gpus > self.gpus_per_node else c.allreduce_s)
+        bw, pk = self.gpus * self.bw_bytes_s, self.gpus * self.flops
+        object.__setattr__(self, "_bw", bw * c.eff_bw)
+        object.__setattr__(self, "_bk", bw * c.eff_kv)
+        object.__setattr__(self, "_pk", pk * c.eff_flops)
+        object.__setattr__(self, "_bw1", bw)
+        object.__setattr__(self, "_pk1", pk)
+        ar = comm = 0.0
+        g = self.gpus
+        if g > 1:
+            across = g > self.gpus_per_node
+            link = ring_bytes_s(self.link_bytes_s, self.internode_bytes_s, self.gpus_per_node, across)
+            ar = 2 * self.layers * (c.allreduce_internode_s if across else c.allreduce_s)
+            if link > 0:  # seconds per token: 2 L ring all-reduces of d bf16 activations
+                comm = 2 * self.layers * 2.0 * (g - 1) / g * self.hidden * 2.0 / (link * c.eff_link)
         object.__setattr__(self, "_fixed", c.step_overhead_s + ar)
+        object.__setattr__(self, "_comm", comm)
         object.__setattr__(self, "_attn", 4.0 * self.layers * self.q_heads * self.head_dim)
-        object.__setattr__(self, "_dense", self.weight_bytes - self.routed_bytes)
+        object.__setattr__(self, "_dense", self.weight_bytes - self.routed_bytes - self.embed_bytes)
         object.__setattr__(self, "_miss", 1.0 - self.top_k / self.experts if self.experts else 0.0)
-        object.__setattr__(self, "_2p", 2.0 * self.active_params)
-        object.__setattr__(self, "_eb", c.eff_bw)
-        object.__setattr__(self, "_ef", c.eff_flops)
+        object.__setattr__(self, "_2p", 2.0 * (self.active_params - self.embed_params - self.head_params))
+        object.__setattr__(self, "_2h", 2.0 * self.head_params)
 
     # --- memory ---
     @property
@@ -123,49 +177,44 @@ class EngineRoofline:
 
     # --- one step ---
     def weight_bytes_read(self, tokens: float) -> float:
-        """Weight bytes one step reads for `tokens` tokens: the dense part, plus the distinct experts touched."""
+        """Weight bytes one step reads for `tokens` tokens: the dense part (not the input embedding table),
+        plus the distinct experts touched."""
         if tokens <= 0:
             return 0.0
         if not self.routed_bytes:
-            return self.weight_bytes
+            return self._dense
         return self._dense + self.routed_bytes * (1.0 - self._miss ** tokens)
-
-    def step_bytes_flops(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
-        """(bytes moved, FLOPs) of a step with n decodes at total context ctx and a chunk of m tokens at offset p."""
-        tokens = n + m
-        kv = ctx + (p if m > 0 else 0.0)
-        by = self.weight_bytes_read(tokens) + self.kv_bytes_per_token * kv
-        fl = 2.0 * self.active_params * tokens + self._attn * (ctx + m * p + 0.5 * m * m)
-        return by, fl
 
     def step_time(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> float:
         """Seconds of one step: n decodes at total context ctx, plus a prefill chunk of m tokens at offset p."""
         return self.step_and_ideal(n, ctx, m, p)[0]
 
     def step_and_ideal(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
-        """(step_time, the part of it the hardware peak needs: max(bytes / BW, FLOPs / peak) at 100%
-        efficiency, without overheads). One pass; the simulator calls it once per event."""
+        """(step_time, the part of it the hardware peak needs: both kernel classes' max(bytes / BW,
+        FLOPs / peak) at 100% efficiency, without overheads or all-reduces). One pass; the simulator
+        calls it once per event."""
         tokens = n + m
         if tokens <= 0:
             return 0.0, 0.0
-        w = self._dense + self.routed_bytes * (1.0 - self._miss ** tokens) if self.routed_bytes else self.weight_bytes
+        w = self._dense + self.routed_bytes * (1.0 - self._miss ** tokens) if self.routed_bytes else self._dense
         if m > 0:
-            tb = (w + self.kv_bytes_per_token * (ctx + p)) / self._bw
-            tf = (self._2p * tokens + self._attn * (ctx + m * p + 0.5 * m * m)) / self._pk
+            sampled = n + 1
+            kv = self.kv_bytes_per_token * (ctx + p)
+            fa = self._attn * (ctx + m * p + 0.5 * m * m)
         else:
-            tb = (w + self.kv_bytes_per_token * ctx) / self._bw
-            tf = (self._2p * tokens + self._attn * ctx) / self._pk
-        ib, if_ = tb * self._eb, tf * self._ef
-        return (tb if tb > tf else tf) + self._fixed, (ib if ib > if_ else if_)
+            sampled = n
+            kv = self.kv_bytes_per_token * ctx
+            fa = self._attn * ctx
+        fl = self._2p * tokens + self._2h * sampled
+        lb, lf, ab, af = w / self._bw, fl / self._pk, kv / self._bk, fa / self._pk
+        t = (lb if lb > lf else lf) + (ab if ab > af else af) + self._fixed + self._comm * tokens
+        lb, lf, ab, af = w / self._bw1, fl / self._pk1, kv / self._bw1, fa / self._pk1
+        return t, (lb if lb > lf else lf) + (ab if ab > af else af)
 
     def ideal_share(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> float:
-        """The share of a step's time the hardware peak needs: max(bytes / BW, FLOPs / peak) at 100%
-        efficiency, without overheads, over step_time (the step's roofline utilization)."""
-        if n + m <= 0:
-            return 0.0
-        by, fl = self.step_bytes_flops(n, ctx, m, p)
-        c = self.coef
-        return max(by / self._bw * c.eff_bw, fl / self._pk * c.eff_flops) / self.step_time(n, ctx, m, p)
+        """The share of a step's time the hardware peak needs (see step_and_ideal): its roofline utilization."""
+        t, ideal = self.step_and_ideal(n, ctx, m, p)
+        return ideal / t if t > 0 else 0.0
 
     def prefill_time(self, tokens: float, offset: float = 0.0) -> float:
         """Seconds to prefill `tokens` after `offset` alone on the engine, in chunks of the full budget."""
@@ -180,37 +229,41 @@ class EngineRoofline:
         """Seconds per token of one sequence decoding alone at context ctx (batch 1); ctx may be an array."""
         import numpy as np
 
-        by = self.weight_bytes_read(1) + self.kv_bytes_per_token * np.asarray(ctx, dtype=float)
-        fl = 2.0 * self.active_params + self._attn * np.asarray(ctx, dtype=float)
-        return np.maximum(by / self._bw, fl / self._pk) + self._fixed
+        c = np.asarray(ctx, dtype=float)
+        lin = max(self.weight_bytes_read(1) / self._bw, (self._2p + self._2h) / self._pk)
+        att = np.maximum(self.kv_bytes_per_token * c / self._bk, self._attn * c / self._pk)
+        return lin + att + self._fixed + self._comm
 
     # --- minima, for a lower bound on what the engine charges ---
     def min_prefill_time_per_token(self, offset):
         """No prefill token starting at `offset` (array) takes less engine time than this, in any step:
-        a step's chunk is at most the budget, reads at least its weights and costs 2 P + 4 L H d_h p FLOPs
-        per token (a chunk's own m^2 / 2 and the prefix read only add)."""
+        a step's chunk is at most the budget, reads at least its weights and costs at least
+        2 (P - embedding - head) FLOPs per token, plus attention's 4 L H d_h p (a chunk's own m^2 / 2 and
+        the prefix read only add), and the token's share of the all-reduces and fixed overhead."""
         import numpy as np
 
         b = float(self.max_batched_tokens)
         p = np.asarray(offset, dtype=float)
-        by = self.weight_bytes_read(b) / b
-        fl = 2.0 * self.active_params + self._attn * p
-        return np.maximum(by / self._bw, fl / self._pk) + self._fixed / b
+        lin = max(self.weight_bytes_read(b) / b / self._bw, self._2p / self._pk)
+        return lin + self._attn * p / self._pk + self._comm + self._fixed / b
 
     def min_busy_time(self, *, tokens: float, kv_read_tokens: float, flops: float, max_step_tokens: float) -> float:
         """A lower bound on the engine time that processes `tokens` tokens (decoded or prefilled) reading at
         least `kv_read_tokens` KV tokens and computing at least `flops` FLOPs, at most `max_step_tokens`
-        per step: sum of per-step maxima >= max of the sums; the weights a step of N tokens reads per token,
-        W(N) / N, only falls as N grows (W is concave through 0), and there are >= tokens / N_max steps."""
+        per step: each step costs at least max(weights / BW + KV / BW_kv, FLOPs / peak) (a sum of two
+        maxima is at least the max of the sums), and summed over steps that is at least the same of the
+        totals; the weights a step of N tokens reads per token, W(N) / N, only falls as N grows (W is
+        concave through 0), and there are >= tokens / N_max steps."""
         if tokens <= 0:
             return 0.0
-        by = tokens * self.weight_bytes_read(max_step_tokens) / max_step_tokens + self.kv_bytes_per_token * kv_read_tokens
-        return max(by / self._bw, flops / self._pk) + self._fixed * tokens / max_step_tokens
+        mem = tokens * self.weight_bytes_read(max_step_tokens) / max_step_tokens / self._bw \
+            + self.kv_bytes_per_token * kv_read_tokens / self._bk
+        return max(mem, flops / self._pk) + self._comm * tokens + self._fixed * tokens / max_step_tokens
 
     @property
     def flops_per_token(self) -> float:
-        """2 x active parameters: the FLOPs of one token outside attention."""
-        return 2.0 * self.active_params
+        """The least FLOPs of one token outside attention: 2 x (active parameters - embedding - LM head)."""
+        return self._2p
 
     @property
     def attn_flops_per_ctx(self) -> float:

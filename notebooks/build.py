@@ -373,7 +373,7 @@ def find_run(name, trace=find_trace()):  # a vLLM run directory in shared/data/v
 
 
 run = read_run(find_run("RTX4090_Llama-3.1-8B"))
-fitted = dataclasses.replace(Coefficients(), eff_bw=0.9609, eff_flops=0.9258, step_overhead_s=0.001701)
+fitted = dataclasses.replace(Coefficients(), eff_bw=0.9022, eff_kv=0.8416, eff_flops=0.9007, step_overhead_s=0.001656)
 _, held_out = split_by_arrival(len(run.requests), 0.7)
 replays = {"uncalibrated": replay_run(run, Coefficients()), "calibrated": replay_run(run, fitted)}
 table = pd.DataFrame({name: errors(run.requests, res, held_out) for name, res in replays.items()}).T

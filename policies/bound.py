@@ -3,8 +3,10 @@
 Every term is a minimum of something the simulator charges (its engine and gyre.hardware):
 
 - rollout GPU-work: the engines' busy time x their GPUs. Each engine step costs at least
-  max(bytes / bandwidth, FLOPs / peak) + overhead (gyre.roofline), so the busy time of all steps is at
-  least max(sum of bytes, sum of FLOPs) + overhead x steps (EngineRoofline.min_busy_time), where the
+  max(weights / bandwidth + KV / KV bandwidth, FLOPs / peak) + all-reduce bytes + overhead
+  (gyre.roofline: the linear and attention kernels each cost the max of their bytes and FLOPs terms,
+  and a sum of maxima is at least the max of the sums), so the busy time of all steps is at least the
+  same of the sums + overhead x steps (EngineRoofline.min_busy_time), where the
   tokens are the decoded ones plus the prefill each turn needs at least (the prompt, each tool output;
   never a preemption's or a migration's recomputation), each decode token reads and attends to at
   least its segment's starting context, each prefill token attends to at least its offset, and a step

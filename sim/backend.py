@@ -311,6 +311,8 @@ class SimCluster(ClusterBase):
                 assert self.gpu_pool.owner[g] == e.id, f"GPU {g} owner {self.gpu_pool.owner[g]} != engine {e.id}"
             assert e.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
             assert e.n_dec == len(e._heap), "heap size != decoding count"
+            assert e.n_dec + len(e.prefill) <= (self.costs.max_num_seqs or e.n_dec + len(e.prefill)), \
+                f"engine {e.id} runs {e.n_dec + len(e.prefill)} > max_num_seqs {self.costs.max_num_seqs}"
             assert e.mem_fixed >= -1e-6, f"engine {e.id} negative memory"
             assert e.kv_used <= self.costs.kv_capacity_tokens * (1 + 1e-12), f"engine {e.id} KV over capacity"
             held = sum(x.resident for x in e.members.values() if x.phase != Phase.DECODE)

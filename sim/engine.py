@@ -23,9 +23,12 @@ holding KV: its KV is freed, it goes to the front of the wait queue (a tool call
 later re-prefills its whole context; its generated tokens are kept. The context of an execution that
 is not running (in a tool call, or waiting) is a cache, like vLLM's prefix cache of a finished request:
 when the head of the wait queue does not fit, such contexts are evicted, newest first, if that makes
-room (each logged as a preemption, since it will be recomputed). Optional reservation mode admits
-an execution only if its largest context fits beside the others' and never preempts. A context
-larger than the whole engine is a configuration error (SimCluster.admit).
+room (each logged as a preemption, since it will be recomputed). At most `max_num_seqs` executions
+run (prefill queue plus decode batch), as in vLLM's scheduler: the wait queue's head starts only while
+fewer run, so a waiting execution starts when a running one leaves (its segment ends, it is preempted
+or dropped). Optional reservation mode admits an execution only if its largest context fits beside the
+others' and never preempts. A context larger than the whole engine is a configuration error
+(SimCluster.admit).
 
 Costs without a roofline use the linear step a + b n + c K + prefill_s_per_token m; a zero
 prefill_s_per_token makes prefill free (no prefill queue), as in hand-built test scenarios.
@@ -80,6 +83,7 @@ class SimEngine(KvPressure):
         self.epoch = 0  # invalidates stale wakeups
         self._free_prefill = c.roofline is None and c.prefill_s_per_token == 0
         self._budget = c.max_batched_tokens
+        self._max_seqs = c.max_num_seqs if c.max_num_seqs > 0 else _INF
         self._reserve = c.kv_reserve
         self._kv_cap = c.kv_capacity_tokens
         self._full = c.kv_capacity_tokens * _FULL
@@ -291,9 +295,12 @@ class SimEngine(KvPressure):
         self._touch(t)
 
     def _drain_queue(self, t: float) -> None:
-        """Start the prefill of waiting executions in order while their missing context fits (head-of-line)."""
+        """Start the prefill of waiting executions in order while their missing context fits (head-of-line)
+        and fewer than max_num_seqs run."""
         queue = self.queue
         while queue and self.state == "ready":
+            if self.n_dec + len(self.prefill) >= self._max_seqs:
+                break
             ex = queue[0]
             need = ex.ctx - ex.resident
             if self._reserve:

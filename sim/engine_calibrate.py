@@ -3,8 +3,9 @@
 The replay (engine_replay) runs every request of the run through the simulator's own step cost
 (gyre.roofline.EngineRoofline, built by gyre.hardware.engine_roofline from the run's GPU and model
 presets and its tensor-parallel size). The coefficients fitted (gyre.roofline.Coefficients) are the
-bandwidth and compute efficiencies and the fixed step overhead, plus the all-reduce latency when the
-run is tensor parallel (otherwise no step depends on it and it keeps its default); they are fitted to
+efficiencies of weight reads, KV reads and compute and the fixed step overhead, plus the all-reduce
+latency when the run is tensor parallel (otherwise no step depends on it and it keeps its default);
+they are fitted to
 the first `split` of requests by arrival and judged on the rest, next to the uncalibrated model (the
 coefficients' cited defaults). KV capacity is the run's logged block count when it has one, otherwise
 the roofline's (its `gpu_memory_utilization` set to the run's).
@@ -40,7 +41,7 @@ ENGINE_FORMAT = 1
 METRICS = ("e2e_median_rel_err", "e2e_p90_rel_err", "ttft_median_rel_err", "makespan_rel_err")
 
 
-FITTED = ("eff_bw", "eff_flops", "step_overhead_s")
+FITTED = ("eff_bw", "eff_kv", "eff_flops", "step_overhead_s")
 FITTED_TP = FITTED + ("allreduce_s",)  # a tensor-parallel run also fits the all-reduce latency
 APPLIED = FITTED_TP  # what engine.json carries and --engine applies
 
@@ -105,7 +106,7 @@ def fit(run: Run, idx: np.ndarray, start: Coefficients = Coefficients(), max_eva
 
     def f(x: np.ndarray) -> float:
         c = coef_of(x)
-        if c.eff_bw > 1.0 or c.eff_flops > 1.0:  # beyond the data sheet: not physical
+        if c.eff_bw > 1.0 or c.eff_kv > 1.0 or c.eff_flops > 1.0:  # beyond the data sheet: not physical
             return 1e3 + float(np.sum(np.abs(x)))
         return _loss(run.requests, simulate(run, c), idx)
 

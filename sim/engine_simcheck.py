@@ -7,10 +7,10 @@ run's data-parallel replicas of `tensor_parallel` GPUs each. Each request is a o
 (prompt = input tokens, one segment of output tokens) admitted at its arrival to the least-loaded
 replica; engines start at time 0 at no cost. KV capacity is the run's (its logged blocks).
 
-What the fluid engine does not model, so its errors add to the step loop's: `max_num_seqs` (it
-holds every admitted request it has KV for), per-step granularity (rates are held between events),
-and the first-token time (it records when a request starts and finishes, so only end-to-end latency
-and makespan are compared).
+The run's `max_num_seqs` caps each engine's running requests, as in the step loop. What the fluid
+engine does not model, so its errors add to the step loop's: per-step granularity (rates are held
+between events), and the first-token time (it records when a request starts and finishes, so only
+end-to-end latency and makespan are compared).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def sim_engine_replay(run: Run, coef: Coefficients) -> tuple[np.ndarray, np.ndar
     e = run.engine
     tp = e.tensor_parallel
     model, gpu = find_model(run.model), find_gpu(run.gpu)
-    cost = CostConfig(engine=roof.coef, max_batched_tokens=e.max_num_batched_tokens)
+    cost = CostConfig(engine=roof.coef, max_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs)
     costs = replace(derive_costs(model, gpu, cost), engine_gpus=tp,
                     roofline=engine_roofline(model, gpu, tp, roof.coef, e.max_num_batched_tokens),
                     kv_capacity_tokens=args.kv_blocks * args.block_size, engine_wake_s=0.0, sync_s=0.0,

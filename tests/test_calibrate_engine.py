@@ -254,3 +254,22 @@ def test_moe_tensor_and_data_parallel_run(tmp_path):
     assert rep["calibrated"]["e2e_p90_rel_err"] < 1e-9 and rep["calibrated"]["makespan_rel_err"] < 1e-9, rep
     one = replace(run, engine=replace(run.engine, data_parallel=1))
     assert simulate(one, coef).last_token.max() > simulate(run, coef).last_token.max(), "two replicas finish sooner"
+
+
+def test_simulator_engine_follows_the_step_loop_when_max_num_seqs_binds(tmp_path):
+    """40 requests arriving in 2 s through an engine that runs at most 4 (KV far from binding): the simulator's
+    engine queues them as the step loop does, so each request finishes where the step loop says (median
+    within 3%), and a run without the cap would finish the median request much sooner."""
+    from gyre.sim.engine_simcheck import sim_engine_replay
+
+    meta = json.loads(json.dumps(META))
+    meta["engine_kwargs"]["max_num_seqs"] = 4
+    meta["kv_cache"]["num_gpu_blocks"] = 10_000
+    run = read_run(write_run(tmp_path / "capped", n=40, meta=meta))
+    steps = simulate(run, TRUE).last_token
+    start, finish, _ = sim_engine_replay(run, TRUE)
+    assert np.median(np.abs(finish / steps - 1)) < 0.03, np.median(np.abs(finish / steps - 1))
+    meta["engine_kwargs"]["max_num_seqs"] = 256
+    free = read_run(write_run(tmp_path / "free", n=40, meta=meta))
+    _, uncapped, _ = sim_engine_replay(free, TRUE)
+    assert np.median(uncapped) < 0.8 * np.median(finish), (np.median(uncapped), np.median(finish))
