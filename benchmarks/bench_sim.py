@@ -1,7 +1,7 @@
 """Simulator speed: xlong-swe at 1,024 GPUs for 48 steps, plus scaling tables.
 
 Prints wall seconds, CPU seconds, events, events/s and simulated-time / wall-time for the headline run,
-then (a) wall time as the cluster grows from 64 to 4,096 GPUs with executions per GPU held fixed, and
+then (unless --headline-only) (a) wall time as the cluster grows from 64 to 4,096 GPUs with executions per GPU held fixed, and
 (b) wall time for 70K / 700K / 7M tokens per rollout with the turn count held fixed: cost must follow
 executions and events, not tokens. Run: `.venv/bin/python benchmarks/bench_sim.py [--quick]`.
 """
@@ -9,6 +9,7 @@ executions and events, not tokens. Run: `.venv/bin/python benchmarks/bench_sim.p
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from dataclasses import replace
 
@@ -27,7 +28,7 @@ def measure(cfg, policy: str, params: dict | None = None) -> dict:
     execs = sum(1 for rec in r.log if rec[0] == "finish")
     return {
         "policy": policy, "gpus": cfg.cluster.gpus, "steps": cfg.steps, "executions": execs,
-        "wall_s": r.wall_s, "cpu_s": cpu, "events": r.events, "events_per_s": r.events / r.wall_s,
+        "wall_s": r.wall_s, "cpu_s": cpu, "load_avg": os.getloadavg()[0], "events": r.events, "events_per_s": r.events / r.wall_s,
         "events_per_exec": r.events / max(execs, 1), "sim_over_wall": r.makespan_s / r.wall_s,
         "makespan_h": r.makespan_s / 3600, "tokens_generated": int(r.metrics.executions["generated"].sum()),
     }
@@ -38,6 +39,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer steps (for a smoke run)")
     ap.add_argument("--policies", default="colocate,async,elastic")
     ap.add_argument("--skip-headline", action="store_true", help="only the scaling tables")
+    ap.add_argument("--headline-only", action="store_true", help="only the headline run, no scaling tables")
     args = ap.parse_args()
     pd.set_option("display.width", 200)
     base = get_preset("xlong-swe")
@@ -52,6 +54,8 @@ def main() -> None:
     if rows:
         print("\n== xlong-swe, moe-2.4t-a95b, 1,024 H200 ==")
         print(pd.DataFrame(rows).to_string(index=False))
+    if args.headline_only:
+        return
 
     # the 2.4T model needs >= 328 GPUs to train: the cluster-size table uses the 30B-A3B MoE (1-GPU engines)
     print("\n== scaling with cluster size (xlong-swe, moe-30b-a3b, executions per GPU fixed, async eta=2, 4 steps) ==")

@@ -26,6 +26,18 @@ from gyre.handles import Handle, Process
 from gyre.pool import TRAINER, GpuPool
 
 
+class _Park:
+    """The target of a park: a migration to no engine."""
+
+    id = None
+
+    def __repr__(self) -> str:
+        return "PARK"
+
+
+PARK = _Park()
+
+
 class ClusterBase:
     LISTED: tuple[str, ...] = ("starting", "ready")  # engine states engines() reports
     ACCEPTING: tuple[str, ...] = ("ready",)  # engine states admit() accepts
@@ -66,6 +78,9 @@ class ClusterBase:
 
     def live(self) -> list:
         return [x for e in self._engines.values() for x in e.members.values()]
+
+    def parked(self) -> list:
+        return [x for x in self.executions.values() if x.phase == Phase.PARKED]
 
     # ------------------------------------------------------------------ preconditions
     def _check_start(self, gpus: Sequence[int]) -> tuple[int, ...]:
@@ -147,12 +162,14 @@ class ClusterBase:
         del self._engines[eng.id]
 
     def _book_trained(self, groups: Sequence, v: int) -> None:
-        """One "trained" record per execution of the batch, with its staleness against version v."""
+        """One "trained" record per execution of the batch: its staleness against version v (the lag of its
+        oldest token), and the sum over its generated tokens of each one's lag (v - the version that generated
+        it) with their count, from the execution's `vsum` (sum of generating versions) and `generated`."""
         now = self.now
         for g in groups:
             for e in g.executions:
                 fv = e.first_version if e.first_version is not None else v
-                self.log.append(("trained", now, e.id, g.id, v, v - fv))
+                self.log.append(("trained", now, e.id, g.id, v, v - fv, v * e.generated - e.vsum, e.generated))
 
     def _step_done(self, gpus: Sequence[int], tokens: int) -> None:
         """A training step ended: the version advances and its GPUs are free."""
@@ -174,6 +191,31 @@ class ClusterBase:
         if self._at_boundary(ex):
             self._migrate_now(ex)
         return h
+
+    def park(self, execution) -> Handle:
+        """Take a live execution off its engine at its next tool-call boundary (a migration to nowhere)."""
+        ex = self.executions.get(execution.id)
+        if ex is None or ex.engine is None:
+            raise ClusterError(f"park: execution {execution.id} is not live on an engine")
+        if ex.migrate_to is not None:
+            raise ClusterError(f"park: execution {ex.id} already has a migration pending")
+        h = Handle(f"park{ex.id}")
+        ex.migrate_to, ex.migrate_handle = PARK, h
+        if self._at_boundary(ex):
+            self._migrate_now(ex)
+        return h
+
+    def resume(self, execution, engine) -> Handle:
+        """A parked execution joins a ready engine, which re-prefills its context."""
+        ex = self.executions.get(execution.id)
+        dst = self._engines.get(engine.id)
+        if ex is None or ex.phase != Phase.PARKED:
+            raise ClusterError(f"resume: execution {execution.id} is not parked")
+        if dst is None or dst.state != "ready":
+            raise ClusterError(f"resume: engine {engine.id} is not ready")
+        self._log(("resume", self.now, ex.id, dst.id))
+        self._resume_now(ex, dst)
+        return Handle(f"resume{ex.id}").succeed(True)
 
     def timeout(self, seconds: float) -> Handle:
         if seconds < 0 or math.isnan(seconds):
@@ -205,4 +247,9 @@ class ClusterBase:
         raise NotImplementedError
 
     def _migrate_now(self, ex) -> None:
+        """Carry out ex's pending migration (its `migrate_to` may be PARK: it leaves every engine)."""
+        raise NotImplementedError
+
+    def _resume_now(self, ex, engine) -> None:
+        """Place a parked execution on `engine` (its context re-prefilled there)."""
         raise NotImplementedError

@@ -2,7 +2,8 @@
 
 Why exactly this surface: a scheduling policy for agent RL decides (1) which GPUs host inference
 engines and which train, (2) which engine runs each execution, and when to move a live execution
-(only at a tool-call boundary, never interrupting it), and (3) when to train on which finished
+(only at a tool-call boundary, never interrupting it) or park it off every engine and resume it later
+on any engine (partial rollouts: its KV is freed and re-prefilled on resume; nothing is lost), and (3) when to train on which finished
 groups and when engines receive the new weights. Those are the verbs below; each returns a Handle
 that completes later. Observations are the pool's roles, the engines and their load, the live
 executions' observable progress (never their future length), the trainer's version, and the clock.
@@ -37,6 +38,7 @@ class Phase(enum.IntEnum):
     DECODE = 2  # generating a segment
     TOOL = 3  # waiting for a tool call (a tool-call boundary: migratable)
     DONE = 4
+    PARKED = 5  # off every engine (KV freed) until resumed; its tool call, if any, keeps running
 
 
 @runtime_checkable
@@ -106,7 +108,8 @@ class Cluster(Protocol):
     def role(self, gpu: int) -> Role: ...
     def free_gpus(self) -> list[int]: ...  # IDLE and not held by an engine or a training step
     def engines(self) -> list[EngineView]: ...
-    def live(self) -> list[ExecutionView]: ...
+    def live(self) -> list[ExecutionView]: ...  # on an engine
+    def parked(self) -> list[ExecutionView]: ...  # parked, not yet resumed
 
     # --- verbs (each returns a Handle) ---
     def next_group(self) -> Group: ...
@@ -114,6 +117,8 @@ class Cluster(Protocol):
     def stop_engine(self, engine: EngineView) -> Handle: ...  # engine must hold no execution
     def admit(self, execution: ExecutionView, engine: EngineView) -> Handle: ...  # -> finished ExecutionView
     def migrate(self, execution: ExecutionView, engine: EngineView) -> Handle: ...  # -> bool (moved)
+    def park(self, execution: ExecutionView) -> Handle: ...  # -> bool (parked at its next tool-call boundary)
+    def resume(self, execution: ExecutionView, engine: EngineView) -> Handle: ...  # -> True (re-prefills there)
     def train(self, gpus: Sequence[int], groups: Sequence[Group]) -> Handle: ...  # -> new version
     def sync(self, engines: Sequence[EngineView]) -> Handle: ...  # engines serve the latest version
     def timeout(self, seconds: float) -> Handle: ...

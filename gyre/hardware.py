@@ -203,7 +203,26 @@ class Costs:
 def train_attention_ctx(prompt: int, gen, kv, tool_out) -> float:
     """Sum over an execution's trained tokens of the context each attends to (its position in the
     sequence): the prompt (p^2 / 2), then each turn's generated tokens after the turn's context and the
-    tool output after those. Training attention FLOPs = 12 L H d_h x this sum."""
+    tool output after those. Training attention FLOPs = 12 L H d_h x this sum.
+
+    The per-turn terms are summed as numpy sums so few of them, in order: executions of up to 7 turns
+    (a request trace's million single-turn ones among them) take that plain-Python path, longer ones
+    numpy's pairwise sum; both give numpy's bits."""
+    n = len(gen)
+    if n == 1:  # a request: one generated segment, no tool output
+        g = float(gen[0])
+        k = float(kv[0])
+        o = float(tool_out[0]) if tool_out else 0.0
+        return float(0.5 * prompt * prompt + (g * k + 0.5 * g * g + o * (k + g) + 0.5 * o * o))
+    if n <= 7:
+        no = len(tool_out)
+        total = 0.0
+        for i in range(n):
+            g = float(gen[i])
+            k = float(kv[i])
+            o = float(tool_out[i]) if i < no else 0.0
+            total += g * k + 0.5 * g * g + o * (k + g) + 0.5 * o * o
+        return float(0.5 * prompt * prompt + total)
     g = np.asarray(gen, dtype=float)
     k = np.asarray(kv, dtype=float)
     o = np.zeros(len(g))

@@ -8,7 +8,9 @@ Log records are tuples whose first two fields are (kind, time):
   ("finish", t, exec, end, generated_tokens)  end: 0 done, 1 capped (length cap), 2 deadline hit
   ("preempt", t, exec, engine, tokens, gpu_s)  KV full: exec's context freed, to be recomputed (gpu_s)
   ("migrate", t, exec, src, dst)     ("sync", t, engine, version)
-  ("trained", t, exec, group, version, staleness)
+  ("park", t, exec, engine)          ("resume", t, exec, engine)  off every engine (KV freed) / back on one
+  ("trained", t, exec, group, version, staleness, lag_tokens, tokens)  staleness: lag of its oldest token;
+                                     lag_tokens: sum over its `tokens` generated tokens of (version - generating version)
   ("step", t, version, gpus, tokens) ("note", t, kind, fields)
 """
 
@@ -42,6 +44,13 @@ class RunMetrics:
     roofline_gpu_s: float | None = None  # GPU-seconds of the work at hardware peak (simulator: gyre.roofline)
     extra: dict[str, float] = field(default_factory=dict)
 
+    def token_lag(self) -> dict[str, float]:
+        """Max and token-weighted mean version lag of the trained tokens (the max is the oldest token's)."""
+        st = self.staleness
+        tokens = float(st["tokens"].sum()) if len(st) else 0.0
+        return {"lag_max": int(st["staleness"].max()) if len(st) else 0,
+                "lag_mean": float(st["lag_tokens"].sum()) / tokens if tokens else 0.0}
+
     def summary(self) -> dict[str, float | str]:
         total = self.n_gpus * self.makespan_s or 1.0
         busy = self.gpu_seconds["rollout_busy"] + self.gpu_seconds["train"]
@@ -56,6 +65,7 @@ class RunMetrics:
             **{f"gpu_h_{k}": v / 3600 for k, v in self.gpu_seconds.items()},
             "staleness_mean": float(st.mean()),
             "staleness_max": int(st.max()),
+            **self.token_lag(),
             "tokens_generated": int(self.executions["generated"].sum()) if len(self.executions) else 0,
             "tokens_trained": int(self.steps["tokens"].sum()) if len(self.steps) else 0,
             "capped": int((self.executions["end"] == 1).sum()) if len(self.executions) else 0,
@@ -163,7 +173,7 @@ def compute_metrics(log: list[tuple], *, n_gpus: int, policy: str) -> RunMetrics
         "switching": float(secs[3]),
         "idle": float(secs[0]),
     }
-    staleness = _frame(kinds.get("trained", []), 2, ["exec", "group", "version", "staleness"])
+    staleness = _frame(kinds.get("trained", []), 2, ["exec", "group", "version", "staleness", "lag_tokens", "tokens"])
     executions = _frame(kinds.get("finish", []), 1, ["end_s", "exec", "end", "generated"])
     executions = executions[["exec", "end_s", "end", "generated"]]
     start = _frame(kinds.get("start", []), 1, ["t", "exec"])

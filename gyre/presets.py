@@ -42,6 +42,13 @@ derived from xlong-swe by the paper's statements and public constants, nothing t
 - cluster 1,024 H200s, 32 x 8 rollouts per step, tool latency, branching, difficulty and the 4 h
   deadline: as xlong-swe.
 
+xlong-swe-epochs (xlong-swe with recurring tasks, gyre.workload): the 48 steps x 32 groups draw from a
+set of 384 tasks, so the run visits every task 4 times (4 epochs of 12 steps). A task keeps its prompt,
+and its log-difficulty has correlation 0.9 between consecutive epochs: an assumption standing for
+RhymeRL's observation (arXiv 2508.18588) that a prompt's rollouts are highly similar across adjacent
+epochs; no public trace of agentic RL gives the figure. Everything else is xlong-swe's, including the
+within-group spread of turns (p99/median 10), which no history can predict.
+
 short-math (single-turn math reasoning RL, e.g. DAPO/GSM8K-style): one segment of median 3,000
 generated tokens, p99/median 3, capped at 8,192 (point mass at the cap); 128 tasks x 8 per step.
 """
@@ -202,8 +209,18 @@ def xlong_swe_kv() -> WorkloadConfig:
     )
 
 
+EPOCHS_TASKS = 384  # xlong-swe-epochs: 48 steps x 32 groups visit each task 4 times
+EPOCHS_CORR = 0.9  # a task's log-difficulty correlation between consecutive epochs (assumed; module docstring)
+
+
+def xlong_swe_epochs() -> WorkloadConfig:
+    from dataclasses import replace
+
+    return replace(xlong_swe(), name="xlong-swe-epochs", task_set=EPOCHS_TASKS, task_epoch_corr=EPOCHS_CORR)
+
+
 WORKLOADS: dict[str, Callable[[], WorkloadConfig]] = {"xlong-swe": xlong_swe, "xlong-swe-kv": xlong_swe_kv,
-                                                      "short-math": short_math}
+                                                      "xlong-swe-epochs": xlong_swe_epochs, "short-math": short_math}
 
 
 def _run(name: str, workload: WorkloadConfig, model: str, gpus: int, steps: int) -> RunConfig:
@@ -239,6 +256,11 @@ def preset_xlong_swe_kv() -> RunConfig:
     return replace(cfg, cluster=replace(cfg.cluster, cost=cost))
 
 
+def preset_xlong_swe_epochs() -> RunConfig:
+    """xlong-swe (2.4T MoE, 1,024 H200s, 48 steps) on 384 recurring tasks: 4 epochs, history to learn from."""
+    return _run("xlong-swe-epochs", xlong_swe_epochs(), "moe-2.4t-a95b", 1024, 48)
+
+
 def preset_short_math() -> RunConfig:
     return _run("short-math", short_math(), "dense-7b", 64, 8)
 
@@ -247,6 +269,7 @@ PRESETS: dict[str, Callable[[], RunConfig]] = {
     "xlong-swe": preset_xlong_swe,
     "xlong-swe-small": preset_xlong_swe_small,
     "xlong-swe-kv": preset_xlong_swe_kv,
+    "xlong-swe-epochs": preset_xlong_swe_epochs,
     "short-math": preset_short_math,
 }
 DEFAULT_PRESET = "xlong-swe-small"

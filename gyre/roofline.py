@@ -191,25 +191,22 @@ class EngineRoofline:
 
     def step_and_ideal(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
         """(step_time, the part of it the hardware peak needs: both kernel classes' max(bytes / BW,
-        FLOPs / peak) at 100% efficiency, without overheads or all-reduces). One pass; the simulator
-        calls it once per event."""
-        tokens = n + m
-        if tokens <= 0:
-            return 0.0, 0.0
-        w = self._dense + self.routed_bytes * (1.0 - self._miss ** tokens) if self.routed_bytes else self._dense
-        if m > 0:
-            sampled = n + 1
-            kv = self.kv_bytes_per_token * (ctx + p)
-            fa = self._attn * (ctx + m * p + 0.5 * m * m)
-        else:
-            sampled = n
-            kv = self.kv_bytes_per_token * ctx
-            fa = self._attn * ctx
-        fl = self._2p * tokens + self._2h * sampled
-        lb, lf, ab, af = w / self._bw, fl / self._pk, kv / self._bk, fa / self._pk
-        t = (lb if lb > lf else lf) + (ab if ab > af else af) + self._fixed + self._comm * tokens
-        lb, lf, ab, af = w / self._bw1, fl / self._pk1, kv / self._bw1, fa / self._pk1
-        return t, (lb if lb > lf else lf) + (ab if ab > af else af)
+        FLOPs / peak) at 100% efficiency, without overheads or all-reduces)."""
+        return self.stepper()(n, ctx, m, p)
+
+    def stepper(self):
+        """step_and_ideal as a plain function of (n, ctx, m=0, p=0) with this engine's constants bound in:
+        the simulator calls it once per event. Built once per roofline and kept out of pickles."""
+        f = self.__dict__.get("_stepper")
+        if f is None:
+            f = _make_stepper(self)
+            object.__setattr__(self, "_stepper", f)
+        return f
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_stepper", None)  # a closure: rebuilt on first use
+        return state
 
     def ideal_share(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> float:
         """The share of a step's time the hardware peak needs (see step_and_ideal): its roofline utilization."""
@@ -269,3 +266,31 @@ class EngineRoofline:
     def attn_flops_per_ctx(self) -> float:
         """4 L H d_h: attention FLOPs of one token per token of context."""
         return self._attn
+
+
+def _make_stepper(r: EngineRoofline):
+    """The one step formula (see the module docstring), closed over r's per-step constants."""
+    dense, routed, miss, kvb, attn = r._dense, r.routed_bytes, r._miss, r.kv_bytes_per_token, r._attn
+    two_p, two_h, bw, bk, pk, bw1, pk1 = r._2p, r._2h, r._bw, r._bk, r._pk, r._bw1, r._pk1
+    fixed, comm = r._fixed, r._comm
+
+    def step_and_ideal(n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
+        tokens = n + m
+        if tokens <= 0:
+            return 0.0, 0.0
+        w = dense + routed * (1.0 - miss ** tokens) if routed else dense
+        if m > 0:
+            sampled = n + 1
+            kv = kvb * (ctx + p)
+            fa = attn * (ctx + m * p + 0.5 * m * m)
+        else:
+            sampled = n
+            kv = kvb * ctx
+            fa = attn * ctx
+        fl = two_p * tokens + two_h * sampled
+        lb, lf, ab, af = w / bw, fl / pk, kv / bk, fa / pk
+        t = (lb if lb > lf else lf) + (ab if ab > af else af) + fixed + comm * tokens
+        lb, lf, ab, af = w / bw1, fl / pk1, kv / bw1, fa / pk1
+        return t, (lb if lb > lf else lf) + (ab if ab > af else af)
+
+    return step_and_ideal

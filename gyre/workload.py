@@ -14,7 +14,19 @@ KV footprint (context tokens resident on the engine) at the start of each segmen
 
 Simplifications: per-turn quantities are independent draws (lognormal bodies, a slow-tool mixture
 for latency); a task's difficulty scales the number of turns of every execution in its group; drift
-multiplies the turn count by (1 + drift_per_step) ** step. The turn count has a point mass at
+multiplies the turn count by (1 + drift_per_step) ** step.
+
+Recurring tasks (`task_set` > 0): groups are drawn from a finite set of tasks that the run visits in
+epochs, each epoch once per task in a fresh random order (group g is in epoch g // task_set). A task
+keeps its prompt, and its log-difficulty follows a stationary AR(1) over epochs: z_0 ~ N(0, 1),
+z_k = rho z_(k-1) + sqrt(1 - rho^2) e_k, difficulty = exp(sigma_d z_k), so every epoch has the same
+spread of difficulty as fresh tasks (`difficulty_p99_ratio`) and consecutive epochs of one task have
+log-difficulty correlation rho = `task_epoch_corr`. That a prompt's rollouts look alike from one epoch
+to the next is the observation RhymeRL (arXiv 2508.18588, "rollout responses exhibit remarkable
+similarity across adjacent training epochs") builds HistoPipe on; the value of rho a preset uses is its
+own assumption (see gyre.presets). The executions of a group still draw their turns independently
+around the task's difficulty, so history predicts a group's scale, never its exact lengths. With
+`task_set` = 0 every group is a fresh task (task id = group id), as without this option. The turn count has a point mass at
 `max_turns` (the length cap), and a turn's generation can be capped at `max_gen_tokens`: an execution
 whose turn draw exceeds the turn cap, or whose last turn's generation exceeds the token cap, ends
 capped (truncated, with partial credit).
@@ -66,6 +78,8 @@ class WorkloadConfig:
     difficulty_p99_ratio: float = 1.0  # spread of per-task difficulty
     drift_per_step: float = 0.0
     deadline_s: float = math.inf  # wall-clock budget per execution from its start
+    task_set: int = 0  # recurring tasks: size of the task set the groups cycle through (0: every group a fresh task)
+    task_epoch_corr: float = 0.0  # correlation of a task's log-difficulty between consecutive epochs
 
     def __post_init__(self) -> None:
         for name in ("groups_per_step", "group_size", "max_turns", "context_window"):
@@ -73,6 +87,10 @@ class WorkloadConfig:
                 raise ValueError(f"workload.{name} must be >= 1, got {getattr(self, name)}")
         if self.summary_tokens >= self.context_window:
             raise ValueError("workload.summary_tokens must be below workload.context_window")
+        if self.task_set < 0:
+            raise ValueError(f"workload.task_set must be >= 0, got {self.task_set}")
+        if not -1.0 <= self.task_epoch_corr <= 1.0:
+            raise ValueError(f"workload.task_epoch_corr must be in [-1, 1], got {self.task_epoch_corr}")
 
 
 @dataclass(kw_only=True)
@@ -152,6 +170,33 @@ def _kv_footprint(prompt: int, gen: np.ndarray, tool_out: np.ndarray, events: np
     return kv.tolist(), branches
 
 
+_TASK_STREAM, _ORDER_STREAM = 1_000_003, 1_000_033  # seed-sequence keys of the task streams (apart from group ids)
+
+
+def task_of(w: WorkloadConfig, group_id: int, seed: int) -> tuple[int, int]:
+    """(task id, epoch) of a group: fresh tasks without a task set, else the epoch's shuffled task order."""
+    if not w.task_set:
+        return group_id, 0
+    epoch, i = divmod(group_id, w.task_set)
+    order = np.random.default_rng([seed, _ORDER_STREAM, epoch]).permutation(w.task_set)
+    return int(order[i]), epoch
+
+
+def task_difficulty(w: WorkloadConfig, task: int, epoch: int, seed: int) -> float:
+    """A recurring task's difficulty in an epoch (the stationary AR(1) of the module docstring)."""
+    e = np.random.default_rng([seed, _TASK_STREAM, task]).standard_normal(epoch + 1)
+    rho = w.task_epoch_corr
+    z = float(e[0])
+    for k in range(1, epoch + 1):
+        z = rho * z + math.sqrt(1.0 - rho * rho) * float(e[k])
+    return math.exp(LogNormal(median=1.0, p99_ratio=w.difficulty_p99_ratio).sigma * z)
+
+
+def task_prompt(w: WorkloadConfig, task: int, seed: int) -> int:
+    """A recurring task's prompt length (the same in every epoch)."""
+    return int(max(1, w.prompt_tokens.sample(np.random.default_rng([seed, _TASK_STREAM, task, 1]), 1)[0]))
+
+
 def sample_group(w: WorkloadConfig, group_id: int, step: int, seed: int) -> GroupSpec:
     """One GRPO group. Deterministic in (seed, group_id): every policy sees the same workload.
 
@@ -160,8 +205,12 @@ def sample_group(w: WorkloadConfig, group_id: int, step: int, seed: int) -> Grou
     rng = np.random.default_rng([seed, group_id])
     g = w.group_size
     difficulty = LogNormal(median=1.0, p99_ratio=w.difficulty_p99_ratio).sample(rng, 1)[0]
-    scale = difficulty * (1.0 + w.drift_per_step) ** step
     prompt = int(max(1, w.prompt_tokens.sample(rng, 1)[0]))  # one task, one prompt
+    task, epoch = task_of(w, group_id, seed)
+    if w.task_set:  # a recurring task: its own difficulty and prompt (the draws above keep the stream aligned)
+        difficulty = task_difficulty(w, task, epoch, seed)
+        prompt = task_prompt(w, task, seed)
+    scale = difficulty * (1.0 + w.drift_per_step) ** step
     turns_f = w.turns.sample(rng, g, scale)
     n_drawn = np.maximum(np.rint(turns_f), 1)
     # the draw wanted more turns than the cap allows (a single-turn task has one turn by its shape: no cap)
@@ -189,7 +238,7 @@ def sample_group(w: WorkloadConfig, group_id: int, step: int, seed: int) -> Grou
             ExecutionSpec(
                 exec_id=group_id * g + k,
                 group_id=group_id,
-                task_id=group_id,
+                task_id=task,
                 step=step,
                 prompt=prompt,
                 gen=gen[a:b].tolist(),
@@ -201,7 +250,7 @@ def sample_group(w: WorkloadConfig, group_id: int, step: int, seed: int) -> Grou
                 deadline_s=w.deadline_s,
             )
         )
-    return GroupSpec(group_id=group_id, task_id=group_id, step=step, executions=execs)
+    return GroupSpec(group_id=group_id, task_id=task, step=step, executions=execs)
 
 
 class WorkloadSource:

@@ -14,16 +14,18 @@ from dataclasses import dataclass
 
 from gyre.cluster import Cluster, ClusterError
 from gyre.handles import all_of, any_of
+from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, engine_slots, spread
 from gyre.policies.tuning import Search, refine_axis
 
 
 @dataclass(frozen=True, kw_only=True)
-class AsyncConfig:
+class AsyncConfig(ForesightParams):
     rollout_gpus: int | None = None  # R; None: every GPU the trainer does not need
     eta: int = 1  # staleness bound
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.eta < 0:
             raise ValueError(f"async: eta must be >= 0, got {self.eta}")
 
@@ -65,7 +67,8 @@ class AsyncSplit:
         r = self.split(cluster)
         engines = yield all_of([cluster.start_engine(s) for s in engine_slots(range(r), cluster.gpus_per_engine)])
         trainer = list(range(r, cluster.n_gpus))
-        batcher = Batcher(cluster, steps, self.eta)
+        order = OrderedAdmission(cluster, steps, self.config)
+        batcher = Batcher(cluster, steps, self.eta, order)
 
         def produce():
             while batcher.n_admitted < steps * batcher.gps:
@@ -88,3 +91,4 @@ class AsyncSplit:
             batcher.changed.fire()
         if not producer.done:
             yield any_of([producer])
+        order.report()

@@ -76,10 +76,12 @@ class Signal:
 class Batcher:
     """Tracks groups from admission to training under the staleness bound eta."""
 
-    def __init__(self, cluster: Cluster, steps: int, eta: int) -> None:
+    def __init__(self, cluster: Cluster, steps: int, eta: int, order=None) -> None:
+        """`order` (policies.admission.OrderedAdmission), if given, chooses which group is admitted next."""
         if eta < 0:
             raise ValueError(f"eta must be >= 0, got {eta}")
         self.cluster = cluster
+        self.order = order
         self.steps = steps
         self.eta = eta
         self.gps = cluster.groups_per_step
@@ -107,13 +109,16 @@ class Batcher:
 
     def admit_group(self, version: int) -> Group:
         """Take the next group; the caller admits its executions and calls `watch`."""
-        g = self.cluster.next_group()
+        g = self.order.next_group() if self.order is not None else self.cluster.next_group()
         self.admitted.append((version, g))
         self.n_admitted += 1
         return g
 
     def watch(self, group: Group, handles: Sequence[Handle]) -> None:
         from gyre.handles import all_of
+
+        if self.order is not None:
+            self.order.watch(group, handles)
 
         def done(_h: Handle) -> None:
             self.finished.append(group.id)

@@ -40,16 +40,18 @@ from dataclasses import dataclass
 
 from gyre.cluster import ClusterError, Cluster, EngineView, Phase
 from gyre.handles import Handle, all_of, any_of
+from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, least_loaded
 from gyre.policies.elastic_plan import DrainPlan, plan_drain
 
 
 @dataclass(frozen=True, kw_only=True)
-class ElasticConfig:
+class ElasticConfig(ForesightParams):
     eta: int = 1  # staleness bound
     kv_fill: float = 0.5  # fraction of KV capacity the staying engines may be filled to by a drain
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.eta < 0:
             raise ValueError(f"elastic: eta must be >= 0, got {self.eta}")
         if not 0 < self.kv_fill <= 1:
@@ -84,7 +86,8 @@ class Elastic:
         self.load = Signal()  # an execution finished, or the pool changed
         self.training = False
         self.train_target = self._ceil()
-        self.batcher = batcher = Batcher(cluster, steps, self.eta)
+        order = OrderedAdmission(cluster, steps, self.config)
+        self.batcher = batcher = Batcher(cluster, steps, self.eta, order)
         yield from self._grow()
         producer = cluster.spawn(self._produce(steps), "elastic-producer")
         idle_since = cluster.now  # when the trainer last became free
@@ -111,6 +114,7 @@ class Elastic:
             batcher.changed.fire()
         if not producer.done:
             yield any_of([producer])
+        order.report()
 
     def _produce(self, steps: int):
         """Admit groups while the staleness bound allows, each execution to the least-loaded engine."""

@@ -86,6 +86,7 @@ class RealExecution:
         self.finished_at: float | None = None
         self.truncated = False
         self.generated = 0
+        self.vsum = 0  # sum over generated tokens of their generating version
         self.reward: float | None = None
         self.inflight = None  # the pending request (Generate or Tool), re-issued after a fault
         self._sub = None
@@ -124,6 +125,7 @@ class RealExecution:
         if not tokens:
             raise RuntimeError(f"execution {self.id}: engine returned an empty segment")
         self.generated += len(tokens)
+        self.vsum += len(tokens) * version  # per-token lag: the version that generated each token
         self.segs[-1]["gen"] = len(tokens)
         if self.first_version is None or version < self.first_version:
             self.first_version = version

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import ray
 
+from gyre.backend import PARK
 from gyre.cluster import ClusterError, Phase
 from gyre.real.agent import Done, RealExecution, Tool
 from gyre.real.engine_view import RealEngine
@@ -37,6 +38,9 @@ class ExecutionFlow:
             self._issue(ex, action)
 
     def _issue(self, ex: RealExecution, action) -> None:
+        if ex.phase == Phase.PARKED:  # its tool returned while parked: the next request waits for resume
+            ex.pending = action
+            return
         ex.req = getattr(ex, "req", 0) + 1
         req, eng = ex.req, ex.engine
         ex.inflight = action
@@ -53,6 +57,9 @@ class ExecutionFlow:
             return
         if ex.migrate_to is not None:  # between segments: a boundary
             self._do_migrate(ex)
+            if ex.phase == Phase.PARKED:
+                ex.pending = action
+                return
             eng = ex.engine
         if not eng.ready:  # its engine is restarting: re-issued when it is back
             ex.phase = Phase.PREFILL
@@ -126,9 +133,41 @@ class ExecutionFlow:
     def _do_migrate(self, ex: RealExecution) -> None:
         dst, h = ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
-        self._move(ex, dst)
-        self._drain_queue(dst)
+        if dst is PARK:
+            self._park(ex)
+        else:
+            self._move(ex, dst)
+            self._drain_queue(dst)
         self._deferred.append((h, True))
+
+    def _park(self, ex: RealExecution) -> None:
+        """Off its engine at a boundary: a waiting execution leaves the queue, a started one's KV is released."""
+        src = ex.engine
+        del src.members[ex.id]
+        ex.engine = None
+        if ex.phase == Phase.QUEUED:
+            src.queue.remove(ex)
+        elif src.ready:
+            self._background.append(src.actor.release.remote(str(ex.id)))
+        ex.parked_phase, ex.phase = ex.phase, Phase.PARKED
+        self._log(("park", self.now, ex.id, src.id))
+        self._busy(src)
+        self._drain_queue(src)
+
+    def _resume_now(self, ex: RealExecution, dst: RealEngine) -> None:
+        """Back on an engine: a waiting one queues there; a started one re-prefills with its next request."""
+        ex.engine = dst
+        dst.members[ex.id] = ex
+        ex.phase = ex.parked_phase
+        if ex.phase == Phase.QUEUED:
+            dst.queue.append(ex)
+            self._drain_queue(dst)
+            return
+        ex.migrated_at = self.now
+        pending, ex.pending = getattr(ex, "pending", None), None
+        if pending is not None:
+            self._issue(ex, pending)
+        self._busy(dst)
 
     def _on_engine_dead(self, eng: RealEngine, actor) -> None:
         if eng.actor is not actor or eng.state != "ready":

@@ -24,7 +24,7 @@ from gyre.config import ConfigError
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process, done_handle
 from gyre.hardware import Costs, group_train_attention_ctx
-from gyre.backend import ClusterBase
+from gyre.backend import PARK, ClusterBase
 from gyre.pool import TRAINER
 from gyre.sim.engine import SimEngine
 from gyre.sim.execution import SimExecution, SimGroup
@@ -40,6 +40,7 @@ class SimCluster(ClusterBase):
         self.init_books(n_gpus)
         self._q: list[tuple[float, int, Callable, Any]] = []
         self._seq = itertools.count()
+        self.fine_queue = (self._q, self._seq)  # what SimEngine pushes its wakeups onto, as schedule() does
         self._dirty: list[SimEngine] = []  # engines whose next wakeup must be re-planned (SimEngine._touch)
         self.trained_groups: list[int] = []  # group ids in the order they were trained
         self.events = 0
@@ -125,6 +126,12 @@ class SimCluster(ClusterBase):
         ex.migrate_to = ex.migrate_handle = None
         kv = ex.resident
         src.remove(ex)
+        if dst is PARK:  # off every engine, KV freed; a running tool call keeps its return time (ready_at)
+            ex.phase = Phase.PARKED
+            ex.resident = 0
+            self._log(("park", t, ex.id, src.id))
+            self._deferred.append((h, True))
+            return
         transfer = self.costs.migration == "kv_transfer" and kv > 0
         if transfer:  # the KV travels (its context arrives resident if it fits the destination)
             ex.resident = kv
@@ -132,6 +139,12 @@ class SimCluster(ClusterBase):
         dst.add_migrated(ex, t, transfer)
         self._log(("migrate", t, ex.id, src.id, dst.id))
         self._deferred.append((h, True))
+
+    def _resume_now(self, ex: SimExecution, engine: SimEngine) -> None:
+        t = self.now
+        if ex.ready_at is not None and ex.ready_at <= t:  # its tool call returned while parked: it waits to run
+            ex.ready_at = None
+        engine.add_migrated(ex, t, False)
 
     def _switch_in_s(self, gpus: Sequence[int], to: str) -> float:
         c = self.costs
@@ -266,33 +279,42 @@ class SimCluster(ClusterBase):
         pop = heapq.heappop
         inf = math.inf
         last_version = -1
+        events, check = 0, self.check
+        plain = not check and progress is None  # nothing to do between two fine events but run them
         ended: list[bool] = []
         proc.on_done(lambda _h: ended.append(True))
         self._drain()
         self._flush()
-        while not ended:
-            tq = q[0][0] if q else inf
-            ts = simq[0][0] if simq else inf
-            if tq <= ts:
-                if tq == inf:
+        try:
+            while not ended:
+                ts = simq[0][0] if simq else inf
+                if q and q[0][0] <= ts:
+                    # fine events, in time order, while no coarse event is due and none leaves work behind
+                    while True:
+                        t, _, fn, arg = pop(q)
+                        env._now = t
+                        fn(t, arg)
+                        events += 1
+                        if not plain or self._deferred or self._dirty or not q or (simq and q[0][0] > simq[0][0]):
+                            break
+                elif ts == inf:
                     if proc.error is not None:  # the policy failed: its error, not the deadlock it left
                         raise proc.error
                     raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
-                t, _, fn, arg = pop(q)
-                env._now = t
-                fn(t, arg)
-            else:
-                env.step()
-            self.events += 1
-            if self._deferred:
-                self._drain()
-            if self._dirty:
-                self._flush()
-            if self.check:
-                self.check_invariants()
-            if progress is not None and self._version != last_version:
-                last_version = self._version
-                progress(self._version, self.now)
+                else:
+                    env.step()
+                    events += 1
+                if self._deferred:
+                    self._drain()
+                if self._dirty:
+                    self._flush()
+                if check:
+                    self.check_invariants()
+                if progress is not None and self._version != last_version:
+                    last_version = self._version
+                    progress(self._version, self.now)
+        finally:
+            self.events += events
         if proc.error is not None:
             raise proc.error
         return proc

@@ -39,6 +39,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 from gyre.cluster import Phase
@@ -55,6 +56,15 @@ _TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Pha
 
 
 class SimEngine(KvPressure):
+    # slots: the wakeup reads and writes a few dozen attributes per event, and an instance dict of this many
+    # keys would fall off CPython's fast attribute path
+    __slots__ = (
+        "cluster", "id", "gpus", "_version", "costs", "state", "members", "queue", "_heap", "_ready", "prefill",
+        "pf_pending", "pf_resident", "_pf_due", "_adm", "V", "t_last", "rate", "pf_rate", "n_dec", "kv_dec_base",
+        "mem_fixed", "reserved", "paused", "epoch", "_free_prefill", "_budget", "_max_seqs", "_reserve", "_kv_cap",
+        "_full", "_wake_q", "_wake_seq", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq", "_dirty",
+    )
+
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
         self.cluster = cluster
         self.id = engine_id
@@ -81,20 +91,21 @@ class SimEngine(KvPressure):
         self.reserved = 0.0  # reservation mode: sum of the members' largest contexts
         self.paused = False
         self.epoch = 0  # invalidates stale wakeups
+        self._dirty = False  # a re-plan of the next wakeup is pending (_touch)
         self._free_prefill = c.roofline is None and c.prefill_s_per_token == 0
         self._budget = c.max_batched_tokens
         self._max_seqs = c.max_num_seqs if c.max_num_seqs > 0 else _INF
         self._reserve = c.kv_reserve
         self._kv_cap = c.kv_capacity_tokens
         self._full = c.kv_capacity_tokens * _FULL
-        self._schedule = cluster.schedule  # the backend's fine-event queue
+        self._wake_q, self._wake_seq = cluster.fine_queue  # SimCluster.schedule's heap and tie-breaker
         self._fire = self.fire
         self._log = cluster.log.append
         self.kv_peak = 0.0
         self.roof_s = 0.0  # integral of the roofline utilization (ideal / actual step time) over busy time
         self._roof = 0.0  # that share in the current plan
         # (step time, its ideal part at hardware peak) of a step: the roofline's, or the linear form's (no ideal)
-        self._step2 = c.roofline.step_and_ideal if c.roofline is not None else (
+        self._step2 = c.roofline.stepper() if c.roofline is not None else (
             lambda n, k, m=0.0, p=0.0: (c.step_time(n, k, m, p), 0.0))
         self._seq = itertools.count()
 
@@ -156,20 +167,23 @@ class SimEngine(KvPressure):
         used = self.mem_fixed + dec
         if used > self.kv_peak:
             self.kv_peak = used
-        pend = self.pf_pending if self.prefill else 0.0  # an empty queue's float residue is 0
+        pf = self.prefill
+        pend = self.pf_pending if pf else 0.0  # an empty queue's float residue is 0
         if self.paused or (n == 0 and pend <= 0.0):
             self.rate = self.pf_rate = self._roof = 0.0
             self._pf_due = _INF
         else:
             tl = self.t_last
-            if pend > 0.0 and n < self._budget and self.prefill:
-                m = self._budget - n
+            budget = self._budget
+            if pend > 0.0 and n < budget:
+                m = budget - n
                 if pend < m:
                     m = pend
-                head = self.prefill[0]
-                step, ideal = self._step2(n, dec, m, head.resident - head.pf_left)
+                head = pf[0]
+                left = head.pf_left
+                step, ideal = self._step2(n, dec, m, head.resident - left)
                 self.pf_rate = m / step
-                t_pf = self._pf_due = tl + head.pf_left * step / m
+                t_pf = self._pf_due = tl + left * step / m
                 if t_pf < wake:
                     wake = t_pf
             else:
@@ -189,8 +203,8 @@ class SimEngine(KvPressure):
                         wake = t_full if t_full > tl else tl
             else:
                 self.rate = 0.0
-        if wake < _INF:
-            self._schedule(wake, self._fire, ep)
+        if wake < _INF:  # SimCluster.schedule(wake, self.fire, ep), inlined: this runs once per event
+            heappush(self._wake_q, (wake, next(self._wake_seq), self._fire, ep))
 
     def _touch(self, t: float) -> None:
         """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup, once,
@@ -199,8 +213,6 @@ class SimEngine(KvPressure):
         if not self._dirty:
             self._dirty = True
             self.cluster.replan(self)
-
-    _dirty = False
 
     def fire(self, t: float, epoch: int) -> None:
         """Wakeup: segments that end leave the batch, tool calls return, prefills finish, a full KV preempts."""
@@ -230,12 +242,13 @@ class SimEngine(KvPressure):
                 self.n_dec -= 1
                 self.kv_dec_base -= ex.ctx - ex.v_start
                 seg = ex.seg
-                if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done:
+                if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done or ex.seg_cred:
                     self._segment_end(ex, t)
                     continue
                 # a tool-call boundary, the common case (as _segment_end, kept inline)
                 gen = ex.gen[seg]
                 ex.generated += gen
+                ex.vsum += gen * self._version
                 ctx = ex.kv[seg] + gen
                 ex.phase = _TOOL
                 nxt = ex.kv[seg + 1]
@@ -298,16 +311,20 @@ class SimEngine(KvPressure):
         """Start the prefill of waiting executions in order while their missing context fits (head-of-line)
         and fewer than max_num_seqs run."""
         queue = self.queue
-        while queue and self.state == "ready":
+        if not queue or self.state != "ready":
+            return
+        reserve = self._reserve
+        while queue:
             if self.n_dec + len(self.prefill) >= self._max_seqs:
                 break
             ex = queue[0]
             need = ex.ctx - ex.resident
-            if self._reserve:
+            if reserve:
                 if not ex.reserved and self.reserved + ex.max_ctx > self._full:
                     break
             else:
-                over = self._used() + need + self.n_dec + 1 - self._full  # leaves a step of headroom
+                n = self.n_dec  # over = _used() + need + n + 1 - full, leaving a step of headroom
+                over = self.mem_fixed + self.kv_dec_base + n * self.V + need + n + 1 - self._full
                 if over > 0:
                     # the KV of executions that are not running (tool calls, waiting) is a cache: evict it,
                     # newest first, if that makes room; otherwise wait for the running ones to free theirs
@@ -315,7 +332,7 @@ class SimEngine(KvPressure):
                         break
                     self._evict_idle(over, ex, t)
             queue.popleft()
-            if self._reserve and not ex.reserved:
+            if reserve and not ex.reserved:
                 ex.reserved = ex.max_ctx
                 self.reserved += ex.max_ctx
             if ex.started_at is None:
@@ -352,13 +369,15 @@ class SimEngine(KvPressure):
             self._log(("busy", t, self.id, 1))
         self.n_dec += 1
         self.kv_dec_base += ex.ctx - V
-        heapq.heappush(self._heap, (target, next(self._seq), ex))
+        heappush(self._heap, (target, next(self._seq), ex))
 
     def _segment_end(self, ex: SimExecution, t: float) -> None:
         """A decoded segment ends (ex already left the batch): finish, or start its tool call."""
         seg = ex.seg
         gen = ex.gen[seg]
         ex.generated += gen
+        ex.vsum += (gen - ex.seg_cred) * self._version  # the segment's tokens not yet counted, at this version
+        ex.seg_cred = 0.0
         ex.seg_done = 0
         ctx = ex.kv[seg] + gen  # the context after the segment
         ex.phase = _TOOL
@@ -442,6 +461,10 @@ class SimEngine(KvPressure):
 
     def resume(self, t: float, version: int) -> None:
         self._advance(t)
+        for _, _, ex in self._heap:  # tokens decoded so far in the current segment were the old version's
+            done = ex.seg_done + self.V - ex.v_start
+            ex.vsum += (done - ex.seg_cred) * self._version
+            ex.seg_cred = done
         self.paused = False
         self._version = version
         self._reschedule()

@@ -6,6 +6,8 @@ which knows the future, stays private to the backend.
 
 from __future__ import annotations
 
+from operator import add
+
 from gyre.cluster import Phase
 from gyre.handles import Handle
 from gyre.workload import ExecutionSpec, GroupSpec
@@ -16,7 +18,7 @@ class SimExecution:
         "id", "group_id", "task_id", "spec", "engine", "phase", "seg", "first_version", "started_at",
         "deadline_at", "handle", "v_start", "ctx", "seg_done", "resident", "pf_left", "adm", "reserved",
         "max_ctx", "migrate_to", "migrate_handle", "finished_at", "truncated", "end", "generated", "gen", "kv",
-        "tool_s", "tool_out", "last", "ready_at",
+        "tool_s", "tool_out", "last", "ready_at", "vsum", "seg_cred",
     )
 
     def __init__(self, spec: ExecutionSpec) -> None:
@@ -38,7 +40,7 @@ class SimExecution:
         self.pf_left = 0.0  # tokens still to prefill (in the engine's prefill queue)
         self.adm = -1  # admission sequence number on its engine (preemption picks the largest)
         self.reserved = 0  # KV reserved on its engine (reservation mode)
-        self.max_ctx = max(k + g for k, g in zip(spec.kv, spec.gen))  # its largest context
+        self.max_ctx = max(map(add, spec.kv, spec.gen))  # its largest context
         self.migrate_to = None
         self.migrate_handle: Handle | None = None
         self.finished_at: float | None = None
@@ -49,6 +51,8 @@ class SimExecution:
         self.gen, self.kv, self.tool_s, self.tool_out = spec.gen, spec.kv, spec.tool_s, spec.tool_out
         self.last = len(spec.gen) - 1
         self.ready_at: float | None = None  # when it rejoins the batch (while between turns)
+        self.vsum = 0.0  # sum over its generated tokens of the version that generated each (per-token lag)
+        self.seg_cred = 0.0  # tokens of the current segment already counted in vsum (a sync or preemption mid-segment)
 
     # --- ExecutionView ---
     @property

@@ -25,6 +25,8 @@ class KvPressure:
     """Needs from the engine: members, queue, prefill, _heap, _adm, _seq, V, n_dec, kv_dec_base, mem_fixed,
     pf_pending, pf_resident, gpus, costs, _full, _used(), _log."""
 
+    __slots__ = ()
+
     def _admitted(self, ex: SimExecution) -> None:
         """Record an admission (preemption takes the newest first); stale records are pruned now and then."""
         ex.adm = a = next(self._seq)
@@ -61,6 +63,8 @@ class KvPressure:
             self.n_dec -= 1
             self.kv_dec_base -= ex.ctx - ex.v_start
             ex.seg_done += done
+            ex.vsum += (ex.seg_done - ex.seg_cred) * self._version  # decoded so far, at this version
+            ex.seg_cred = ex.seg_done
             ex.ctx += done
             if self.n_dec == 0:
                 self._log(("busy", t, self.id, 0))

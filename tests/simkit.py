@@ -54,3 +54,37 @@ def tiny_config(*, gpus: int = 8, groups_per_step: int = 3, group_size: int = 3,
                     gen_tokens=LogNormal(median=2000, p99_ratio=3.0))
     return RunConfig(name="tiny", cluster=ClusterConfig(gpus=gpus, gpu=GPUS["h200"], model=MODELS["dense-7b"]),
                      workload=w, steps=steps, seed=seed)
+
+
+class ParkingAsync:
+    """async (eta, all GPUs but the trainer's generate) with a second process that, every `period` seconds,
+    resumes every parked execution on a random ready engine and parks one random live execution (each at
+    most once) at its next tool-call boundary: partial rollouts exercised at random moments (seeded)."""
+
+    name = "parking-async"
+
+    def __init__(self, eta: int, seed: int, period: float) -> None:
+        self.eta, self.seed, self.period = eta, seed, period
+
+    def run(self, cluster, steps):
+        import numpy as np
+
+        from gyre.policies.async_split import AsyncSplit
+
+        stop = [False]
+        cluster.spawn(self._parker(cluster, np.random.default_rng(self.seed), stop), "parker")
+        yield from AsyncSplit(eta=self.eta).run(cluster, steps)
+        stop[0] = True
+
+    def _parker(self, cluster, rng, stop):
+        once: set[int] = set()
+        while not stop[0]:
+            yield cluster.timeout(self.period)
+            ready = [e for e in cluster.engines() if e.ready]
+            for x in sorted(cluster.parked(), key=lambda x: x.id):
+                cluster.resume(x, ready[int(rng.integers(len(ready)))])
+            live = sorted((x for x in cluster.live() if x.id not in once), key=lambda x: x.id)
+            if live:
+                x = live[int(rng.integers(len(live)))]
+                once.add(x.id)
+                cluster.park(x)

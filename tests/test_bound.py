@@ -59,11 +59,14 @@ class RandomPolicy:
                 batcher.watch(g, [cluster.admit(x, rng.choice(engines)) for x in g.executions])
 
         def shuffle():
+            moving: set[int] = set()  # a decoding execution's migration waits for its tool-call boundary
             while not state["done"]:
                 yield cluster.timeout(rng.uniform(0.5, 30.0))
-                live = [x for x in cluster.live() if x.engine_id is not None]
+                live = [x for x in cluster.live() if x.engine_id is not None and x.id not in moving]
                 if live and len(engines) > 1:
-                    cluster.migrate(rng.choice(live), rng.choice(engines))
+                    x = rng.choice(live)
+                    moving.add(x.id)
+                    cluster.migrate(x, rng.choice(engines)).on_done(lambda _h, i=x.id: moving.discard(i))
 
         producer = cluster.spawn(produce(), "random-producer")
         mover = cluster.spawn(shuffle(), "random-mover")

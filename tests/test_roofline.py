@@ -136,6 +136,36 @@ def test_step_and_ideal_agrees_with_step_time_and_share(n, ctx, m, p, model):
     assert ideal == pytest.approx(r.ideal_share(n, ctx, m, p) * t, rel=1e-9, abs=1e-15)
 
 
+def test_roofline_pickles_and_copies_after_its_step_function_is_built():
+    """A used roofline (its step function cached) still pickles, deep-copies and compares equal, as configs
+    sent to worker processes must."""
+    import copy
+    import pickle
+
+    r = derive_costs(MODELS["moe-30b-a3b"], GPUS["h200"]).roofline
+    want = r.step_and_ideal(4, 1e4, 512, 2e3)
+    for back in (pickle.loads(pickle.dumps(r)), copy.deepcopy(r)):
+        assert back == r, "the copy equals the original"
+        assert back.step_and_ideal(4, 1e4, 512, 2e3) == want, "the copy's step is the original's"
+
+
+@given(turns=st.lists(st.tuples(st.floats(0, 1e6), st.floats(0, 1e7), st.floats(0, 1e6)), max_size=12),
+       prompt=st.floats(0, 1e6), last_tool=st.booleans())
+def test_train_attention_ctx_gives_numpys_bits_on_its_plain_python_path(turns, prompt, last_tool):
+    """Short executions skip numpy, yet the sum is bit-for-bit the vectorised one (same order of additions)."""
+    import numpy as np
+
+    from gyre.hardware import train_attention_ctx
+
+    gen, kv, out = [t[0] for t in turns], [t[1] for t in turns], [t[2] for t in turns]
+    out = out if last_tool else out[:-1]
+    g, k = np.asarray(gen, dtype=float), np.asarray(kv, dtype=float)
+    o = np.zeros(len(g))
+    o[: len(out)] = out
+    want = float(0.5 * prompt * prompt + np.sum(g * k + 0.5 * g * g + o * (k + g) + 0.5 * o * o))
+    assert train_attention_ctx(prompt, gen, kv, out) == want, "the same float, not merely close"
+
+
 def _ring_time_by_ports(nodes: int, per_node: int, nbytes: float, link: float, nic: float) -> float:
     """A ring all-reduce of `nbytes` laid out explicitly: one ring per rail r, visiting the nodes in turn and
     inside each node its GPUs starting at local GPU r, so ring r leaves every node from local GPU r - 1.
