@@ -9,20 +9,23 @@ at once and pays a re-prefill (or KV transfer) on the target. Nothing is aborted
 training ends, the free GPUs start engines again (serving the new
 weights) and the staying engines sync.
 
-Trainer size follows what is observed, with no setting per workload. The trainer's target starts at
-its largest size (half the pool, or the memory minimum if larger) and those GPUs are reserved: kept
-free for the trainer, as a fixed split would, so a trainer-bound run never waits for a drain or trains
-slowly on the minimum. Rollout pressure (an engine queueing executions, a KV-preempted one among them,
-or KV above PRESSURE_FILL of capacity) is demand for engines: while it lasts and no batch is
-waiting, reserved GPUs start engines (lent to rollout), and they are drained back when the next batch
-is ready; executions queued on one engine move to engines with KV room (`_rebalance`). After each
-step: if the next batch was already waiting (trainer backlog), the target doubles up to the largest
-size, and past it (up to every GPU the live executions' KV does not need at `kv_fill`) while drains
-prove quick (`_adapt`); else, if rollout showed pressure since the last step, or drains are quick and
-the trainer waited for its batch longer than the step took twice in a row, it halves towards the
-minimum; else it stays. Where rollout never
-shows pressure and the trainer is busy, no GPU moves and elastic is the fixed split with the largest
-trainer.
+Trainer size follows what is observed, with no setting per workload. GPUs reserved for the trainer
+are kept free (a fixed split's trainer) until the trainer's target says otherwise; rollout pressure (an
+engine queueing executions, a KV-preempted one among them, or KV above PRESSURE_FILL of capacity) with
+no batch waiting lends them to rollout (engines start on them), and they are drained back when the next
+batch is ready; executions queued on one engine move to engines with KV room (`_rebalance`). The
+target starts at half the pool (the memory minimum if larger) and is sized from measured times:
+- the first step, before any step time is known, and every step after one that ends with the next
+  batch already waiting (the trainer is the bottleneck), trains on the largest trainer: every GPU but
+  one engine, whose live executions wait in its queue (their KV is recomputed later, as vLLM does) -
+  a fixed split with the largest trainer, which is what a trainer-bound workload wants;
+- after a step whose trainer waited for its batch, the balanced size: the GPUs that train one batch in
+  the rollout's measured batch interval (GPUs x step time / time between the last two ready batches),
+  shrinking at most by half per step and never below the memory minimum;
+- while drains are slow (a step waited for its GPUs longer than a quarter of its training), or while
+  most running executions have not reached a tool call (a drain would wait for whole rollouts, e.g.
+  single-turn ones), the largest trainer is half the pool.
+Where rollout never shows pressure and the trainer is busy, no GPU moves and elastic is a fixed split.
 
 Every decision reads only observations: engines' live/decoding/queued counts and KV use, the live
 executions' current contexts, and the Batcher's state (trainer backlog). No future lengths.
@@ -64,9 +67,7 @@ class Elastic:
         self.config = c = config if config is not None else ElasticConfig(**params)
         self.eta = c.eta
         self.kv_fill = c.kv_fill
-        self.pressure_seen = False  # rollout pressure observed since the last step ended
         self.slow_drains = False  # a step waited long for its drain
-        self.idle_streak = 0  # consecutive steps whose trainer waited longer for its batch than the step took
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
@@ -90,6 +91,7 @@ class Elastic:
         yield from self._grow()
         producer = cluster.spawn(self._produce(steps), "elastic-producer")
         idle_since = cluster.now  # when the trainer last became free
+        last_ready: float | None = None  # when the previous batch became ready
         while cluster.version < steps:
             batch = batcher.next_batch()
             if batch is None:
@@ -98,14 +100,15 @@ class Elastic:
                 continue
             batcher.trained(batch)
             ready_at = cluster.now
-            gpus = yield from self._gather()
+            gpus = yield from self._gather(first=last_ready is None)
             self.training = True
             cluster.note("elastic_train", gpus=len(gpus), engines=len(self.pool))
             start = cluster.now
             yield cluster.train(gpus, batch)
             self.training = False
-            self._adapt(idle=ready_at - idle_since, gather=start - ready_at, train=cluster.now - start)
-            idle_since = cluster.now
+            self._adapt(idle=ready_at - idle_since, gather=start - ready_at, train=cluster.now - start,
+                        gpus=len(gpus), interval=None if last_ready is None else ready_at - last_ready)
+            idle_since, last_ready = cluster.now, ready_at
             if cluster.version < steps:
                 yield from self._grow()
             batcher.changed.fire()
@@ -132,13 +135,16 @@ class Elastic:
         self.load.fire()
 
     # ------------------------------------------------------------------ shrink
-    def _gather(self):
-        """GPUs for the coming step: free ones, then drained engines. Returns the GPU list."""
+    def _gather(self, first: bool = False):
+        """GPUs for the coming step: free ones, then drained engines. Returns the GPU list. The first step
+        (no step time observed yet) takes the largest trainer."""
         cluster = self.cluster
         while self.draining is not None and not self.draining.done:
             yield self.draining
         while any(not e.ready for e in self.pool):  # engines still starting cannot be drained yet
             yield any_of([self.load.wait(), cluster.timeout(1.0)])
+        if first:
+            self.train_target = max(self.train_target, self._top())
         need = max(0, max(cluster.min_train_gpus, self.train_target) - len(cluster.free_gpus()))
         plan = plan_drain(self.pool, cluster.live(), need, kv_fill=self.kv_fill)
         if plan.victims:
@@ -162,9 +168,7 @@ class Elastic:
         ready = [e for e in self.pool if e.ready]
         if len(ready) < len(self.pool):
             return
-        pressure = self._pressure(ready)
-        self.pressure_seen |= pressure
-        if not pressure:
+        if not self._pressure(ready):
             return
         if len(cluster.free_gpus()) >= cluster.gpus_per_engine and self.batcher.next_batch() is None:
             self.draining = cluster.spawn(self._lend(), "elastic-grow")
@@ -199,49 +203,41 @@ class Elastic:
         return any(e.n_queued for e in ready) or sum(e.kv_used for e in ready) > self.PRESSURE_FILL * sum(
             e.kv_capacity for e in ready)
 
-    def _adapt(self, idle: float, gather: float, train: float) -> None:
-        """After a step (the trainer waited `idle` for the batch, `gather` for its GPUs, trained `train`):
+    def _adapt(self, idle: float, gather: float, train: float, gpus: int, interval: float | None) -> None:
+        """After a step (the trainer waited `idle` for the batch, `gather` for its GPUs, trained `train` on
+        `gpus`; `interval` between this batch becoming ready and the previous one, None after the first):
         - a gather longer than a quarter of the training it fed marks drains slow for the rest of the run;
-        - backlog (the next batch already waits): the target doubles, up to the largest size, and past it
-          (up to every GPU the live KV does not need) only while drains are not slow;
-        - otherwise rollout pressure since the last step, or (while drains are not slow: growing back
-          would cost one) a trainer that waited longer for its batch than it then spent on the step,
-          twice in a row, halves it (down to the memory minimum); otherwise it stays;
-        - with slow drains the target never exceeds the largest size."""
+        - the next batch already waits (backlog): the target becomes the largest trainer (`_top`);
+        - else, if the trainer waited: the balanced size gpus x train / interval (engine multiples), but
+          at least half the current target, the memory minimum, and at most the largest trainer;
+        - with slow drains the target never exceeds half the pool."""
         cluster, per = self.cluster, self.cluster.gpus_per_engine
-        floor, ceil = self._reserve_gpus(), self._ceil()
-        pressure, self.pressure_seen = self.pressure_seen, False
         if gather > train / 4:
             self.slow_drains = True
-        self.idle_streak = self.idle_streak + 1 if idle > gather + train else 0
+        top = self._top()
         if cluster.version < self.batcher.steps and self.batcher.next_batch() is not None:
-            top = ceil if self.slow_drains else self._cap()
-            self.train_target = min(max(top, ceil), 2 * self.train_target)
-        elif pressure or (self.idle_streak >= 2 and not self.slow_drains):
-            self.train_target = max(floor, self.train_target // 2 // per * per)
+            self.train_target = top
+        elif interval is not None and idle > 0:
+            balanced = -(-int(gpus * train / interval) // per) * per
+            self.train_target = max(self._reserve_gpus(), self.train_target // 2 // per * per, min(top, balanced))
         if self.slow_drains:
-            self.train_target = min(self.train_target, ceil)
+            self.train_target = min(self.train_target, top)
         cluster.note("elastic_trainer_target", gpus=self.train_target)
 
     def _keep(self) -> int:
         """GPUs reserved for the trainer when engines (re)start."""
         return self.train_target
 
-    def _cap(self) -> int:
-        """The most the trainer may grow to: every GPU but the engines the live executions' KV needs (at
-        kv_fill of capacity; at least one engine), and never below the starting size. Only the starting
-        size while most live executions have not passed a tool call yet (a decoding execution moves only
-        at a tool-call boundary, so draining engines full of first turns, e.g. single-turn rollouts, waits
+    def _top(self) -> int:
+        """The largest trainer: every GPU but one engine; half the pool (`_ceil`) while drains are slow or
+        while most running executions have not passed a tool call yet (a decoding execution moves only at
+        a tool-call boundary, so draining engines full of first turns, e.g. single-turn rollouts, waits
         for whole rollouts)."""
         cluster, per = self.cluster, self.cluster.gpus_per_engine
-        live = cluster.live()
-        if 2 * sum(1 for x in live if x.turns_done >= 1) < len(live):
-            return self._ceil()  # most executions have not reached a tool call: a drain would wait for them
-        ready = [e for e in self.pool if e.ready]
-        cap = max((e.kv_capacity for e in ready), default=0) * self.kv_fill
-        kv = sum(e.kv_used for e in ready) + sum(max(x.context_tokens, 0) for x in live if x.phase == Phase.QUEUED)
-        engines = max(1, -(-int(kv) // int(cap))) if cap > 0 else 1
-        return max(self._ceil(), (cluster.n_gpus - engines * per) // per * per)
+        started = [x for x in cluster.live() if x.phase != Phase.QUEUED]
+        if self.slow_drains or 2 * sum(1 for x in started if x.turns_done >= 1) < len(started):
+            return self._ceil()
+        return max(self._ceil(), (cluster.n_gpus - per) // per * per)
 
     def _ceil(self) -> int:
         """The largest trainer: half the pool (or the memory minimum, if larger)."""

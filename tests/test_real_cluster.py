@@ -150,14 +150,16 @@ def test_elastic_moves_gpus_between_roles(pool):
 
     Elastic lends the GPUs it reserves for the trainer to rollout only under rollout pressure, so the
     engines' KV is cut to 24 tokens (about one execution each): executions queue, the reserve runs
-    engines until each batch is ready, and is drained back to train."""
+    engines until each batch is ready, and is drained back to train. Three steps: the first two batches
+    are ready back to back (the trainer keeps its GPUs between them), the third is generated after
+    the second step, on GPUs lent back from the trainer."""
     import dataclasses
 
     from gyre.policies import make_policy
 
-    cfg = dataclasses.replace(CFG, cluster=dataclasses.replace(CFG.cluster, kv_capacity=24))
+    cfg = dataclasses.replace(CFG, steps=3, cluster=dataclasses.replace(CFG.cluster, kv_capacity=24))
     r = run_real(cfg, make_policy("elastic"), pool=pool)
-    check_run(r, CFG.steps)
+    check_run(r, cfg.steps)
     role: dict[int, int] = {}
     path: dict[int, list[int]] = {}
     overlap = False

@@ -14,7 +14,7 @@ steps // 6 steps (at least 1) over the same 5 splits and then run in full; elast
 the best staleness bound of every sweep this project has run (xlong-swe, xlong-swe-small, short-math),
 so the map spends its runs on the split.
 
-python experiments/regime_map/run.py [--steps 6] [--jobs 2] [--cells core|all]  ->  results/
+python experiments/regime_map/run.py [--steps 6] [--jobs 2] [--cells core|all|1m] [--name map]  ->  results/<name>.csv, .png
 """
 
 from __future__ import annotations
@@ -64,17 +64,21 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--plot-only", action="store_true", help="redraw results/map.png from results/map.csv")
-    ap.add_argument("--cells", choices=["core", "all"], default="core",
+    ap.add_argument("--cells", choices=["core", "all", "1m"], default="core",
                     help="core: every window x cluster with growth and heavy training, plus the other two axes "
-                         "at W = 1M on 1,024 and 640 GPUs; all: the full 4 x 3 x 2 x 2 grid")
+                         "at W = 1M on 1,024 and 640 GPUs; all: the full 4 x 3 x 2 x 2 grid; 1m: the preset's "
+                         "window (1M, growth, heavy) on each cluster")
+    ap.add_argument("--name", default="map", help="results/<name>.csv and .png")
     a = ap.parse_args()
     if a.plot_only:
-        heatmap(pd.read_csv(OUT / "map.csv"), OUT / "map.png")
+        heatmap(pd.read_csv(OUT / f"{a.name}.csv"), OUT / f"{a.name}.png")
         return
     cells = [(w, n, True, True) for w in WINDOWS for n in CLUSTERS]
     if a.cells == "all":
         cells = list(itertools.product(WINDOWS, CLUSTERS, (False, True), (False, True)))
-    else:
+    elif a.cells == "1m":
+        cells = [(1 << 20, n, True, True) for n in CLUSTERS]
+    elif a.cells == "core":
         cells += [(1 << 20, n, g, h) for n in (640, 1024) for g, h in ((False, True), (True, False))]
     t0 = time.perf_counter()
     pilot_steps = max(1, a.steps // 6)
@@ -117,8 +121,8 @@ def main() -> None:
         })
     OUT.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)
-    df.to_csv(OUT / "map.csv", index=False)
-    heatmap(df, OUT / "map.png")
+    df.to_csv(OUT / f"{a.name}.csv", index=False)
+    heatmap(df, OUT / f"{a.name}.png")
     print(df[["window", "gpus", "growth", "training", "colocate_s", "async_best_s", "async_best_R", "elastic_s",
               "elastic_vs_best", "elastic_vs_pilot_async", "ceiling"]].round(3).to_string(index=False))
     print(f"{len(jobs)} runs in {time.perf_counter() - t0:.0f} s with {a.jobs} workers")
