@@ -27,3 +27,12 @@ def local_ray():
                     raise
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pool(local_ray):
+    """The tiny-test preset's actor pool (trainers and engines) on the local Ray node, shared per module."""
+    from gyre.real.config import preset_tiny_test
+    from gyre.real.pool import ActorPool
+
+    return ActorPool.shared(preset_tiny_test().pool)

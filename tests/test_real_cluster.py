@@ -21,11 +21,6 @@ CFG = preset_tiny_test()
 pytestmark = pytest.mark.xdist_group("ray")
 
 
-@pytest.fixture(scope="module")
-def pool(local_ray):
-    return ActorPool.shared(CFG.pool)
-
-
 def check_run(r, steps: int) -> None:
     """Every admitted execution started once, finished once and was trained once; no restart, no loss."""
     log = r.log

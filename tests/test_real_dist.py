@@ -17,7 +17,6 @@ from test_trajectory_pack import random_group  # noqa: E402
 
 from gyre.real import task as T  # noqa: E402
 from gyre.real.collective import CollectiveConfig, GroupBook, buckets, plan_broadcast  # noqa: E402
-from gyre.real.pool import ActorPool  # noqa: E402
 from gyre.real.config import preset_tiny_test  # noqa: E402
 from gyre.real.runner import run_real  # noqa: E402
 from gyre.real.trainer import Trainer, shard_packs  # noqa: E402
@@ -56,11 +55,6 @@ def test_group_book_reuses_groups_and_drops_those_of_a_dead_member():
     assert c[1]["seq"] == 0 and book.specs(("t0", "e2.0"), "sync")[0]["drop"] == [], "drops are sent once"
     assert buckets([("a", (4,), "float32"), ("b", (4,), "float32"), ("c", (2,), "int64")], 32) == [[0, 1], [2]]
 
-
-
-@pytest.fixture(scope="module")
-def pool(local_ray):
-    return ActorPool.shared(CFG.pool)
 
 
 @pytest.mark.xdist_group("ray")

@@ -15,18 +15,12 @@ pytest.importorskip("torch")
 
 from gyre.cluster import Role  # noqa: E402
 from gyre.policies import REGISTRY  # noqa: E402
-from gyre.real.pool import ActorPool  # noqa: E402
 from gyre.real.config import preset_tiny_test  # noqa: E402
 from gyre.real.runner import run_real  # noqa: E402
 from test_real_cluster import check_run  # noqa: E402
 
 CFG = preset_tiny_test()
 pytestmark = pytest.mark.xdist_group("ray")
-
-
-@pytest.fixture(scope="module")
-def pool(local_ray):
-    return ActorPool.shared(CFG.pool)
 
 
 def steps_before(log, t: float) -> int:
