@@ -15,13 +15,18 @@ engine queueing executions, a KV-preempted one among them, or KV above PRESSURE_
 no batch waiting lends them to rollout (engines start on them), and they are drained back when the next
 batch is ready; executions queued on one engine move to engines with KV room (`_rebalance`). The
 target starts at half the pool (the memory minimum if larger) and is sized from measured times:
-- the first step, before any step time is known, and every step after one that ends with the next
-  batch already waiting (the trainer is the bottleneck), trains on the largest trainer: every GPU but
-  one engine, whose live executions wait in its queue (their KV is recomputed later, as vLLM does) -
-  a fixed split with the largest trainer, which is what a trainer-bound workload wants;
-- after a step whose trainer waited for its batch, the balanced size: the GPUs that train one batch in
-  the rollout's measured batch interval (GPUs x step time / time between the last two ready batches),
-  shrinking at most by half per step and never below the memory minimum;
+- the first step, before any step time is known, trains on the largest trainer: every GPU but one
+  engine, whose live executions wait in its queue (their KV is recomputed later, as vLLM does) - a
+  fixed split with the largest trainer, which is what a trainer-bound workload wants; so does the step
+  after one that ends with the next batch already waiting, if that step was the first or every group is
+  already admitted (the rollout's demand can only fall);
+- later the target moves only on the evidence of the last WINDOW steps since it last moved, never on
+  one step: to the largest trainer if the next batch waits and the trainer never waited in any of them
+  (trainer-bound); to the balanced size if the trainer waited for more than half of their time
+  (rollout-bound): the GPUs that train one batch in their mean batch interval (GPUs x step time /
+  interval, summed over the window), shrinking at most by half per move and never below the memory
+  minimum. Between the two it holds: a burst of ready batches after a slow group, or one slow batch,
+  moves no GPU, and a workload whose best fixed split this is converges to it and stays;
 - while drains are slow (a step waited for its GPUs longer than a quarter of its training), or while
   most running executions have not reached a tool call (a drain would wait for whole rollouts, e.g.
   single-turn ones), the largest trainer is half the pool.
@@ -62,12 +67,14 @@ class Elastic:
     name = "elastic"
     Config = ElasticConfig
     PRESSURE_FILL = 0.9  # live KV above this fraction of capacity counts as rollout pressure
+    WINDOW = 3  # steps the trainer target is judged on
 
     def __init__(self, config: ElasticConfig | None = None, **params) -> None:
         self.config = c = config if config is not None else ElasticConfig(**params)
         self.eta = c.eta
         self.kv_fill = c.kv_fill
         self.slow_drains = False  # a step waited long for its drain
+        self.window: list[tuple[float, float, float, int]] = []  # (interval, idle, train, gpus) since the target moved
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
@@ -207,21 +214,39 @@ class Elastic:
         """After a step (the trainer waited `idle` for the batch, `gather` for its GPUs, trained `train` on
         `gpus`; `interval` between this batch becoming ready and the previous one, None after the first):
         - a gather longer than a quarter of the training it fed marks drains slow for the rest of the run;
-        - the next batch already waits (backlog): the target becomes the largest trainer (`_top`);
-        - else, if the trainer waited: the balanced size gpus x train / interval (engine multiples), but
-          at least half the current target, the memory minimum, and at most the largest trainer;
-        - with slow drains the target never exceeds half the pool."""
+        - after the first step, a waiting batch (backlog) makes the target the largest trainer (`_top`);
+        - later the target moves only on the last WINDOW steps since it last moved: to the largest trainer
+          if the next batch waits and the trainer never waited in any of them (trainer-bound), to the
+          balanced size if the trainer waited more than half of their time (rollout-bound): the GPUs that
+          train one batch in their mean batch interval (engine multiples), but at least half the current
+          target, the memory minimum, and at most the largest trainer. A single step's noise (one slow
+          batch, one burst of ready batches) moves nothing;
+        - with slow drains the target never exceeds the largest trainer."""
         cluster, per = self.cluster, self.cluster.gpus_per_engine
         if gather > train / 4:
             self.slow_drains = True
         top = self._top()
-        if cluster.version < self.batcher.steps and self.batcher.next_batch() is not None:
-            self.train_target = top
-        elif interval is not None and idle > 0:
-            balanced = -(-int(gpus * train / interval) // per) * per
-            self.train_target = max(self._reserve_gpus(), self.train_target // 2 // per * per, min(top, balanced))
+        backlog = cluster.version < self.batcher.steps and self.batcher.next_batch() is not None
+        target = self.train_target
+        if interval is None:
+            if backlog:
+                target = top
+        else:
+            self.window.append((interval, idle, train, gpus))
+            w = self.window[-self.WINDOW:]
+            tail = self.batcher.n_admitted >= self.batcher.steps * self.batcher.gps  # nothing left to admit
+            if backlog and (tail or (len(w) >= self.WINDOW and all(r[1] <= 0 for r in w))):
+                target = top
+            elif len(w) >= self.WINDOW:
+                span = sum(r[0] for r in w)
+                if sum(r[1] for r in w) > span / 2:
+                    balanced = -(-int(sum(r[3] * r[2] for r in w) / span) // per) * per
+                    target = max(self._reserve_gpus(), self.train_target // 2 // per * per, min(top, balanced))
         if self.slow_drains:
-            self.train_target = min(self.train_target, top)
+            target = min(target, top)
+        if target != self.train_target:
+            self.window.clear()
+        self.train_target = target
         cluster.note("elastic_trainer_target", gpus=self.train_target)
 
     def _keep(self) -> int:
