@@ -47,7 +47,7 @@ from gyre.cluster import ClusterError, Cluster, EngineView, Phase
 from gyre.handles import Handle, all_of, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, least_loaded
-from gyre.policies.elastic_plan import DrainPlan, plan_drain
+from gyre.policies.elastic_plan import DrainPlan, StepRecord, next_target, plan_drain
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +74,7 @@ class Elastic:
         self.eta = c.eta
         self.kv_fill = c.kv_fill
         self.slow_drains = False  # a step waited long for its drain
-        self.window: list[tuple[float, float, float, int]] = []  # (interval, idle, train, gpus) since the target moved
+        self.window: list[StepRecord] = []  # the steps since the trainer target last moved
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
@@ -214,34 +214,24 @@ class Elastic:
         """After a step (the trainer waited `idle` for the batch, `gather` for its GPUs, trained `train` on
         `gpus`; `interval` between this batch becoming ready and the previous one, None after the first):
         - a gather longer than a quarter of the training it fed marks drains slow for the rest of the run;
-        - after the first step, a waiting batch (backlog) makes the target the largest trainer (`_top`);
-        - later the target moves only on the last WINDOW steps since it last moved: to the largest trainer
-          if the next batch waits and the trainer never waited in any of them (trainer-bound), to the
-          balanced size if the trainer waited more than half of their time (rollout-bound): the GPUs that
-          train one batch in their mean batch interval (engine multiples), but at least half the current
-          target, the memory minimum, and at most the largest trainer. A single step's noise (one slow
-          batch, one burst of ready batches) moves nothing;
+        - after the first step, or once every group is admitted, a waiting batch (backlog) makes the
+          target the largest trainer (`_top`);
+        - otherwise the steps since the target last moved decide (`elastic_plan.next_target`);
         - with slow drains the target never exceeds the largest trainer."""
         cluster, per = self.cluster, self.cluster.gpus_per_engine
         if gather > train / 4:
             self.slow_drains = True
         top = self._top()
         backlog = cluster.version < self.batcher.steps and self.batcher.next_batch() is not None
+        tail = self.batcher.n_admitted >= self.batcher.steps * self.batcher.gps  # nothing left to admit
         target = self.train_target
-        if interval is None:
-            if backlog:
-                target = top
-        else:
-            self.window.append((interval, idle, train, gpus))
-            w = self.window[-self.WINDOW:]
-            tail = self.batcher.n_admitted >= self.batcher.steps * self.batcher.gps  # nothing left to admit
-            if backlog and (tail or (len(w) >= self.WINDOW and all(r[1] <= 0 for r in w))):
-                target = top
-            elif len(w) >= self.WINDOW:
-                span = sum(r[0] for r in w)
-                if sum(r[1] for r in w) > span / 2:
-                    balanced = -(-int(sum(r[3] * r[2] for r in w) / span) // per) * per
-                    target = max(self._reserve_gpus(), self.train_target // 2 // per * per, min(top, balanced))
+        if interval is not None:
+            self.window.append(StepRecord(interval=interval, idle=idle, train=train, gpus=gpus))
+        if backlog and (interval is None or tail):
+            target = top
+        elif interval is not None:
+            target = next_target(self.train_target, self.window, backlog=backlog, top=top,
+                                 floor=self._reserve_gpus(), per=per, size=self.WINDOW)
         if self.slow_drains:
             target = min(target, top)
         if target != self.train_target:

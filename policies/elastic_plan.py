@@ -8,6 +8,9 @@ of the future, and has no side effects, so it is unit-tested on plain stand-ins.
   tool-call boundary; then id). At least one engine always stays.
 - `assign_targets`: each migrant (largest context first) to the staying engine with the most free
   KV at that moment (free = capacity * kv_fill - used - already assigned; ties by id).
+- `next_target`: the trainer's size for the coming steps, judged on the last `size` steps since it last
+  moved (never on one step): the largest trainer if the next batch waits and the trainer never waited
+  in any of them; the balanced size if it waited for more than half of their time; else unchanged.
 
 Simplifications: a decoding execution's KV is counted at its current size (it grows by one segment
 before it moves); queued executions hold no KV yet and count as their context (0 if not started).
@@ -20,6 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gyre.cluster import EngineView, ExecutionView
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One training step as the trainer saw it."""
+
+    interval: float  # from the previous batch becoming ready to this one
+    idle: float  # the trainer waited this long for the batch
+    train: float  # training time
+    gpus: int  # GPUs it trained on
 
 
 @dataclass(frozen=True)
@@ -79,3 +92,26 @@ def plan_drain(
     stay = [e for e in engines if e.id not in vids]
     movers = [x for x in live if x.engine_id in vids]
     return DrainPlan(tuple(victims), tuple(assign_targets(movers, stay, kv_fill=kv_fill)))
+
+
+def next_target(
+    current: int, window: Sequence[StepRecord], *, backlog: bool, top: int, floor: int, per: int, size: int = 3
+) -> int:
+    """The trainer target after the steps in `window` (those since the target last moved, oldest first).
+
+    With fewer than `size` steps it holds. Over the last `size`: if the next batch already waits
+    (`backlog`) and the trainer never waited, the trainer is the bottleneck: `top`. If the trainer waited
+    for more than half of their time, the rollout is: the balanced size, the GPUs that train one batch
+    in the window's mean batch interval (sum of GPU-seconds trained / sum of intervals, rounded up to
+    engines of `per`), but at least half of `current` (in engines), `floor`, and at most `top`.
+    Otherwise (a burst of ready batches after one slow group, one slow batch) it holds."""
+    w = list(window)[-size:]
+    if len(w) < size:
+        return current
+    if backlog and all(r.idle <= 0 for r in w):
+        return top
+    span = sum(r.interval for r in w)
+    if span <= 0 or sum(r.idle for r in w) <= span / 2:
+        return current
+    balanced = -(-int(sum(r.gpus * r.train for r in w) / span) // per) * per
+    return max(floor, current // 2 // per * per, min(top, balanced))

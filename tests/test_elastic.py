@@ -13,7 +13,7 @@ from gyre.cluster import Phase, Role
 from gyre.config import override
 from gyre.hardware import Costs
 from gyre.policies.elastic import Elastic
-from gyre.policies.elastic_plan import assign_targets, choose_victims, plan_drain
+from gyre.policies.elastic_plan import StepRecord, assign_targets, choose_victims, next_target, plan_drain
 from gyre.presets import get_preset
 from gyre.sim.backend import SimCluster
 from gyre.sim.runner import simulate
@@ -133,6 +133,51 @@ def test_no_pressure_no_move():
     assert [r[3] for r in c.log if r[0] == "engine_up"] == [(0,)], "only GPU 0 ever runs an engine"
 
 
+def _rec(interval: float, idle: float, train: float = 10.0, gpus: int = 32) -> StepRecord:
+    return StepRecord(interval=interval, idle=idle, train=train, gpus=gpus)
+
+
+def test_next_target_exact_decisions():
+    """The trainer target moves only on three steps' evidence: hand-computed cases."""
+    kw = dict(top=60, floor=8, per=4)
+    busy = _rec(10.5, 0.0)
+    assert next_target(32, [busy, busy], backlog=True, **kw) == 32, "two backlogged steps are not yet evidence"
+    assert next_target(32, [busy, busy, busy], backlog=True, **kw) == 60, "three without a wait: trainer-bound"
+    assert next_target(32, [busy, busy, busy], backlog=False, **kw) == 32, "no batch waiting now: hold"
+    slow = _rec(40.0, 29.5)  # one slow batch: the trainer waited 29.5 of 61 s in the window
+    assert next_target(32, [busy, busy, slow], backlog=False, **kw) == 32, "one slow batch moves nothing"
+    assert next_target(32, [slow, busy, busy], backlog=True, **kw) == 32, "a burst after a slow batch moves nothing"
+    # waited 3 x 30 of 120 s: 32 GPUs x 30 s trained in 120 s = 8 GPUs' worth -> 8, but at least half of 32
+    waits = [_rec(40.0, 30.0)] * 3
+    assert next_target(32, waits, backlog=False, **kw) == 16, "rollout-bound: halves at most"
+    # 24 GPUs x 10 s x 3 in 3 x 20 s = 12 GPUs, rounded up to engines of 4 = 12 (>= half of 24 = 12)
+    assert next_target(24, [_rec(20.0, 11.0, gpus=24)] * 3, backlog=False, **kw) == 12
+    # 20 GPUs x 10 s x 3 in 3 x 21 s = 9.5 -> 12 GPUs (3 engines of 4), above half of 20 (8 -> 8)
+    assert next_target(20, [_rec(21.0, 11.0, gpus=20)] * 3, backlog=False, **kw) == 12
+    assert next_target(8, waits, backlog=False, **kw) == 8, "never below the floor"
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.floats(0.1, 100.0), st.floats(0.0, 1.0), st.floats(0.1, 50.0), st.booleans()),
+                      min_size=1, max_size=40),
+       per=st.sampled_from([1, 4, 32]), floor_engines=st.integers(1, 4), top_engines=st.integers(4, 30))
+def test_next_target_moves_at_most_once_per_window(steps, per, floor_engines, top_engines):
+    """Fed step after step (the window restarting after each move), the target stays an engine multiple in
+    [floor, top], shrinks at most by half per move, and moves at most once every three steps."""
+    floor, top = floor_engines * per, top_engines * per
+    target, window, moves = top, [], []
+    for i, (interval, idle_share, train, backlog) in enumerate(steps):
+        window.append(StepRecord(interval=interval, idle=idle_share * interval, train=train, gpus=target))
+        new = next_target(target, window, backlog=backlog, top=top, floor=floor, per=per)
+        assert new % per == 0 and floor <= new <= top, (new, floor, top)
+        assert new >= min(target, max(floor, target // 2 // per * per)), f"shrank more than half: {target} -> {new}"
+        if new != target:
+            moves.append(i)
+            window = []
+        target = new
+    assert all(b - a >= 3 for a, b in zip(moves, moves[1:])), f"moves closer than three steps: {moves}"
+
+
 # ---------------------------------------------------------------- properties over seeds
 
 
@@ -210,8 +255,9 @@ def test_bad_params_one_line():
 
 def test_no_pressure_is_the_fixed_split_with_the_largest_trainer():
     """short-math: no engine queues and KV stays far from full, so the trainer keeps half the pool, no GPU
-    moves, and elastic is exactly async with the same split (same makespan)."""
-    cfg = override(get_preset("short-math"), steps=6)
+    moves, and elastic is exactly async with the same split (same makespan), over 16 steps in which single
+    slow batches and bursts of ready batches occur (they move no GPU)."""
+    cfg = override(get_preset("short-math"), steps=16)
     r = simulate(cfg, "elastic", {"eta": 4}, check=True)
     split = simulate(cfg, "async", {"eta": 4, "rollout_gpus": cfg.cluster.gpus // 2})
     assert r.metrics.summary()["reallocations"] == 0, "no GPU moved"
