@@ -31,7 +31,10 @@ others' and never preempts. A context larger than the whole engine is a configur
 (SimCluster.admit).
 
 Costs without a roofline use the linear step a + b n + c K + prefill_s_per_token m; a zero
-prefill_s_per_token makes prefill free (no prefill queue), as in hand-built test scenarios.
+prefill_s_per_token makes prefill free (no prefill queue), as in hand-built test scenarios. A nonzero
+`Costs.request_s` (latency outside the engine, calibrated from a real run) delays each turn's request
+before it reaches the wait queue: on admission and after each tool call the execution waits that long
+as if in a tool call (a timer; it holds no KV beyond its resident context and uses no engine time).
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class SimEngine(KvPressure):
         "cluster", "id", "gpus", "_version", "costs", "state", "members", "queue", "_heap", "_ready", "prefill",
         "pf_pending", "pf_resident", "_pf_due", "_adm", "V", "t_last", "rate", "pf_rate", "n_dec", "kv_dec_base",
         "mem_fixed", "reserved", "paused", "epoch", "_free_prefill", "_budget", "_max_seqs", "_reserve", "_kv_cap",
-        "_full", "_wake_q", "_wake_seq", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq", "_dirty",
+        "_full", "_req", "_wake_q", "_wake_seq", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq", "_dirty",
     )
 
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
@@ -98,6 +101,7 @@ class SimEngine(KvPressure):
         self._reserve = c.kv_reserve
         self._kv_cap = c.kv_capacity_tokens
         self._full = c.kv_capacity_tokens * _FULL
+        self._req = c.request_s
         self._wake_q, self._wake_seq = cluster.fine_queue  # SimCluster.schedule's heap and tie-breaker
         self._fire = self.fire
         self._log = cluster.log.append
@@ -258,7 +262,7 @@ class SimEngine(KvPressure):
                 self.mem_fixed += ctx
                 ex.ctx = nxt
                 ex.seg = seg + 1
-                r = ex.ready_at = t + ex.tool_s[seg]
+                r = ex.ready_at = t + ex.tool_s[seg] + self._req
                 push(ready, (r, next(seq), ex))
             if self.n_dec == 0:
                 self._log(("busy", t, self.id, 0))
@@ -303,8 +307,13 @@ class SimEngine(KvPressure):
         ex.ctx = ex.kv[0]
         ex.resident = 0
         self.members[ex.id] = ex
-        self.queue.append(ex)
-        self._drain_queue(t)
+        if self._req:  # its first request is on its way to the engine
+            ex.phase = _TOOL
+            r = ex.ready_at = t + self._req
+            heapq.heappush(self._ready, (r, next(self._seq), ex))
+        else:
+            self.queue.append(ex)
+            self._drain_queue(t)
         self._touch(t)
 
     def _drain_queue(self, t: float) -> None:
@@ -395,7 +404,7 @@ class SimEngine(KvPressure):
             ex.resident = keep
         ex.ctx = nxt
         ex.seg = seg + 1
-        r = ex.ready_at = t + ex.tool_s[seg]
+        r = ex.ready_at = t + ex.tool_s[seg] + self._req
         heapq.heappush(self._ready, (r, next(self._seq), ex))
         if ex.migrate_to is not None:
             self.cluster.migrate_at_boundary(ex, t)
