@@ -124,6 +124,26 @@ def load_run(run_dir: Path, policy: str):
         raise CalibrationError(f"{tr}: {exc}") from None
 
 
+def calibrated_costs(run_dir: str | Path, source: str):
+    """The cost model calibrated on `source`'s run in `run_dir`, that run's trace, and its median training GPUs."""
+    run_dir = Path(run_dir)
+    profile, trace = load_run(run_dir, source)
+    run = trace.run
+    src_gpus = float(pd.read_csv(run_dir / f"steps_{source}.csv")["gpus"].median())
+    costs = costs_from_profile(profile, engine_gpus=run["gpus_per_engine"], kv_capacity=run["kv_capacity"],
+                               train_gpus=src_gpus, min_train_gpus=run["min_train_gpus"])
+    return costs, trace, src_gpus
+
+
+def describe(costs: Costs) -> str:
+    """One line: the calibrated constants a prediction rests on."""
+    return (f"engine step {costs.step_a * 1e3:.2f} ms + {costs.step_b * 1e3:.3f} ms/sequence + "
+            f"{costs.step_c * 1e6:.3f} us/KV token; prefill {costs.prefill_s_per_token * 1e3:.3f} ms/token; "
+            f"request latency outside the engine {costs.request_s * 1e3:.1f} ms/turn; training "
+            f"{costs.train_s_per_token_gpu * 1e3:.3f} ms/token x GPU; wake {costs.engine_wake_s:.3f} s, "
+            f"sleep {costs.engine_sleep_s:.3f} s, sync {costs.sync_s:.3f} s")
+
+
 def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, train_scales: bool = False,
                       workload: str = "source") -> pd.DataFrame:
     """Predicted (calibrated on `source`) vs measured makespan for each policy in `predict`.
@@ -135,12 +155,8 @@ def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, t
     if workload not in ("source", "own"):
         raise CalibrationError(f"workload must be 'source' or 'own', not {workload!r}")
     run_dir = Path(run_dir)
-    profile, trace = load_run(run_dir, source)
+    costs, trace, src_gpus = calibrated_costs(run_dir, source)
     run = trace.run
-    steps_src = pd.read_csv(run_dir / f"steps_{source}.csv")
-    src_gpus = float(steps_src["gpus"].median())
-    costs = costs_from_profile(profile, engine_gpus=run["gpus_per_engine"], kv_capacity=run["kv_capacity"],
-                               train_gpus=src_gpus, min_train_gpus=run["min_train_gpus"])
     summary = pd.read_csv(run_dir / "summary.csv").set_index("policy")
     rows = []
     for p in predict:
