@@ -147,18 +147,25 @@ def learning_figure(results, path: Path) -> None:
     plt.close(fig)
 
 
-def run_policies(cfg, policies, pool, out: Path) -> list:
-    """One real run per policy into `out` (outputs, learning figure); a failed policy is reported, not fatal."""
+def run_policies(cfg, policies, pool, out: Path, load: dict | None = None) -> list:
+    """One real run per policy into `out` (outputs, learning figure); a failed policy is reported, not fatal.
+    `load` receives each policy's 1-minute load average at its start and end: real makespans (and the costs
+    calibrated from them) slow down with whatever else shares the machine."""
+    import os
+
     from gyre.cluster import ClusterError
     from gyre.real.runner import run_real, write_outputs
 
     results = []
     for p in policies:
+        before = os.getloadavg()[0]
         try:
             r = run_real(cfg, p, pool=pool)
         except ClusterError as exc:  # reported, and the other policies still run
             print(f"{p}: FAILED: {exc}", flush=True)
             continue
+        if load is not None:
+            load[p] = (before, os.getloadavg()[0])
         lc = r.learning()
         print(f"{p}: makespan {r.makespan_s:.1f}s, reward {lc['reward_mean'].iloc[:5].mean():.3f} -> "
               f"{lc['reward_mean'].iloc[-5:].mean():.3f}", flush=True)
@@ -230,7 +237,8 @@ def main() -> None:
         out = args.out if args.repeat == 1 else args.out / f"run{i}"
         if args.repeat > 1:
             print(f"--- repeat {i + 1}/{args.repeat} -> {out}", flush=True)
-        results = run_policies(cfg, args.policies, pool, out)
+        load: dict = {}
+        results = run_policies(cfg, args.policies, pool, out, load)
         first = first or results
         ran = [r.policy for r in results]
         p = sim_to_real(out, ran).assign(repeat=i)
@@ -240,6 +248,7 @@ def main() -> None:
         for r in results:
             lc = r.learning()
             runs.append({"repeat": i, "policy": r.policy, "makespan_s": r.makespan_s,
+                         "load_start": load[r.policy][0], "load_end": load[r.policy][1],
                          "reward_first5": float(lc["reward_mean"].iloc[:5].mean()),
                          "reward_last5": float(lc["reward_mean"].iloc[-5:].mean())})
     preds = pd.concat(preds, ignore_index=True)
@@ -261,6 +270,9 @@ def main() -> None:
     for w, g in preds.groupby("workload"):
         print(f"sim-to-real, {w} workload: median |error| {g['abs_error'].median():.3f}, "
               f"worst {g['abs_error'].max():.3f} over {len(g)} predictions")
+        if args.repeat > 1:
+            for i, gi in g.groupby("repeat"):
+                print(f"  repeat {i}: median {gi['abs_error'].median():.3f}, worst {gi['abs_error'].max():.3f}")
     (args.out / "bench.json").write_text(json.dumps({
         "control_plane": control.to_dict(orient="records"), "sim_to_real": preds.to_dict(orient="records"),
         "runs": runs.to_dict(orient="records"), "weight_sync": sync.to_dict(orient="records"),

@@ -2,8 +2,12 @@
 
 What it models: gyre.hardware.Costs is the simulator's whole cost model. From one real run's profile:
 - decode step time a + b*batch + c*KV tokens: least squares over every engine decode step;
-- prefill seconds per token: the engine's prefill time, plus the driver-measured request overhead the
-  simulator has no term for (RPC and event-loop latency), spread over the prefilled tokens;
+- prefill seconds per token: the engine's measured prefill time over the tokens it prefilled;
+- request latency outside the engine (`Costs.request_s`: RPC and event-loop time the driver sees and
+  the engine does not): the mean over requests of the driver-measured wall time less the fitted decode
+  time of its tokens (at the batch it joined, no context term) and its prefill at the per-token rate.
+  The simulator delays each turn of the execution alone by it; inside an engine step it would slow
+  every sequence sharing the step;
 - training seconds per token x GPU: measured step wall time x the run's training GPUs / tokens;
 - weight sync, engine wake (role switch in) and sleep (role switch out): measured means; the simulator
   charges a sync on every engine start, so the wake it is given is the measured wake minus a sync.
@@ -49,12 +53,12 @@ def costs_from_profile(profile: dict, *, engine_gpus: int, kv_capacity: int, tra
     if a == 0.0:
         a = float(np.median(dec[:, 2]))
     pre = np.asarray(profile.get("engine_prefill") or [[1, 0.0]], dtype=np.float64).reshape(-1, 2)
+    prefill = float(pre[:, 1].sum()) / max(float(pre[:, 0].sum()), 1.0)
     req = np.asarray(profile.get("requests") or [], dtype=np.float64).reshape(-1, 4)  # new, gen, batch, wall
-    overhead = 0.0
+    request_s = 0.0
     if len(req):
-        decode_s = np.array([a + b * n + c * 0 for n in req[:, 2]]) * req[:, 1]
-        overhead = float(np.maximum(req[:, 3] - decode_s, 0.0).sum()) - float(pre[:, 1].sum())
-    prefill = (float(pre[:, 1].sum()) + max(overhead, 0.0)) / max(float(pre[:, 0].sum()), 1.0)
+        engine_s = (a + b * np.maximum(req[:, 2], 1.0)) * req[:, 1] + prefill * req[:, 0]
+        request_s = max(0.0, float(np.mean(req[:, 3] - engine_s)))
     tr = np.asarray(profile.get("train") or [], dtype=np.float64).reshape(-1, 3)
     if not len(tr):
         raise CalibrationError("profile has no training step")
@@ -65,6 +69,7 @@ def costs_from_profile(profile: dict, *, engine_gpus: int, kv_capacity: int, tra
         prefill_s_per_token=prefill, train_s_per_token_gpu=train, min_train_gpus=min_train_gpus,
         sync_s=mean("sync"), engine_wake_s=max(0.0, mean("wake") - mean("sync")), engine_sleep_s=mean("sleep"),
         trainer_onload_s=0.0, trainer_offload_s=0.0, kv_transfer_s_per_token=0.0, migration="reprefill",
+        request_s=request_s,
     )
 
 
@@ -119,6 +124,26 @@ def load_run(run_dir: Path, policy: str):
         raise CalibrationError(f"{tr}: {exc}") from None
 
 
+def calibrated_costs(run_dir: str | Path, source: str):
+    """The cost model calibrated on `source`'s run in `run_dir`, that run's trace, and its median training GPUs."""
+    run_dir = Path(run_dir)
+    profile, trace = load_run(run_dir, source)
+    run = trace.run
+    src_gpus = float(pd.read_csv(run_dir / f"steps_{source}.csv")["gpus"].median())
+    costs = costs_from_profile(profile, engine_gpus=run["gpus_per_engine"], kv_capacity=run["kv_capacity"],
+                               train_gpus=src_gpus, min_train_gpus=run["min_train_gpus"])
+    return costs, trace, src_gpus
+
+
+def describe(costs: Costs) -> str:
+    """One line: the calibrated constants a prediction rests on."""
+    return (f"engine step {costs.step_a * 1e3:.2f} ms + {costs.step_b * 1e3:.3f} ms/sequence + "
+            f"{costs.step_c * 1e6:.3f} us/KV token; prefill {costs.prefill_s_per_token * 1e3:.3f} ms/token; "
+            f"request latency outside the engine {costs.request_s * 1e3:.1f} ms/turn; training "
+            f"{costs.train_s_per_token_gpu * 1e3:.3f} ms/token x GPU; wake {costs.engine_wake_s:.3f} s, "
+            f"sleep {costs.engine_sleep_s:.3f} s, sync {costs.sync_s:.3f} s")
+
+
 def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, train_scales: bool = False,
                       workload: str = "source") -> pd.DataFrame:
     """Predicted (calibrated on `source`) vs measured makespan for each policy in `predict`.
@@ -130,12 +155,8 @@ def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, t
     if workload not in ("source", "own"):
         raise CalibrationError(f"workload must be 'source' or 'own', not {workload!r}")
     run_dir = Path(run_dir)
-    profile, trace = load_run(run_dir, source)
+    costs, trace, src_gpus = calibrated_costs(run_dir, source)
     run = trace.run
-    steps_src = pd.read_csv(run_dir / f"steps_{source}.csv")
-    src_gpus = float(steps_src["gpus"].median())
-    costs = costs_from_profile(profile, engine_gpus=run["gpus_per_engine"], kv_capacity=run["kv_capacity"],
-                               train_gpus=src_gpus, min_train_gpus=run["min_train_gpus"])
     summary = pd.read_csv(run_dir / "summary.csv").set_index("policy")
     rows = []
     for p in predict:

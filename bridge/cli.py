@@ -25,13 +25,15 @@ def calibrate(
              "policy's measured trace: the cost model's error alone)")] = "source",
 ) -> None:
     """Calibrate the simulator's cost model on one real run; predict (and compare) other policies."""
-    from gyre.bridge.calibrate import CalibrationError, predict_makespans
+    from gyre.bridge.calibrate import CalibrationError, calibrated_costs, describe, predict_makespans
 
     try:
+        costs = calibrated_costs(run_dir, source)[0]
         table = predict_makespans(run_dir, source, predict, workload=workload)
     except CalibrationError as exc:
         fail(str(exc))
         raise
+    console.print(f"calibrated on {source}: {describe(costs)}", soft_wrap=True)
     console.print(table.to_string(index=False))
     if out:
         table.to_csv(out, index=False)

@@ -120,8 +120,11 @@ class CostConfig:
     migration: str = "reprefill"  # or "kv_transfer"
     engine_restart_fixed_s: float = 64.0  # a crashed engine's process start-up, weights aside (module docstring)
     trainer_restart_fixed_s: float = 34.0  # a crashed trainer worker's process start-up, state aside
+    request_s: float = 0.0  # latency outside the engine per turn (driver RPC, event loop); 0: none modelled
 
     def __post_init__(self) -> None:
+        if not self.request_s >= 0:
+            raise ValueError(f"request_s must be >= 0 seconds, got {self.request_s!r}")
         if self.max_num_seqs is not None and (isinstance(self.max_num_seqs, bool) or self.max_num_seqs < 1):
             raise ValueError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 
@@ -142,7 +145,9 @@ class Costs:
 
     The engine step is the roofline `roofline` when set; without one (hand-built or calibrated costs)
     it is linear: a + b * decodes + c * decode context + prefill_s_per_token * prefill tokens, and a
-    zero prefill_s_per_token makes prefill free."""
+    zero prefill_s_per_token makes prefill free. `request_s` is latency outside the engine (the driver's
+    RPC and event loop, calibrated from a real run): each turn's request waits that long before it
+    reaches its engine, delaying that execution alone; derived costs have none."""
 
     engine_gpus: int
     kv_capacity_tokens: int
@@ -168,6 +173,7 @@ class Costs:
     train_mfu: float = 0.0  # the share of peak training runs at (0: unknown; utilization leaves training out)
     engine_restart_s: float = 0.0  # a crashed engine back up (start-up + weight load; injected faults)
     trainer_restart_s: float = 0.0  # a crashed trainer worker back up with its state (injected faults)
+    request_s: float = 0.0  # per-turn latency outside the engine, charged to the execution alone
 
     def step_time(self, batch: int, kv_tokens: float, chunk: float = 0.0, offset: float = 0.0) -> float:
         """One engine step: `batch` decodes at total context `kv_tokens`, plus `chunk` prefill tokens at `offset`."""
@@ -318,4 +324,5 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         train_mfu=cost.train_mfu,
         engine_restart_s=shard / (gpu.host_gb_s * 1e9) + cost.engine_restart_fixed_s,
         trainer_restart_s=train_shard / (gpu.host_gb_s * 1e9) + cost.trainer_restart_fixed_s,
+        request_s=cost.request_s,
     )

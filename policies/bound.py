@@ -15,7 +15,8 @@ Every term is a minimum of something the simulator charges (its engine and gyre.
 - training GPU-work: 6 x active params per trained token plus attention (Costs.train_time);
 - solo latency of an execution: each token decoded at batch 1 at its segment's starting context,
   each prefill token at its cheapest (Costs.min_prefill_s_per_token), plus its tool time, capped by
-  its deadline (a deadline only cuts at a turn boundary, after it has passed). Executions with a
+  its deadline (a deadline only cuts at a turn boundary, after it has passed), plus
+  Costs.request_s per turn (each turn's request waits that long before it reaches its engine). Executions with a
   finite deadline contribute only their prompt's prefill to the GPU-work (they may be cut at once).
 
 bound = max(GPU-work / N, critical path, staleness chain), where
@@ -65,7 +66,7 @@ class _PerExec:
     pf: np.ndarray  # tokens prefilled at least
     pf_offset: np.ndarray  # sum of prefill tokens x their starting offset
     solo: np.ndarray  # solo latency, capped by the deadline
-    prompt_pf_s: np.ndarray  # the prompt's prefill time at its cheapest
+    prompt_pf_s: np.ndarray  # the first request's way to the engine plus the prompt's prefill at its cheapest
     min_ctx: float  # the smallest context a decode token has
 
 
@@ -91,9 +92,10 @@ def _per_exec(execs, costs: Costs) -> _PerExec:
     dec_s = np.asarray(costs.decode_s_per_token(kv))
     pf_tok_turn = np.asarray(costs.min_prefill_s_per_token(t_off))
     pf_tok_prompt = np.asarray(costs.min_prefill_s_per_token(np.zeros(n)))
-    prompt_pf_s = prompt * pf_tok_prompt
+    prompt_pf_s = prompt * pf_tok_prompt + costs.request_s  # the first request's way to the engine, then its prompt
     alone = np.bincount(seg_of, gen * dec_s, minlength=n) + np.bincount(tool_of, tool_s + t_need * pf_tok_turn,
-                                                                        minlength=n) + prompt_pf_s
+                                                                        minlength=n) + prompt_pf_s \
+        + (lens - 1) * costs.request_s
     deadline = np.fromiter((e.deadline_s for e in execs), np.float64, n)
     sure = ~np.isfinite(deadline)  # only these are sure to run every turn
     G = np.where(sure, np.bincount(seg_of, gen, minlength=n), 0.0)

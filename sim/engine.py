@@ -28,10 +28,14 @@ run (prefill queue plus decode batch), as in vLLM's scheduler: the wait queue's 
 fewer run, so a waiting execution starts when a running one leaves (its segment ends, it is preempted
 or dropped). Optional reservation mode admits an execution only if its largest context fits beside the
 others' and never preempts. A context larger than the whole engine is a configuration error
-(SimCluster.admit).
+(SimCluster.admit). KV pressure (preemption, eviction) lives in gyre.sim.kv_pressure, and migrations,
+crashes and weight syncs in gyre.sim.engine_moves: both are mixins of SimEngine.
 
 Costs without a roofline use the linear step a + b n + c K + prefill_s_per_token m; a zero
-prefill_s_per_token makes prefill free (no prefill queue), as in hand-built test scenarios.
+prefill_s_per_token makes prefill free (no prefill queue), as in hand-built test scenarios. A nonzero
+`Costs.request_s` (latency outside the engine, calibrated from a real run) delays each turn's request
+before it reaches the wait queue: on admission and after each tool call the execution waits that long
+as if in a tool call (a timer; it holds no KV beyond its resident context and uses no engine time).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 from gyre.cluster import Phase
+from gyre.sim.engine_moves import EngineMoves
 from gyre.sim.kv_pressure import KvPressure
 
 if TYPE_CHECKING:
@@ -55,14 +60,14 @@ _FULL = 1.0 - 1e-9  # the KV-full event fires when use reaches this share of cap
 _TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
 
 
-class SimEngine(KvPressure):
+class SimEngine(KvPressure, EngineMoves):
     # slots: the wakeup reads and writes a few dozen attributes per event, and an instance dict of this many
     # keys would fall off CPython's fast attribute path
     __slots__ = (
         "cluster", "id", "gpus", "_version", "costs", "state", "members", "queue", "_heap", "_ready", "prefill",
         "pf_pending", "pf_resident", "_pf_due", "_adm", "V", "t_last", "rate", "pf_rate", "n_dec", "kv_dec_base",
         "mem_fixed", "reserved", "paused", "epoch", "_free_prefill", "_budget", "_max_seqs", "_reserve", "_kv_cap",
-        "_full", "_wake_q", "_wake_seq", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq", "_dirty",
+        "_full", "_req", "_wake_q", "_wake_seq", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq", "_dirty",
     )
 
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
@@ -98,6 +103,7 @@ class SimEngine(KvPressure):
         self._reserve = c.kv_reserve
         self._kv_cap = c.kv_capacity_tokens
         self._full = c.kv_capacity_tokens * _FULL
+        self._req = c.request_s
         self._wake_q, self._wake_seq = cluster.fine_queue  # SimCluster.schedule's heap and tie-breaker
         self._fire = self.fire
         self._log = cluster.log.append
@@ -258,7 +264,7 @@ class SimEngine(KvPressure):
                 self.mem_fixed += ctx
                 ex.ctx = nxt
                 ex.seg = seg + 1
-                r = ex.ready_at = t + ex.tool_s[seg]
+                r = ex.ready_at = t + ex.tool_s[seg] + self._req
                 push(ready, (r, next(seq), ex))
             if self.n_dec == 0:
                 self._log(("busy", t, self.id, 0))
@@ -303,8 +309,13 @@ class SimEngine(KvPressure):
         ex.ctx = ex.kv[0]
         ex.resident = 0
         self.members[ex.id] = ex
-        self.queue.append(ex)
-        self._drain_queue(t)
+        if self._req:  # its first request is on its way to the engine
+            ex.phase = _TOOL
+            r = ex.ready_at = t + self._req
+            heapq.heappush(self._ready, (r, next(self._seq), ex))
+        else:
+            self.queue.append(ex)
+            self._drain_queue(t)
         self._touch(t)
 
     def _drain_queue(self, t: float) -> None:
@@ -395,12 +406,12 @@ class SimEngine(KvPressure):
             ex.resident = keep
         ex.ctx = nxt
         ex.seg = seg + 1
-        r = ex.ready_at = t + ex.tool_s[seg]
+        r = ex.ready_at = t + ex.tool_s[seg] + self._req
         heapq.heappush(self._ready, (r, next(self._seq), ex))
         if ex.migrate_to is not None:
             self.cluster.migrate_at_boundary(ex, t)
 
-    # --- leaving and arriving ---
+    # --- leaving (finished, cut by its deadline, or moving away) ---
     def _drop(self, ex: SimExecution) -> None:
         """Take ex (not decoding) off this engine and free its KV (and its reservation)."""
         del self.members[ex.id]
@@ -422,81 +433,6 @@ class SimEngine(KvPressure):
             ex.reserved = 0
         ex.adm = -1
         ex.engine = None
-
-    def remove(self, ex: SimExecution) -> None:
-        """Take a non-decoding execution off this engine (migration); a pending tool call leaves with it."""
-        self._advance(self.cluster.now)
-        if ex.ready_at is not None:
-            self._ready = [x for x in self._ready if x[2] is not ex]
-            heapq.heapify(self._ready)
-        self._drop(ex)
-        self._drain_queue(self.cluster.now)
-        self._touch(self.cluster.now)
-
-    def add_migrated(self, ex: SimExecution, t: float, kv_fits_free: bool) -> None:
-        """Take an execution that is between turns (or waiting) from another engine. With `kv_fits_free`
-        (its KV was transferred and fits here) its context arrives resident; otherwise it re-prefills."""
-        self._advance(t)
-        ex.engine = self
-        self.members[ex.id] = ex
-        if kv_fits_free and ex.resident and self._used() + ex.resident + self.n_dec + 1 <= self._full:
-            self.mem_fixed += ex.resident
-            self._admitted(ex)
-        else:
-            ex.resident = 0
-        if ex.ready_at is not None:
-            ex.phase = _TOOL
-            heapq.heappush(self._ready, (ex.ready_at, next(self._seq), ex))
-        else:
-            ex.phase = _QUEUED
-            self.queue.append(ex)
-            self._drain_queue(t)
-        self._touch(t)
-
-    # --- losing the process ---
-    def wipe(self, t: float) -> tuple[list[SimExecution], float]:
-        """The engine's process died at t: every member leaves it, in id order, holding no KV. The unfinished
-        part of a segment (decoding, or kept by a preemption) is lost and decoded again (nothing of it was
-        recorded); a tool call keeps running. Returns the members, detached, and the decoded tokens lost."""
-        self._advance(t)
-        if self.n_dec:
-            self._log(("busy", t, self.id, 0))
-        out = sorted(self.members.values(), key=lambda x: x.id)
-        lost = 0.0
-        for ex in out:
-            lost += ex.seg_done + (self.V - ex.v_start if ex.phase == _DECODE else 0.0)
-            ex.ctx = ex.kv[ex.seg]
-            ex.seg_done = 0.0
-            ex.phase = _TOOL if ex.ready_at is not None else _QUEUED
-            ex.resident = ex.reserved = 0
-            ex.adm = -1
-            ex.pf_left = 0.0
-            ex.engine = None
-        self.members = {}
-        self.queue.clear()
-        self.prefill.clear()
-        self._heap, self._ready, self._adm = [], [], []
-        self.n_dec = 0
-        self.kv_dec_base = self.mem_fixed = self.reserved = self.pf_pending = self.pf_resident = 0.0
-        self.paused = False
-        self._reschedule()  # nothing left to plan: invalidates the pending wakeup
-        return out, lost
-
-    # --- weights ---
-    def pause(self, t: float) -> None:
-        self._advance(t)
-        self.paused = True
-        self._reschedule()
-
-    def resume(self, t: float, version: int) -> None:
-        self._advance(t)
-        for _, _, ex in self._heap:  # tokens decoded so far in the current segment were the old version's
-            done = ex.seg_done + self.V - ex.v_start
-            ex.vsum += (done - ex.seg_cred) * self._version
-            ex.seg_cred = done
-        self.paused = False
-        self._version = version
-        self._reschedule()
 
     def __repr__(self) -> str:
         return f"<engine {self.id} {self.state} live={self.n_live} dec={self.n_dec}>"

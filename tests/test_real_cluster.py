@@ -126,6 +126,7 @@ def test_cli_run_then_calibrate(pool, tmp_path):
     res = CliRunner().invoke(app, ["calibrate", str(tmp_path), "--from", "colocate", "--predict", "colocate",
                                    "--predict", "async", "--workload", "own", "--out", str(csv)])
     assert res.exit_code == 0 and "predicted_s" in res.output, f"calibrate failed: {res.output}"
+    assert "calibrated on colocate: engine step" in res.output and "ms/turn" in res.output, res.output
     own = pd.read_csv(csv).set_index("policy")
     src = predict_makespans(tmp_path, "colocate", ["colocate", "async"]).set_index("policy")
     assert set(own["workload"]) == {"own"} and set(src["workload"]) == {"source"}

@@ -109,3 +109,22 @@ def test_staleness_aware_bound_by_hand():
     c.run(make_policy("colocate"), steps=2)
     end = max(rec[1] for rec in c.log if rec[0] == "step")
     assert end >= on_policy.makespan_s, (end, on_policy)
+
+
+def test_request_latency_delays_each_turn_of_its_execution_alone():
+    """Costs.request_s = 0.25 s: each turn's request reaches the engine 0.25 s late (on admission and after
+    each tool call); the engine's step is unchanged, so the other execution decodes at full speed meanwhile."""
+    from dataclasses import replace
+
+    from tests.simkit import ROUND_COSTS
+
+    a = spec(0, 0, gen=[100, 50], tool_s=[1.0])  # 0.25 + decode 1 s, tool 1 s + 0.25, decode 0.5 s
+    b = spec(1, 0, gen=[300])  # 0.25 + decode 3 s
+    c = cluster([group(0, a, b)], n_gpus=2, groups_per_step=1, costs=replace(ROUND_COSTS, request_s=0.25))
+    c.run(make_policy("colocate"), steps=1)
+    assert timeline(c.log, kinds=("start", "finish", "step")) == [
+        ("start", 3.25, 0, 0), ("start", 3.25, 1, 1),
+        ("finish", 6.0, 0, 0, 150),
+        ("finish", 6.25, 1, 0, 300),
+        ("step", 10.5, 1, 2, 550),  # sleep 1 s, onload 0.5 s, train 2.75 s
+    ], timeline(c.log)
