@@ -146,7 +146,7 @@ def test_next_target_exact_decisions():
     assert next_target(32, [busy, busy, busy], backlog=False, **kw) == 32, "no batch waiting now: hold"
     slow = _rec(40.0, 29.5)  # one slow batch: the trainer waited 29.5 of 61 s in the window
     assert next_target(32, [busy, busy, slow], backlog=False, **kw) == 32, "one slow batch moves nothing"
-    assert next_target(32, [slow, busy, busy], backlog=True, **kw) == 32, "a burst after a slow batch moves nothing"
+    assert next_target(32, [slow, busy, busy], backlog=True, **kw) == 32, "a burst after a slow batch: hold"
     # waited 3 x 30 of 120 s: 32 GPUs x 30 s trained in 120 s = 8 GPUs' worth -> 8, but at least half of 32
     waits = [_rec(40.0, 30.0)] * 3
     assert next_target(32, waits, backlog=False, **kw) == 16, "rollout-bound: halves at most"
@@ -158,8 +158,8 @@ def test_next_target_exact_decisions():
 
 
 @settings(max_examples=60, deadline=None)
-@given(steps=st.lists(st.tuples(st.floats(0.1, 100.0), st.floats(0.0, 1.0), st.floats(0.1, 50.0), st.booleans()),
-                      min_size=1, max_size=40),
+@given(steps=st.lists(st.tuples(st.floats(0.1, 100.0), st.floats(0.0, 1.0), st.floats(0.1, 50.0),
+                                st.booleans()), min_size=1, max_size=40),
        per=st.sampled_from([1, 4, 32]), floor_engines=st.integers(1, 4), top_engines=st.integers(4, 30))
 def test_next_target_moves_at_most_once_per_window(steps, per, floor_engines, top_engines):
     """Fed step after step (the window restarting after each move), the target stays an engine multiple in
