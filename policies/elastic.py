@@ -21,8 +21,9 @@ target starts at half the pool (the memory minimum if larger) and is sized from 
   after one that ends with the next batch already waiting, if that step was the first or every group is
   already admitted (the rollout's demand can only fall);
 - later the target moves only on the evidence of the last WINDOW steps since it last moved, never on
-  one step: to the largest trainer if the next batch waits and the trainer never waited in any of them
-  (trainer-bound); to the balanced size if the trainer waited for more than half of their time
+  one step: to the largest trainer if the next batch waits, the trainer never waited in any of them
+  and the finished groups waiting for it did not fall over them (trainer-bound: a burst of ready batches
+  after one slow group drains that queue); to the balanced size if the trainer waited for more than half of their time
   (rollout-bound): the GPUs that train one batch in their mean batch interval (GPUs x step time /
   interval, summed over the window), shrinking at most by half per move and never below the memory
   minimum. Between the two it holds: a burst of ready batches after a slow group, or one slow batch,
@@ -97,7 +98,7 @@ class Elastic:
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order)
         yield from self._grow()
         producer = cluster.spawn(self._produce(steps), "elastic-producer")
-        idle_since = cluster.now  # when the trainer last became free
+        idle_since = cluster.now  # when the trainer last became free to train
         last_ready: float | None = None  # when the previous batch became ready
         while cluster.version < steps:
             batch = batcher.next_batch()
@@ -115,9 +116,10 @@ class Elastic:
             self.training = False
             self._adapt(idle=ready_at - idle_since, gather=start - ready_at, train=cluster.now - start,
                         gpus=len(gpus), interval=None if last_ready is None else ready_at - last_ready)
-            idle_since, last_ready = cluster.now, ready_at
+            last_ready = ready_at
             if cluster.version < steps:
                 yield from self._grow()
+            idle_since = cluster.now  # engines restarted and synced: from here the trainer waits for a batch
             batcher.changed.fire()
         if not producer.done:
             yield any_of([producer])
@@ -226,7 +228,8 @@ class Elastic:
         tail = self.batcher.n_admitted >= self.batcher.steps * self.batcher.gps  # nothing left to admit
         target = self.train_target
         if interval is not None:
-            self.window.append(StepRecord(interval=interval, idle=idle, train=train, gpus=gpus))
+            self.window.append(StepRecord(interval=interval, idle=idle, train=train, gpus=gpus,
+                                          waiting=len(self.batcher.finished)))
         if backlog and (interval is None or tail):
             target = top
         elif interval is not None:

@@ -9,8 +9,8 @@ of the future, and has no side effects, so it is unit-tested on plain stand-ins.
 - `assign_targets`: each migrant (largest context first) to the staying engine with the most free
   KV at that moment (free = capacity * kv_fill - used - already assigned; ties by id).
 - `next_target`: the trainer's size for the coming steps, judged on the last `size` steps since it last
-  moved (never on one step): the largest trainer if the next batch waits and the trainer never waited
-  in any of them; the balanced size if it waited for more than half of their time; else unchanged.
+  moved (never on one step): the largest trainer if the next batch waits, the trainer never waited in
+  any of them and its queue of finished groups did not fall; the balanced size if it waited for more than half of their time; else unchanged.
 
 Simplifications: a decoding execution's KV is counted at its current size (it grows by one segment
 before it moves); queued executions hold no KV yet and count as their context (0 if not started).
@@ -30,9 +30,10 @@ class StepRecord:
     """One training step as the trainer saw it."""
 
     interval: float  # from the previous batch becoming ready to this one
-    idle: float  # the trainer waited this long for the batch
+    idle: float  # the trainer, ready for its next batch, waited this long for it
     train: float  # training time
     gpus: int  # GPUs it trained on
+    waiting: int = 0  # finished groups waiting for the trainer when the step ended
 
 
 @dataclass(frozen=True)
@@ -100,15 +101,18 @@ def next_target(
     """The trainer target after the steps in `window` (those since the target last moved, oldest first).
 
     With fewer than `size` steps it holds. Over the last `size`: if the next batch already waits
-    (`backlog`) and the trainer never waited, the trainer is the bottleneck: `top`. If the trainer waited
-    for more than half of their time, the rollout is: the balanced size, the GPUs that train one batch
-    in the window's mean batch interval (sum of GPU-seconds trained / sum of intervals, rounded up to
-    engines of `per`), but at least half of `current` (in engines), `floor`, and at most `top`.
-    Otherwise (a burst of ready batches after one slow group, one slow batch) it holds."""
+    (`backlog`), the trainer never waited and the finished groups waiting for it did not fall from the
+    first step to the last (a burst of ready batches behind one slow group drains that queue), the
+    trainer is the bottleneck: `top`. If the trainer waited for more than half of their time, the
+    rollout is: the balanced size, the GPUs that train one batch in the window's mean batch interval
+    (sum of GPU-seconds trained / sum of intervals, rounded up to engines of `per`), but at least half
+    of `current` (in engines), `floor`, and at most `top`. Otherwise (a burst of ready batches after
+    one slow group, one slow batch) it holds. `idle` counts from when the trainer was ready for its next
+    batch (engines restarted and synced), so a batch already waiting then is idle 0."""
     w = list(window)[-size:]
     if len(w) < size:
         return current
-    if backlog and all(r.idle <= 0 for r in w):
+    if backlog and all(r.idle <= 0 for r in w) and w[-1].waiting >= w[0].waiting:
         return top
     span = sum(r.interval for r in w)
     if span <= 0 or sum(r.idle for r in w) <= span / 2:

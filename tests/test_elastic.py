@@ -133,8 +133,8 @@ def test_no_pressure_no_move():
     assert [r[3] for r in c.log if r[0] == "engine_up"] == [(0,)], "only GPU 0 ever runs an engine"
 
 
-def _rec(interval: float, idle: float, train: float = 10.0, gpus: int = 32) -> StepRecord:
-    return StepRecord(interval=interval, idle=idle, train=train, gpus=gpus)
+def _rec(interval: float, idle: float, train: float = 10.0, gpus: int = 32, waiting: int = 5) -> StepRecord:
+    return StepRecord(interval=interval, idle=idle, train=train, gpus=gpus, waiting=waiting)
 
 
 def test_next_target_exact_decisions():
@@ -144,6 +144,9 @@ def test_next_target_exact_decisions():
     assert next_target(32, [busy, busy], backlog=True, **kw) == 32, "two backlogged steps are not yet evidence"
     assert next_target(32, [busy, busy, busy], backlog=True, **kw) == 60, "three without a wait: trainer-bound"
     assert next_target(32, [busy, busy, busy], backlog=False, **kw) == 32, "no batch waiting now: hold"
+    burst = [_rec(10.5, 0.0, waiting=w) for w in (12, 8, 4)]  # ready batches behind a slow group, draining
+    assert next_target(32, burst, backlog=True, **kw) == 32, "a draining queue of ready batches is a burst"
+    assert next_target(32, burst[::-1], backlog=True, **kw) == 60, "a growing one is a trainer too small"
     slow = _rec(40.0, 29.5)  # one slow batch: the trainer waited 29.5 of 61 s in the window
     assert next_target(32, [busy, busy, slow], backlog=False, **kw) == 32, "one slow batch moves nothing"
     assert next_target(32, [slow, busy, busy], backlog=True, **kw) == 32, "a burst after a slow batch: hold"
@@ -159,15 +162,16 @@ def test_next_target_exact_decisions():
 
 @settings(max_examples=60, deadline=None)
 @given(steps=st.lists(st.tuples(st.floats(0.1, 100.0), st.floats(0.0, 1.0), st.floats(0.1, 50.0),
-                                st.booleans()), min_size=1, max_size=40),
+                                st.booleans(), st.integers(0, 20)), min_size=1, max_size=40),
        per=st.sampled_from([1, 4, 32]), floor_engines=st.integers(1, 4), top_engines=st.integers(4, 30))
 def test_next_target_moves_at_most_once_per_window(steps, per, floor_engines, top_engines):
     """Fed step after step (the window restarting after each move), the target stays an engine multiple in
     [floor, top], shrinks at most by half per move, and moves at most once every three steps."""
     floor, top = floor_engines * per, top_engines * per
     target, window, moves = top, [], []
-    for i, (interval, idle_share, train, backlog) in enumerate(steps):
-        window.append(StepRecord(interval=interval, idle=idle_share * interval, train=train, gpus=target))
+    for i, (interval, idle_share, train, backlog, waiting) in enumerate(steps):
+        window.append(StepRecord(interval=interval, idle=idle_share * interval, train=train, gpus=target,
+                                 waiting=waiting))
         new = next_target(target, window, backlog=backlog, top=top, floor=floor, per=per)
         assert new % per == 0 and floor <= new <= top, (new, floor, top)
         assert new >= min(target, max(floor, target // 2 // per * per)), f"shrank more than half: {target} -> {new}"
