@@ -145,17 +145,18 @@ def describe(costs: Costs) -> str:
 
 
 def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, train_scales: bool = False,
-                      workload: str = "source") -> pd.DataFrame:
+                      workload: str = "source", calibrated: tuple | None = None) -> pd.DataFrame:
     """Predicted (calibrated on `source`) vs measured makespan for each policy in `predict`.
 
     `workload`: "source" replays the source run's trace for every prediction; "own" replays each
     predicted policy's own trace (it must have been run). `train_scales`: whether the real trainer's step
     time shrinks with its GPU count (False: the prediction is re-run with the per-token cost at the
-    predicted policy's median training GPU count)."""
+    predicted policy's median training GPU count). `calibrated`: `calibrated_costs(run_dir, source)`, if the
+    caller has it already."""
     if workload not in ("source", "own"):
         raise CalibrationError(f"workload must be 'source' or 'own', not {workload!r}")
     run_dir = Path(run_dir)
-    costs, trace, src_gpus = calibrated_costs(run_dir, source)
+    costs, trace, src_gpus = calibrated if calibrated is not None else calibrated_costs(run_dir, source)
     run = trace.run
     summary = pd.read_csv(run_dir / "summary.csv").set_index("policy")
     rows = []

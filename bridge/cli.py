@@ -28,12 +28,12 @@ def calibrate(
     from gyre.bridge.calibrate import CalibrationError, calibrated_costs, describe, predict_makespans
 
     try:
-        costs = calibrated_costs(run_dir, source)[0]
-        table = predict_makespans(run_dir, source, predict, workload=workload)
+        calibrated = calibrated_costs(run_dir, source)
+        table = predict_makespans(run_dir, source, predict, workload=workload, calibrated=calibrated)
     except CalibrationError as exc:
         fail(str(exc))
         raise
-    console.print(f"calibrated on {source}: {describe(costs)}", soft_wrap=True)
+    console.print(f"calibrated on {source}: {describe(calibrated[0])}", soft_wrap=True)
     console.print(table.to_string(index=False))
     if out:
         table.to_csv(out, index=False)

@@ -123,8 +123,9 @@ class CostConfig:
     request_s: float = 0.0  # latency outside the engine per turn (driver RPC, event loop); 0: none modelled
 
     def __post_init__(self) -> None:
-        if not self.request_s >= 0:
-            raise ValueError(f"request_s must be >= 0 seconds, got {self.request_s!r}")
+        r = self.request_s
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < math.inf:
+            raise ValueError(f"request_s must be a finite number of seconds >= 0, got {r!r}")
         if self.max_num_seqs is not None and (isinstance(self.max_num_seqs, bool) or self.max_num_seqs < 1):
             raise ValueError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
 

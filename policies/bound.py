@@ -66,7 +66,7 @@ class _PerExec:
     pf: np.ndarray  # tokens prefilled at least
     pf_offset: np.ndarray  # sum of prefill tokens x their starting offset
     solo: np.ndarray  # solo latency, capped by the deadline
-    prompt_pf_s: np.ndarray  # the first request's way to the engine plus the prompt's prefill at its cheapest
+    to_decode_s: np.ndarray  # before the first decode: the first request's way to the engine, the prompt's prefill
     min_ctx: float  # the smallest context a decode token has
 
 
@@ -92,9 +92,9 @@ def _per_exec(execs, costs: Costs) -> _PerExec:
     dec_s = np.asarray(costs.decode_s_per_token(kv))
     pf_tok_turn = np.asarray(costs.min_prefill_s_per_token(t_off))
     pf_tok_prompt = np.asarray(costs.min_prefill_s_per_token(np.zeros(n)))
-    prompt_pf_s = prompt * pf_tok_prompt + costs.request_s  # the first request's way to the engine, then its prompt
+    to_decode_s = costs.request_s + prompt * pf_tok_prompt  # at its cheapest
     alone = np.bincount(seg_of, gen * dec_s, minlength=n) + np.bincount(tool_of, tool_s + t_need * pf_tok_turn,
-                                                                        minlength=n) + prompt_pf_s \
+                                                                        minlength=n) + to_decode_s \
         + (lens - 1) * costs.request_s
     deadline = np.fromiter((e.deadline_s for e in execs), np.float64, n)
     sure = ~np.isfinite(deadline)  # only these are sure to run every turn
@@ -103,7 +103,7 @@ def _per_exec(execs, costs: Costs) -> _PerExec:
     PF = prompt + np.where(sure, np.bincount(tool_of, t_need, minlength=n), 0.0)
     PFO = np.where(sure, np.bincount(tool_of, t_need * t_off, minlength=n), 0.0)
     min_ctx = float(kv.min()) if len(kv) else 1.0
-    return _PerExec(G, KG, PF, PFO, np.minimum(alone, deadline), prompt_pf_s, max(min_ctx, 1.0))
+    return _PerExec(G, KG, PF, PFO, np.minimum(alone, deadline), to_decode_s, max(min_ctx, 1.0))
 
 
 def _group_max(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
@@ -153,7 +153,7 @@ def lower_bound(groups: list[GroupSpec], costs: Costs, n_gpus: int, groups_per_s
     stale = 0.0
     if eta is not None:
         sure = np.fromiter((not np.isfinite(e.deadline_s) for e in execs), bool, len(execs))
-        after_prompt = _group_max(np.where(sure, np.maximum(p.solo - p.prompt_pf_s, 0.0), 0.0), sizes)
+        after_prompt = _group_max(np.where(sure, np.maximum(p.solo - p.to_decode_s, 0.0), 0.0), sizes)
         per_step = np.sort(after_prompt)[::-1][::groups_per_step]
         stale = (float(per_step.sum()) + train / n_gpus) / (eta + 1)
     return Bound(

@@ -42,6 +42,7 @@ taken in engine-sized pieces; the trainer's GPU count is fixed for the whole ste
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from gyre.cluster import ClusterError, Cluster, EngineView, Phase
@@ -75,7 +76,7 @@ class Elastic:
         self.eta = c.eta
         self.kv_fill = c.kv_fill
         self.slow_drains = False  # a step waited long for its drain
-        self.window: list[StepRecord] = []  # the steps since the trainer target last moved
+        self.window: deque[StepRecord] = deque(maxlen=self.WINDOW)  # the last steps since the target moved
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
@@ -219,7 +220,7 @@ class Elastic:
         - after the first step, or once every group is admitted, a waiting batch (backlog) makes the
           target the largest trainer (`_top`);
         - otherwise the steps since the target last moved decide (`elastic_plan.next_target`);
-        - with slow drains the target never exceeds the largest trainer."""
+        - with slow drains the target never exceeds the largest trainer, then half the pool."""
         cluster, per = self.cluster, self.cluster.gpus_per_engine
         if gather > train / 4:
             self.slow_drains = True

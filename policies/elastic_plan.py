@@ -10,7 +10,8 @@ of the future, and has no side effects, so it is unit-tested on plain stand-ins.
   KV at that moment (free = capacity * kv_fill - used - already assigned; ties by id).
 - `next_target`: the trainer's size for the coming steps, judged on the last `size` steps since it last
   moved (never on one step): the largest trainer if the next batch waits, the trainer never waited in
-  any of them and its queue of finished groups did not fall; the balanced size if it waited for more than half of their time; else unchanged.
+  any of them and its queue of finished groups did not fall; the balanced size if it waited for more
+  than half of their time; else unchanged.
 
 Simplifications: a decoding execution's KV is counted at its current size (it grows by one segment
 before it moves); queued executions hold no KV yet and count as their context (0 if not started).

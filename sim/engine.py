@@ -43,7 +43,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from heapq import heappop, heappush
+from heapq import heappush
 from typing import TYPE_CHECKING
 
 from gyre.cluster import Phase
@@ -67,7 +67,8 @@ class SimEngine(KvPressure, EngineMoves):
         "cluster", "id", "gpus", "_version", "costs", "state", "members", "queue", "_heap", "_ready", "prefill",
         "pf_pending", "pf_resident", "_pf_due", "_adm", "V", "t_last", "rate", "pf_rate", "n_dec", "kv_dec_base",
         "mem_fixed", "reserved", "paused", "epoch", "_free_prefill", "_budget", "_max_seqs", "_reserve", "_kv_cap",
-        "_full", "_req", "_wake_q", "_wake_seq", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq", "_dirty",
+        "_full", "_req", "_wake_q", "_wake_seq", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq",
+        "_dirty",
     )
 
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:

@@ -39,3 +39,12 @@ def test_a_profile_without_decode_steps_is_refused():
     with pytest.raises(CalibrationError, match="fewer than 3 decode steps"):
         costs_from_profile({"engine_decode": [[1, 0, 0.01]]}, engine_gpus=1, kv_capacity=1, train_gpus=1,
                            min_train_gpus=1)
+
+
+@pytest.mark.parametrize("value", [-0.01, "fast", float("nan"), float("inf"), True])
+def test_a_bad_request_latency_is_a_config_error_naming_the_field(value):
+    from gyre.config import ConfigError, override
+    from tests.simkit import tiny_config
+
+    with pytest.raises(ConfigError, match="cluster.cost: request_s must be a finite number of seconds >= 0"):
+        override(tiny_config(), **{"cluster.cost.request_s": value})
