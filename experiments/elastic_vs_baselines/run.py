@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +26,7 @@ from gyre import plots
 from gyre.config import override
 from gyre.presets import get_preset
 from gyre.sim.runner import simulate
+from gyre.sim.workers import process_pool
 
 HERE = Path(__file__).resolve().parent
 ETAS = (0, 1, 2, 4)
@@ -66,7 +66,7 @@ def async_grid(preset: str) -> list[dict]:
 def run_jobs(jobs, n_jobs: int) -> list[dict]:
     if n_jobs <= 1:
         return [run_one(j) for j in jobs]
-    with ProcessPoolExecutor(n_jobs) as ex:
+    with process_pool(n_jobs) as ex:
         return list(ex.map(run_one, jobs))
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from gyre.policies.common import ClusterShape
 from gyre.policies.tuning import _spread
 from gyre.presets import KV_WINDOW, get_preset
 from gyre.sim.runner import simulate
+from gyre.sim.workers import process_pool
 
 OUT = Path(__file__).parent / "results"
 WINDOWS = (1 << 18, 1 << 19, 1 << 20, 1 << 21)
@@ -94,7 +94,7 @@ def main() -> None:
         jobs += [(cell, cfg, "async", {"eta": ETA, "rollout_gpus": r}) for r in rs]
         if pilot_steps < a.steps:
             jobs += [(cell, replace(cfg, steps=pilot_steps), "async", {"eta": ETA, "rollout_gpus": r}) for r in rs]
-    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+    with process_pool(a.jobs) as pool:
         res = list(pool.map(_run, jobs))
     rows = []
     for cell in cells:
