@@ -25,6 +25,7 @@ import pandas as pd
 from gyre import plots
 from gyre.config import override
 from gyre.presets import get_preset
+from gyre.policies.tuning import fastest_at_equal_work
 from gyre.sim.runner import simulate
 from gyre.sim.workers import process_pool
 
@@ -70,6 +71,13 @@ def run_jobs(jobs, n_jobs: int) -> list[dict]:
         return list(ex.map(run_one, jobs))
 
 
+def _fastest(runs: pd.DataFrame) -> dict:
+    """The params of the fastest of `runs` (summary rows) among those doing equal work (policies.tuning)."""
+    i = fastest_at_equal_work(list(runs["makespan_s"]), list(runs.get("sched_cuts", [0] * len(runs))),
+                              int(runs["executions"].max()) if "executions" in runs else 0)
+    return eval(runs.iloc[i]["params"])
+
+
 def public(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
 
@@ -93,7 +101,7 @@ def main() -> None:
     else:
         sel = public(run_jobs(sel_jobs, a.jobs))
         sel.to_csv(a.out / f"{a.preset}_selection.csv", index=False)
-    best = {pol: eval(sel[sel.policy == pol].sort_values("makespan_s").iloc[0]["params"]) for pol in ("async", "elastic")}
+    best = {pol: _fastest(sel[sel.policy == pol]) for pol in ("async", "elastic")}
     print(f"selection done in {time.perf_counter() - t0:.0f}s: {best}", flush=True)
 
     final = [(a.preset, a.steps, "colocate", {}), (a.preset, a.steps, "async", best["async"]),
