@@ -127,7 +127,8 @@ def tune(
             for (c, cand), r in zip(todo, _run_jobs(todo, source_factory, workers, on_done)):
                 results[(c.steps, cand.label)] = r
 
-    work = {key: EqualWork(_executions(c)) for key, (c, _, _) in searches.items()}
+    # each search is sent makespans at equal work among its runs at the same eta (its per-eta rows' ranking)
+    work: dict[tuple[str, Any], EqualWork] = {}
     pending = {}
     for key, (c, name, search) in searches.items():
         batch = next(search, None)
@@ -142,7 +143,7 @@ def tune(
             rs = [results[(c.steps, Candidate(name, p).label)] for p in batch]
             tried[key] += [(c, Candidate(name, p), r) for p, r in zip(batch, rs)]
             try:
-                nxt[key] = search.send(work[key].scores([r.makespan_s for r in rs], [_cuts(r) for r in rs]))
+                nxt[key] = search.send(_scores(work, key, c, batch, rs))
             except StopIteration:
                 pass
         pending = nxt
@@ -173,6 +174,17 @@ def tune(
             out[f"{name}-eta{e}"] = Tuned(b, results[(cfg.steps, b.label)], f"hindsight, {len(at)} at eta {e}",
                                           [(c, cand, r.makespan_s) for c, cand, r in at])
     return {k: out[k] for k in sorted(out, key=lambda k: _row_order(k, names))}
+
+
+def _scores(work: dict, key: str, cfg: RunConfig, batch: list[dict], rs: list[SimResult]) -> list[float]:
+    """A search's batch scored at equal work among that search's runs at the same eta (policies.tuning)."""
+    out = [0.0] * len(batch)
+    for eta in dict.fromkeys(p.get("eta") for p in batch):
+        at = [i for i, p in enumerate(batch) if p.get("eta") == eta]
+        w = work.setdefault((key, eta), EqualWork(_executions(cfg)))
+        for i, v in zip(at, w.scores([rs[i].makespan_s for i in at], [_cuts(rs[i]) for i in at])):
+            out[i] = v
+    return out
 
 
 def _row_order(key: str, names: list[str]) -> tuple:
