@@ -28,7 +28,8 @@ run (prefill queue plus decode batch), as in vLLM's scheduler: the wait queue's 
 fewer run, so a waiting execution starts when a running one leaves (its segment ends, it is preempted
 or dropped). Optional reservation mode admits an execution only if its largest context fits beside the
 others' and never preempts. A context larger than the whole engine is a configuration error
-(SimCluster.admit). KV pressure (preemption, eviction) lives in gyre.sim.kv_pressure, and migrations,
+(SimCluster.admit). `admit_limit` (gyre.hardware.admission_limit of the KV capacity and the workload's
+`max_context`) is reported to policies, which hand the engine no more (policies.admit_queue). KV pressure (preemption, eviction) lives in gyre.sim.kv_pressure, and migrations,
 crashes and weight syncs in gyre.sim.engine_moves: both are mixins of SimEngine.
 
 Costs without a roofline use the linear step a + b n + c K + prefill_s_per_token m; a zero
