@@ -29,7 +29,8 @@ room (each logged as a preemption, since it will be recomputed). At most `max_nu
 run (prefill queue plus decode batch), as in vLLM's scheduler: the wait queue's head starts only while
 fewer run, so a waiting execution starts when a running one leaves (its segment ends, it is preempted
 or dropped). Optional reservation mode admits an execution only if its largest context fits beside the
-others' and never preempts. A context larger than the whole engine is a configuration error
+others' and never preempts (one that already holds its reservation, back from a tool call, does not wait
+behind a head that cannot start). A context larger than the whole engine is a configuration error
 (SimCluster.admit). KV pressure (preemption, eviction) lives in gyre.sim.kv_pressure, and migrations,
 crashes and weight syncs in gyre.sim.engine_moves: both are mixins of SimEngine.
 
@@ -340,7 +341,12 @@ class SimEngine(KvPressure, EngineMoves):
             need = ex.ctx - ex.resident
             if reserve:
                 if not ex.reserved and self.reserved + ex.max_ctx + self._st > self._full:
-                    break
+                    # an execution behind it that holds a reservation needs no new memory: it goes first
+                    # (it may be what the head waits for)
+                    ex = next((x for x in queue if x.reserved), None)
+                    if ex is None:
+                        break
+                    need = ex.ctx - ex.resident
             else:
                 n = self.n_dec  # over = _used() + need (+ its state) + n + 1 - full, leaving a step of headroom
                 over = self._used() + need + (self._st if ex.resident <= 0 else 0.0) + n + 1 - self._full
@@ -350,7 +356,10 @@ class SimEngine(KvPressure, EngineMoves):
                     if self._idle_kv(ex) < over:
                         break
                     self._evict_idle(over, ex, t)
-            queue.popleft()
+            if ex is queue[0]:
+                queue.popleft()
+            else:
+                queue.remove(ex)
             if reserve and not ex.reserved:
                 ex.reserved = ex.max_ctx + self._st
                 self.reserved += ex.reserved
