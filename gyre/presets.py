@@ -305,7 +305,7 @@ def preset_xlong_swe_small() -> RunConfig:
 
 
 def preset_xlong_swe_kv() -> RunConfig:
-    """The paper's regime: the 2.4T hybrid MoE (Qwen3.5 layout), ~700K-token rollouts in a 1M window, lengths growing 3x."""
+    """The paper's regime: the 2.4T hybrid MoE (Qwen3.5 layout), ~700K-token rollouts, 1M window, lengths growing 3x."""
     from dataclasses import replace
 
     from gyre.hardware import CostConfig
@@ -316,7 +316,7 @@ def preset_xlong_swe_kv() -> RunConfig:
 
 
 def preset_xlong_swe_epochs() -> RunConfig:
-    """xlong-swe (2.4T MoE, GQA stand-in, 1,024 H200s, 48 steps) on 384 recurring tasks: 4 epochs, history to learn from."""
+    """xlong-swe (2.4T GQA MoE, 1,024 H200s, 48 steps) on 384 recurring tasks: 4 epochs, history to learn from."""
     return _run("xlong-swe-epochs", xlong_swe_epochs(), "moe-2.4t-a95b-gqa", 1024, 48)
 
 

@@ -1,6 +1,6 @@
 """xlong-swe-kv carries the constants its docstring derives: the run's median rollout near 700K tokens,
-lengths growing 3x, the hybrid model's engine capacity (KV and state), a trainer minimum that includes long-sequence activations,
-and training that pays two extra forward passes."""
+lengths growing 3x, the hybrid model's engine capacity (KV and state), a trainer minimum that includes
+long-sequence activations, and training that pays two extra forward passes."""
 
 from __future__ import annotations
 

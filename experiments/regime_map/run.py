@@ -128,7 +128,8 @@ def main() -> None:
         best = min(colo, asyncs[best_r][0])
         rows.append({
             "arch": cell[4], "kv_bytes_per_token": cfg.cluster.model.kv_bytes_per_token,
-            "state_tokens": c.state_tokens, "window": cell[0], "fits_full_window": c.kv_capacity_tokens / cell[0], "gpus": n, "trainer_min": tmin,
+            "state_tokens": c.state_tokens, "window": cell[0],
+            "fits_full_window": c.kv_capacity_tokens / (cell[0] + c.state_tokens), "gpus": n, "trainer_min": tmin,
             "trainer_share": tmin / n, "growth": "3x" if cell[2] else "none", "training": "heavy" if cell[3] else "light",
             "steps": a.steps, "colocate_s": colo, "async_best_s": asyncs[best_r][0], "async_best_R": best_r,
             "async_pilot_R": pilot_r, "async_pilot_s": asyncs[pilot_r][0], "elastic_s": ela,
@@ -167,8 +168,8 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     for i, j in itertools.product(range(piv.shape[0]), range(piv.shape[1])):
         ax.text(j, i, f"{piv.values[i, j]:.2f}x\n(ceil {ceil.values[i, j]:.2f})", ha="center", va="center", fontsize=8)
     arch = f"{core.arch.iloc[0]}, " if "arch" in core else ""
-    ax.set_title(f"elastic / best of (colocate, async), {arch}{int(core.steps.iloc[0])} steps, growth 3x, heavy training",
-                 fontsize=10)
+    ax.set_title(f"elastic / best of (colocate, async), {arch}{int(core.steps.iloc[0])} steps, growth 3x, "
+                 "heavy training", fontsize=10)
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
