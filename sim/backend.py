@@ -146,9 +146,10 @@ class SimCluster(ClusterBase):
             self._deferred.append((h, True))
             return
         transfer = self.costs.migration == "kv_transfer" and kv > 0
-        if transfer:  # the KV travels (its context arrives resident if it fits the destination)
+        if transfer:  # the KV (and a hybrid model's state) travels; its context arrives resident if it fits there
             ex.resident = kv
-            ex.ready_at = max(ex.ready_at if ex.ready_at is not None else t, t + kv * self.costs.kv_transfer_s_per_token)
+            moved = (kv + self.costs.state_tokens) * self.costs.kv_transfer_s_per_token
+            ex.ready_at = max(ex.ready_at if ex.ready_at is not None else t, t + moved)
         dst.add_migrated(ex, t, transfer)
         self._log(("migrate", t, ex.id, src.id, dst.id))
         self._deferred.append((h, True))
