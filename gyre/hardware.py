@@ -97,7 +97,9 @@ class ModelConfig:
     linear_key_head_dim: int = 0  # linear_key_head_dim
     linear_value_head_dim: int = 0  # linear_value_head_dim
     linear_conv_kernel: int = 0  # linear_conv_kernel_dim: the short convolution keeps kernel - 1 inputs
-    state_bytes_per_elem: float = 2.0  # recurrent and conv state: the model's dtype (bf16), whatever the KV dtype
+    # recurrent and conv state: the model's dtype (bf16) whatever the KV dtype (vLLM's mamba_cache_dtype and
+    # mamba_ssm_cache_dtype default "auto", the model dtype, apart from kv_cache_dtype: MambaStateDtypeCalculator)
+    state_bytes_per_elem: float = 2.0
 
     def __post_init__(self) -> None:
         k = self.full_attention_interval
