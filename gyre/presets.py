@@ -159,9 +159,10 @@ MODELS: dict[str, ModelConfig] = {
     # The GQA stand-in with DeepSeek-V3's multi-head latent attention instead (DeepSeek-V3 config.json: 128
     # heads, kv_lora_rank 512, qk_rope_head_dim 64, qk head dim 128 + 64 = 192): KV per token
     # L (512 + 64) b, one latent per layer; attention FLOPs 4 L H d_h with d_h = 192 (the un-absorbed form).
+    # Its width stays the GQA stand-in's (128 x 128 = 16,384: all-reduces, training activations).
     "moe-2.4t-a95b-mla": ModelConfig(
         name="moe-2.4t-a95b-mla", total_params_b=2400, active_params_b=95, layers=96, kv_heads=128, head_dim=192,
-        q_heads=128, experts=256, top_k=8, kv_lora_rank=512, rope_dim=64, infer_bytes_per_param=1.0,
+        q_heads=128, experts=256, top_k=8, kv_lora_rank=512, rope_dim=64, hidden=16384, infer_bytes_per_param=1.0,
         kv_bytes_per_elem=1.0,
     ),
 }

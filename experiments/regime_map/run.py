@@ -5,8 +5,8 @@ Axes (each cell is xlong-swe-kv with these fields replaced; nothing else moves):
   engine's KV holds about 32 / 16 / 8 / 4 contexts at a full window with the GQA stand-in (8.1M tokens),
   256 / 128 / 63 / 32 with the hybrid one (67.8M tokens, a 12,720-token state per sequence). The trainer's memory
   minimum keeps the preset's 1M-token sequence in every cell, so this axis moves KV pressure only.
-- trainer share: the cluster, 640 / 768 / 1,024 H200s, against a trainer minimum of 344 (hybrid),
-  360 (GQA) or 376 (MLA) GPUs.
+- trainer share: the cluster, 640 / 768 / 1,024 H200s, against a trainer minimum of 344 (hybrid)
+  or 360 (GQA, MLA) GPUs.
 - length growth: none, or turns x3 over the 48-step run (the preset's rate per step).
 - training: heavy (the preset: activation and log-prob recompute, 10 x active params FLOPs per token)
   or light (neither, 6 x active params).
