@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre.hardware import CostConfig, derive_costs
+from gyre.hardware import CostConfig, admission_limit, derive_costs
 from gyre.presets import MODELS, GPUS, get_preset
 from gyre.workload import sample_group
 
@@ -33,6 +33,8 @@ def test_engine_holds_95_typical_rollouts_and_trainer_minimum_includes_activatio
     assert c.state_tokens == pytest.approx(state / 23_552, rel=1e-12)
     assert int(c.kv_capacity_tokens // (700e3 + c.state_tokens)) == 95
     assert int(c.kv_capacity_tokens // (cfg.workload.context_window + c.state_tokens)) == 63
+    # so an engine is handed 63 executions at once: full windows and their states fit together
+    assert admission_limit(c.kv_capacity_tokens, cfg.workload.max_context, 1.0, c.state_tokens) == 63
     plain = derive_costs(MODELS["moe-2.4t-a95b"], GPUS["h200"], CostConfig())
     assert (plain.min_train_gpus, c.min_train_gpus) == (328, 344)
     # state 2.4e12 x 16 B + activations 2^20 x 8,192 x (2 x 92 + 34) B + 2^14 chunk states of 128^3 x 2 B,
