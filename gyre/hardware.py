@@ -13,7 +13,9 @@ Every simulator constant comes from here and is derived from a model's shape and
   also holds a fixed linear-attention state (recurrent H_v d_k d_v plus the conv inputs per linear layer,
   `state_bytes_per_seq`), which the engine charges against its KV memory (`Costs.state_tokens`) and each
   step reads and writes; the linear layers' FLOPs are linear in tokens (gyre.roofline.linear_attention_flops)
-  and attention's grow with context on the full layers only, at inference and in training.
+  and attention's grow with context on the full layers only, at inference and in training. Not modelled:
+  vLLM's hybrid allocator sizing attention and state pages alike (its padding), and prefix-cached states
+  kept at more than one point of a context.
 - Training: 6 x active params FLOPs per token plus attention 12 L H d_h per token per context token,
   at `train_mfu`, plus 2 x active params and 4 L H d_h per context token for each extra forward pass
   (`train_extra_forwards`: recomputing activations under full checkpointing, recomputing the old
