@@ -30,9 +30,7 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
-from gyre.config import ConfigError
 from gyre.hardware import engine_roofline
-from gyre.presets import find_gpu, find_model
 from gyre.roofline import Coefficients, EngineRoofline
 from gyre.sim.engine_replay import ReplayResult, SchedulerArgs, replay
 from gyre.sim.engine_run import Requests, Run, RunError, read_json
@@ -48,10 +46,7 @@ APPLIED = FITTED_TP  # what engine.json carries and --engine applies
 
 def setup(run: Run, coef: Coefficients) -> tuple[EngineRoofline, SchedulerArgs]:
     """The step cost and scheduler arguments of the run's own GPU, model and engine arguments."""
-    try:
-        model, gpu = find_model(run.model), find_gpu(run.gpu)
-    except ConfigError as exc:
-        raise RunError(f"{run.path / 'meta.json'}: {exc}") from None
+    model, gpu = run.model_cfg, run.gpu_cfg
     e = run.engine
     coef = replace(coef, gpu_memory_utilization=e.gpu_memory_utilization)
     roof = engine_roofline(model, gpu, e.tensor_parallel, coef, e.max_num_batched_tokens)
@@ -126,7 +121,8 @@ def engine_json(coef: Coefficients, run: Run, fitted: tuple[str, ...], report: d
     """engine.json: the coefficients, which were fitted, and the run they were fitted on (or applied to)."""
     return {"gyre_engine": ENGINE_FORMAT, "coeffs": coef_dict(coef), "fitted": list(fitted),
             "applied_to" if applied else "fitted_on": {
-                "run": str(run.path), "model": run.model, "gpu": run.gpu,
+                "run": str(run.path), "model": run.model, "model_preset": run.model_cfg.name, "gpu": run.gpu,
+                "gpu_preset": run.gpu_cfg.name,
                 "tensor_parallel": run.engine.tensor_parallel, "requests": len(run.requests)},
             "report": report}
 

@@ -22,7 +22,6 @@ import numpy as np
 
 from gyre.handles import all_of
 from gyre.hardware import CostConfig, derive_costs, engine_roofline
-from gyre.presets import find_gpu, find_model
 from gyre.roofline import Coefficients
 from gyre.sim.backend import SimCluster
 from gyre.sim.engine_calibrate import setup
@@ -56,7 +55,7 @@ def sim_engine_replay(run: Run, coef: Coefficients) -> tuple[np.ndarray, np.ndar
     roof, args = setup(run, coef)
     e = run.engine
     tp = e.tensor_parallel
-    model, gpu = find_model(run.model), find_gpu(run.gpu)
+    model, gpu = run.model_cfg, run.gpu_cfg
     cost = CostConfig(engine=roof.coef, max_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs)
     costs = replace(derive_costs(model, gpu, cost), engine_gpus=tp,
                     roofline=engine_roofline(model, gpu, tp, roof.coef, e.max_num_batched_tokens),
