@@ -121,8 +121,14 @@ class CostConfig:
     engine_restart_fixed_s: float = 64.0  # a crashed engine's process start-up, weights aside (module docstring)
     trainer_restart_fixed_s: float = 34.0  # a crashed trainer worker's process start-up, state aside
     request_s: float = 0.0  # latency outside the engine per turn (driver RPC, event loop); 0: none modelled
+    ep_engines: int = 1  # an MoE served expert parallel: its experts spread over this many engines' GPUs
+    ep_backend: str = "allgather_reducescatter"  # or "all_to_all" (DeepEP / pplx): gyre.roofline.ep_comm_bytes
 
     def __post_init__(self) -> None:
+        if isinstance(self.ep_engines, bool) or not isinstance(self.ep_engines, int) or self.ep_engines < 1:
+            raise ValueError(f"ep_engines must be an integer >= 1, got {self.ep_engines!r}")
+        if self.ep_backend not in ("allgather_reducescatter", "all_to_all"):
+            raise ValueError(f"ep_backend must be 'allgather_reducescatter' or 'all_to_all', got {self.ep_backend!r}")
         r = self.request_s
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < math.inf:
             raise ValueError(f"request_s must be a finite number of seconds >= 0, got {r!r}")
@@ -259,8 +265,10 @@ def _pow2_at_least(x: float) -> int:
 
 
 def engine_roofline(model: ModelConfig, gpu: GpuConfig, gpus: int, coef: Coefficients | None = None,
-                    max_batched_tokens: int = 8192) -> EngineRoofline:
-    """The step-time and memory model of an engine of `gpus` GPUs serving `model`."""
+                    max_batched_tokens: int = 8192, ep_gpus: int = 0,
+                    ep_backend: str = "allgather_reducescatter") -> EngineRoofline:
+    """The step-time and memory model of an engine of `gpus` GPUs serving `model`; `ep_gpus` > gpus: its
+    routed experts spread over that many GPUs (expert parallel across data-parallel replicas)."""
     fp8 = model.infer_bytes_per_param <= 1
     embed = 0.0 if model.tied_embeddings else model.head_params  # an untied input table: gathered, not read
     return EngineRoofline(
@@ -271,7 +279,8 @@ def engine_roofline(model: ModelConfig, gpu: GpuConfig, gpus: int, coef: Coeffic
         experts=model.experts, top_k=model.top_k, active_params=model.active_params_b * 1e9,
         embed_bytes=embed * model.infer_bytes_per_param, embed_params=embed, head_params=model.head_params,
         hidden=model.width, link_bytes_s=gpu.link_gb_s * 1e9, internode_bytes_s=gpu.internode_gb_s * 1e9,
-        max_batched_tokens=max_batched_tokens, coef=coef or Coefficients(),
+        max_batched_tokens=max_batched_tokens, coef=coef or Coefficients(), ep_gpus=ep_gpus, ep_backend=ep_backend,
+        routed_active_params=model.routed_params_b * 1e9 * model.top_k / model.experts if model.experts else 0.0,
     )
 
 
@@ -281,7 +290,8 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
     engine_gpus = _pow2_at_least(model.infer_weight_bytes / (cost.weight_fraction * hbm))
     if engine_gpus > gpu.gpus_per_node:  # multi-node engines come in whole nodes
         engine_gpus = gpu.gpus_per_node * math.ceil(engine_gpus / gpu.gpus_per_node)
-    roof = engine_roofline(model, gpu, engine_gpus, cost.engine, cost.max_batched_tokens)
+    roof = engine_roofline(model, gpu, engine_gpus, cost.engine, cost.max_batched_tokens,
+                           ep_gpus=engine_gpus * cost.ep_engines, ep_backend=cost.ep_backend)
     # the linear form's coefficients (a + b n + c K: the roofline's terms summed instead of maxed)
     step_b = roof.flops_per_token / roof._pk
     step_a = roof.step_time(1, 0.0) - step_b

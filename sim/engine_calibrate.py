@@ -2,7 +2,8 @@
 
 The replay (engine_replay) runs every request of the run through the simulator's own step cost
 (gyre.roofline.EngineRoofline, built by gyre.hardware.engine_roofline from the run's GPU and model
-presets and its tensor-parallel size). The coefficients fitted (gyre.roofline.Coefficients) are the
+presets, its tensor-parallel size and, for an MoE served with enable_expert_parallel, its experts spread
+over all data-parallel replicas' GPUs with the replicas stepping in lockstep). The coefficients fitted (gyre.roofline.Coefficients) are the
 efficiencies of weight reads, KV reads and compute and the fixed step overhead, plus the all-reduce
 latency when the run is tensor parallel (otherwise no step depends on it and it keeps its default);
 they are fitted to
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ import numpy as np
 from scipy import optimize
 
 from gyre.hardware import engine_roofline
-from gyre.roofline import Coefficients, EngineRoofline
+from gyre.roofline import Coefficients, EngineRoofline, ep_group_step_time
 from gyre.sim.engine_replay import ReplayResult, SchedulerArgs, replay
 from gyre.sim.engine_run import Requests, Run, RunError, read_json
 
@@ -49,7 +51,8 @@ def setup(run: Run, coef: Coefficients) -> tuple[EngineRoofline, SchedulerArgs]:
     model, gpu = run.model_cfg, run.gpu_cfg
     e = run.engine
     coef = replace(coef, gpu_memory_utilization=e.gpu_memory_utilization)
-    roof = engine_roofline(model, gpu, e.tensor_parallel, coef, e.max_num_batched_tokens)
+    roof = engine_roofline(model, gpu, e.tensor_parallel, coef, e.max_num_batched_tokens,
+                           ep_gpus=e.tensor_parallel * e.data_parallel if e.expert_parallel else 0)
     blocks = e.kv_blocks if e.kv_blocks is not None else roof.kv_capacity_tokens // e.block_size
     if blocks <= 0:
         raise RunError(f"{run.path / 'meta.json'}: {model.name} ({model.infer_weight_bytes / 1e9:.1f} GB of weights) "
@@ -62,8 +65,9 @@ def setup(run: Run, coef: Coefficients) -> tuple[EngineRoofline, SchedulerArgs]:
 def simulate(run: Run, coef: Coefficients) -> ReplayResult:
     roof, args = setup(run, coef)
     r = run.requests
+    group = partial(ep_group_step_time, roof) if roof.expert_parallel else None
     try:
-        return replay(r.queued, r.input_toks, r.output_toks, args, roof.step_time, run.engine.data_parallel)
+        return replay(r.queued, r.input_toks, r.output_toks, args, roof.step_time, run.engine.data_parallel, group)
     except ValueError as exc:
         raise RunError(f"{run.path / 'requests.jsonl'}: {exc}") from None
 

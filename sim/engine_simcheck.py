@@ -58,7 +58,8 @@ def sim_engine_replay(run: Run, coef: Coefficients) -> tuple[np.ndarray, np.ndar
     model, gpu = run.model_cfg, run.gpu_cfg
     cost = CostConfig(engine=roof.coef, max_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs)
     costs = replace(derive_costs(model, gpu, cost), engine_gpus=tp,
-                    roofline=engine_roofline(model, gpu, tp, roof.coef, e.max_num_batched_tokens),
+                    roofline=engine_roofline(model, gpu, tp, roof.coef, e.max_num_batched_tokens,
+                                             ep_gpus=roof.ep_gpus),
                     kv_capacity_tokens=args.kv_blocks * args.block_size, engine_wake_s=0.0, sync_s=0.0,
                     trainer_offload_s=0.0, trainer_onload_s=0.0)
     r = run.requests
