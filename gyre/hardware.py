@@ -53,6 +53,9 @@ class GpuConfig:
     link_gb_s: float = 0.0  # GPU-to-GPU per direction in a node (NVLink or PCIe); 0: tensor parallel moves no bytes
     internode_gb_s: float = 50.0  # per GPU, 400 Gb/s InfiniBand
     host_gb_s: float = 55.0  # PCIe Gen5 x16, practical
+    # the dense BF16 rate a large GEMM (8192^3, cuBLAS via torch.matmul, FP32 accumulate) reaches, from a cited
+    # public measurement; 0: none cited, the data sheet's. The engine roofline's compute peak when set.
+    bf16_tflops_gemm: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,7 +276,7 @@ def engine_roofline(model: ModelConfig, gpu: GpuConfig, gpus: int, coef: Coeffic
     embed = 0.0 if model.tied_embeddings else model.head_params  # an untied input table: gathered, not read
     return EngineRoofline(
         gpus=gpus, gpus_per_node=gpu.gpus_per_node, hbm_bytes=gpu.memory_gb * 1e9, bw_bytes_s=gpu.hbm_tb_s * 1e12,
-        flops=(gpu.fp8_tflops if fp8 else gpu.bf16_tflops) * 1e12, layers=model.layers,
+        flops=(gpu.fp8_tflops if fp8 else gpu.bf16_tflops_gemm or gpu.bf16_tflops) * 1e12, layers=model.layers,
         q_heads=model.q_heads or model.kv_heads, head_dim=model.head_dim, kv_bytes_per_token=model.kv_bytes_per_token,
         weight_bytes=model.infer_weight_bytes, routed_bytes=model.routed_params_b * 1e9 * model.infer_bytes_per_param,
         experts=model.experts, top_k=model.top_k, active_params=model.active_params_b * 1e9,
