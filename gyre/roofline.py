@@ -24,8 +24,7 @@ divides bytes and FLOPs evenly over the GPUs and adds two ring all-reduces of th
 per layer (Megatron-style: after attention and after the MLP), over the GPU-to-GPU link inside a node;
 an engine spanning nodes runs them as NCCL does on multi-rail nodes (one NIC per GPU, as DGX H100/H200
 nodes have): one ring per rail, each carrying 1/(GPUs per node) of the data and crossing each node
-boundary on its own NIC (`ring_bytes_s`); an MoE served expert-parallel across nodes would move its
-tokens by all-to-all instead, which is not modelled; KV writes (m tokens) are ignored beside the reads;
+boundary on its own NIC (`ring_bytes_s`); KV writes (m tokens) are ignored beside the reads;
 the two kernel classes and the all-reduces do not overlap. The step-time formula is PHYSICS.md's, with attention's KV read as its
 own kernel (paged attention reads KV at a lower share of the bandwidth than GEMMs read weights) and the
 all-reduces' bandwidth added; the coefficients (efficiencies, fixed overheads, activation reserve) are
@@ -33,6 +32,13 @@ the only fitted numbers, in `Coefficients`.
 
 KV capacity = gpus x HBM x gpu_memory_utilization - weights - gpus x activation reserve.
 Bytes per KV token = 2 L H_kv d_h b_kv (K and V), or L (kv_lora_rank + rope_dim) b_kv for MLA.
+
+Expert parallel (vLLM's enable_expert_parallel, `ep_gpus` > gpus: the data-parallel replicas' GPUs
+together): a replica holds the dense part and gpus / ep_gpus of the routed experts; its MoE layers read
+the experts they hold that the whole group's N tokens touch and compute their share of those tokens,
+and each MoE layer adds two collectives (dispatch and combine) moving `ep_comm_bytes`. The simulator's
+engine takes the group as balanced (N = ep_gpus / gpus x its own tokens); the replay of a real run
+steps the replicas in lockstep with their own batches (`ep_group_step_time`).
 
 This module is pure (no simulator imports): `gyre.hardware` builds an `EngineRoofline` from model and
 GPU presets, the simulator asks it for step times, and the engine calibrator fits `Coefficients`.
