@@ -115,7 +115,8 @@ MODELS: dict[str, ModelConfig] = {
 
 # Names that serving logs use (a Hugging Face model id, CUDA's device name) for the presets above; a name
 # matches a preset also when it equals the preset's key up to case and punctuation ("Llama-3.1-8B").
-MODEL_ALIASES: dict[str, str] = {"Qwen/Qwen3-30B-A3B": "moe-30b-a3b", "Qwen/Qwen2.5-7B": "dense-7b"}
+MODEL_ALIASES: dict[str, str] = {"Qwen/Qwen3-30B-A3B": "moe-30b-a3b", "Qwen/Qwen2.5-7B": "dense-7b",
+                                 "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b"}  # its first hub name
 GPU_ALIASES: dict[str, str] = {
     "NVIDIA GeForce RTX 4090": "rtx4090",
     "NVIDIA RTX PRO 6000 Blackwell Server Edition": "rtxpro6000",

@@ -5,7 +5,7 @@ The replay (engine_replay) runs every request of the run through the simulator's
 presets, its tensor-parallel size and, for an MoE served with enable_expert_parallel, its experts spread
 over all data-parallel replicas' GPUs with the replicas stepping in lockstep). The coefficients fitted (gyre.roofline.Coefficients) are the
 efficiencies of weight reads, KV reads and compute and the fixed step overhead, plus the all-reduce
-latency when the run is tensor parallel (otherwise no step depends on it and it keeps its default);
+latency when the run is tensor or expert parallel (otherwise no step depends on it and it keeps its default);
 they are fitted to
 the first `split` of requests by arrival and judged on the rest, next to the uncalibrated model (the
 coefficients' cited defaults). KV capacity is the run's logged block count when it has one, otherwise
@@ -42,7 +42,7 @@ METRICS = ("e2e_median_rel_err", "e2e_p90_rel_err", "ttft_median_rel_err", "make
 
 
 FITTED = ("eff_bw", "eff_kv", "eff_flops", "step_overhead_s")
-FITTED_TP = FITTED + ("allreduce_s",)  # a tensor-parallel run also fits the all-reduce latency
+FITTED_TP = FITTED + ("allreduce_s",)  # a tensor- or expert-parallel run also fits the collectives' latency
 APPLIED = FITTED_TP  # what engine.json carries and --engine applies
 
 
@@ -98,7 +98,8 @@ class Fit:
 
 def fit(run: Run, idx: np.ndarray, start: Coefficients = Coefficients(), max_evals: int = 240) -> Fit:
     """Coefficients minimizing the loss on requests `idx` (see the module docstring)."""
-    names = FITTED_TP if run.engine.tensor_parallel > 1 else FITTED
+    e = run.engine
+    names = FITTED_TP if e.tensor_parallel > 1 or (e.expert_parallel and e.data_parallel > 1) else FITTED
 
     def coef_of(x: np.ndarray) -> Coefficients:
         return replace(start, **{k: math.exp(v) for k, v in zip(names, x)})

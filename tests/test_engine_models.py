@@ -33,6 +33,7 @@ QWEN3_30B_A3B = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, 
     ("/models/Qwen3-32B-FP8", "qwen3-32b", 1.0),
     ("Qwen/Qwen3-30B-A3B-GPTQ-Int4", "moe-30b-a3b", 0.5),
     ("Qwen/Qwen2.5-7B-Instruct", "dense-7b", 2.0),
+    ("meta-llama/Meta-Llama-3.1-8B-Instruct", "llama-3.1-8b", 2.0),
 ])
 def test_release_tags_resolve_to_the_architecture(model_id, preset, width):
     """An id with release tags after a known architecture resolves to its preset; a quantized one keeps its width."""
