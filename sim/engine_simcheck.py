@@ -71,9 +71,9 @@ def sim_engine_replay(run: Run, coef: Coefficients) -> tuple[np.ndarray, np.ndar
     specs = [ExecutionSpec(exec_id=i, group_id=0, task_id=0, step=0, prompt=int(p), gen=[int(o)], tool_s=[],
                            tool_out=[], kv=[int(p)], branches=[], capped=False, deadline_s=float("inf"))
              for i, (p, o) in enumerate(zip(r.input_toks, r.output_toks))]
-    # max_context 1: the simulator's admission limit (KV / window) never binds; vLLM has none beyond max_num_seqs
     source = ReplaySource([GroupSpec(group_id=0, task_id=0, step=0, executions=specs)],
-                          SimpleNamespace(groups_per_step=1, max_context=1))
+                          SimpleNamespace(groups_per_step=1,
+                                           max_context=int(max(r.input_toks + r.output_toks, default=1))))
     cluster = SimCluster(n_gpus=tp * e.data_parallel, costs=costs, source=source)
     cluster.run(_Arrivals(r.queued, tp, e.data_parallel), 1)
     exs = sorted(cluster.groups[0].executions, key=lambda x: x.id)
