@@ -119,9 +119,11 @@ class CausalLM(nn.Module):
             raise ValueError(f"load_serving_state: missing {missing[:3]}, unexpected {list(unexpected)[:3]}")
 
 
-def build_model(model, *, seed: int = 0, dtype: str = "float32", device: str = "cpu", attn: str = "sdpa"):
+def build_model(model, *, seed: int = 0, dtype: str = "float32", device: str = "cpu", attn: str = "sdpa",
+                grad_checkpointing: bool = False):
     """The network a trainer or torch engine runs: `model` is a model folder (str or Path: its weights, through
-    transformers, as a CausalLM) or a gyre.nn.model.TinyLlamaConfig (random init from `seed`)."""
+    transformers, as a CausalLM) or a gyre.nn.model.TinyLlamaConfig (random init from `seed`).
+    `grad_checkpointing`: each decoder layer is recomputed in the backward (in training mode)."""
     import numpy as np
 
     from gyre.nn.hf_folder import check_dtype, load_model
@@ -129,8 +131,12 @@ def build_model(model, *, seed: int = 0, dtype: str = "float32", device: str = "
 
     if isinstance(model, TinyLlamaConfig):
         check_dtype(dtype, device)
-        return TinyLlama(model, np.random.default_rng(seed), getattr(torch, dtype)).to(device)
+        net = TinyLlama(model, np.random.default_rng(seed), getattr(torch, dtype)).to(device)
+        net.checkpointing = grad_checkpointing
+        return net
     _, hf = load_model(model, dtype=dtype, device=device, attn=attn)
+    if grad_checkpointing:
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return CausalLM(hf)
 
 

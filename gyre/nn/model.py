@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -241,6 +242,7 @@ class TinyLlama(nn.Module):
         self.layers = nn.ModuleList(Block(config, dtype) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps, dtype)
         self.head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False, dtype=dtype)
+        self.checkpointing = False  # activation checkpointing of each block in training (gyre.nn.hf_causal.build_model)
         self._init_weights(rng)
 
     def _init_weights(self, rng: np.random.Generator) -> None:
@@ -275,8 +277,12 @@ class TinyLlama(nn.Module):
         """Final-norm hidden states [B, T, D] (forward without the head: the loss takes only trained rows)."""
         cos, sin = self._cos_sin(position_ids)
         x = self.embed(input_ids)
+        recompute = self.checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
-            x, _ = layer(x, cos, sin, attn_mask)
+            if recompute:  # activation checkpointing: keep only each layer's input
+                x, _ = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, attn_mask, use_reentrant=False)
+            else:
+                x, _ = layer(x, cos, sin, attn_mask)
         return self.norm(x)
 
     def head_logits(self, h: torch.Tensor) -> torch.Tensor:
