@@ -1,82 +1,87 @@
-"""Elastic: GPUs move between rollout and training as observed demand shifts.
+"""Elastic: a controller that moves GPUs between rollout and training, from a model of what each costs.
 
-Generation runs on every GPU that is not training, continuously; admission is policies.common.Batcher
-(staleness <= eta). When the Batcher has a batch, the trainer needs >= min_train_gpus GPUs: free GPUs
-first, then engines are drained (policies.elastic_plan: fewest live executions first) by migrating
-their executions to the staying engines with the most free KV. A migration of a decoding execution
-happens at its next tool-call boundary (the backend waits for it); a queued or tool-waiting one moves
-at once and pays a re-prefill (or KV transfer) on the target. Nothing is aborted or restarted. When
-training ends, the free GPUs start engines again (serving the new
-weights) and the staying engines sync.
+Generation never stops and admission is async's (policies.common.train_loop: the Batcher keeps
+staleness <= eta). The controller observes the engines' load, the live executions' progress, what
+finished executions showed (their segments and seconds per segment: policies.elastic_plan.History) and
+the cluster's cost estimate (gyre.estimate: a training step's seconds on g GPUs, an engine's decode
+throughput at n sequences, KV capacity, engine size, the trainer's memory minimum). It never sees a
+future length. At each decision point it does one thing:
 
-Trainer size follows what is observed, with no setting per workload. GPUs reserved for the trainer
-are kept free (a fixed split's trainer) until the trainer's target says otherwise; rollout pressure (an
-engine queueing executions, a KV-preempted one among them, or KV above PRESSURE_FILL of capacity) with
-no batch waiting lends them to rollout (engines start on them), and they are drained back when the next
-batch is ready; executions queued on one engine move to engines with KV room (`_rebalance`). The
-target starts at half the pool (the memory minimum if larger) and is sized from measured times:
-- the first step, before any step time is known, trains on the largest trainer: every GPU but one
-  engine, whose live executions wait in its queue (their KV is recomputed later, as vLLM does) - a
-  fixed split with the largest trainer, which is what a trainer-bound workload wants; so does the step
-  after one that ends with the next batch already waiting, if that step was the first or every group is
-  already admitted (the rollout's demand can only fall);
-- later the target moves only on the evidence of the last WINDOW steps since it last moved, never on
-  one step: to the largest trainer if the next batch waits, the trainer never waited in any of them
-  and the finished groups waiting for it did not fall over them (trainer-bound: a burst of ready batches
-  after one slow group drains that queue); to the balanced size if the trainer waited for more than half of their time
-  (rollout-bound): the GPUs that train one batch in their mean batch interval (GPUs x step time /
-  interval, summed over the window), shrinking at most by half per move and never below the memory
-  minimum. Between the two it holds: a burst of ready batches after a slow group, or one slow batch,
-  moves no GPU, and a workload whose best fixed split this is converges to it and stays;
-- while drains are slow (a step waited for its GPUs longer than a quarter of its training), or while
-  most running executions have not reached a tool call (a drain would wait for whole rollouts, e.g.
-  single-turn ones), the largest trainer is half the pool.
-Where rollout never shows pressure and the trainer is busy, no GPU moves and elastic is a fixed split.
+1. A batch is ready. For each trainer size the free GPUs plus the first k engines of the drain order
+   allow (fewest live executions first; at least one engine stays; at least the memory minimum), predict
+   - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
+     `boundary_share` of a segment from one; others move at once), then the batch's training time from
+     the estimate;
+   - when the following batch is ready: each live execution's finish (its expected remaining segments
+     given the finished ones, times its own seconds per segment), its remaining time stretched by the
+     step time of the engine it ends up on after the moves over that of its engine now (the estimate's),
+     or starting only when the step ends if no staying engine can hold it (KV below `kv_fill` of
+     capacity, a running slot);
+     the batch is ready when the groups it needs have finished;
+   and train on the size whose later of the two is soonest (ties: the sooner step end, then the larger
+   trainer). Its engines are drained: executions migrate at their next tool-call boundary, never aborted;
+   those that fit nowhere wait in a staying engine's queue.
+2. A step ends. Engines start on the freed GPUs if executions wait for room (an engine queues, or
+   groups wait for admission while every engine is full); otherwise the GPUs stay free for the next
+   step. Engines serving old weights sync.
+3. An execution finishes or the pool changes, with no batch ready. Free GPUs start engines if executions
+   wait for room, and executions queued on one engine move to engines with KV room below `kv_fill`. An
+   engine whose live executions have fallen below `load_share` of the most it held, while nothing
+   waits for room, is drained if every one of its executions fits elsewhere (all such engines at once):
+   the tail is consolidated and its GPUs wait free for the next step.
 
-Every decision reads only observations: engines' live/decoding/queued counts and KV use, the live
-executions' current contexts, and the Batcher's state (trainer backlog). No future lengths.
-
-Simplifications: one drain at a time (a drain's targets are never another drain's victims); GPUs are
-taken in engine-sized pieces; the trainer's GPU count is fixed for the whole step.
+Every threshold is an `ElasticConfig` field with its reason. Simplifications: one drain at a time;
+GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
-from gyre.cluster import ClusterError, Cluster, EngineView, Phase
-from gyre.handles import Handle, all_of, any_of
+from gyre.cluster import Cluster, ClusterError, EngineView, Phase
+from gyre.estimate import batch_counts
+from gyre.handles import Handle, all_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
-from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, least_loaded
-from gyre.policies.elastic_plan import DrainPlan, StepRecord, next_target, plan_drain
+from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, train_loop
+from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, boundary_wait_s, choose, evaluate,
+                                        plan_drain, remaining_s)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ElasticConfig(ForesightParams):
-    eta: int = 1  # staleness bound
-    kv_fill: float = 0.5  # fraction of KV capacity the staying engines may be filled to by a drain
+    eta: int = 1  # staleness bound: the learning algorithm's choice
+    # a staying engine is filled by migrants to at most this share of its KV: a live context about doubles
+    # before it ends (its expected remaining length equals its length so far, as `unseen_residual` assumes)
+    kv_fill: float = 0.5
+    # an execution longer than every finished one expects this many times its segments so far still to
+    # come: the mean residual life of a heavy (Pareto, index 2) tail grows as its age
+    unseen_residual: float = 1.0
+    # a decoding execution asked to move is expected this share of a segment from its next tool call
+    # (uniformly far into its current segment)
+    boundary_share: float = 0.5
+    # an engine holding less than this share of the most executions it held is consolidated onto others:
+    # a quarter of a full engine's load re-prefills little and leaves the targets most of their room
+    load_share: float = 0.25
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eta < 0:
             raise ValueError(f"elastic: eta must be >= 0, got {self.eta}")
-        if not 0 < self.kv_fill <= 1:
-            raise ValueError(f"elastic: kv_fill must be in (0, 1], got {self.kv_fill}")
+        for name in ("kv_fill", "boundary_share", "load_share"):
+            v = getattr(self, name)
+            if not 0 < v <= 1:
+                raise ValueError(f"elastic: {name} must be in (0, 1], got {v}")
+        if not 0 < self.unseen_residual < float("inf"):
+            raise ValueError(f"elastic: unseen_residual must be a positive number, got {self.unseen_residual}")
 
 
 class Elastic:
     name = "elastic"
     Config = ElasticConfig
-    PRESSURE_FILL = 0.9  # live KV above this fraction of capacity counts as rollout pressure
-    WINDOW = 3  # steps the trainer target is judged on
 
     def __init__(self, config: ElasticConfig | None = None, **params) -> None:
-        self.config = c = config if config is not None else ElasticConfig(**params)
-        self.eta = c.eta
-        self.kv_fill = c.kv_fill
-        self.slow_drains = False  # a step waited long for its drain
-        self.window: deque[StepRecord] = deque(maxlen=self.WINDOW)  # the last steps since the target moved
+        self.config = config if config is not None else ElasticConfig(**params)
+        self.eta = self.config.eta
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
@@ -90,110 +95,175 @@ class Elastic:
             raise ClusterError(f"elastic: needs >= {need + per} GPUs (a trainer of {need} beside an engine of {per}), "
                                f"the cluster has {n}")
         self.cluster = cluster
+        self.est = cluster.estimate
         self.pool: list[EngineView] = []  # engines that accept admissions (starting or ready)
+        self.peak: dict[int, int] = {}  # engine id -> the most live executions it held
         self.draining: Handle | None = None  # the one drain in flight
         self.load = Signal()  # an execution finished, or the pool changed
-        self.training = False
-        self.train_target = self._ceil()
+        self.steps = steps
+        self.gathering = False  # a batch's GPUs are being gathered
+        self.segs: list[int] = []  # segments of each finished execution
+        self.seg_s: list[float] = []  # its seconds per segment
+        self.group_s: list[float] = []  # each finished group's first start to last finish
+        self.group_of: dict[int, int] = {}  # execution id -> group id
         order = OrderedAdmission(cluster, steps, self.config)
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order)
-        yield from self._grow()
-        producer = cluster.spawn(self._produce(steps), "elastic-producer")
-        idle_since = cluster.now  # when the trainer last became free to train
-        last_ready: float | None = None  # when the previous batch became ready
-        while cluster.version < steps:
-            batch = batcher.next_batch()
-            if batch is None:
-                self._react()
-                yield any_of([batcher.changed.wait(), self.load.wait()])
-                continue
-            batcher.trained(batch)
-            ready_at = cluster.now
-            gpus = yield from self._gather(first=last_ready is None)
-            self.training = True
-            cluster.note("elastic_train", gpus=len(gpus), engines=len(self.pool))
-            start = cluster.now
-            yield cluster.train(gpus, batch)
-            self.training = False
-            self._adapt(idle=ready_at - idle_since, gather=start - ready_at, train=cluster.now - start,
-                        gpus=len(gpus), interval=None if last_ready is None else ready_at - last_ready)
-            last_ready = ready_at
-            if cluster.version < steps:
-                yield from self._grow()
-            idle_since = cluster.now  # engines restarted and synced: from here the trainer waits for a batch
-            batcher.changed.fire()
-        if not producer.done:
-            yield any_of([producer])
+        self._watch_groups(batcher)
+        yield from self._grow(sync=False)  # rollout has the whole pool until there is something to train
+        yield from train_loop(cluster, steps, batcher, engines=self._admit_to, gather=self._gather,
+                              after_step=self._after_step, wait=self._react, label="elastic-producer")
         order.report()
 
-    def _produce(self, steps: int):
-        """Admit groups while the staleness bound allows, each execution to the least-loaded engine."""
-        cluster, batcher = self.cluster, self.batcher
-        while batcher.n_admitted < steps * batcher.gps:
-            ready = [e for e in self.pool if e.ready]
-            version = min((e.version for e in self.pool), default=cluster.version)  # oldest weights a member may run on
-            if not ready or not batcher.can_admit(version):
-                yield any_of([batcher.changed.wait(), self.load.wait()])
-                continue
-            g = batcher.admit_group(version)
-            handles = [cluster.admit(x, least_loaded(ready)) for x in g.executions]
+    def _admit_to(self) -> list[EngineView]:
+        return [e for e in self.pool if e.ready]
+
+    def _watch_groups(self, batcher: Batcher) -> None:
+        """Record what each finished execution and group showed (the History the predictions use)."""
+        watch = batcher.watch
+
+        def watched(group, handles):
+            watch(group, handles)
+            starts: list[float] = []
+            left = [len(handles)]
+            for x in group.executions:
+                self.group_of[x.id] = group.id
+
+            def one(h: Handle) -> None:
+                self.load.fire()
+                if h.error is not None:
+                    return
+                x = h.value
+                segs = x.turns_done + 1
+                t0 = x.started_at if x.started_at is not None else self.cluster.now
+                self.segs.append(segs)
+                self.seg_s.append((self.cluster.now - t0) / segs)
+                starts.append(t0)
+                left[0] -= 1
+                if left[0] == 0:
+                    self.group_s.append(self.cluster.now - min(starts))
+
             for h in handles:
-                h.on_done(self._finished)
-            batcher.watch(g, handles)
+                h.on_done(one)
 
-    def _finished(self, _h: Handle) -> None:
-        self.load.fire()
+        batcher.watch = watched
 
-    # ------------------------------------------------------------------ shrink
-    def _gather(self, first: bool = False):
-        """GPUs for the coming step: free ones, then drained engines. Returns the GPU list. The first step
-        (no step time observed yet) takes the largest trainer."""
+    def _history(self) -> History:
+        mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+        return History(segments=tuple(sorted(self.segs)), seg_s=mean(self.seg_s), group_s=mean(self.group_s))
+
+    # ------------------------------------------------------------------ 1. a batch is ready
+    def _gather(self, batch):
+        """The step's GPUs: the candidate size the rule picks (module docstring, 1), its engines drained."""
         cluster = self.cluster
+        self.gathering = True  # the GPUs being freed are the trainer's: no engine starts on them
         while self.draining is not None and not self.draining.done:
             yield self.draining
-        while any(not e.ready for e in self.pool):  # engines still starting cannot be drained yet
-            yield any_of([self.load.wait(), cluster.timeout(1.0)])
-        if first:
-            self.train_target = max(self.train_target, self._top())
-        need = max(0, max(cluster.min_train_gpus, self.train_target) - len(cluster.free_gpus()))
-        plan = plan_drain(self.pool, cluster.live(), need, kv_fill=self.kv_fill)
-        if plan.victims:
-            yield from self._drain(plan, "train")
+        best = self._choose(batch)
+        cluster.note("elastic_train", gpus=best.gpus, engines=len(self.pool) - len(best.plan.victims),
+                     step_end=round(best.step_end, 3), next_ready=round(best.next_ready, 3))
+        if best.plan.victims:
+            yield from self._drain(best.plan, "train")
+        self.gathering = False
         return cluster.free_gpus()
+
+    def _choose(self, batch) -> Candidate:
+        cluster, est, c = self.cluster, self.est, self.config
+        now, hist = cluster.now, self._history()
+        live = cluster.live()
+        finish, waits = {}, {}
+        for x in live:
+            rem = remaining_s(x, hist, now, c.unseen_residual)
+            finish[x.id] = now + rem
+            waits[x.id] = boundary_wait_s(x, hist, now, rem, c.boundary_share)
+        tokens, attn = batch_counts(x for g in batch for x in g.executions)
+        in_batch = {g.id for g in batch}
+        pending = [g.id for _, g in self.batcher.admitted if g.id not in in_batch]
+        ready = [e for e in self.pool if e.ready]
+        free = len(cluster.free_gpus())
+        cands = []
+        for k in range(len(ready)):
+            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, max_running=est.max_running)
+            if len(plan.victims) < k:
+                break
+            g = free + len(plan.gpus)
+            if g < cluster.min_train_gpus:
+                continue
+            cands.append(evaluate(plan, gpus=g, now=now, train_s=est.train_s(tokens, attn, g), finish=finish,
+                                  waits_s=waits, engines=ready, live=live, group_of=self.group_of, pending=pending,
+                                  n_next=self.batcher.gps, missing_s=hist.group_s, step_s=est.step_s))
+        if not cands:
+            raise ClusterError(f"elastic: no trainer of >= {cluster.min_train_gpus} GPUs can be gathered "
+                               f"({free} free, {len(ready)} ready engines)")
+        return choose(cands)
 
     def _drain(self, plan: DrainPlan, why: str):
         cluster = self.cluster
         ids = {e.id for e in plan.victims}
         self.pool = [e for e in self.pool if e.id not in ids]
-        cluster.note("elastic_drain", why=why, engines=sorted(ids), moves=len(plan.moves))
-        yield all_of([cluster.migrate(x, t) for x, t in plan.moves])
+        cluster.note("elastic_drain", why=why, engines=sorted(ids), moves=len(plan.moves), waits=len(plan.waits))
+        stay = sorted(self.pool, key=lambda e: (e.n_queued, e.id))
+        moves = list(plan.moves) + [(x, stay[i % len(stay)]) for i, x in enumerate(plan.waits)]
+        yield all_of([cluster.migrate(x, t) for x, t in moves])
         yield all_of([cluster.stop_engine(e) for e in plan.victims])
         self.load.fire()
 
-    def _react(self) -> None:
-        """Between steps: rollout pressure with no batch waiting starts engines on free GPUs, reserved ones too."""
-        if self.training or (self.draining is not None and not self.draining.done):
-            return
-        cluster = self.cluster
+    # ------------------------------------------------------------------ 2. a step ends
+    def _after_step(self):
+        if self.cluster.version < self.steps:
+            yield from self._grow(sync=True, only_if_waiting=True)
+
+    def _waiting_for_room(self) -> bool:
+        """Rollout has work for more engines: an engine queues executions, or groups are still to be admitted."""
         ready = [e for e in self.pool if e.ready]
-        if len(ready) < len(self.pool):
+        return any(e.n_queued for e in ready) or self.batcher.n_admitted < self.batcher.steps * self.batcher.gps
+
+    def _grow(self, sync: bool = True, only_if_waiting: bool = False):
+        """Start engines on the free GPUs (all, or only if executions wait for room); sync stale engines."""
+        cluster = self.cluster
+        grow = not only_if_waiting or self._waiting_for_room()
+        slots = engine_slots(sorted(cluster.free_gpus()), cluster.gpus_per_engine) if grow else []
+        stale = [e for e in self.pool if e.ready and e.version < cluster.version] if sync else []
+        if slots:
+            cluster.note("elastic_grow", engines=len(slots))
+        if not slots and not stale:
             return
-        if not self._pressure(ready):
-            return
-        if len(cluster.free_gpus()) >= cluster.gpus_per_engine and self.batcher.next_batch() is None:
-            self.draining = cluster.spawn(self._lend(), "elastic-grow")
-            return
-        self._rebalance(ready)
+        waits = [cluster.start_engine(s) for s in slots]
+        if stale:
+            waits.append(cluster.sync(stale))
+        done = yield all_of(waits)
+        self.pool.extend(done[: len(slots)])
+        self.load.fire()
+
+    # ------------------------------------------------------------------ 3. an execution finishes
+    def _react(self) -> list[Handle]:
+        """Between decisions: grow on free GPUs where executions wait for room, rebalance queues, consolidate
+        a thinning engine. Returns the handles the loop also wakes on."""
+        cluster = self.cluster
+        if self.gathering:
+            return [self.load.wait()]
+        idle = self.draining is None or self.draining.done
+        ready = [e for e in self.pool if e.ready]
+        for e in ready:
+            self.peak[e.id] = max(self.peak.get(e.id, 0), e.n_live)
+        if idle and len(ready) == len(self.pool) and self.batcher.next_batch() is None:
+            if self._waiting_for_room():
+                if len(cluster.free_gpus()) >= cluster.gpus_per_engine:
+                    self.draining = cluster.spawn(self._lend(), "elastic-grow")
+                else:
+                    self._rebalance(ready)
+            else:
+                self._consolidate(ready)
+        return [self.load.wait()]
 
     def _lend(self):
-        """Start engines on every free GPU, reserved ones too, then move queued executions onto them."""
-        yield from self._grow(sync=False, keep_free=0)
+        yield from self._grow(sync=False)
         self._rebalance([e for e in self.pool if e.ready])
 
     def _rebalance(self, ready: list[EngineView]) -> None:
         """Executions queued on an engine move to engines that queue nothing and have KV room (below
-        kv_fill after the move), largest context first: no engine idles while another queues."""
-        room = {e.id: self.kv_fill * e.kv_capacity - e.kv_used for e in ready if not e.n_queued}
+        kv_fill after the move), largest context first."""
+        fill = self.config.kv_fill
+        room = {e.id: fill * e.kv_capacity - e.kv_used for e in ready if not e.n_queued}
         if not room or max(room.values()) <= 0:
             return
         full = {e.id for e in ready if e.n_queued}
@@ -207,82 +277,15 @@ class Elastic:
             room[tid] -= need
             self.cluster.migrate(x, by_id[tid])
 
-    def _pressure(self, ready: list[EngineView]) -> bool:
-        """Rollout could use more GPUs: an engine queues executions (a preempted one waits in the queue too),
-        or the live KV is above PRESSURE_FILL of capacity."""
-        return any(e.n_queued for e in ready) or sum(e.kv_used for e in ready) > self.PRESSURE_FILL * sum(
-            e.kv_capacity for e in ready)
-
-    def _adapt(self, idle: float, gather: float, train: float, gpus: int, interval: float | None) -> None:
-        """After a step (the trainer waited `idle` for the batch, `gather` for its GPUs, trained `train` on
-        `gpus`; `interval` between this batch becoming ready and the previous one, None after the first):
-        - a gather longer than a quarter of the training it fed marks drains slow for the rest of the run;
-        - after the first step, or once every group is admitted, a waiting batch (backlog) makes the
-          target the largest trainer (`_top`);
-        - otherwise the steps since the target last moved decide (`elastic_plan.next_target`);
-        - with slow drains the target never exceeds the largest trainer, then half the pool."""
-        cluster, per = self.cluster, self.cluster.gpus_per_engine
-        if gather > train / 4:
-            self.slow_drains = True
-        top = self._top()
-        backlog = cluster.version < self.batcher.steps and self.batcher.next_batch() is not None
-        tail = self.batcher.n_admitted >= self.batcher.steps * self.batcher.gps  # nothing left to admit
-        target = self.train_target
-        if interval is not None:
-            self.window.append(StepRecord(interval=interval, idle=idle, train=train, gpus=gpus,
-                                          waiting=len(self.batcher.finished)))
-        if backlog and (interval is None or tail):
-            target = top
-        elif interval is not None:
-            target = next_target(self.train_target, self.window, backlog=backlog, top=top,
-                                 floor=self._reserve_gpus(), per=per, size=self.WINDOW)
-        if self.slow_drains:
-            target = min(target, top)
-        if target != self.train_target:
-            self.window.clear()
-        self.train_target = target
-        cluster.note("elastic_trainer_target", gpus=self.train_target)
-
-    def _keep(self) -> int:
-        """GPUs reserved for the trainer when engines (re)start."""
-        return self.train_target
-
-    def _top(self) -> int:
-        """The largest trainer: every GPU but one engine; half the pool (`_ceil`) while drains are slow or
-        while most running executions have not passed a tool call yet (a decoding execution moves only at
-        a tool-call boundary, so draining engines full of first turns, e.g. single-turn rollouts, waits
-        for whole rollouts)."""
-        cluster, per = self.cluster, self.cluster.gpus_per_engine
-        started = [x for x in cluster.live() if x.phase != Phase.QUEUED]
-        if self.slow_drains or 2 * sum(1 for x in started if x.turns_done >= 1) < len(started):
-            return self._ceil()
-        return max(self._ceil(), (cluster.n_gpus - per) // per * per)
-
-    def _ceil(self) -> int:
-        """The largest trainer: half the pool (or the memory minimum, if larger)."""
-        per = self.cluster.gpus_per_engine
-        return max(self._reserve_gpus(), self.cluster.n_gpus // 2 // per * per)
-
-    def _reserve_gpus(self) -> int:
-        per = self.cluster.gpus_per_engine
-        return -(-self.cluster.min_train_gpus // per) * per
-
-    # ------------------------------------------------------------------ grow
-    def _grow(self, sync: bool = True, keep_free: int | None = None):
-        """Start engines on the free GPUs but `keep_free` (latest weights); sync the staying engines."""
-        cluster = self.cluster
-        if keep_free is None:
-            keep_free = self._keep()
-        free = sorted(cluster.free_gpus())
-        slots = engine_slots(free[: max(0, len(free) - keep_free)], cluster.gpus_per_engine)
-        stale = [e for e in self.pool if e.ready and e.version < cluster.version] if sync else []
-        if slots:
-            cluster.note("elastic_grow", engines=len(slots))
-        if not slots and not stale:
+    def _consolidate(self, ready: list[EngineView]) -> None:
+        """Drain the engines below load_share of their peak (the thinnest first) whose executions all fit elsewhere."""
+        c = self.config
+        thin = {e.id for e in ready if e.n_live < c.load_share * self.peak.get(e.id, 0)}
+        if not thin or len(ready) < 2:
             return
-        waits = [cluster.start_engine(s) for s in slots]
-        if stale:
-            waits.append(cluster.sync(stale))
-        done = yield all_of(waits)
-        self.pool.extend(done[: len(slots)])
-        self.load.fire()
+        live = self.cluster.live()
+        for k in range(len(thin), 0, -1):
+            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, max_running=self.est.max_running)
+            if not plan.waits and all(e.id in thin for e in plan.victims):
+                self.draining = self.cluster.spawn(self._drain(plan, "consolidate"), "elastic-consolidate")
+                return

@@ -1,122 +1,194 @@
-"""Pure decisions of the elastic scheduler: which engines to drain, where their executions go.
+"""Pure decisions of the elastic controller: predictions from observations, and the trainer size they choose.
 
-Everything here is a function of observations (engine load, live executions' current context), never
-of the future, and has no side effects, so it is unit-tested on plain stand-ins.
+Everything here is a function of observations (engines' load, live executions' progress, what finished
+executions showed) and of the cluster's cost estimate (gyre.estimate), never of the future, and has no
+side effects, so it is unit-tested on plain stand-ins. The rule these functions implement is stated once,
+in policies/elastic.py's docstring.
 
-- `choose_victims`: engines to drain so that `need_gpus` GPUs come free, fewest live executions
-  first (cheapest to empty; ties: fewest decoding, since a decoding execution moves only at its next
-  tool-call boundary; then id). At least one engine always stays.
-- `assign_targets`: each migrant (largest context first) to the staying engine with the most free
-  KV at that moment (free = capacity * kv_fill - used - already assigned; ties by id).
-- `next_target`: the trainer's size for the coming steps, judged on the last `size` steps since it last
-  moved (never on one step): the largest trainer if the next batch waits, the trainer never waited in
-  any of them and its queue of finished groups did not fall; the balanced size if it waited for more
-  than half of their time; else unchanged.
+- `History`: what finished executions showed: their segment counts and seconds per segment, and how long
+  a group took from its first start to its last finish.
+- `remaining_s`: a live execution's expected remaining time: its expected remaining segments (the mean,
+  over finished executions longer than it so far, of their segments beyond its own; none longer: its
+  segments so far times `unseen_residual`) times its own observed seconds per segment.
+- `drain_order` / `plan_drain`: engines to drain for a trainer of a given size (fewest live executions
+  first; at least one engine stays), each migrant (largest context first) to the staying engine with the
+  most free KV below `kv_fill` of capacity and a free running slot; migrants that fit nowhere wait (queued)
+  until engines restart after the step.
+- `evaluate`: for one candidate plan, when the step would end (the slowest migrant's wait for its
+  tool-call boundary, then training at the estimate's speed) and when the following batch would be ready
+  (each live execution's predicted remaining time, stretched by its engine's step time after the moves
+  over its own engine's now, for the rest of its run; one that waits starts when the step ends), and so
+  when each later batch of the groups admitted so far would be trained (in order of predicted finish,
+  each as long as this one); `choose` takes the candidate that trains the last of them soonest (ties:
+  the sooner step end, then the larger trainer).
 
-Simplifications: a decoding execution's KV is counted at its current size (it grows by one segment
-before it moves); queued executions hold no KV yet and count as their context (0 if not started).
+Simplifications: a migrant's re-prefill time is not charged; an execution decodes all of its time (a
+slowdown of its engine delays it in full) and its engine's load stays as the moves leave it (others
+finishing would speed it up again); a group not yet admitted takes `History.group_s` from now.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gyre.cluster import EngineView, ExecutionView
+from gyre.cluster import EngineView, ExecutionView, Phase
 
 
 @dataclass(frozen=True)
-class StepRecord:
-    """One training step as the trainer saw it."""
+class History:
+    """What finished executions showed (observations only)."""
 
-    interval: float  # from the previous batch becoming ready to this one
-    idle: float  # the trainer, ready for its next batch, waited this long for it
-    train: float  # training time
-    gpus: int  # GPUs it trained on
-    waiting: int = 0  # finished groups waiting for the trainer when the step ended
+    segments: tuple[int, ...] = ()  # segments of each finished execution, sorted
+    seg_s: float = 0.0  # mean seconds per segment over finished executions
+    group_s: float = 0.0  # mean seconds from a group's first start to its last finish
+
+    def residual_segments(self, done: int, unseen_residual: float) -> float:
+        """Expected segments still to come (the current one included) for an execution `done` segments in."""
+        i = bisect.bisect_right(self.segments, done)
+        longer = self.segments[i:]
+        if longer:
+            return sum(longer) / len(longer) - done
+        return unseen_residual * max(done, 1)
+
+
+def remaining_s(x: ExecutionView, hist: History, now: float, unseen_residual: float) -> float:
+    """Expected seconds until a live execution finishes (module docstring)."""
+    done = x.turns_done
+    seg = (now - x.started_at) / done if done >= 1 and x.started_at is not None else hist.seg_s
+    return hist.residual_segments(done, unseen_residual) * seg
+
+
+def boundary_wait_s(x: ExecutionView, hist: History, now: float, rem: float, boundary_share: float) -> float:
+    """Expected seconds until a live execution can move: 0 unless it decodes; a decoding one at its next
+    tool-call boundary, `boundary_share` of a segment away, or at its finish if that comes first."""
+    if x.phase != Phase.DECODE:
+        return 0.0
+    done = x.turns_done
+    seg = (now - x.started_at) / done if done >= 1 and x.started_at is not None else hist.seg_s
+    return min(rem, boundary_share * seg)
 
 
 @dataclass(frozen=True)
 class DrainPlan:
     victims: tuple[EngineView, ...]
     moves: tuple[tuple[ExecutionView, EngineView], ...]
+    waits: tuple[ExecutionView, ...] = ()  # migrants no staying engine can hold: queued until engines restart
 
     @property
     def gpus(self) -> list[int]:
         return [g for e in self.victims for g in e.gpus]
 
 
-def _drain_order(engines: Sequence[EngineView]) -> list[EngineView]:
+def drain_order(engines: Sequence[EngineView]) -> list[EngineView]:
+    """Cheapest to empty first: fewest live executions, then fewest decoding (they move only at a
+    tool-call boundary), then id."""
     return sorted(engines, key=lambda e: (e.n_live, e.n_decoding, e.id))
 
 
-def choose_victims(engines: Sequence[EngineView], need_gpus: int) -> list[EngineView]:
-    """Engines to drain for `need_gpus` GPUs, fewest live executions first; at least one stays."""
-    victims: list[EngineView] = []
-    got = 0
-    for e in _drain_order(engines):
-        if len(victims) >= len(engines) - 1 or got >= need_gpus:
-            break
-        victims.append(e)
-        got += len(e.gpus)
-    return victims
-
-
-def assign_targets(
-    executions: Sequence[ExecutionView], targets: Sequence[EngineView], *, kv_fill: float = 0.9
-) -> list[tuple[ExecutionView, EngineView]]:
-    """Greedy best fit: largest context to the target with the most free KV (deterministic)."""
-    if not executions:
-        return []
-    if not targets:
-        raise ValueError("assign_targets: no engine to move executions to")
-    heap = [(-(t.kv_capacity * kv_fill - t.kv_used), t.id, i) for i, t in enumerate(targets)]
+def assign_targets(executions: Sequence[ExecutionView], targets: Sequence[EngineView], *, kv_fill: float,
+                   max_running: int = 0) -> tuple[list[tuple[ExecutionView, EngineView]], list[ExecutionView]]:
+    """Greedy best fit: largest context first, to the target with the most free KV (capacity x kv_fill -
+    used - already assigned) that can take it (KV and, with `max_running`, a free running slot); ties by
+    id. Returns (moves, the executions no target can hold)."""
+    free = {t.id: t.kv_capacity * kv_fill - t.kv_used for t in targets}
+    slots = {t.id: (max_running - t.n_live) if max_running else len(executions) for t in targets}
+    heap = [(-free[t.id], t.id, i) for i, t in enumerate(targets)]
     heapq.heapify(heap)
-    out = []
+    moves, waits = [], []
     for x in sorted(executions, key=lambda x: (-x.context_tokens, x.id)):
-        neg_free, tid, i = heapq.heappop(heap)
-        out.append((x, targets[i]))
-        heapq.heappush(heap, (neg_free + x.context_tokens, tid, i))
-    return out
+        skipped, placed = [], False
+        while heap:
+            neg, tid, i = heapq.heappop(heap)
+            if -neg >= x.context_tokens and slots[tid] > 0:
+                moves.append((x, targets[i]))
+                slots[tid] -= 1
+                heapq.heappush(heap, (neg + x.context_tokens, tid, i))
+                placed = True
+                break
+            skipped.append((neg, tid, i))
+        for s in skipped:
+            heapq.heappush(heap, s)
+        if not placed:
+            waits.append(x)
+    return moves, waits
 
 
-def plan_drain(
-    engines: Sequence[EngineView],
-    live: Sequence[ExecutionView],
-    need_gpus: int,
-    *,
-    kv_fill: float = 0.9,
-) -> DrainPlan:
-    """Victims freeing >= need_gpus GPUs (when possible) and a target for each of their executions."""
-    victims = choose_victims(engines, need_gpus)
+def plan_drain(engines: Sequence[EngineView], live: Sequence[ExecutionView], n_victims: int, *, kv_fill: float,
+               max_running: int = 0) -> DrainPlan:
+    """Drain the first `n_victims` engines of `drain_order` (at most all but one) and place their executions."""
+    order = drain_order(engines)
+    victims = order[: max(0, min(n_victims, len(order) - 1))]
     vids = {e.id for e in victims}
     stay = [e for e in engines if e.id not in vids]
     movers = [x for x in live if x.engine_id in vids]
-    return DrainPlan(tuple(victims), tuple(assign_targets(movers, stay, kv_fill=kv_fill)))
+    moves, waits = assign_targets(movers, stay, kv_fill=kv_fill, max_running=max_running)
+    return DrainPlan(tuple(victims), tuple(moves), tuple(waits))
 
 
-def next_target(
-    current: int, window: Sequence[StepRecord], *, backlog: bool, top: int, floor: int, per: int, size: int = 3
-) -> int:
-    """The trainer target after the steps in `window` (those since the target last moved, oldest first).
+@dataclass(frozen=True)
+class Candidate:
+    """One trainer size and what the controller predicts for it (absolute times)."""
 
-    With fewer than `size` steps it holds. Over the last `size`: if the next batch already waits
-    (`backlog`), the trainer never waited and the finished groups waiting for it did not fall from the
-    first step to the last (a burst of ready batches behind one slow group drains that queue), the
-    trainer is the bottleneck: `top`. If the trainer waited for more than half of their time, the
-    rollout is: the balanced size, the GPUs that train one batch in the window's mean batch interval
-    (sum of GPU-seconds trained / sum of intervals, rounded up to engines of `per`), but at least half
-    of `current` (in engines), `floor`, and at most `top`. Otherwise (a burst of ready batches after
-    one slow group, one slow batch) it holds. `idle` counts from when the trainer was ready for its next
-    batch (engines restarted and synced), so a batch already waiting then is idle 0."""
-    w = list(window)[-size:]
-    if len(w) < size:
-        return current
-    if backlog and all(r.idle <= 0 for r in w) and w[-1].waiting >= w[0].waiting:
-        return top
-    span = sum(r.interval for r in w)
-    if span <= 0 or sum(r.idle for r in w) <= span / 2:
-        return current
-    balanced = -(-int(sum(r.gpus * r.train for r in w) / span) // per) * per
-    return max(floor, current // 2 // per * per, min(top, balanced))
+    gpus: int
+    plan: DrainPlan
+    step_end: float  # the step's GPUs gathered, then trained
+    next_ready: float  # the following batch ready
+    last_end: float  # the last batch of the groups admitted so far trained
+    train_s: float
+
+    @property
+    def key(self) -> tuple[float, float, int]:
+        return (self.last_end, self.step_end, -self.gpus)
+
+
+def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: dict[int, float],
+             waits_s: dict[int, float], engines: Sequence[EngineView], live: Sequence[ExecutionView],
+             group_of: dict[int, int], pending: Sequence[int], n_next: int, missing_s: float,
+             step_s: Callable[[int, float], float]) -> Candidate:
+    """The candidate for `plan` (a trainer of `gpus` GPUs; see the module docstring).
+
+    `finish`: each live execution's predicted finish (absolute) without reallocation; `waits_s`: each
+    one's wait for a tool-call boundary; `pending`: the untrained groups outside the batch being trained
+    (ids); `n_next`: groups the following batch needs; `missing_s`: how long a group not yet admitted takes."""
+    gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
+    gather = max([gather] + [waits_s[x.id] for x in plan.waits])
+    end = now + gather + train_s
+    window = end - now
+    # each engine's step time now and after the moves: executions stay where they are put until they finish,
+    # so an engine's slowdown stretches the whole remaining time of everything it holds
+    by_id = {e.id: e for e in engines}
+    add_n: dict[int, int] = {}
+    add_k: dict[int, float] = {}
+    for x, t in plan.moves:
+        add_n[t.id] = add_n.get(t.id, 0) + 1
+        add_k[t.id] = add_k.get(t.id, 0.0) + x.context_tokens
+    before = {e.id: step_s(max(e.n_live, 1), e.kv_used) for e in engines}
+    after = {i: step_s(by_id[i].n_live + add_n[i], by_id[i].kv_used + add_k[i]) for i in add_n}
+    target = {x.id: t.id for x, t in plan.moves}
+    waiting = {x.id for x in plan.waits}
+    group_end: dict[int, float] = {}
+    for x in live:
+        rem = finish[x.id] - now
+        if x.id in waiting:
+            t = end + rem
+        else:
+            dst = target.get(x.id, x.engine_id)
+            t = now + rem * after.get(dst, before.get(dst, 1.0)) / before.get(x.engine_id, 1.0)
+        gid = group_of[x.id]
+        group_end[gid] = max(group_end.get(gid, now), t)
+    ends = sorted(group_end.get(g, now) for g in pending)
+    n_batches = max(1, -(-len(ends) // n_next)) if n_next > 0 else 0
+    ends += [now + missing_s] * max(0, n_batches * n_next - len(ends))
+    t = end  # each following batch trains when it is ready and the trainer is free, as long as this one
+    for j in range(n_batches):
+        t = max(t, ends[(j + 1) * n_next - 1]) + train_s
+    ready = ends[n_next - 1] if n_next > 0 else now
+    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=t, train_s=train_s)
+
+
+def choose(candidates: Sequence[Candidate]) -> Candidate:
+    """The candidate that trains every admitted group soonest (ties: sooner step end, then larger)."""
+    return min(candidates, key=lambda c: c.key)

@@ -93,6 +93,16 @@ def run(
     from gyre.real.task_api import TaskError, load_task
 
     cfg = _config(preset, config, steps, address, seed, faults, checkpoint_every)
+    if cfg.cluster.estimate is not None:  # the cost estimate policies may read: stated, or one line on a bad file
+        from gyre.estimate import EstimateError
+        from gyre.estimate import from_file as estimate_from_file
+
+        try:
+            est = estimate_from_file(cfg.cluster.estimate)
+        except EstimateError as exc:
+            fail(f"{config or preset}: cluster.estimate: {exc}")
+            raise
+        console.print(est.describe(), highlight=False, soft_wrap=True)
     for p in policy:
         try:
             policy_class(p)
