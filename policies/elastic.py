@@ -43,8 +43,8 @@ from gyre.estimate import batch_counts
 from gyre.handles import Handle, all_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, train_loop
-from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, boundary_wait_s, choose, evaluate,
-                                        plan_drain, remaining_s)
+from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, boundary_wait_s, choose, choose_grow,
+                                        evaluate, plan_drain, remaining_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,9 +103,13 @@ class Elastic:
         self.steps = steps
         self.gathering = False  # a batch's GPUs are being gathered
         self.segs: list[int] = []  # segments of each finished execution
+        self.ctx: list[float] = []  # its mean context over its life
         self.seg_s: list[float] = []  # its seconds per segment
         self.group_s: list[float] = []  # each finished group's first start to last finish
         self.group_of: dict[int, int] = {}  # execution id -> group id
+        self.group_size = 1  # executions per group (as the groups admitted show)
+        self.seen_step = [0.0, 0]  # sum and count of the mean engine step time sampled at finishes
+        self.last_counts = (0.0, 0.0)  # the last batch's trained tokens and attention sum
         order = OrderedAdmission(cluster, steps, self.config)
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order)
         self._watch_groups(batcher)
@@ -125,10 +129,12 @@ class Elastic:
             watch(group, handles)
             starts: list[float] = []
             left = [len(handles)]
+            self.group_size = len(group.executions)
             for x in group.executions:
                 self.group_of[x.id] = group.id
 
             def one(h: Handle) -> None:
+                self._sample_load()
                 self.load.fire()
                 if h.error is not None:
                     return
@@ -136,6 +142,7 @@ class Elastic:
                 segs = x.turns_done + 1
                 t0 = x.started_at if x.started_at is not None else self.cluster.now
                 self.segs.append(segs)
+                self.ctx.append(0.5 * x.trajectory_tokens)
                 self.seg_s.append((self.cluster.now - t0) / segs)
                 starts.append(t0)
                 left[0] -= 1
@@ -147,9 +154,18 @@ class Elastic:
 
         batcher.watch = watched
 
+    def _sample_load(self) -> None:
+        """The mean engine step time (the estimate's, at each ready engine's load) as an execution finishes:
+        the load the finished groups' durations were measured at."""
+        ready = [e for e in self.pool if e.ready and e.n_live]
+        if ready:
+            self.seen_step[0] += sum(self.est.step_s(e.n_live, e.kv_used) for e in ready) / len(ready)
+            self.seen_step[1] += 1
+
     def _history(self) -> History:
         mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-        return History(segments=tuple(sorted(self.segs)), seg_s=mean(self.seg_s), group_s=mean(self.group_s))
+        return History(segments=tuple(sorted(self.segs)), seg_s=mean(self.seg_s), group_s=mean(self.group_s),
+                       group_durations=tuple(self.group_s), ctx=mean(self.ctx))
 
     # ------------------------------------------------------------------ 1. a batch is ready
     def _gather(self, batch):
@@ -166,16 +182,22 @@ class Elastic:
         self.gathering = False
         return cluster.free_gpus()
 
+    def _predict(self, hist: History):
+        """Each live execution's predicted finish (absolute) and wait for its next tool-call boundary."""
+        c, now = self.config, self.cluster.now
+        finish, waits = {}, {}
+        for x in self.cluster.live():
+            rem = remaining_s(x, hist, now, c.unseen_residual)
+            finish[x.id] = now + rem
+            waits[x.id] = boundary_wait_s(x, hist, now, rem, c.boundary_share, c.unseen_residual)
+        return finish, waits
+
     def _choose(self, batch) -> Candidate:
         cluster, est, c = self.cluster, self.est, self.config
         now, hist = cluster.now, self._history()
         live = cluster.live()
-        finish, waits = {}, {}
-        for x in live:
-            rem = remaining_s(x, hist, now, c.unseen_residual)
-            finish[x.id] = now + rem
-            waits[x.id] = boundary_wait_s(x, hist, now, rem, c.boundary_share)
-        tokens, attn = batch_counts(x for g in batch for x in g.executions)
+        finish, waits = self._predict(hist)
+        tokens, attn = self.last_counts = batch_counts(x for g in batch for x in g.executions)
         in_batch = {g.id for g in batch}
         pending = [g.id for _, g in self.batcher.admitted if g.id not in in_batch]
         ready = [e for e in self.pool if e.ready]
@@ -210,18 +232,42 @@ class Elastic:
     # ------------------------------------------------------------------ 2. a step ends
     def _after_step(self):
         if self.cluster.version < self.steps:
-            yield from self._grow(sync=True, only_if_waiting=True)
+            yield from self._grow(sync=True, engines=self._engines_to_start())
+
+    def _engines_to_start(self) -> int:
+        """All the free GPUs' engines if executions queue; else policies.elastic_plan.choose_grow's count."""
+        cluster, est, b = self.cluster, self.est, self.batcher
+        ready = [e for e in self.pool if e.ready]
+        per, free = cluster.gpus_per_engine, len(cluster.free_gpus())
+        if any(e.n_queued for e in ready) or not ready:
+            return free // per
+        hist, now = self._history(), cluster.now
+        finish, _ = self._predict(hist)
+        ends: dict[int, float] = {}
+        for x in cluster.live():
+            gid = self.group_of[x.id]
+            ends[gid] = max(ends.get(gid, now), finish[x.id])
+        pending = [ends.get(g.id, now) for _, g in b.admitted]
+        new = max(0, min(b.steps * b.gps - b.n_admitted, (self.eta + 1) * b.gps - len(b.admitted)))
+        tokens, attn = self.last_counts
+        last = hist.segments[-1] if hist.segments else 1
+        drain = hist.seg_s * (1 if last <= 1 else self.config.boundary_share)
+        return choose_grow(now=now, free_gpus=free, per=per, min_train=cluster.min_train_gpus, engines=len(ready),
+                           live_n=sum(e.n_live for e in ready), live_kv=sum(e.kv_used for e in ready), new_groups=new,
+                           group_size=self.group_size, group_s=hist.group_durations,
+                           new_ctx=hist.ctx, seen_step_s=self.seen_step[0] / max(self.seen_step[1], 1), pending_ends=pending,
+                           per_batch=b.gps, train_s=lambda g: est.train_s(tokens, attn, g), drain_s=drain,
+                           step_s=est.step_s)
 
     def _waiting_for_room(self) -> bool:
-        """Rollout has work for more engines: an engine queues executions, or groups are still to be admitted."""
-        ready = [e for e in self.pool if e.ready]
-        return any(e.n_queued for e in ready) or self.batcher.n_admitted < self.batcher.steps * self.batcher.gps
+        """Executions wait for room: an engine queues some."""
+        return any(e.n_queued for e in self.pool if e.ready)
 
-    def _grow(self, sync: bool = True, only_if_waiting: bool = False):
-        """Start engines on the free GPUs (all, or only if executions wait for room); sync stale engines."""
+    def _grow(self, sync: bool = True, engines: int | None = None):
+        """Start `engines` engines (None: as many as the free GPUs hold) on the free GPUs; sync stale engines."""
         cluster = self.cluster
-        grow = not only_if_waiting or self._waiting_for_room()
-        slots = engine_slots(sorted(cluster.free_gpus()), cluster.gpus_per_engine) if grow else []
+        slots = engine_slots(sorted(cluster.free_gpus()), cluster.gpus_per_engine)
+        slots = slots if engines is None else slots[:engines]
         stale = [e for e in self.pool if e.ready and e.version < cluster.version] if sync else []
         if slots:
             cluster.note("elastic_grow", engines=len(slots))

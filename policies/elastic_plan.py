@@ -44,6 +44,8 @@ class History:
     segments: tuple[int, ...] = ()  # segments of each finished execution, sorted
     seg_s: float = 0.0  # mean seconds per segment over finished executions
     group_s: float = 0.0  # mean seconds from a group's first start to its last finish
+    group_durations: tuple[float, ...] = ()  # each finished group's seconds, in finish order
+    ctx: float = 0.0  # mean context over a finished execution's life: half its trajectory tokens (it grows ~linearly)
 
     def residual_segments(self, done: int, unseen_residual: float) -> float:
         """Expected segments still to come (the current one included) for an execution `done` segments in."""
@@ -61,14 +63,59 @@ def remaining_s(x: ExecutionView, hist: History, now: float, unseen_residual: fl
     return hist.residual_segments(done, unseen_residual) * seg
 
 
-def boundary_wait_s(x: ExecutionView, hist: History, now: float, rem: float, boundary_share: float) -> float:
+def boundary_wait_s(x: ExecutionView, hist: History, now: float, rem: float, boundary_share: float,
+                    unseen_residual: float) -> float:
     """Expected seconds until a live execution can move: 0 unless it decodes; a decoding one at its next
-    tool-call boundary, `boundary_share` of a segment away, or at its finish if that comes first."""
+    tool-call boundary, `boundary_share` of a segment away, or at its finish if its current segment is
+    expected to be its last (it reaches no boundary: a single-turn rollout moves only by finishing)."""
     if x.phase != Phase.DECODE:
         return 0.0
     done = x.turns_done
+    if hist.residual_segments(done, unseen_residual) <= 1:
+        return rem
     seg = (now - x.started_at) / done if done >= 1 and x.started_at is not None else hist.seg_s
     return min(rem, boundary_share * seg)
+
+
+def last_batch_end(start: float, group_ends: Sequence[float], per_batch: int, train_s: float) -> float:
+    """When the last of these groups is trained: batches of `per_batch` groups in order of finish, each
+    trained for `train_s` once it is ready and the trainer (free from `start`) is free."""
+    ends = sorted(group_ends)
+    t = start
+    for j in range(per_batch - 1, len(ends) + per_batch - 1, per_batch):
+        t = max(t, ends[min(j, len(ends) - 1)]) + train_s
+    return t
+
+
+def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines: int, live_n: int, live_kv: float,
+                new_groups: int, group_size: int, group_s: Sequence[float], new_ctx: float, seen_step_s: float,
+                pending_ends: Sequence[float],
+                per_batch: int, train_s: Callable[[int], float], drain_s: float,
+                step_s: Callable[[float, float], float]) -> int:
+    """Engines to start on the free GPUs when a step ends (the rest stay free for the next step).
+
+    For k new engines: the groups still to be admitted (`new_groups`) spread with the live executions
+    over `engines` + k engines (each new execution at a mean context of `new_ctx`) and take what
+    finished groups took (`group_s`, cycled in order, so a batch waits for its slow ones as they did), at
+    a per-engine step time of `seen_step_s`, scaled by the estimate's step time at that load; the next steps train on the GPUs
+    left free (at least the memory minimum: below it the step first drains engines, `drain_s`). Returns
+    the k whose last batch (the live groups' `pending_ends` and the new ones) is trained soonest (ties:
+    fewer engines)."""
+    best, best_end = 0, float("inf")
+    for k in range(free_gpus // per + 1):
+        e = engines + k
+        if e == 0:
+            continue
+        keep = free_gpus - k * per
+        g, wait = (keep, 0.0) if keep >= min_train else (-(-min_train // per) * per, drain_s)
+        n = live_n + new_groups * group_size
+        scale = step_s(n / e, (live_kv + new_groups * group_size * new_ctx) / e) / seen_step_s if seen_step_s > 0 else 1.0
+        ends = list(pending_ends) + [now + group_s[i % len(group_s)] * scale for i in range(new_groups)] \
+            if group_s else list(pending_ends)
+        end = last_batch_end(now + wait, ends, per_batch, train_s(g)) if ends else now
+        if end < best_end - 1e-9:
+            best, best_end = k, end
+    return best
 
 
 @dataclass(frozen=True)
@@ -179,14 +226,11 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
             t = now + rem * after.get(dst, before.get(dst, 1.0)) / before.get(x.engine_id, 1.0)
         gid = group_of[x.id]
         group_end[gid] = max(group_end.get(gid, now), t)
-    ends = sorted(group_end.get(g, now) for g in pending)
-    n_batches = max(1, -(-len(ends) // n_next)) if n_next > 0 else 0
-    ends += [now + missing_s] * max(0, n_batches * n_next - len(ends))
-    t = end  # each following batch trains when it is ready and the trainer is free, as long as this one
-    for j in range(n_batches):
-        t = max(t, ends[(j + 1) * n_next - 1]) + train_s
-    ready = ends[n_next - 1] if n_next > 0 else now
-    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=t, train_s=train_s)
+    ends = [group_end.get(g, now) for g in pending]
+    ends += [now + missing_s] * max(0, n_next - len(ends))
+    ready = sorted(ends)[n_next - 1] if n_next > 0 else now
+    last = last_batch_end(end, ends, n_next, train_s) if n_next > 0 else end
+    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s)
 
 
 def choose(candidates: Sequence[Candidate]) -> Candidate:
