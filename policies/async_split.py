@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from gyre.cluster import Cluster, ClusterError
 from gyre.handles import all_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
+from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Batcher, ClusterShape, engine_slots, train_loop
 from gyre.policies.tuning import Search, refine_axis
 
@@ -69,6 +70,7 @@ class AsyncSplit:
         trainer = list(range(r, cluster.n_gpus))
         order = OrderedAdmission(cluster, steps, self.config)
         batcher = Batcher(cluster, steps, self.eta, order)
+        queue = AdmissionQueue(cluster, engines)
 
         def gather(_batch):
             return trainer
@@ -77,6 +79,6 @@ class AsyncSplit:
         def after_step():
             yield cluster.sync(engines)
 
-        yield from train_loop(cluster, steps, batcher, engines=lambda: engines, gather=gather,
+        yield from train_loop(cluster, steps, batcher, queue, engines=lambda: engines, gather=gather,
                               after_step=after_step, label="async-producer")
         order.report()

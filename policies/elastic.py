@@ -42,6 +42,7 @@ from gyre.cluster import Cluster, ClusterError, EngineView, Phase
 from gyre.estimate import batch_counts
 from gyre.handles import Handle, all_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
+from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, train_loop
 from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, boundary_wait_s, choose, choose_grow,
                                         evaluate, plan_drain, remaining_s)
@@ -112,9 +113,10 @@ class Elastic:
         self.last_counts = (0.0, 0.0)  # the last batch's trained tokens and attention sum
         order = OrderedAdmission(cluster, steps, self.config)
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order)
+        self.queue = AdmissionQueue(cluster, self._admit_to)
         self._watch_groups(batcher)
         yield from self._grow(sync=False)  # rollout has the whole pool until there is something to train
-        yield from train_loop(cluster, steps, batcher, engines=self._admit_to, gather=self._gather,
+        yield from train_loop(cluster, steps, batcher, self.queue, engines=self._admit_to, gather=self._gather,
                               after_step=self._after_step, wait=self._react, label="elastic-producer")
         order.report()
 
@@ -204,7 +206,7 @@ class Elastic:
         free = len(cluster.free_gpus())
         cands = []
         for k in range(len(ready)):
-            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, max_running=est.max_running)
+            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.queue.room)
             if len(plan.victims) < k:
                 break
             g = free + len(plan.gpus)
@@ -212,7 +214,7 @@ class Elastic:
                 continue
             cands.append(evaluate(plan, gpus=g, now=now, train_s=est.train_s(tokens, attn, g), finish=finish,
                                   waits_s=waits, engines=ready, live=live, group_of=self.group_of, pending=pending,
-                                  n_next=self.batcher.gps, missing_s=hist.group_s, step_s=est.step_s))
+                                  finished=set(self.batcher.finished), n_next=self.batcher.gps, missing_s=hist.group_s, step_s=est.step_s))
         if not cands:
             raise ClusterError(f"elastic: no trainer of >= {cluster.min_train_gpus} GPUs can be gathered "
                                f"({free} free, {len(ready)} ready engines)")
@@ -222,10 +224,8 @@ class Elastic:
         cluster = self.cluster
         ids = {e.id for e in plan.victims}
         self.pool = [e for e in self.pool if e.id not in ids]
-        cluster.note("elastic_drain", why=why, engines=sorted(ids), moves=len(plan.moves), waits=len(plan.waits))
-        stay = sorted(self.pool, key=lambda e: (e.n_queued, e.id))
-        moves = list(plan.moves) + [(x, stay[i % len(stay)]) for i, x in enumerate(plan.waits)]
-        yield all_of([cluster.migrate(x, t) for x, t in moves])
+        cluster.note("elastic_drain", why=why, engines=sorted(ids), moves=len(plan.moves), parks=len(plan.parks))
+        yield all_of([self.queue.move(x, t) for x, t in plan.moves] + [self.queue.park(x) for x in plan.parks])
         yield all_of([cluster.stop_engine(e) for e in plan.victims])
         self.load.fire()
 
@@ -239,7 +239,7 @@ class Elastic:
         cluster, est, b = self.cluster, self.est, self.batcher
         ready = [e for e in self.pool if e.ready]
         per, free = cluster.gpus_per_engine, len(cluster.free_gpus())
-        if any(e.n_queued for e in ready) or not ready:
+        if self._waiting_for_room() or not ready:
             return free // per
         hist, now = self._history(), cluster.now
         finish, _ = self._predict(hist)
@@ -247,7 +247,8 @@ class Elastic:
         for x in cluster.live():
             gid = self.group_of[x.id]
             ends[gid] = max(ends.get(gid, now), finish[x.id])
-        pending = [ends.get(g.id, now) for _, g in b.admitted]
+        done = set(b.finished)
+        pending = [now if g.id in done else ends.get(g.id, now + hist.group_s) for _, g in b.admitted]
         new = max(0, min(b.steps * b.gps - b.n_admitted, (self.eta + 1) * b.gps - len(b.admitted)))
         tokens, attn = self.last_counts
         last = hist.segments[-1] if hist.segments else 1
@@ -260,8 +261,8 @@ class Elastic:
                            step_s=est.step_s)
 
     def _waiting_for_room(self) -> bool:
-        """Executions wait for room: an engine queues some."""
-        return any(e.n_queued for e in self.pool if e.ready)
+        """Executions wait for room: unstarted or parked in the admission queue, or queued on an engine."""
+        return len(self.queue) > 0 or any(e.n_queued for e in self.pool if e.ready)
 
     def _grow(self, sync: bool = True, engines: int | None = None):
         """Start `engines` engines (None: as many as the free GPUs hold) on the free GPUs; sync stale engines."""
@@ -278,6 +279,7 @@ class Elastic:
             waits.append(cluster.sync(stale))
         done = yield all_of(waits)
         self.pool.extend(done[: len(slots)])
+        self.queue.pump()
         self.load.fire()
 
     # ------------------------------------------------------------------ 3. an execution finishes
@@ -306,10 +308,10 @@ class Elastic:
         self._rebalance([e for e in self.pool if e.ready])
 
     def _rebalance(self, ready: list[EngineView]) -> None:
-        """Executions queued on an engine move to engines that queue nothing and have KV room (below
-        kv_fill after the move), largest context first."""
-        fill = self.config.kv_fill
-        room = {e.id: fill * e.kv_capacity - e.kv_used for e in ready if not e.n_queued}
+        """Executions queued on an engine move to engines that queue nothing and have room (KV below
+        kv_fill after the move, a slot under the admission limit), largest context first."""
+        q, fill = self.queue, self.config.kv_fill
+        room = {e.id: fill * e.kv_capacity - e.kv_used for e in ready if not e.n_queued and q.room(e) > 0}
         if not room or max(room.values()) <= 0:
             return
         full = {e.id for e in ready if e.n_queued}
@@ -321,7 +323,11 @@ class Elastic:
             if room[tid] < need:
                 continue
             room[tid] -= need
-            self.cluster.migrate(x, by_id[tid])
+            if q.room(by_id[tid]) <= 1:
+                del room[tid]
+            q.move(x, by_id[tid])
+            if not room:
+                return
 
     def _consolidate(self, ready: list[EngineView]) -> None:
         """Drain the engines below load_share of their peak (the thinnest first) whose executions all fit elsewhere."""
@@ -331,7 +337,7 @@ class Elastic:
             return
         live = self.cluster.live()
         for k in range(len(thin), 0, -1):
-            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, max_running=self.est.max_running)
-            if not plan.waits and all(e.id in thin for e in plan.victims):
+            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.queue.room)
+            if not plan.parks and all(e.id in thin for e in plan.victims):
                 self.draining = self.cluster.spawn(self._drain(plan, "consolidate"), "elastic-consolidate")
                 return

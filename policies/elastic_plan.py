@@ -12,8 +12,8 @@ in policies/elastic.py's docstring.
   segments so far times `unseen_residual`) times its own observed seconds per segment.
 - `drain_order` / `plan_drain`: engines to drain for a trainer of a given size (fewest live executions
   first; at least one engine stays), each migrant (largest context first) to the staying engine with the
-  most free KV below `kv_fill` of capacity and a free running slot; migrants that fit nowhere wait (queued)
-  until engines restart after the step.
+  most free KV below `kv_fill` of capacity and a slot under its admission limit (policies.admit_queue);
+  migrants that fit nowhere are parked and resumed where room frees (after the step, engines restart).
 - `evaluate`: for one candidate plan, when the step would end (the slowest migrant's wait for its
   tool-call boundary, then training at the estimate's speed) and when the following batch would be ready
   (each live execution's predicted remaining time, stretched by its engine's step time after the moves
@@ -122,7 +122,7 @@ def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines
 class DrainPlan:
     victims: tuple[EngineView, ...]
     moves: tuple[tuple[ExecutionView, EngineView], ...]
-    waits: tuple[ExecutionView, ...] = ()  # migrants no staying engine can hold: queued until engines restart
+    parks: tuple[ExecutionView, ...] = ()  # migrants no staying engine can hold: parked until one has room
 
     @property
     def gpus(self) -> list[int]:
@@ -135,44 +135,43 @@ def drain_order(engines: Sequence[EngineView]) -> list[EngineView]:
     return sorted(engines, key=lambda e: (e.n_live, e.n_decoding, e.id))
 
 
+def _limit_room(e: EngineView) -> int:
+    return e.admit_limit - e.n_live
+
+
 def assign_targets(executions: Sequence[ExecutionView], targets: Sequence[EngineView], *, kv_fill: float,
-                   max_running: int = 0) -> tuple[list[tuple[ExecutionView, EngineView]], list[ExecutionView]]:
+                   slots: Callable[[EngineView], int] = _limit_room
+                   ) -> tuple[list[tuple[ExecutionView, EngineView]], list[ExecutionView]]:
     """Greedy best fit: largest context first, to the target with the most free KV (capacity x kv_fill -
-    used - already assigned) that can take it (KV and, with `max_running`, a free running slot); ties by
-    id. Returns (moves, the executions no target can hold)."""
+    used - already assigned) that can take it (the KV, and a slot under its admission limit: `slots`,
+    policies.admit_queue); ties by id. Returns (moves, the executions no target can hold)."""
     free = {t.id: t.kv_capacity * kv_fill - t.kv_used for t in targets}
-    slots = {t.id: (max_running - t.n_live) if max_running else len(executions) for t in targets}
-    heap = [(-free[t.id], t.id, i) for i, t in enumerate(targets)]
+    left = {t.id: slots(t) for t in targets}
+    heap = [(-free[t.id], t.id, i) for i, t in enumerate(targets) if left[t.id] > 0]
     heapq.heapify(heap)
-    moves, waits = [], []
+    moves, parks = [], []
     for x in sorted(executions, key=lambda x: (-x.context_tokens, x.id)):
-        skipped, placed = [], False
-        while heap:
+        if heap and -heap[0][0] >= x.context_tokens:
             neg, tid, i = heapq.heappop(heap)
-            if -neg >= x.context_tokens and slots[tid] > 0:
-                moves.append((x, targets[i]))
-                slots[tid] -= 1
+            moves.append((x, targets[i]))
+            left[tid] -= 1
+            if left[tid] > 0:
                 heapq.heappush(heap, (neg + x.context_tokens, tid, i))
-                placed = True
-                break
-            skipped.append((neg, tid, i))
-        for s in skipped:
-            heapq.heappush(heap, s)
-        if not placed:
-            waits.append(x)
-    return moves, waits
+        else:  # the roomiest target cannot take the largest remaining context: neither can any other
+            parks.append(x)
+    return moves, parks
 
 
 def plan_drain(engines: Sequence[EngineView], live: Sequence[ExecutionView], n_victims: int, *, kv_fill: float,
-               max_running: int = 0) -> DrainPlan:
+               slots: Callable[[EngineView], int] = _limit_room) -> DrainPlan:
     """Drain the first `n_victims` engines of `drain_order` (at most all but one) and place their executions."""
     order = drain_order(engines)
     victims = order[: max(0, min(n_victims, len(order) - 1))]
     vids = {e.id for e in victims}
     stay = [e for e in engines if e.id not in vids]
     movers = [x for x in live if x.engine_id in vids]
-    moves, waits = assign_targets(movers, stay, kv_fill=kv_fill, max_running=max_running)
-    return DrainPlan(tuple(victims), tuple(moves), tuple(waits))
+    moves, parks = assign_targets(movers, stay, kv_fill=kv_fill, slots=slots)
+    return DrainPlan(tuple(victims), tuple(moves), tuple(parks))
 
 
 @dataclass(frozen=True)
@@ -193,15 +192,16 @@ class Candidate:
 
 def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: dict[int, float],
              waits_s: dict[int, float], engines: Sequence[EngineView], live: Sequence[ExecutionView],
-             group_of: dict[int, int], pending: Sequence[int], n_next: int, missing_s: float,
+             group_of: dict[int, int], pending: Sequence[int], finished: set[int], n_next: int, missing_s: float,
              step_s: Callable[[int, float], float]) -> Candidate:
     """The candidate for `plan` (a trainer of `gpus` GPUs; see the module docstring).
 
     `finish`: each live execution's predicted finish (absolute) without reallocation; `waits_s`: each
     one's wait for a tool-call boundary; `pending`: the untrained groups outside the batch being trained
-    (ids); `n_next`: groups the following batch needs; `missing_s`: how long a group not yet admitted takes."""
+    (ids), `finished` those of them done; `n_next`: groups the following batch needs; `missing_s`: how
+    long a group none of whose executions runs yet (waiting for room, or not yet admitted) takes."""
     gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
-    gather = max([gather] + [waits_s[x.id] for x in plan.waits])
+    gather = max([gather] + [waits_s[x.id] for x in plan.parks])
     end = now + gather + train_s
     window = end - now
     # each engine's step time now and after the moves: executions stay where they are put until they finish,
@@ -215,7 +215,7 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     before = {e.id: step_s(max(e.n_live, 1), e.kv_used) for e in engines}
     after = {i: step_s(by_id[i].n_live + add_n[i], by_id[i].kv_used + add_k[i]) for i in add_n}
     target = {x.id: t.id for x, t in plan.moves}
-    waiting = {x.id for x in plan.waits}
+    waiting = {x.id for x in plan.parks}
     group_end: dict[int, float] = {}
     for x in live:
         rem = finish[x.id] - now
@@ -226,7 +226,7 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
             t = now + rem * after.get(dst, before.get(dst, 1.0)) / before.get(x.engine_id, 1.0)
         gid = group_of[x.id]
         group_end[gid] = max(group_end.get(gid, now), t)
-    ends = [group_end.get(g, now) for g in pending]
+    ends = [now if g in finished else group_end.get(g, now + missing_s) for g in pending]
     ends += [now + missing_s] * max(0, n_next - len(ends))
     ready = sorted(ends)[n_next - 1] if n_next > 0 else now
     last = last_batch_end(end, ends, n_next, train_s) if n_next > 0 else end

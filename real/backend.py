@@ -35,6 +35,7 @@ from gyre.cluster import ClusterError, Phase, Role
 from gyre.estimate import CostEstimate
 from gyre.estimate import from_file as estimate_from_file
 from gyre.handles import Handle, Process, done_handle
+from gyre.hardware import admission_limit, check_fill
 from gyre.backend import ClusterBase
 from gyre.real import task as T
 from gyre.real.agent import RealExecution, RealGroup
@@ -69,11 +70,13 @@ class RealClusterConfig:
     # the cost estimate policies may read (gyre.estimate): a calibration file (`gyre-real calibrate --estimate-out`);
     # None: none (a policy that reads it fails with one line)
     estimate: str | None = None
+    admission_fill: float = 1.0  # share of KV the admission limit commits (gyre.hardware.admission_limit)
 
     def __post_init__(self) -> None:
         if self.checkpoint_every is not None and self.checkpoint_every < 0:
             raise ValueError(f"RealClusterConfig.checkpoint_every must be >= 0, got {self.checkpoint_every}")
         parse_faults(self.faults)  # a bad spec is a one-line ValueError
+        check_fill(self.admission_fill, "RealClusterConfig.admission_fill")
         if self.weight_sync not in WEIGHT_SYNC:
             raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")
 
@@ -178,7 +181,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         eid = self._next_engine
         self._next_engine += 1
         v = self._version
-        eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity)
+        limit = admission_limit(self.cfg.kv_capacity, self.cfg.task.context_limit, self.cfg.admission_fill)
+        eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity, limit)
         self._place_engine(eng)
         h = Handle(f"start_engine{eid}")
         t0 = self.now
