@@ -84,6 +84,8 @@ class ExecutionView(Protocol):
     @property
     def turns_done(self) -> int: ...
     @property
+    def deadline_at(self) -> float: ...  # when its wall-clock budget ends (inf until it first runs, or with none)
+    @property
     def context_tokens(self) -> int: ...  # KV tokens it holds (its current context)
     @property
     def trajectory_tokens(self) -> int: ...  # prompt, generated and tool-output tokens so far (what training trains)

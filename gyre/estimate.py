@@ -18,9 +18,9 @@ foresight: nothing in it depends on the workload's future.
 
 `batch_counts` turns observed executions into the two counts `train_s` takes: trained tokens are the
 executions' trajectory tokens (the group's shared prompt counted once per execution, a small overcount),
-and the attention sum is each sequence's tokens squared over two (a causal sequence of L tokens attends
-to L^2 / 2 context tokens; compaction, which shortens contexts, is ignored, so long trajectories are
-overestimated).
+and the attention sum is, per execution of L tokens, L x min(L, C) / 2 with C the largest context seen
+(a causal sequence of L tokens attends to L^2 / 2 context tokens; one compacted whenever its context
+reaches C attends to about C / 2 per token).
 """
 
 from __future__ import annotations
@@ -155,11 +155,12 @@ def write_file(est: CostEstimate, path: str | Path) -> None:
     Path(path).write_text(json.dumps(est.as_dict(), indent=1) + "\n")
 
 
-def batch_counts(executions: Iterable) -> tuple[float, float]:
-    """(trained tokens, attention context sum) of finished executions, from their trajectory tokens."""
+def batch_counts(executions: Iterable, max_context: float = math.inf) -> tuple[float, float]:
+    """(trained tokens, attention context sum) of finished executions, from their trajectory tokens and
+    the largest context seen (module docstring)."""
     tokens = attn = 0.0
     for x in executions:
         n = float(x.trajectory_tokens)
         tokens += n
-        attn += 0.5 * n * n
+        attn += 0.5 * n * min(n, max_context)
     return tokens, attn

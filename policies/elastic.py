@@ -10,25 +10,32 @@ future length. At each decision point it does one thing:
 1. A batch is ready. For each trainer size the free GPUs plus the first k engines of the drain order
    allow (fewest live executions first; at least one engine stays; at least the memory minimum), predict
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
-     `boundary_share` of a segment from one; others move at once), then the batch's training time from
-     the estimate;
-   - when the following batch is ready: each live execution's finish (its expected remaining segments
-     given the finished ones, times its own seconds per segment), its remaining time stretched by the
-     step time of the engine it ends up on after the moves over that of its engine now (the estimate's),
-     or starting only when the step ends if no staying engine can hold it (KV below `kv_fill` of
-     capacity, a running slot);
-     the batch is ready when the groups it needs have finished;
-   and train on the size whose later of the two is soonest (ties: the sooner step end, then the larger
-   trainer). Its engines are drained: executions migrate at their next tool-call boundary, never aborted;
-   those that fit nowhere wait in a staying engine's queue.
-2. A step ends. Engines start on the freed GPUs if executions wait for room (an engine queues, or
-   groups wait for admission while every engine is full); otherwise the GPUs stay free for the next
-   step. Engines serving old weights sync.
+     `boundary_share` of a segment from one, or its finish if its segment is expected to be its last;
+     others move at once), then the batch's training time from the estimate;
+   - when each live execution finishes: its expected remaining segments given the finished ones, times
+     its own seconds per segment, stretched by the estimate's step time of the engine it ends up on
+     over that of its engine now; one no staying engine has room for (KV below `kv_fill` of capacity, a
+     slot under the admission limit) is parked and resumes in the next slot a staying execution frees
+     (their predicted finishes, in order), or when the step ends and engines restart;
+   - so when each later batch of the groups admitted so far is ready (groups in order of predicted
+     finish), and when the last of them is trained (each batch as long as this one, once it is ready and
+     the trainer free);
+   and train on the size whose delays push the fewest executions predicted to finish within their
+   deadline past it (a cut is lost work, never a speed-up), then on the one that trains that last group
+   soonest (ties: the sooner step end, then the larger trainer). Its engines are drained: executions
+   migrate at their next tool-call boundary, never aborted; those with no room are parked there and
+   resumed where room frees (policies.admit_queue).
+2. A step ends. If executions wait for room (unstarted or parked in the admission queue, or queued on
+   an engine), engines start on every freed GPU. Otherwise the number of engines to start is predicted
+   the same way (policies.elastic_plan.choose_grow): the groups still to admit take what finished groups
+   took, scaled by the estimate's step time at the load that many engines would carry, and the GPUs
+   left free train the next steps; the count whose last batch is trained soonest wins (ties: fewer).
+   Engines serving old weights sync.
 3. An execution finishes or the pool changes, with no batch ready. Free GPUs start engines if executions
-   wait for room, and executions queued on one engine move to engines with KV room below `kv_fill`. An
-   engine whose live executions have fallen below `load_share` of the most it held, while nothing
-   waits for room, is drained if every one of its executions fits elsewhere (all such engines at once):
-   the tail is consolidated and its GPUs wait free for the next step.
+   wait for room, and executions queued on one engine move to engines with room. An engine whose live
+   executions have fallen below `load_share` of the most it held, while nothing waits for room, is
+   drained if every one of its executions fits elsewhere (all such engines at once): the tail is
+   consolidated and its GPUs wait free for the next step.
 
 Every threshold is an `ElasticConfig` field with its reason. Simplifications: one drain at a time;
 GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
@@ -36,6 +43,7 @@ GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gyre.cluster import Cluster, ClusterError, EngineView, Phase
@@ -110,7 +118,8 @@ class Elastic:
         self.group_of: dict[int, int] = {}  # execution id -> group id
         self.group_size = 1  # executions per group (as the groups admitted show)
         self.seen_step = [0.0, 0]  # sum and count of the mean engine step time sampled at finishes
-        self.last_counts = (0.0, 0.0)  # the last batch's trained tokens and attention sum
+        self.last_counts = (0.0, 0.0)
+        self.max_ctx = 0  # the largest context seen on a live execution (what compaction bounds contexts at)  # the last batch's trained tokens and attention sum
         order = OrderedAdmission(cluster, steps, self.config)
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order)
         self.queue = AdmissionQueue(cluster, self._admit_to)
@@ -167,7 +176,8 @@ class Elastic:
     def _history(self) -> History:
         mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
         return History(segments=tuple(sorted(self.segs)), seg_s=mean(self.seg_s), group_s=mean(self.group_s),
-                       group_durations=tuple(self.group_s), ctx=mean(self.ctx))
+                       group_durations=tuple(self.group_s), ctx=mean(self.ctx),
+                       live_done=tuple(x.turns_done for x in self.cluster.live()))
 
     # ------------------------------------------------------------------ 1. a batch is ready
     def _gather(self, batch):
@@ -199,7 +209,8 @@ class Elastic:
         now, hist = cluster.now, self._history()
         live = cluster.live()
         finish, waits = self._predict(hist)
-        tokens, attn = self.last_counts = batch_counts(x for g in batch for x in g.executions)
+        self.max_ctx = max([self.max_ctx] + [x.context_tokens for x in live])
+        tokens, attn = self.last_counts = batch_counts((x for g in batch for x in g.executions), self.max_ctx or math.inf)
         in_batch = {g.id for g in batch}
         pending = [g.id for _, g in self.batcher.admitted if g.id not in in_batch]
         ready = [e for e in self.pool if e.ready]

@@ -17,10 +17,12 @@ in policies/elastic.py's docstring.
 - `evaluate`: for one candidate plan, when the step would end (the slowest migrant's wait for its
   tool-call boundary, then training at the estimate's speed) and when the following batch would be ready
   (each live execution's predicted remaining time, stretched by its engine's step time after the moves
-  over its own engine's now, for the rest of its run; one that waits starts when the step ends), and so
+  over its own engine's now, for the rest of its run; a parked one resumes in the next slot a staying
+  execution frees, or when the step ends), and so
   when each later batch of the groups admitted so far would be trained (in order of predicted finish,
-  each as long as this one); `choose` takes the candidate that trains the last of them soonest (ties:
-  the sooner step end, then the larger trainer).
+  each as long as this one); `choose` takes the candidate whose delays push the fewest executions
+  predicted to finish in time past their deadline (a cut is lost work, never a speed-up), then the one
+  that trains the last of them soonest (ties: the sooner step end, then the larger trainer).
 
 Simplifications: a migrant's re-prefill time is not charged; an execution decodes all of its time (a
 slowdown of its engine delays it in full) and its engine's load stays as the moves leave it (others
@@ -39,21 +41,53 @@ from gyre.cluster import EngineView, ExecutionView, Phase
 
 @dataclass(frozen=True)
 class History:
-    """What finished executions showed (observations only)."""
+    """What finished executions showed (observations only), and the live ones' progress as censored data."""
 
     segments: tuple[int, ...] = ()  # segments of each finished execution, sorted
     seg_s: float = 0.0  # mean seconds per segment over finished executions
     group_s: float = 0.0  # mean seconds from a group's first start to its last finish
     group_durations: tuple[float, ...] = ()  # each finished group's seconds, in finish order
     ctx: float = 0.0  # mean context over a finished execution's life: half its trajectory tokens (it grows ~linearly)
+    live_done: tuple[int, ...] = ()  # segments each live execution has completed (it has more to come)
+
+    def survival(self) -> list[float]:
+        """Kaplan-Meier P(segments > k) for k = 0 .. the largest observation: finished executions are events
+        at their segment counts, live ones censored at what they have done (so the long ones, which finish
+        last, are not missing from the estimate)."""
+        top = max(self.segments[-1] if self.segments else 0, max(self.live_done, default=0))
+        ends = [0] * (top + 2)
+        cens = [0] * (top + 2)
+        for t in self.segments:
+            ends[t] += 1
+        for d in self.live_done:
+            cens[d] += 1
+        at_risk = len(self.segments) + len(self.live_done)
+        s, out = 1.0, []
+        for k in range(top + 1):
+            if at_risk > 0 and ends[k]:
+                s *= 1.0 - ends[k] / at_risk
+            at_risk -= ends[k] + cens[k]
+            out.append(s)
+        return out
 
     def residual_segments(self, done: int, unseen_residual: float) -> float:
-        """Expected segments still to come (the current one included) for an execution `done` segments in."""
-        i = bisect.bisect_right(self.segments, done)
-        longer = self.segments[i:]
-        if longer:
-            return sum(longer) / len(longer) - done
-        return unseen_residual * max(done, 1)
+        """Expected segments still to come (the current one included) for an execution `done` segments in:
+        sum over k >= done of P(segments > k) / P(segments > done); past the largest observation the
+        tail still alive is expected to last `unseen_residual` times its age."""
+        surv = self.__dict__.get("_surv")
+        if surv is None:
+            sv = self.survival()
+            suffix = [0.0] * (len(sv) + 1)
+            for k in range(len(sv) - 1, -1, -1):
+                suffix[k] = suffix[k + 1] + sv[k]
+            surv = (sv, suffix)
+            object.__setattr__(self, "_surv", surv)
+        sv, suffix = surv
+        top = len(sv) - 1
+        if done > top or sv[done] <= 0:
+            return unseen_residual * max(done, 1)
+        tail = sv[top] * unseen_residual * max(top, 1)
+        return (suffix[done] + tail) / sv[done]
 
 
 def remaining_s(x: ExecutionView, hist: History, now: float, unseen_residual: float) -> float:
@@ -184,10 +218,11 @@ class Candidate:
     next_ready: float  # the following batch ready
     last_end: float  # the last batch of the groups admitted so far trained
     train_s: float
+    cuts: int = 0  # live executions predicted to finish in time that the plan's delays push past their deadline
 
     @property
-    def key(self) -> tuple[float, float, int]:
-        return (self.last_end, self.step_end, -self.gpus)
+    def key(self) -> tuple[int, float, float, int]:
+        return (self.cuts, self.last_end, self.step_end, -self.gpus)
 
 
 def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: dict[int, float],
@@ -203,7 +238,6 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
     gather = max([gather] + [waits_s[x.id] for x in plan.parks])
     end = now + gather + train_s
-    window = end - now
     # each engine's step time now and after the moves: executions stay where they are put until they finish,
     # so an engine's slowdown stretches the whole remaining time of everything it holds
     by_id = {e.id: e for e in engines}
@@ -215,24 +249,33 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     before = {e.id: step_s(max(e.n_live, 1), e.kv_used) for e in engines}
     after = {i: step_s(by_id[i].n_live + add_n[i], by_id[i].kv_used + add_k[i]) for i in add_n}
     target = {x.id: t.id for x, t in plan.moves}
-    waiting = {x.id for x in plan.parks}
-    group_end: dict[int, float] = {}
+    parked = [x.id for x in plan.parks]
+    vids = {e.id for e in plan.victims}
+    t_of: dict[int, float] = {}
     for x in live:
-        rem = finish[x.id] - now
-        if x.id in waiting:
-            t = end + rem
-        else:
+        if x.id in target or x.engine_id not in vids:
             dst = target.get(x.id, x.engine_id)
-            t = now + rem * after.get(dst, before.get(dst, 1.0)) / before.get(x.engine_id, 1.0)
+            t_of[x.id] = now + (finish[x.id] - now) * after.get(dst, before.get(dst, 1.0)) / before.get(x.engine_id, 1.0)
+    # a parked execution resumes (ahead of unstarted ones) in the next slot a staying execution frees, or on the
+    # engines that restart when the step ends, whichever comes first
+    frees = sorted(t_of.values())
+    for j, xid in enumerate(parked):
+        t_of[xid] = min(frees[j] if j < len(frees) else end, end) + finish[xid] - now
+    group_end: dict[int, float] = {}
+    cuts = 0
+    for x in live:
+        t = t_of[x.id]
+        cuts += finish[x.id] <= x.deadline_at < t
         gid = group_of[x.id]
         group_end[gid] = max(group_end.get(gid, now), t)
     ends = [now if g in finished else group_end.get(g, now + missing_s) for g in pending]
     ends += [now + missing_s] * max(0, n_next - len(ends))
     ready = sorted(ends)[n_next - 1] if n_next > 0 else now
     last = last_batch_end(end, ends, n_next, train_s) if n_next > 0 else end
-    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s)
+    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts)
 
 
 def choose(candidates: Sequence[Candidate]) -> Candidate:
-    """The candidate that trains every admitted group soonest (ties: sooner step end, then larger)."""
+    """The candidate cutting fewest executions by delay, then training every admitted group soonest (ties:
+    sooner step end, then larger)."""
     return min(candidates, key=lambda c: c.key)
