@@ -9,7 +9,9 @@ A real RL system knows what a step costs before it takes one: it has profiled th
 - `decode_tokens_per_s(n, context_tokens)`: an engine's decode throughput (tokens/s, all sequences
   together) while it runs `n` sequences whose contexts sum to `context_tokens`;
 - `kv_capacity` (KV tokens an engine holds), `engine_gpus`, `min_train_gpus` (the trainer's memory
-  minimum) and `max_running` (sequences an engine runs at once; 0: no limit).
+  minimum) and `max_running` (sequences an engine runs at once; 0: no limit);
+- what a role switch costs: `engine_start_s` (an engine serving after it is started), `engine_stop_s`,
+  and `trainer_start_s` (the trainer's state loaded onto GPUs that ran an engine).
 
 Where the numbers come from: the simulator's derived costs (gyre.hardware.Costs: the roofline engine step,
 training FLOPs at the trainer's MFU), or on the real backend a calibration file (a JSON object of the
@@ -63,6 +65,9 @@ class CostEstimate:
     step_a: float  # engine step seconds, fixed part (used when `step` is not given)
     step_b: float  # engine step seconds per running sequence
     step_c: float  # engine step seconds per context token read
+    engine_start_s: float  # from starting an engine to its serving the latest weights (wake + sync)
+    engine_stop_s: float  # from stopping an engine to its GPUs being free
+    trainer_start_s: float  # loading the trainer's state onto GPUs that ran an engine
     source: str = ""  # where the figures come from (stated in the run's output)
     step: object = None  # a function (n, ctx) -> seconds that replaces the linear step (the simulator's roofline)
 
@@ -126,7 +131,9 @@ def from_costs(costs, source: str = "derived costs") -> CostEstimate:
     return CostEstimate(engine_gpus=costs.engine_gpus, kv_capacity=costs.kv_capacity_tokens,
                         min_train_gpus=costs.min_train_gpus, max_running=costs.max_num_seqs,
                         train_s_per_token_gpu=costs.train_s_per_token_gpu, train_s_per_attn_gpu=attn,
-                        step_a=costs.step_a, step_b=costs.step_b, step_c=costs.step_c, source=source, step=step)
+                        step_a=costs.step_a, step_b=costs.step_b, step_c=costs.step_c,
+                        engine_start_s=costs.engine_wake_s + costs.sync_s, engine_stop_s=costs.engine_sleep_s,
+                        trainer_start_s=costs.trainer_onload_s, source=source, step=step)
 
 
 def from_file(path: str | Path) -> CostEstimate:

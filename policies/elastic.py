@@ -114,6 +114,7 @@ class Elastic:
         self.segs: list[int] = []  # segments of each finished execution
         self.ctx: list[float] = []  # its mean context over its life
         self.seg_s: list[float] = []  # its seconds per segment
+        self.durations: list[float] = []  # its seconds from first run to finish
         self.group_s: list[float] = []  # each finished group's first start to last finish
         self.group_of: dict[int, int] = {}  # execution id -> group id
         self.group_size = 1  # executions per group (as the groups admitted show)
@@ -155,6 +156,7 @@ class Elastic:
                 self.segs.append(segs)
                 self.ctx.append(0.5 * x.trajectory_tokens)
                 self.seg_s.append((self.cluster.now - t0) / segs)
+                self.durations.append(self.cluster.now - t0)
                 starts.append(t0)
                 left[0] -= 1
                 if left[0] == 0:
@@ -204,6 +206,18 @@ class Elastic:
             waits[x.id] = boundary_wait_s(x, hist, now, rem, c.boundary_share, c.unseen_residual)
         return finish, waits
 
+    def _pending(self, exclude: set[int] = frozenset()) -> tuple[list[int], list[int]]:
+        """The untrained groups (ids; those still to be admitted, up to what the staleness bound lets in
+        next, get ids below 0) and the group id of each execution waiting to start, in order."""
+        b = self.batcher
+        pending = [g.id for _, g in b.admitted if g.id not in exclude]
+        queued = [x.group_id for x, _ in self.queue.waiting]
+        new = max(0, min(b.steps * b.gps - b.n_admitted, (self.eta + 1) * b.gps - len(b.admitted)))
+        for i in range(new):
+            pending.append(-1 - i)
+            queued += [-1 - i] * self.group_size
+        return pending, queued
+
     def _choose(self, batch) -> Candidate:
         cluster, est, c = self.cluster, self.est, self.config
         now, hist = cluster.now, self._history()
@@ -212,7 +226,7 @@ class Elastic:
         self.max_ctx = max([self.max_ctx] + [x.context_tokens for x in live])
         tokens, attn = self.last_counts = batch_counts((x for g in batch for x in g.executions), self.max_ctx or math.inf)
         in_batch = {g.id for g in batch}
-        pending = [g.id for _, g in self.batcher.admitted if g.id not in in_batch]
+        pending, queued = self._pending(exclude=in_batch)
         ready = [e for e in self.pool if e.ready]
         free = len(cluster.free_gpus())
         cands = []
@@ -223,9 +237,12 @@ class Elastic:
             g = free + len(plan.gpus)
             if g < cluster.min_train_gpus:
                 continue
-            cands.append(evaluate(plan, gpus=g, now=now, train_s=est.train_s(tokens, attn, g), finish=finish,
+            train = est.train_s(tokens, attn, g) + (est.trainer_start_s if plan.victims else 0.0)
+            cands.append(evaluate(plan, gpus=g, now=now, train_s=train, finish=finish,
                                   waits_s=waits, engines=ready, live=live, group_of=self.group_of, pending=pending,
-                                  finished=set(self.batcher.finished), n_next=self.batcher.gps, missing_s=hist.group_s, step_s=est.step_s))
+                                  finished=set(self.batcher.finished), n_next=self.batcher.gps, queued=queued,
+                                  durations=self.durations, step_s=est.step_s, stop_s=est.engine_stop_s,
+                                  start_s=est.engine_start_s))
         if not cands:
             raise ClusterError(f"elastic: no trainer of >= {cluster.min_train_gpus} GPUs can be gathered "
                                f"({free} free, {len(ready)} ready engines)")
@@ -246,11 +263,11 @@ class Elastic:
             yield from self._grow(sync=True, engines=self._engines_to_start())
 
     def _engines_to_start(self) -> int:
-        """All the free GPUs' engines if executions queue; else policies.elastic_plan.choose_grow's count."""
+        """How many engines to start on the free GPUs (policies.elastic_plan.choose_grow)."""
         cluster, est, b = self.cluster, self.est, self.batcher
         ready = [e for e in self.pool if e.ready]
         per, free = cluster.gpus_per_engine, len(cluster.free_gpus())
-        if self._waiting_for_room() or not ready:
+        if not ready:
             return free // per
         hist, now = self._history(), cluster.now
         finish, _ = self._predict(hist)
@@ -258,18 +275,24 @@ class Elastic:
         for x in cluster.live():
             gid = self.group_of[x.id]
             ends[gid] = max(ends.get(gid, now), finish[x.id])
-        done = set(b.finished)
-        pending = [now if g.id in done else ends.get(g.id, now + hist.group_s) for _, g in b.admitted]
-        new = max(0, min(b.steps * b.gps - b.n_admitted, (self.eta + 1) * b.gps - len(b.admitted)))
+        pending, queued = self._pending()
         tokens, attn = self.last_counts
         last = hist.segments[-1] if hist.segments else 1
         drain = hist.seg_s * (1 if last <= 1 else self.config.boundary_share)
+        limit = max(e.admit_limit for e in ready)
+        n_live = sum(e.n_live for e in ready)
+        seen = self.seen_step[0] / max(self.seen_step[1], 1)
+
+        def scale(n_engines: int) -> float:  # the step time at the load n_engines carry, over the one measured
+            n = min(n_live + len(queued), n_engines * limit) / n_engines
+            return est.step_s(n, n * hist.ctx) / seen if seen > 0 else 1.0
+
         return choose_grow(now=now, free_gpus=free, per=per, min_train=cluster.min_train_gpus, engines=len(ready),
-                           live_n=sum(e.n_live for e in ready), live_kv=sum(e.kv_used for e in ready), new_groups=new,
-                           group_size=self.group_size, group_s=hist.group_durations,
-                           new_ctx=hist.ctx, seen_step_s=self.seen_step[0] / max(self.seen_step[1], 1), pending_ends=pending,
-                           per_batch=b.gps, train_s=lambda g: est.train_s(tokens, attn, g), drain_s=drain,
-                           step_s=est.step_s)
+                           limit=limit, live_free_at=list(finish.values()),
+                           unused_slots=sum(max(0, e.admit_limit - e.n_live) for e in ready), live_ends=ends,
+                           pending=pending, finished=set(b.finished), queued=queued, durations=self.durations,
+                           scale=scale, per_batch=b.gps, train_s=lambda g: est.train_s(tokens, attn, g) + est.trainer_start_s,
+                           start_s=est.engine_start_s, drain_s=drain + est.engine_stop_s)
 
     def _waiting_for_room(self) -> bool:
         """Executions wait for room: unstarted or parked in the admission queue, or queued on an engine."""

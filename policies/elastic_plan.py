@@ -121,20 +121,32 @@ def last_batch_end(start: float, group_ends: Sequence[float], per_batch: int, tr
     return t
 
 
-def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines: int, live_n: int, live_kv: float,
-                new_groups: int, group_size: int, group_s: Sequence[float], new_ctx: float, seen_step_s: float,
-                pending_ends: Sequence[float],
-                per_batch: int, train_s: Callable[[int], float], drain_s: float,
-                step_s: Callable[[float, float], float]) -> int:
+def run_queue(free_at: Sequence[float], durations: Sequence[float]) -> list[float]:
+    """Finish time of each job, in order: it starts in the earliest free engine slot and frees it when done."""
+    heap = list(free_at)
+    heapq.heapify(heap)
+    out = []
+    for d in durations:
+        t = heapq.heappop(heap) if heap else float("inf")
+        out.append(t + d)
+        heapq.heappush(heap, t + d)
+    return out
+
+
+def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines: int, limit: int,
+                live_free_at: Sequence[float], unused_slots: int, live_ends: dict[int, float], pending: Sequence[int],
+                finished: set[int], queued: Sequence[int], durations: Sequence[float], scale: Callable[[int], float],
+                per_batch: int, train_s: Callable[[int], float], start_s: float, drain_s: float) -> int:
     """Engines to start on the free GPUs when a step ends (the rest stay free for the next step).
 
-    For k new engines: the groups still to be admitted (`new_groups`) spread with the live executions
-    over `engines` + k engines (each new execution at a mean context of `new_ctx`) and take what
-    finished groups took (`group_s`, cycled in order, so a batch waits for its slow ones as they did), at
-    a per-engine step time of `seen_step_s`, scaled by the estimate's step time at that load; the next steps train on the GPUs
-    left free (at least the memory minimum: below it the step first drains engines, `drain_s`). Returns
-    the k whose last batch (the live groups' `pending_ends` and the new ones) is trained soonest (ties:
-    fewer engines)."""
+    For k new engines (serving after `start_s`, `limit` executions each): the executions waiting to start
+    (`queued`: their group ids, in order) take slots as they free (`run_queue`: the live executions'
+    predicted finishes `live_free_at`, `unused_slots` free now, the new engines' slots) and take what
+    finished executions took (`durations`, cycled), times `scale(engines + k)` (the estimate's step time
+    at the load that many engines carry, over the load those durations were measured at); the next steps
+    train on the GPUs left free (at least the memory minimum: below it a step first drains engines,
+    `drain_s`). Returns the k whose last pending group (`pending`; `live_ends`: the live executions'
+    latest predicted finish per group) is trained soonest (ties: fewer engines)."""
     best, best_end = 0, float("inf")
     for k in range(free_gpus // per + 1):
         e = engines + k
@@ -142,11 +154,14 @@ def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines
             continue
         keep = free_gpus - k * per
         g, wait = (keep, 0.0) if keep >= min_train else (-(-min_train // per) * per, drain_s)
-        n = live_n + new_groups * group_size
-        scale = step_s(n / e, (live_kv + new_groups * group_size * new_ctx) / e) / seen_step_s if seen_step_s > 0 else 1.0
-        ends = list(pending_ends) + [now + group_s[i % len(group_s)] * scale for i in range(new_groups)] \
-            if group_s else list(pending_ends)
-        end = last_batch_end(now + wait, ends, per_batch, train_s(g)) if ends else now
+        f = scale(e)
+        free_at = list(live_free_at) + [now] * unused_slots + [now + start_s] * (k * limit)
+        jobs = [durations[i % len(durations)] * f if durations else 0.0 for i in range(len(queued))]
+        ends = dict(live_ends)
+        for gid, t in zip(queued, run_queue(free_at, jobs)):
+            ends[gid] = max(ends.get(gid, now), t)
+        last = [now if gid in finished else ends.get(gid, now) for gid in pending]
+        end = last_batch_end(now + wait, last, per_batch, train_s(g)) if last else now
         if end < best_end - 1e-9:
             best, best_end = k, end
     return best
@@ -227,17 +242,20 @@ class Candidate:
 
 def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: dict[int, float],
              waits_s: dict[int, float], engines: Sequence[EngineView], live: Sequence[ExecutionView],
-             group_of: dict[int, int], pending: Sequence[int], finished: set[int], n_next: int, missing_s: float,
-             step_s: Callable[[int, float], float]) -> Candidate:
+             group_of: dict[int, int], pending: Sequence[int], finished: set[int], n_next: int,
+             queued: Sequence[int], durations: Sequence[float], step_s: Callable[[int, float], float],
+             stop_s: float = 0.0, start_s: float = 0.0) -> Candidate:
     """The candidate for `plan` (a trainer of `gpus` GPUs; see the module docstring).
 
     `finish`: each live execution's predicted finish (absolute) without reallocation; `waits_s`: each
     one's wait for a tool-call boundary; `pending`: the untrained groups outside the batch being trained
-    (ids), `finished` those of them done; `n_next`: groups the following batch needs; `missing_s`: how
-    long a group none of whose executions runs yet (waiting for room, or not yet admitted) takes."""
+    (ids), `finished` those of them done; `n_next`: groups the following batch needs; `queued`: the group
+    id of each execution waiting unstarted (admitted or still to be), in order; `durations`: what finished
+    executions took, cycled over the queued ones; `stop_s` / `start_s`: an engine's stop and (re)start
+    (the drained engines' slots come back `start_s` after the step ends)."""
     gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
     gather = max([gather] + [waits_s[x.id] for x in plan.parks])
-    end = now + gather + train_s
+    end = now + gather + (stop_s if plan.victims else 0.0) + train_s
     # each engine's step time now and after the moves: executions stay where they are put until they finish,
     # so an engine's slowdown stretches the whole remaining time of everything it holds
     by_id = {e.id: e for e in engines}
@@ -258,9 +276,21 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
             t_of[x.id] = now + (finish[x.id] - now) * after.get(dst, before.get(dst, 1.0)) / before.get(x.engine_id, 1.0)
     # a parked execution resumes (ahead of unstarted ones) in the next slot a staying execution frees, or on the
     # engines that restart when the step ends, whichever comes first
-    frees = sorted(t_of.values())
-    for j, xid in enumerate(parked):
-        t_of[xid] = min(frees[j] if j < len(frees) else end, end) + finish[xid] - now
+    # parked executions, then the unstarted ones (`queued`: their group ids, in admission order), take engine
+    # slots as they free: a staying execution's finish, a slot free now, the drained engines' back at step end
+    limit = {e.id: e.admit_limit for e in engines}
+    used: dict[int, int] = {}
+    for x in live:
+        if x.id in t_of:
+            dst = target.get(x.id, x.engine_id)
+            used[dst] = used.get(dst, 0) + 1
+    free_at = list(t_of.values()) + [now] * sum(max(0, limit[e.id] - used.get(e.id, 0)) for e in engines
+                                                if e.id not in vids) + [end + start_s] * sum(limit[i] for i in vids)
+    jobs = [finish[xid] - now for xid in parked] + [durations[i % len(durations)] if durations else 0.0
+                                                     for i in range(len(queued))]
+    done_at = run_queue(free_at, jobs)
+    for xid, t in zip(parked, done_at):
+        t_of[xid] = t
     group_end: dict[int, float] = {}
     cuts = 0
     for x in live:
@@ -268,10 +298,11 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
         cuts += finish[x.id] <= x.deadline_at < t
         gid = group_of[x.id]
         group_end[gid] = max(group_end.get(gid, now), t)
-    ends = [now if g in finished else group_end.get(g, now + missing_s) for g in pending]
-    ends += [now + missing_s] * max(0, n_next - len(ends))
-    ready = sorted(ends)[n_next - 1] if n_next > 0 else now
-    last = last_batch_end(end, ends, n_next, train_s) if n_next > 0 else end
+    for gid, t in zip(queued, done_at[len(parked):]):
+        group_end[gid] = max(group_end.get(gid, now), t)
+    ends = [now if g in finished else group_end.get(g, now) for g in pending]
+    ready = sorted(ends)[n_next - 1] if n_next > 0 and len(ends) >= n_next else (max(ends) if ends else now)
+    last = last_batch_end(end, ends, n_next, train_s) if n_next > 0 and ends else end
     return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts)
 
 
