@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 from gyre.cluster import Cluster, ClusterError, EngineView, Phase
 from gyre.estimate import batch_counts
-from gyre.handles import Handle, all_of
+from gyre.handles import Handle, all_of, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, train_loop
@@ -186,9 +186,15 @@ class Elastic:
         """The step's GPUs: the candidate size the rule picks (module docstring, 1), its engines drained."""
         cluster = self.cluster
         self.gathering = True  # the GPUs being freed are the trainer's: no engine starts on them
-        while self.draining is not None and not self.draining.done:
-            yield self.draining
-        best = self._choose(batch)
+        while True:
+            while self.draining is not None and not self.draining.done:
+                yield self.draining
+            best = self._choose(batch)
+            if best is not None:
+                break
+            # engines restarting after a fault: no trainer fits until one is back, which takes at least an
+            # engine start (and any engine at least a step)
+            yield any_of([self.load.wait(), cluster.timeout(self.est.engine_start_s or self.est.step_s(1, 0))])
         cluster.note("elastic_train", gpus=best.gpus, engines=len(self.pool) - len(best.plan.victims),
                      step_end=round(best.step_end, 3), next_ready=round(best.next_ready, 3))
         if best.plan.victims:
@@ -218,7 +224,7 @@ class Elastic:
             queued += [-1 - i] * self.group_size
         return pending, queued
 
-    def _choose(self, batch) -> Candidate:
+    def _choose(self, batch) -> Candidate | None:
         cluster, est, c = self.cluster, self.est, self.config
         now, hist = cluster.now, self._history()
         live = cluster.live()
@@ -243,17 +249,20 @@ class Elastic:
                                   finished=set(self.batcher.finished), n_next=self.batcher.gps, queued=queued,
                                   durations=self.durations, step_s=est.step_s, stop_s=est.engine_stop_s,
                                   start_s=est.engine_start_s))
-        if not cands:
-            raise ClusterError(f"elastic: no trainer of >= {cluster.min_train_gpus} GPUs can be gathered "
-                               f"({free} free, {len(ready)} ready engines)")
-        return choose(cands)
+        return choose(cands) if cands else None
 
     def _drain(self, plan: DrainPlan, why: str):
+        """Empty the plan's engines (moves, parks), then stop them. An execution still on one once its move
+        is done (it was moved back by a fault's restart, or joined meanwhile) is parked."""
         cluster = self.cluster
         ids = {e.id for e in plan.victims}
         self.pool = [e for e in self.pool if e.id not in ids]
         cluster.note("elastic_drain", why=why, engines=sorted(ids), moves=len(plan.moves), parks=len(plan.parks))
         yield all_of([self.queue.move(x, t) for x, t in plan.moves] + [self.queue.park(x) for x in plan.parks])
+        left = [x for x in cluster.live() if x.engine_id in ids]
+        while left:
+            yield all_of([self.queue.park(x) for x in left])
+            left = [x for x in cluster.live() if x.engine_id in ids]
         yield all_of([cluster.stop_engine(e) for e in plan.victims])
         self.load.fire()
 
