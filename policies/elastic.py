@@ -264,6 +264,7 @@ class Elastic:
             yield all_of([self.queue.park(x) for x in left])
             left = [x for x in cluster.live() if x.engine_id in ids]
         yield all_of([cluster.stop_engine(e) for e in plan.victims])
+        self.draining = None  # done: whoever wakes on the pool's change may start the next drain
         self.load.fire()
 
     # ------------------------------------------------------------------ 2. a step ends
@@ -349,6 +350,8 @@ class Elastic:
     def _lend(self):
         yield from self._grow(sync=False)
         self._rebalance([e for e in self.pool if e.ready])
+        self.draining = None
+        self.load.fire()
 
     def _rebalance(self, ready: list[EngineView]) -> None:
         """Executions queued on an engine move to engines that queue nothing and have room (KV below
