@@ -56,6 +56,9 @@ class GpuConfig:
     link_gb_s: float = 0.0  # GPU-to-GPU per direction in a node (NVLink or PCIe); 0: tensor parallel moves no bytes
     internode_gb_s: float = 50.0  # per GPU, 400 Gb/s InfiniBand
     host_gb_s: float = 55.0  # PCIe Gen5 x16, practical
+    # the dense BF16 rate a large GEMM (8192^3, cuBLAS via torch.matmul, FP32 accumulate) reaches, from a cited
+    # public measurement; 0: none cited, the data sheet's. The engine roofline's compute peak when set.
+    bf16_tflops_gemm: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,10 +127,16 @@ class CostConfig:
     engine_restart_fixed_s: float = 64.0  # a crashed engine's process start-up, weights aside (module docstring)
     trainer_restart_fixed_s: float = 34.0  # a crashed trainer worker's process start-up, state aside
     request_s: float = 0.0  # latency outside the engine per turn (driver RPC, event loop); 0: none modelled
+    ep_engines: int = 1  # an MoE served expert parallel: its experts spread over this many engines' GPUs
+    ep_backend: str = "allgather_reducescatter"  # or "all_to_all" (DeepEP / pplx): gyre.roofline.ep_comm_bytes
     admission_fill: float = 1.0  # share of KV capacity the admission limit may commit (`admission_limit`)
 
     def __post_init__(self) -> None:
         check_fill(self.admission_fill)
+        if isinstance(self.ep_engines, bool) or not isinstance(self.ep_engines, int) or self.ep_engines < 1:
+            raise ValueError(f"ep_engines must be an integer >= 1, got {self.ep_engines!r}")
+        if self.ep_backend not in ("allgather_reducescatter", "all_to_all"):
+            raise ValueError(f"ep_backend must be 'allgather_reducescatter' or 'all_to_all', got {self.ep_backend!r}")
         r = self.request_s
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < math.inf:
             raise ValueError(f"request_s must be a finite number of seconds >= 0, got {r!r}")
@@ -282,19 +291,22 @@ def _pow2_at_least(x: float) -> int:
 
 
 def engine_roofline(model: ModelConfig, gpu: GpuConfig, gpus: int, coef: Coefficients | None = None,
-                    max_batched_tokens: int = 8192) -> EngineRoofline:
-    """The step-time and memory model of an engine of `gpus` GPUs serving `model`."""
+                    max_batched_tokens: int = 8192, ep_gpus: int = 0,
+                    ep_backend: str = "allgather_reducescatter") -> EngineRoofline:
+    """The step-time and memory model of an engine of `gpus` GPUs serving `model`; `ep_gpus` > gpus: its
+    routed experts spread over that many GPUs (expert parallel across data-parallel replicas)."""
     fp8 = model.infer_bytes_per_param <= 1
     embed = 0.0 if model.tied_embeddings else model.head_params  # an untied input table: gathered, not read
     return EngineRoofline(
         gpus=gpus, gpus_per_node=gpu.gpus_per_node, hbm_bytes=gpu.memory_gb * 1e9, bw_bytes_s=gpu.hbm_tb_s * 1e12,
-        flops=(gpu.fp8_tflops if fp8 else gpu.bf16_tflops) * 1e12, layers=model.layers,
+        flops=(gpu.fp8_tflops if fp8 else gpu.bf16_tflops_gemm or gpu.bf16_tflops) * 1e12, layers=model.layers,
         q_heads=model.q_heads or model.kv_heads, head_dim=model.head_dim, kv_bytes_per_token=model.kv_bytes_per_token,
         weight_bytes=model.infer_weight_bytes, routed_bytes=model.routed_params_b * 1e9 * model.infer_bytes_per_param,
         experts=model.experts, top_k=model.top_k, active_params=model.active_params_b * 1e9,
         embed_bytes=embed * model.infer_bytes_per_param, embed_params=embed, head_params=model.head_params,
         hidden=model.width, link_bytes_s=gpu.link_gb_s * 1e9, internode_bytes_s=gpu.internode_gb_s * 1e9,
-        max_batched_tokens=max_batched_tokens, coef=coef or Coefficients(),
+        max_batched_tokens=max_batched_tokens, coef=coef or Coefficients(), ep_gpus=ep_gpus, ep_backend=ep_backend,
+        routed_active_params=model.routed_params_b * 1e9 * model.top_k / model.experts if model.experts else 0.0,
     )
 
 
@@ -304,7 +316,8 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
     engine_gpus = _pow2_at_least(model.infer_weight_bytes / (cost.weight_fraction * hbm))
     if engine_gpus > gpu.gpus_per_node:  # multi-node engines come in whole nodes
         engine_gpus = gpu.gpus_per_node * math.ceil(engine_gpus / gpu.gpus_per_node)
-    roof = engine_roofline(model, gpu, engine_gpus, cost.engine, cost.max_batched_tokens)
+    roof = engine_roofline(model, gpu, engine_gpus, cost.engine, cost.max_batched_tokens,
+                           ep_gpus=engine_gpus * cost.ep_engines, ep_backend=cost.ep_backend)
     # the linear form's coefficients (a + b n + c K: the roofline's terms summed instead of maxed)
     step_b = roof.flops_per_token / roof._pk
     step_a = roof.step_time(1, 0.0) - step_b

@@ -69,14 +69,18 @@ GPUS: dict[str, GpuConfig] = {
     "h200": GpuConfig(name="h200", memory_gb=141, hbm_tb_s=4.8, bf16_tflops=989, fp8_tflops=1979, link_gb_s=450),
     # GeForce RTX 4090 (NVIDIA Ada whitepaper, appendix): 1,008 GB/s GDDR6X, 165.2 TFLOP/s dense BF16 and
     # 330.3 dense FP8, both with FP32 accumulate; memory as CUDA reports it (25.25 GB, vllm_timings meta.json);
-    # PCIe Gen4 x16, 31.5 GB/s each way, no NVLink
+    # PCIe Gen4 x16, 31.5 GB/s each way, no NVLink. A BF16 torch.matmul at N = 8192 reaches 164.69 TFLOP/s
+    # (PyTorch 2.11, CUDA 12.8, 450 W: a public course report, "HW2.5 Metrics", table HW2.5.1, 2026-09-10)
     "rtx4090": GpuConfig(name="rtx4090", memory_gb=25.25, hbm_tb_s=1.008, bf16_tflops=165.2, fp8_tflops=330.3,
-                         gpus_per_node=1, link_gb_s=31.5, internode_gb_s=25.0, host_gb_s=25.0),
+                         gpus_per_node=1, link_gb_s=31.5, internode_gb_s=25.0, host_gb_s=25.0,
+                         bf16_tflops_gemm=164.69),
     # NVIDIA RTX PRO 6000 Blackwell (data sheet; RTX Blackwell architecture whitepaper): 96 GB GDDR7 at 1,792 GB/s,
     # 503.8 TFLOP/s dense BF16 and 1,007.6 dense FP8, both with FP32 accumulate; PCIe Gen5 x16 (63 GB/s each
-    # way), no NVLink, so tensor-parallel all-reduces cross PCIe; up to 8 in one RTX PRO server (Server Edition)
+    # way), no NVLink, so tensor-parallel all-reduces cross PCIe; up to 8 in one RTX PRO server (Server Edition).
+    # A BF16 torch.matmul at N = 8192 reaches 417.34 TFLOP/s on the Server Edition, 83% of the data sheet
+    # (PyTorch 2.7, CUDA 12.8: zzc0721/torch-performance-test-data issue #162, 2026-04-09)
     "rtxpro6000": GpuConfig(name="rtxpro6000", memory_gb=96, hbm_tb_s=1.792, bf16_tflops=503.8, fp8_tflops=1007.6,
-                            gpus_per_node=8, link_gb_s=63.0),
+                            gpus_per_node=8, link_gb_s=63.0, bf16_tflops_gemm=417.34),
 }
 
 MODELS: dict[str, ModelConfig] = {
@@ -111,7 +115,8 @@ MODELS: dict[str, ModelConfig] = {
 
 # Names that serving logs use (a Hugging Face model id, CUDA's device name) for the presets above; a name
 # matches a preset also when it equals the preset's key up to case and punctuation ("Llama-3.1-8B").
-MODEL_ALIASES: dict[str, str] = {"Qwen/Qwen3-30B-A3B": "moe-30b-a3b", "Qwen/Qwen2.5-7B": "dense-7b"}
+MODEL_ALIASES: dict[str, str] = {"Qwen/Qwen3-30B-A3B": "moe-30b-a3b", "Qwen/Qwen2.5-7B": "dense-7b",
+                                 "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b"}  # its first hub name
 GPU_ALIASES: dict[str, str] = {
     "NVIDIA GeForce RTX 4090": "rtx4090",
     "NVIDIA RTX PRO 6000 Blackwell Server Edition": "rtxpro6000",
