@@ -20,9 +20,11 @@ future length. At each decision point it does one thing:
    - so when each later batch of the groups admitted so far is ready (groups in order of predicted
      finish), and when the last of them is trained (each batch as long as this one, once it is ready and
      the trainer free);
-   and train on the size whose delays push the fewest executions predicted to finish within their
-   deadline past it (a cut is lost work, never a speed-up), then on the one that trains that last group
-   soonest (ties: the sooner step end, then the larger trainer). Its engines are drained: executions
+   - how many more executions its delays are expected to push past their deadline (each execution's
+     budget is observed; the probability from the Kaplan-Meier segment distribution);
+   and, among the sizes expected to cut at most `cut_share` of a step's executions more than the
+   least-cutting one (a cut is lost work, never a speed-up), train on the one that trains that last
+   group soonest (ties: the sooner step end, then the larger trainer). Its engines are drained: executions
    migrate at their next tool-call boundary, never aborted; those with no room are parked there and
    resumed where room frees (policies.admit_queue).
 2. A step ends. If executions wait for room (unstarted or parked in the admission queue, or queued on
@@ -53,7 +55,7 @@ from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, train_loop
 from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, boundary_wait_s, choose, choose_grow,
-                                        evaluate, plan_drain, remaining_s)
+                                        cut_p, evaluate, plan_drain, remaining_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,12 +73,15 @@ class ElasticConfig(ForesightParams):
     # an engine holding less than this share of the most executions it held is consolidated onto others:
     # a quarter of a full engine's load re-prefills little and leaves the targets most of their room
     load_share: float = 0.25
+    # a trainer size may be expected to cut this share of a step's executions more than the least-cutting
+    # size: equal work allows 1% of a run's executions (DESIGN.md), one decision per step spends 1% of a step's
+    cut_share: float = 0.01
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eta < 0:
             raise ValueError(f"elastic: eta must be >= 0, got {self.eta}")
-        for name in ("kv_fill", "boundary_share", "load_share"):
+        for name in ("kv_fill", "boundary_share", "load_share", "cut_share"):
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise ValueError(f"elastic: {name} must be in (0, 1], got {v}")
@@ -235,6 +240,10 @@ class Elastic:
         pending, queued = self._pending(exclude=in_batch)
         ready = [e for e in self.pool if e.ready]
         free = len(cluster.free_gpus())
+
+        def risk(x, delay: float, stretch: float) -> float:
+            return cut_p(x, hist, now, c.unseen_residual, delay, stretch)
+
         cands = []
         for k in range(len(ready)):
             plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.queue.room)
@@ -248,8 +257,9 @@ class Elastic:
                                   waits_s=waits, engines=ready, live=live, group_of=self.group_of, pending=pending,
                                   finished=set(self.batcher.finished), n_next=self.batcher.gps, queued=queued,
                                   durations=self.durations, step_s=est.step_s, stop_s=est.engine_stop_s,
-                                  start_s=est.engine_start_s))
-        return choose(cands) if cands else None
+                                  start_s=est.engine_start_s, risk=risk))
+        tol = c.cut_share * self.batcher.gps * self.group_size
+        return choose(cands, tol) if cands else None
 
     def _drain(self, plan: DrainPlan, why: str):
         """Empty the plan's engines (moves, parks), then stop them. An execution still on one once its move

@@ -20,9 +20,10 @@ in policies/elastic.py's docstring.
   over its own engine's now, for the rest of its run; a parked one resumes in the next slot a staying
   execution frees, or when the step ends), and so
   when each later batch of the groups admitted so far would be trained (in order of predicted finish,
-  each as long as this one); `choose` takes the candidate whose delays push the fewest executions
-  predicted to finish in time past their deadline (a cut is lost work, never a speed-up), then the one
-  that trains the last of them soonest (ties: the sooner step end, then the larger trainer).
+  each as long as this one), and how many more executions its delays are expected to push past their
+  deadline (`cut_p`); `choose` keeps the candidates within a tolerance of the least-cutting one (a cut
+  is lost work, never a speed-up) and takes the one that trains the last of them soonest (ties: the
+  sooner step end, then the larger trainer).
 
 Simplifications: a migrant's re-prefill time is not charged; an execution decodes all of its time (a
 slowdown of its engine delays it in full) and its engine's load stays as the moves leave it (others
@@ -70,6 +71,19 @@ class History:
             out.append(s)
         return out
 
+    def p_more(self, done: int, k: float, unseen_residual: float) -> float:
+        """P(segments > k | segments > done), k >= done (module docstring's tail past the observations)."""
+        sv = self.survival()
+        top = len(sv) - 1
+
+        def s_at(t: float) -> float:
+            if t <= top:
+                return sv[int(t)]
+            return sv[top] * (max(top, 1) / t) ** (1.0 + 1.0 / unseen_residual)
+
+        base = s_at(done)
+        return s_at(k) / base if base > 0 else 1.0
+
     def residual_segments(self, done: int, unseen_residual: float) -> float:
         """Expected segments still to come (the current one included) for an execution `done` segments in:
         sum over k >= done of P(segments > k) / P(segments > done); past the largest observation the
@@ -88,6 +102,24 @@ class History:
             return unseen_residual * max(done, 1)
         tail = sv[top] * unseen_residual * max(top, 1)
         return (suffix[done] + tail) / sv[done]
+
+
+def cut_p(x: ExecutionView, hist: History, now: float, unseen_residual: float, delay: float = 0.0,
+          stretch: float = 1.0) -> float:
+    """Probability that a live execution is cut by its deadline if it starts its remaining segments `delay`
+    from now and runs each `stretch` times as long as it has so far: P(segments > done + the segments its
+    budget leaves | segments > done) from the Kaplan-Meier survival; past the largest observation the tail
+    falls as a Pareto of index 1 + 1 / unseen_residual (whose mean residual life is unseen_residual x age)."""
+    if x.deadline_at == float("inf"):
+        return 0.0
+    done = x.turns_done
+    seg = (now - x.started_at) / done if done >= 1 and x.started_at is not None else hist.seg_s
+    if seg <= 0:
+        return 0.0
+    budget = (x.deadline_at - now - delay) / (seg * stretch)  # segments it can still run
+    if budget <= 0:
+        return 1.0
+    return hist.p_more(done, done + budget, unseen_residual)
 
 
 def remaining_s(x: ExecutionView, hist: History, now: float, unseen_residual: float) -> float:
@@ -233,18 +265,19 @@ class Candidate:
     next_ready: float  # the following batch ready
     last_end: float  # the last batch of the groups admitted so far trained
     train_s: float
-    cuts: int = 0  # live executions predicted to finish in time that the plan's delays push past their deadline
+    cuts: float = 0.0  # executions the plan's delays are expected to push past their deadline
 
     @property
-    def key(self) -> tuple[int, float, float, int]:
-        return (self.cuts, self.last_end, self.step_end, -self.gpus)
+    def key(self) -> tuple[float, float, int]:
+        return (self.last_end, self.step_end, -self.gpus)
 
 
 def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: dict[int, float],
              waits_s: dict[int, float], engines: Sequence[EngineView], live: Sequence[ExecutionView],
              group_of: dict[int, int], pending: Sequence[int], finished: set[int], n_next: int,
              queued: Sequence[int], durations: Sequence[float], step_s: Callable[[int, float], float],
-             stop_s: float = 0.0, start_s: float = 0.0) -> Candidate:
+             stop_s: float = 0.0, start_s: float = 0.0,
+             risk: Callable[[ExecutionView, float, float], float] | None = None) -> Candidate:
     """The candidate for `plan` (a trainer of `gpus` GPUs; see the module docstring).
 
     `finish`: each live execution's predicted finish (absolute) without reallocation; `waits_s`: each
@@ -252,7 +285,9 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     (ids), `finished` those of them done; `n_next`: groups the following batch needs; `queued`: the group
     id of each execution waiting unstarted (admitted or still to be), in order; `durations`: what finished
     executions took, cycled over the queued ones; `stop_s` / `start_s`: an engine's stop and (re)start
-    (the drained engines' slots come back `start_s` after the step ends)."""
+    (the drained engines' slots come back `start_s` after the step ends); `risk(x, delay, stretch)`: the
+    probability x is cut if delayed and stretched so (`cut_p`); without it, a cut is a predicted finish
+    pushed past the deadline."""
     gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
     gather = max([gather] + [waits_s[x.id] for x in plan.parks])
     end = now + gather + (stop_s if plan.victims else 0.0) + train_s
@@ -270,12 +305,12 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     parked = [x.id for x in plan.parks]
     vids = {e.id for e in plan.victims}
     t_of: dict[int, float] = {}
+    stretch: dict[int, float] = {}
     for x in live:
         if x.id in target or x.engine_id not in vids:
             dst = target.get(x.id, x.engine_id)
-            t_of[x.id] = now + (finish[x.id] - now) * after.get(dst, before.get(dst, 1.0)) / before.get(x.engine_id, 1.0)
-    # a parked execution resumes (ahead of unstarted ones) in the next slot a staying execution frees, or on the
-    # engines that restart when the step ends, whichever comes first
+            stretch[x.id] = after.get(dst, before.get(dst, 1.0)) / before.get(x.engine_id, 1.0)
+            t_of[x.id] = now + (finish[x.id] - now) * stretch[x.id]
     # parked executions, then the unstarted ones (`queued`: their group ids, in admission order), take engine
     # slots as they free: a staying execution's finish, a slot free now, the drained engines' back at step end
     limit = {e.id: e.admit_limit for e in engines}
@@ -291,11 +326,15 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     done_at = run_queue(free_at, jobs)
     for xid, t in zip(parked, done_at):
         t_of[xid] = t
+    resume = {xid: t - (finish[xid] - now) for xid, t in zip(parked, done_at)}
     group_end: dict[int, float] = {}
-    cuts = 0
+    cuts = 0.0
     for x in live:
         t = t_of[x.id]
-        cuts += finish[x.id] <= x.deadline_at < t
+        if risk is not None:
+            cuts += risk(x, resume.get(x.id, now) - now, stretch.get(x.id, 1.0)) - risk(x, 0.0, 1.0)
+        else:
+            cuts += finish[x.id] <= x.deadline_at < t
         gid = group_of[x.id]
         group_end[gid] = max(group_end.get(gid, now), t)
     for gid, t in zip(queued, done_at[len(parked):]):
@@ -306,7 +345,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts)
 
 
-def choose(candidates: Sequence[Candidate]) -> Candidate:
-    """The candidate cutting fewest executions by delay, then training every admitted group soonest (ties:
-    sooner step end, then larger)."""
-    return min(candidates, key=lambda c: c.key)
+def choose(candidates: Sequence[Candidate], cut_tolerance: float = 0.0) -> Candidate:
+    """Among the candidates expected to cut at most `cut_tolerance` executions more than the least-cutting
+    one, the one training every admitted group soonest (ties: sooner step end, then larger)."""
+    least = min(c.cuts for c in candidates)
+    return min((c for c in candidates if c.cuts <= least + cut_tolerance + 1e-12), key=lambda c: c.key)
