@@ -217,6 +217,20 @@ class Elastic:
             waits[x.id] = boundary_wait_s(x, hist, now, rem, c.boundary_share, c.unseen_residual)
         return finish, waits
 
+    def _scale(self, ready: list[EngineView], n_queued: int, hist: History):
+        """scale(n): the estimate's engine step time with the live and queued executions spread over n
+        engines (at most each one's admission limit), over the step time the finished ones were measured at."""
+        est = self.est
+        limit = max((e.admit_limit for e in ready), default=1)
+        n_work = sum(e.n_live for e in ready) + n_queued
+        seen = self.seen_step[0] / max(self.seen_step[1], 1)
+
+        def scale(n_engines: int) -> float:
+            n = min(n_work, n_engines * limit) / n_engines
+            return est.step_s(n, n * hist.ctx) / seen if seen > 0 and n > 0 else 1.0
+
+        return scale
+
     def _pending(self, exclude: set[int] = frozenset()) -> tuple[list[int], list[int]]:
         """The untrained groups (ids; those still to be admitted, up to what the staleness bound lets in
         next, get ids below 0) and the group id of each execution waiting to start, in order."""
@@ -241,6 +255,8 @@ class Elastic:
         ready = [e for e in self.pool if e.ready]
         free = len(cluster.free_gpus())
 
+        scale = self._scale(ready, len(queued), hist)
+
         def risk(x, delay: float, stretch: float) -> float:
             return cut_p(x, hist, now, c.unseen_residual, delay, stretch)
 
@@ -257,7 +273,7 @@ class Elastic:
                                   waits_s=waits, engines=ready, live=live, group_of=self.group_of, pending=pending,
                                   finished=set(self.batcher.finished), n_next=self.batcher.gps, queued=queued,
                                   durations=self.durations, step_s=est.step_s, stop_s=est.engine_stop_s,
-                                  start_s=est.engine_start_s, risk=risk))
+                                  start_s=est.engine_start_s, risk=risk, scale=scale))
         tol = c.cut_share * self.batcher.gps * self.group_size
         return choose(cands, tol) if cands else None
 
@@ -300,13 +316,7 @@ class Elastic:
         last = hist.segments[-1] if hist.segments else 1
         drain = hist.seg_s * (1 if last <= 1 else self.config.boundary_share)
         limit = max(e.admit_limit for e in ready)
-        n_live = sum(e.n_live for e in ready)
-        seen = self.seen_step[0] / max(self.seen_step[1], 1)
-
-        def scale(n_engines: int) -> float:  # the step time at the load n_engines carry, over the one measured
-            n = min(n_live + len(queued), n_engines * limit) / n_engines
-            return est.step_s(n, n * hist.ctx) / seen if seen > 0 else 1.0
-
+        scale = self._scale(ready, len(queued), hist)
         return choose_grow(now=now, free_gpus=free, per=per, min_train=cluster.min_train_gpus, engines=len(ready),
                            limit=limit, live_free_at=list(finish.values()),
                            unused_slots=sum(max(0, e.admit_limit - e.n_live) for e in ready), live_ends=ends,

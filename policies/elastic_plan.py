@@ -153,15 +153,17 @@ def last_batch_end(start: float, group_ends: Sequence[float], per_batch: int, tr
     return t
 
 
-def run_queue(free_at: Sequence[float], durations: Sequence[float]) -> list[float]:
-    """Finish time of each job, in order: it starts in the earliest free engine slot and frees it when done."""
+def run_queue(free_at: Sequence[float], durations: Sequence[float],
+              factor: Callable[[int, float], float] = lambda i, t: 1.0) -> list[float]:
+    """Finish time of each job, in order: it starts in the earliest free engine slot and frees it when done;
+    job i starting at t takes its duration times factor(i, t)."""
     heap = list(free_at)
     heapq.heapify(heap)
     out = []
-    for d in durations:
+    for i, d in enumerate(durations):
         t = heapq.heappop(heap) if heap else float("inf")
-        out.append(t + d)
-        heapq.heappush(heap, t + d)
+        out.append(t + d * factor(i, t))
+        heapq.heappush(heap, out[-1])
     return out
 
 
@@ -277,7 +279,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
              group_of: dict[int, int], pending: Sequence[int], finished: set[int], n_next: int,
              queued: Sequence[int], durations: Sequence[float], step_s: Callable[[int, float], float],
              stop_s: float = 0.0, start_s: float = 0.0,
-             risk: Callable[[ExecutionView, float, float], float] | None = None) -> Candidate:
+             risk: Callable[[ExecutionView, float, float], float] | None = None,
+             scale: Callable[[int], float] = lambda n: 1.0) -> Candidate:
     """The candidate for `plan` (a trainer of `gpus` GPUs; see the module docstring).
 
     `finish`: each live execution's predicted finish (absolute) without reallocation; `waits_s`: each
@@ -287,7 +290,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     executions took, cycled over the queued ones; `stop_s` / `start_s`: an engine's stop and (re)start
     (the drained engines' slots come back `start_s` after the step ends); `risk(x, delay, stretch)`: the
     probability x is cut if delayed and stretched so (`cut_p`); without it, a cut is a predicted finish
-    pushed past the deadline."""
+    pushed past the deadline; `scale(n)`: how much longer than the finished ones a job takes with the
+    work spread over n engines (the staying ones until the drained ones are back, then all)."""
     gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
     gather = max([gather] + [waits_s[x.id] for x in plan.parks])
     end = now + gather + (stop_s if plan.victims else 0.0) + train_s
@@ -323,7 +327,10 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
                                                 if e.id not in vids) + [end + start_s] * sum(limit[i] for i in vids)
     jobs = [finish[xid] - now for xid in parked] + [durations[i % len(durations)] if durations else 0.0
                                                      for i in range(len(queued))]
-    done_at = run_queue(free_at, jobs)
+    n_all, n_stay, back = len(engines), len(engines) - len(vids), end + start_s
+    parked_n = len(parked)
+    f_stay, f_all = scale(max(n_stay, 1)), scale(max(n_all, 1))
+    done_at = run_queue(free_at, jobs, lambda i, t: 1.0 if i < parked_n else f_stay if t < back else f_all)
     for xid, t in zip(parked, done_at):
         t_of[xid] = t
     resume = {xid: t - (finish[xid] - now) for xid, t in zip(parked, done_at)}
