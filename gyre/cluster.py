@@ -9,6 +9,8 @@ that completes later. Observations are the pool's roles, the engines and their l
 executions' observable progress (never their future length), the trainer's version, the clock, and a
 cost estimate (gyre.estimate.CostEstimate: what a training step of a batch and an engine step cost here,
 from the hardware and model, never from the workload's future).
+An engine's `admit_limit` is how many executions it may be handed at once (gyre.hardware.admission_limit);
+the backends report it and do not enforce it: policies.admit_queue is the admission path that does.
 
 A policy is a generator `run(cluster, steps)` that yields handles. It must not import a backend:
 the simulator (gyre.sim) and the Ray executor (gyre.real) both implement `Cluster`.
