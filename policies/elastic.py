@@ -5,9 +5,9 @@ staleness <= eta). The controller observes the engines' load, the live execution
 finished executions showed (their segments and seconds per segment: policies.elastic_plan.History) and
 the cluster's cost estimate (gyre.estimate: a training step's seconds on g GPUs, an engine's decode
 throughput at n sequences, KV capacity, engine size, the trainer's memory minimum). It never sees a
-future length. At each decision point it does one thing:
+future length. At the start every GPU runs an engine; then at each decision point it does one thing:
 
-1. A batch is ready. For each trainer size the free GPUs plus the first k engines of the drain order
+1. A batch is ready (the first one too). For each trainer size the free GPUs plus the first k engines of the drain order
    allow (fewest live executions first; at least one engine stays; at least the memory minimum), predict
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
      `boundary_share` of a segment from one, or its finish if its segment is expected to be its last;
@@ -27,12 +27,12 @@ future length. At each decision point it does one thing:
    group soonest (ties: the sooner step end, then the larger trainer). Its engines are drained: executions
    migrate at their next tool-call boundary, never aborted; those with no room are parked there and
    resumed where room frees (policies.admit_queue).
-2. A step ends. If executions wait for room (unstarted or parked in the admission queue, or queued on
-   an engine), engines start on every freed GPU. Otherwise the number of engines to start is predicted
-   the same way (policies.elastic_plan.choose_grow): the groups still to admit take what finished groups
-   took, scaled by the estimate's step time at the load that many engines would carry, and the GPUs
-   left free train the next steps; the count whose last batch is trained soonest wins (ties: fewer).
-   Engines serving old weights sync.
+2. A step ends. The number of engines to start on the freed GPUs is predicted the same way
+   (policies.elastic_plan.choose_grow): the executions waiting to start (and the groups the staleness
+   bound lets in next) take engine slots as they free, each taking what finished executions took,
+   scaled by the estimate's step time at the load that many engines carry; the GPUs left free train the
+   next steps; the count whose last pending group is trained soonest wins (ties: fewer). With no engine
+   ready, every freed GPU starts one. Engines serving old weights sync.
 3. An execution finishes or the pool changes, with no batch ready. Free GPUs start engines if executions
    wait for room, and executions queued on one engine move to engines with room. An engine whose live
    executions have fallen below `load_share` of the most it held, while nothing waits for room, is

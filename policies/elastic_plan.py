@@ -32,7 +32,6 @@ finishing would speed it up again); a group not yet admitted takes `History.grou
 
 from __future__ import annotations
 
-import bisect
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
