@@ -86,6 +86,7 @@ class RealExecution:
         self.finished_at: float | None = None
         self.truncated = False
         self.generated = 0
+        self.env_tokens = 0  # tool-output (and sub-agent marker) tokens appended to its trajectory
         self.vsum = 0  # sum over generated tokens of their generating version
         self.reward: float | None = None
         self.inflight = None  # the pending request (Generate or Tool), re-issued after a fault
@@ -107,6 +108,11 @@ class RealExecution:
     @property
     def context_tokens(self) -> int:
         return len(self.ctx)
+
+    @property
+    def trajectory_tokens(self) -> int:
+        """Prompt, generated and tool-output tokens so far (its trajectory tree's tokens, the prompt once)."""
+        return len(self.group.spec.prompt) + self.generated + self.env_tokens
 
     # --- agent loop ---
     def start(self, now: float) -> Generate:
@@ -155,6 +161,7 @@ class RealExecution:
         return self._after_tool([T.ERR, T.SEP], now)
 
     def on_tool(self, out: list[int], now: float):
+        self.env_tokens += len(out)
         if self._sub is not None:
             self._sub.append_env(np.asarray(out, np.int64))
             self._sub.close()

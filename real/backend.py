@@ -18,6 +18,7 @@ half-way through an update. Times in the log are seconds since the cluster was b
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import shutil
 import tempfile
@@ -31,6 +32,8 @@ import numpy as np
 import ray
 
 from gyre.cluster import ClusterError, Phase, Role
+from gyre.estimate import CostEstimate
+from gyre.estimate import from_file as estimate_from_file
 from gyre.handles import Handle, Process, done_handle
 from gyre.hardware import admission_limit, check_fill
 from gyre.backend import ClusterBase
@@ -64,6 +67,9 @@ class RealClusterConfig:
     checkpoint_every: int | None = None
     faults: tuple[str, ...] = ()  # injected faults (gyre.faults), e.g. ("kill-engine@1.5", "random-engines:3")
     weight_sync: str = "object_store"  # or "collective": a broadcast from the trainer worker of record
+    # the cost estimate policies may read (gyre.estimate): a calibration file (`gyre-real calibrate --estimate-out`);
+    # None: none (a policy that reads it fails with one line)
+    estimate: str | None = None
     admission_fill: float = 1.0  # share of KV the admission limit commits (gyre.hardware.admission_limit)
 
     def __post_init__(self) -> None:
@@ -107,7 +113,17 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self._weights, ack = pool.trainers[0].publish.remote(base)
         ray.get(ack)  # the snapshot itself stays in the object store, out of the driver's process
         self.injector = FaultInjector(parse_faults(config.faults), config.seed)
+        self._estimate = self._load_estimate(config, pool.cfg.gpus_per_engine)
         self._t0 = time.perf_counter()
+
+    @staticmethod
+    def _load_estimate(config: RealClusterConfig, gpus_per_engine: int) -> CostEstimate | None:
+        """The calibration file's estimate, with this cluster's own engine size, KV capacity and trainer minimum."""
+        if config.estimate is None:
+            return None
+        est = estimate_from_file(config.estimate)
+        return dataclasses.replace(est, engine_gpus=gpus_per_engine, kv_capacity=config.kv_capacity,
+                                   min_train_gpus=config.min_train_gpus)
 
     # ------------------------------------------------------------------ observations
     @property
@@ -125,6 +141,13 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
     @property
     def groups_per_step(self) -> int:
         return self.cfg.groups_per_step
+
+    @property
+    def estimate(self) -> CostEstimate:
+        if self._estimate is None:
+            raise ClusterError("real backend: no cost estimate (set [cluster] estimate to a calibration file written "
+                               "by `gyre-real calibrate --estimate-out`)")
+        return self._estimate
 
     @property
     def trainer_version(self) -> int:
@@ -307,6 +330,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
     def run(self, policy, steps: int, on_tick: Callable[[RealCluster], None] | None = None) -> Process:
         """Run `policy` until it returns; raise its error, a deadlock or a wall-clock overrun."""
         proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
+        if self._estimate is not None:  # what the policy may read, in the run's log
+            self.note("cost_estimate", **self._estimate.as_dict(), source=self._estimate.source)
         self.injector.start(steps * self.cfg.groups_per_step * self.cfg.group_size)
         self._drain()
         while not proc.done:

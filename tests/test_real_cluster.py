@@ -144,11 +144,10 @@ def test_cli_run_then_calibrate(pool, tmp_path):
 def test_elastic_moves_gpus_between_roles(pool):
     """elastic on Ray: a GPU goes from rollout to training while another keeps generating, and back.
 
-    Elastic lends the GPUs it reserves for the trainer to rollout only under rollout pressure, so the
-    engines' KV is cut to 24 tokens (about one execution each): executions queue, the reserve runs
-    engines until each batch is ready, and is drained back to train. Three steps: the first two batches
-    are ready back to back (the trainer keeps its GPUs between them), the third is generated after
-    the second step, on GPUs lent back from the trainer."""
+    Elastic reads the real backend's cost estimate (the preset's calibration file). The engines' KV is cut
+    to 24 tokens (about one execution each), so executions wait for room: every GPU starts an engine, a
+    ready batch drains engines to train, and after the step, with executions still waiting, engines
+    start on the trainer's GPUs again."""
     import dataclasses
 
     from gyre.policies import make_policy
