@@ -124,13 +124,13 @@ def run(
         load_task(cfg.cluster.task_class, cfg.cluster.task, cfg.cluster.seed)
     except TaskError as exc:
         fail(f"{config or preset}: cluster.task_class: {exc}")
-    if est is not None:  # stated in the run's output once the run is accepted
-        console.print(est.describe(), highlight=False, soft_wrap=True)
-    try:
+    try:  # checks the model folders before any actor starts
         pool = ActorPool.shared(cfg.pool)
     except (ValueError, TimeoutError) as exc:
         fail(str(exc))
         raise
+    if est is not None:  # stated in the run's output once the run is accepted
+        console.print(est.describe(), highlight=False, soft_wrap=True)
     results, failed = [], []
     for p in policy:
         def tick(c, last=[-1]):  # noqa: B006 - per-policy progress line
