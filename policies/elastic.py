@@ -55,7 +55,7 @@ from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, train_loop
 from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, boundary_wait_s, choose, choose_grow,
-                                        cut_p, evaluate, plan_drain, remaining_s)
+                                        cut_p, frees_sooner, evaluate, plan_drain, remaining_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,11 +211,21 @@ class Elastic:
         """Each live execution's predicted finish (absolute) and wait for its next tool-call boundary."""
         c, now = self.config, self.cluster.now
         finish, waits = {}, {}
+        load = self._loads()
         for x in self.cluster.live():
-            rem = remaining_s(x, hist, now, c.unseen_residual)
+            f = load.get(x.engine_id, 1.0)
+            rem = remaining_s(x, hist, now, c.unseen_residual, f)
             finish[x.id] = now + rem
-            waits[x.id] = boundary_wait_s(x, hist, now, rem, c.boundary_share, c.unseen_residual)
+            waits[x.id] = boundary_wait_s(x, hist, now, rem, c.boundary_share, c.unseen_residual, f)
         return finish, waits
+
+    def _loads(self) -> dict[int, float]:
+        """Each ready engine's step time now (the estimate's, at its load) over the mean one the finished
+        executions were measured at (policies.elastic_plan.seg_s)."""
+        seen = self.seen_step[0] / max(self.seen_step[1], 1)
+        if seen <= 0:
+            return {}
+        return {e.id: self.est.step_s(e.n_live, e.kv_used) / seen for e in self.pool if e.ready and e.n_live}
 
     def _scale(self, ready: list[EngineView], n_queued: int, hist: History):
         """scale(n): the estimate's engine step time with the live and queued executions spread over n
@@ -257,8 +267,10 @@ class Elastic:
 
         scale = self._scale(ready, len(queued), hist)
 
+        load = self._loads()
+
         def risk(x, delay: float, stretch: float) -> float:
-            return cut_p(x, hist, now, c.unseen_residual, delay, stretch)
+            return cut_p(x, hist, now, c.unseen_residual, delay, stretch, load.get(x.engine_id, 1.0))
 
         cands = []
         for k in range(len(ready)):
@@ -396,12 +408,17 @@ class Elastic:
                 return
 
     def _consolidate(self, ready: list[EngineView]) -> None:
-        """Drain the engines below load_share of their peak (the thinnest first) whose executions all fit elsewhere."""
+        """Drain the engines below load_share of their peak (the thinnest first) whose executions all fit elsewhere
+        and can all move before they would finish (policies.elastic_plan.frees_sooner)."""
         c = self.config
         thin = {e.id for e in ready if e.n_live < c.load_share * self.peak.get(e.id, 0)}
         if not thin or len(ready) < 2:
             return
         live = self.cluster.live()
+        finish, waits = self._predict(self._history())
+        thin = {i for i in thin if frees_sooner([x for x in live if x.engine_id == i], finish, waits, self.cluster.now)}
+        if not thin:
+            return
         for k in range(len(thin), 0, -1):
             plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.queue.room)
             if not plan.parks and all(e.id in thin for e in plan.victims):

@@ -104,7 +104,7 @@ class History:
 
 
 def cut_p(x: ExecutionView, hist: History, now: float, unseen_residual: float, delay: float = 0.0,
-          stretch: float = 1.0) -> float:
+          stretch: float = 1.0, load: float = 1.0) -> float:
     """Probability that a live execution is cut by its deadline if it starts its remaining segments `delay`
     from now and runs each `stretch` times as long as it has so far: P(segments > done + the segments its
     budget leaves | segments > done) from the Kaplan-Meier survival; past the largest observation the tail
@@ -112,7 +112,7 @@ def cut_p(x: ExecutionView, hist: History, now: float, unseen_residual: float, d
     if x.deadline_at == float("inf"):
         return 0.0
     done = x.turns_done
-    seg = (now - x.started_at) / done if done >= 1 and x.started_at is not None else hist.seg_s
+    seg = seg_s(x, hist, now, load)
     if seg <= 0:
         return 0.0
     budget = (x.deadline_at - now - delay) / (seg * stretch)  # segments it can still run
@@ -121,15 +121,23 @@ def cut_p(x: ExecutionView, hist: History, now: float, unseen_residual: float, d
     return hist.p_more(done, done + budget, unseen_residual)
 
 
-def remaining_s(x: ExecutionView, hist: History, now: float, unseen_residual: float) -> float:
-    """Expected seconds until a live execution finishes (module docstring)."""
-    done = x.turns_done
-    seg = (now - x.started_at) / done if done >= 1 and x.started_at is not None else hist.seg_s
-    return hist.residual_segments(done, unseen_residual) * seg
+def seg_s(x: ExecutionView, hist: History, now: float, load: float = 1.0) -> float:
+    """A live execution's seconds per segment: its own so far once it has finished one; before that the
+    finished executions' mean, times `load`: its engine's step time now over the step time those were
+    measured at (a decoding sequence gains one token per engine step, so its segment lasts as many steps
+    whatever the load; single-turn rollouts have no rate of their own until they finish)."""
+    if x.turns_done >= 1 and x.started_at is not None:
+        return (now - x.started_at) / x.turns_done
+    return hist.seg_s * load
+
+
+def remaining_s(x: ExecutionView, hist: History, now: float, unseen_residual: float, load: float = 1.0) -> float:
+    """Expected seconds until a live execution finishes (module docstring; `load` as in `seg_s`)."""
+    return hist.residual_segments(x.turns_done, unseen_residual) * seg_s(x, hist, now, load)
 
 
 def boundary_wait_s(x: ExecutionView, hist: History, now: float, rem: float, boundary_share: float,
-                    unseen_residual: float) -> float:
+                    unseen_residual: float, load: float = 1.0) -> float:
     """Expected seconds until a live execution can move: 0 unless it decodes; a decoding one at its next
     tool-call boundary, `boundary_share` of a segment away, or at its finish if its current segment is
     expected to be its last (it reaches no boundary: a single-turn rollout moves only by finishing)."""
@@ -138,8 +146,18 @@ def boundary_wait_s(x: ExecutionView, hist: History, now: float, rem: float, bou
     done = x.turns_done
     if hist.residual_segments(done, unseen_residual) <= 1:
         return rem
-    seg = (now - x.started_at) / done if done >= 1 and x.started_at is not None else hist.seg_s
-    return min(rem, boundary_share * seg)
+    return min(rem, boundary_share * seg_s(x, hist, now, load))
+
+
+def frees_sooner(executions: Sequence[ExecutionView], finish: dict[int, float], waits_s: dict[int, float],
+                 now: float) -> bool:
+    """Does draining the engine holding these executions free it before they would empty it by finishing?
+    Its GPUs are free once the slowest reaches its tool-call boundary (`waits_s`); a single-turn rollout
+    reaches none (its wait is its finish), so an engine of them empties no sooner drained than left alone,
+    and the drain would only hold up the next decision (one drain at a time)."""
+    if not executions:
+        return True
+    return max(waits_s[x.id] for x in executions) < max(finish[x.id] - now for x in executions) - 1e-9
 
 
 def last_batch_end(start: float, group_ends: Sequence[float], per_batch: int, train_s: float) -> float:
