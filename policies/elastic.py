@@ -45,6 +45,7 @@ GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -119,7 +120,10 @@ class Elastic:
         self.segs: list[int] = []  # segments of each finished execution
         self.ctx: list[float] = []  # its mean context over its life
         self.seg_s: list[float] = []  # its seconds per segment
-        self.durations: list[float] = []  # its seconds from first run to finish
+        # its seconds from first run to finish, keyed by (first run, id): kept in start order, a sample of
+        # the lengths independent of them (in finish order the first are the shortest, and cycling those
+        # over a batch's queued executions would predict its last finish far too soon)
+        self.started_durations: list[tuple[float, int, float]] = []
         self.group_s: list[float] = []  # each finished group's first start to last finish
         self.group_of: dict[int, int] = {}  # execution id -> group id
         self.group_size = 1  # executions per group (as the groups admitted show)
@@ -161,7 +165,7 @@ class Elastic:
                 self.segs.append(segs)
                 self.ctx.append(0.5 * x.trajectory_tokens)
                 self.seg_s.append((self.cluster.now - t0) / segs)
-                self.durations.append(self.cluster.now - t0)
+                bisect.insort(self.started_durations, (t0, x.id, self.cluster.now - t0))
                 starts.append(t0)
                 left[0] -= 1
                 if left[0] == 0:
@@ -171,6 +175,10 @@ class Elastic:
                 h.on_done(one)
 
         batcher.watch = watched
+
+    def _durations(self) -> list[float]:
+        """What finished executions took, in the order they started (see `started_durations`)."""
+        return [d for _, _, d in self.started_durations]
 
     def _sample_load(self) -> None:
         """The mean engine step time (the estimate's, at each ready engine's load) as an execution finishes:
@@ -241,17 +249,21 @@ class Elastic:
 
         return scale
 
-    def _pending(self, exclude: set[int] = frozenset()) -> tuple[list[int], list[int]]:
+    def _pending(self, exclude: set[int] = frozenset()) -> tuple[list[int], list[int], list[int]]:
         """The untrained groups (ids; those still to be admitted, up to what the staleness bound lets in
-        next, get ids below 0) and the group id of each execution waiting to start, in order."""
+        next, get ids below 0), the group id of each execution waiting to start, in order, and each pending
+        group's batch index among the coming ones by the staleness bound (admitted at version a: due at
+        step a + eta; one still to be admitted joins at the next version)."""
         b = self.batcher
         pending = [g.id for _, g in b.admitted if g.id not in exclude]
+        due = [max(0, a + self.eta - b.step) for a, g in b.admitted if g.id not in exclude]
         queued = [x.group_id for x, _ in self.queue.waiting]
         new = max(0, min(b.steps * b.gps - b.n_admitted, (self.eta + 1) * b.gps - len(b.admitted)))
         for i in range(new):
             pending.append(-1 - i)
+            due.append(self.eta)
             queued += [-1 - i] * self.group_size
-        return pending, queued
+        return pending, queued, due
 
     def _choose(self, batch) -> Candidate | None:
         cluster, est, c = self.cluster, self.est, self.config
@@ -261,7 +273,7 @@ class Elastic:
         self.max_ctx = max([self.max_ctx] + [x.context_tokens for x in live])
         tokens, attn = self.last_counts = batch_counts((x for g in batch for x in g.executions), self.max_ctx or math.inf)
         in_batch = {g.id for g in batch}
-        pending, queued = self._pending(exclude=in_batch)
+        pending, queued, due = self._pending(exclude=in_batch)
         ready = [e for e in self.pool if e.ready]
         free = len(cluster.free_gpus())
 
@@ -284,8 +296,8 @@ class Elastic:
             cands.append(evaluate(plan, gpus=g, now=now, train_s=train, finish=finish,
                                   waits_s=waits, engines=ready, live=live, group_of=self.group_of, pending=pending,
                                   finished=set(self.batcher.finished), n_next=self.batcher.gps, queued=queued,
-                                  durations=self.durations, step_s=est.step_s, stop_s=est.engine_stop_s,
-                                  start_s=est.engine_start_s, risk=risk, scale=scale))
+                                  durations=self._durations(), step_s=est.step_s, stop_s=est.engine_stop_s,
+                                  start_s=est.engine_start_s, risk=risk, scale=scale, due=due))
         tol = c.cut_share * self.batcher.gps * self.group_size
         return choose(cands, tol) if cands else None
 
@@ -323,7 +335,7 @@ class Elastic:
         for x in cluster.live():
             gid = self.group_of[x.id]
             ends[gid] = max(ends.get(gid, now), finish[x.id])
-        pending, queued = self._pending()
+        pending, queued, due = self._pending()
         tokens, attn = self.last_counts
         last = hist.segments[-1] if hist.segments else 1
         drain = hist.seg_s * (1 if last <= 1 else self.config.boundary_share)
@@ -332,9 +344,9 @@ class Elastic:
         return choose_grow(now=now, free_gpus=free, per=per, min_train=cluster.min_train_gpus, engines=len(ready),
                            limit=limit, live_free_at=list(finish.values()),
                            unused_slots=sum(max(0, e.admit_limit - e.n_live) for e in ready), live_ends=ends,
-                           pending=pending, finished=set(b.finished), queued=queued, durations=self.durations,
+                           pending=pending, finished=set(b.finished), queued=queued, durations=self._durations(),
                            scale=scale, per_batch=b.gps, train_s=lambda g: est.train_s(tokens, attn, g) + est.trainer_start_s,
-                           start_s=est.engine_start_s, drain_s=drain + est.engine_stop_s)
+                           start_s=est.engine_start_s, drain_s=drain + est.engine_stop_s, due=due)
 
     def _waiting_for_room(self) -> bool:
         """Executions wait for room: unstarted or parked in the admission queue, or queued on an engine."""

@@ -160,13 +160,34 @@ def frees_sooner(executions: Sequence[ExecutionView], finish: dict[int, float], 
     return max(waits_s[x.id] for x in executions) < max(finish[x.id] - now for x in executions) - 1e-9
 
 
-def last_batch_end(start: float, group_ends: Sequence[float], per_batch: int, train_s: float) -> float:
-    """When the last of these groups is trained: batches of `per_batch` groups in order of finish, each
-    trained for `train_s` once it is ready and the trainer (free from `start`) is free."""
-    ends = sorted(group_ends)
+def batch_ready_times(group_ends: Sequence[float], per_batch: int, due: Sequence[int] | None = None) -> list[float]:
+    """When each coming batch of these groups is ready: batch j takes every group due by it (`due`: each
+    group's batch index, the staleness bound's deadline; the trainer waits for them, as the Batcher does),
+    then the earliest-finishing others up to `per_batch`; it is ready when the last it takes ends. Without
+    `due`, batches are the groups in order of finish."""
+    left = sorted(zip(group_ends, due if due is not None else [len(group_ends)] * len(group_ends)))
+    out: list[float] = []
+    j = 0
+    while left:
+        need = [i for i, (_, d) in enumerate(left) if d <= j]
+        take = set(need[:per_batch]) if len(need) >= per_batch else set(need)
+        for i in range(len(left)):
+            if len(take) >= per_batch:
+                break
+            take.add(i)
+        out.append(max(left[i][0] for i in take))
+        left = [g for i, g in enumerate(left) if i not in take]
+        j += 1
+    return out
+
+
+def last_batch_end(start: float, group_ends: Sequence[float], per_batch: int, train_s: float,
+                   due: Sequence[int] | None = None) -> float:
+    """When the last of these groups is trained: batches as `batch_ready_times` forms them, each trained
+    for `train_s` once it is ready and the trainer (free from `start`) is free."""
     t = start
-    for j in range(per_batch - 1, len(ends) + per_batch - 1, per_batch):
-        t = max(t, ends[min(j, len(ends) - 1)]) + train_s
+    for r in batch_ready_times(group_ends, per_batch, due):
+        t = max(t, r) + train_s
     return t
 
 
@@ -187,7 +208,8 @@ def run_queue(free_at: Sequence[float], durations: Sequence[float],
 def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines: int, limit: int,
                 live_free_at: Sequence[float], unused_slots: int, live_ends: dict[int, float], pending: Sequence[int],
                 finished: set[int], queued: Sequence[int], durations: Sequence[float], scale: Callable[[int], float],
-                per_batch: int, train_s: Callable[[int], float], start_s: float, drain_s: float) -> int:
+                per_batch: int, train_s: Callable[[int], float], start_s: float, drain_s: float,
+                due: Sequence[int] | None = None) -> int:
     """Engines to start on the free GPUs when a step ends (the rest stay free for the next step).
 
     For k new engines (serving after `start_s`, `limit` executions each): the executions waiting to start
@@ -196,7 +218,7 @@ def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines
     finished executions took (`durations`, cycled), times `scale(engines + k)` (the estimate's step time
     at the load that many engines carry, over the load those durations were measured at); the next steps
     train on the GPUs left free (at least the memory minimum: below it a step first drains engines,
-    `drain_s`). Returns the k whose last pending group (`pending`; `live_ends`: the live executions'
+    `drain_s`; `due`: each pending group's batch index, `batch_ready_times`). Returns the k whose last pending group (`pending`; `live_ends`: the live executions'
     latest predicted finish per group) is trained soonest (ties: fewer engines)."""
     best, best_end = 0, float("inf")
     for k in range(free_gpus // per + 1):
@@ -212,7 +234,7 @@ def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines
         for gid, t in zip(queued, run_queue(free_at, jobs)):
             ends[gid] = max(ends.get(gid, now), t)
         last = [now if gid in finished else ends.get(gid, now) for gid in pending]
-        end = last_batch_end(now + wait, last, per_batch, train_s(g)) if last else now
+        end = last_batch_end(now + wait, last, per_batch, train_s(g), due) if last else now
         if end < best_end - 1e-9:
             best, best_end = k, end
     return best
@@ -297,7 +319,7 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
              queued: Sequence[int], durations: Sequence[float], step_s: Callable[[int, float], float],
              stop_s: float = 0.0, start_s: float = 0.0,
              risk: Callable[[ExecutionView, float, float], float] | None = None,
-             scale: Callable[[int], float] = lambda n: 1.0) -> Candidate:
+             scale: Callable[[int], float] = lambda n: 1.0, due: Sequence[int] | None = None) -> Candidate:
     """The candidate for `plan` (a trainer of `gpus` GPUs; see the module docstring).
 
     `finish`: each live execution's predicted finish (absolute) without reallocation; `waits_s`: each
@@ -308,7 +330,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     (the drained engines' slots come back `start_s` after the step ends); `risk(x, delay, stretch)`: the
     probability x is cut if delayed and stretched so (`cut_p`); without it, a cut is a predicted finish
     pushed past the deadline; `scale(n)`: how much longer than the finished ones a job takes with the
-    work spread over n engines (the staying ones until the drained ones are back, then all)."""
+    work spread over n engines (the staying ones until the drained ones are back, then all); `due`: each
+    pending group's batch index by the staleness bound (`batch_ready_times`)."""
     gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
     gather = max([gather] + [waits_s[x.id] for x in plan.parks])
     end = now + gather + (stop_s if plan.victims else 0.0) + train_s
@@ -364,8 +387,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     for gid, t in zip(queued, done_at[len(parked):]):
         group_end[gid] = max(group_end.get(gid, now), t)
     ends = [now if g in finished else group_end.get(g, now) for g in pending]
-    ready = sorted(ends)[n_next - 1] if n_next > 0 and len(ends) >= n_next else (max(ends) if ends else now)
-    last = last_batch_end(end, ends, n_next, train_s) if n_next > 0 and ends else end
+    ready = batch_ready_times(ends, n_next, due)[0] if n_next > 0 and ends else now
+    last = last_batch_end(end, ends, n_next, train_s, due) if n_next > 0 and ends else end
     return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts)
 
 
