@@ -15,7 +15,8 @@ from gyre.config import override
 from gyre.hardware import Costs
 from gyre.policies.elastic import Elastic
 from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, assign_targets, boundary_wait_s, choose,
-                                        choose_grow, evaluate, last_batch_end, plan_drain, remaining_s, run_queue)
+                                        batch_ready_times, choose_grow, evaluate, frees_sooner, last_batch_end, plan_drain,
+                                        remaining_s, run_queue)
 from gyre.presets import get_preset
 from gyre.sim.backend import SimCluster
 from gyre.sim.runner import simulate
@@ -106,6 +107,36 @@ def test_run_queue_and_last_batch_end():
     assert last_batch_end(0.0, [1.0, 2.0, 9.0, 3.0], 2, 4.0) == 13.0, "max(0, 2) + 4 = 6, max(6, 9) + 4"
     assert last_batch_end(10.0, [1.0, 2.0, 3.0], 2, 4.0) == 18.0, "a partial last batch waits for its last group"
 
+
+
+def test_batch_ready_waits_for_groups_due():
+    """A batch takes every group the staleness bound makes due by it before the earliest-finishing others."""
+    ends, due = [1.0, 2.0, 9.0, 3.0], [0, 1, 0, 1]
+    # by finish order alone {1, 2} would be ready at 2; the group ending at 9 is due in batch 0, so batch 0
+    # is {9, 1} (ready at 9) and batch 1 {2, 3} (ready at 3)
+    assert batch_ready_times(ends, 2) == [2.0, 9.0], "no deadlines: in order of finish"
+    assert batch_ready_times(ends, 2, due) == [9.0, 3.0], "the due group holds batch 0 back"
+    assert last_batch_end(0.0, ends, 2, 4.0, due) == 17.0, "max(0, 9) + 4 = 13, max(13, 3) + 4"
+
+
+def test_first_segment_rate_scales_with_load():
+    """An execution with no finished segment of its own takes the finished ones' seconds per segment times
+    its engine's step time over theirs; one with its own rate keeps it."""
+    h = History(segments=(1, 1), seg_s=10.0)
+    fresh = Ex(1, 0, turns_done=0, started_at=5.0)
+    assert remaining_s(fresh, h, 8.0, 1.0, load=1.5) == pytest.approx(15.0), "10 s per segment x 1.5 slower steps"
+    assert boundary_wait_s(fresh, h, 8.0, 15.0, 0.5, 1.0, load=1.5) == 15.0, "single-turn: moves only by finishing"
+    own = Ex(2, 0, turns_done=2, started_at=0.0)
+    assert remaining_s(own, History(segments=(4,), seg_s=10.0), 8.0, 1.0, load=3.0) == pytest.approx(8.0), \
+        "2 of 4 left at its own 4 s each"
+
+
+def test_frees_sooner_only_when_moves_beat_finishes():
+    """Draining frees an engine sooner only if its executions reach a boundary before they finish."""
+    xs = [Ex(1, 0), Ex(2, 0)]
+    assert frees_sooner(xs, {1: 20.0, 2: 30.0}, {1: 5.0, 2: 5.0}, 10.0), "both move at 15, they finish by 30"
+    assert not frees_sooner(xs, {1: 20.0, 2: 30.0}, {1: 10.0, 2: 20.0}, 10.0), "single-turn: waits are finishes"
+    assert frees_sooner([], {}, {}, 0.0), "an empty engine is free at once"
 
 def _estimate_step(n, ctx):
     return 1.0 + 0.1 * n  # an engine step: 1 s + 0.1 s per running sequence
