@@ -34,11 +34,12 @@ from gyre.cluster import ClusterError, Phase, Role
 from gyre.handles import Handle, Process, done_handle
 from gyre.backend import ClusterBase
 from gyre.real import task as T
-from gyre.real.agent import RealExecution, RealGroup
+from gyre.real.execution import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
 from gyre.faults import FaultInjector, parse_faults
 from gyre.real.flow import ExecutionFlow
 from gyre.real.task_api import DEFAULT_TASK, load_task
+from gyre.real.tools import ToolConfig, ToolService
 from gyre.real.train_step import TrainSteps
 from gyre.real.weights import WeightPublisher
 from gyre.trajectory import AdvantageConfig, group_advantages
@@ -52,8 +53,10 @@ class RealClusterConfig:
     group_size: int = 8
     min_train_gpus: int = 1
     kv_capacity: int = 4096  # tokens per engine
-    task: T.TaskConfig = field(default_factory=T.TaskConfig)
+    task: Any = field(default_factory=T.TaskConfig)  # the task class's config_class (gyre.real.task_api)
     task_class: str = DEFAULT_TASK  # dotted path of the task (gyre.real.task_api.Task)
+    tools: ToolConfig = field(default_factory=ToolConfig)
+    first_task: int = 0  # index of the run's first task in the task sequence (a resumed run continues it)
     normalize_std: bool = True
     seed: int = 0
     max_wall_s: float = 1800.0
@@ -81,7 +84,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self.pool = pool
         self.cfg = config
         self.init_books(pool.cfg.n_gpus)
-        self.task = load_task(config.task_class, config.task, config.seed)
+        self.task = load_task(config.task_class, config.task, config.seed, check=False)
         self._pending: dict[Any, tuple[int, Callable[[Any, BaseException | None], None]]] = {}
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
@@ -104,6 +107,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self._weights = pool.trainers[0].weights.remote(base)
         ray.get(self._weights)
         self.injector = FaultInjector(parse_faults(config.faults), config.seed)
+        self.tools = ToolService(config.tools, pool.tools, self._submit, self._call_after,
+                                 log=lambda kind, info: self._log(("note", self.now, kind, info)))
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ observations
@@ -146,7 +151,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
     # ------------------------------------------------------------------ verbs
     def next_group(self) -> RealGroup:
         gid = len(self.groups)
-        grp = self.task.new_group(gid, len(self.executions), self.cfg.group_size)
+        index = self.cfg.first_task + gid
+        grp = RealGroup(gid, index, self.task.new_group(index, self.cfg.group_size), len(self.executions))
         self._book_group(grp)
         return grp
 
@@ -227,11 +233,11 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         batch, rewards, signal = [], [], 0
         adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
         for g in groups:
-            outs = self.task.score(g)
+            outs = self.task.score(g.env)
             rewards += [o.reward for o in outs]
             adv = group_advantages(outs, adv_cfg)
             signal += bool(np.any(adv != 0))
-            batch.append((g.recorder.tree.preorder(), adv))
+            batch.append((g.env.recorder.tree.preorder(), adv))
         self._book_trained(groups, v)
         self._hold_for_training(gpus)
         self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)

@@ -18,7 +18,7 @@ the role switch, as vLLM's sleep mode), because starting a torch process costs s
 only in `init_checkpoint` (the weights runs start from) keeps them too. A killed engine
 actor is replaced by `respawn` (a new member for the collective groups: `GroupBook.forget`).
 
-Simplifications: the tool server is one asyncio actor with high concurrency; trainer worker 0 serves the
+Simplifications: tool workers are kept here but managed by gyre.real.tools.ToolService; trainer worker 0 serves the
 TCPStore of the collective groups (workers live as long as the pool).
 """
 
@@ -35,7 +35,6 @@ from gyre.nn.hf_llama import check_hf_llama, config_mismatch
 from gyre.nn.model import TinyLlamaConfig
 from gyre.real.collective import CollectiveConfig, GroupBook
 from gyre.real.engine_torch import TorchEngine, TorchEngineConfig
-from gyre.real.task import ToolServer
 from gyre.real.trainer import Trainer, TrainerConfig
 
 
@@ -134,7 +133,7 @@ class ActorPool:
         self._worker = ray.remote(num_cpus=0, num_gpus=worker_gpus, concurrency_groups={"sync": 4},
                                   max_restarts=0)(Trainer)
         self.trainers = [self._spawn_trainer(g) for g in range(cfg.n_gpus)]  # one data-parallel worker per GPU
-        self.tools = ray.remote(num_cpus=0, max_concurrency=10000)(ToolServer).remote()
+        self.tools: list = []  # tool worker actors (gyre.real.tools), started by the first run's ToolService
         self._devices = [ray.get([t.gpu_ids.remote() for t in self.trainers[s * k:(s + 1) * k]])
                          for s in range(cfg.n_gpus // k)] if k > 1 else []
         for slot in range(cfg.n_gpus // k):  # start every engine process now, in parallel
@@ -144,7 +143,7 @@ class ActorPool:
         store = ray.get(self.serve_store())
         self.book = GroupBook(store, cfg.collective, ray.get(self.trainers[0].layout.remote()))
         ray.get([e.ping.remote() for e in self._engines.values()] + [t.ping.remote() for t in self.trainers]
-                + [self.tools.ping.remote()])
+                )
 
     def _spawn_trainer(self, g: int):
         cfg = self.cfg
@@ -239,6 +238,6 @@ class ActorPool:
         return dead
 
     def shutdown(self) -> None:
-        for a in [*self._engines.values(), *self.trainers, self.tools]:
+        for a in [*self._engines.values(), *self.trainers, *self.tools]:
             ray.kill(a)
         remove_placement_group(self.pg)

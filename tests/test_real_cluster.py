@@ -267,14 +267,16 @@ def test_a_policy_given_by_dotted_path_runs_for_real(pool):
 class ConstantReward:
     """A user's task: the built-in agent task with every execution rewarded 1.0 (so no group has signal)."""
 
+    from gyre.real.task import TaskConfig as config_class
+
     def __init__(self, config, seed: int) -> None:
         from gyre.real.agent import AgentTask
 
         self.inner = AgentTask(config, seed)
         self.stop = self.inner.stop
 
-    def new_group(self, group_id: int, first_exec_id: int, size: int):
-        return self.inner.new_group(group_id, first_exec_id, size)
+    def new_group(self, index: int, size: int):
+        return self.inner.new_group(index, size)
 
     def score(self, group):
         return [dataclasses.replace(s, reward=1.0) for s in self.inner.score(group)]
