@@ -110,9 +110,13 @@ def run(
         except CheckpointError as exc:
             fail(str(exc))
     try:
-        load_task(cfg.cluster.task_class, cfg.cluster.task, cfg.cluster.seed)
+        task = load_task(cfg.cluster.task_class, cfg.cluster.task, cfg.cluster.seed)
     except TaskError as exc:
         fail(f"{config or preset}: cluster.task_class: {exc}")
+        raise
+    if getattr(task, "vocab_size", 0) > cfg.pool.model.vocab_size:
+        fail(f"{config or preset}: pool.model.vocab_size = {cfg.pool.model.vocab_size} is smaller than the task's "
+             f"tokenizer ({task.vocab_size} tokens)")
     try:
         pool = ActorPool.shared(cfg.pool)
     except (ValueError, TimeoutError) as exc:
