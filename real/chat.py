@@ -46,16 +46,19 @@ class ChatTokenizer:
     def prompt(self, messages: list[dict]) -> list[int]:
         return self.tok.encode(self._render(messages, True), add_special_tokens=False)
 
-    def turn(self, history: list[dict], message: dict) -> list[int]:
-        """The ids `message` adds after `history` (which ends with the model's reply), up to the next reply."""
+    def turn(self, history: list[dict], message: dict, max_tokens: int | None = None) -> list[int]:
+        """The ids `message` adds after `history` (which ends with the model's reply), up to the next reply; its
+        content cut to fit `max_tokens` in all, the template's markers kept."""
         marked = {**message, "content": SENTINEL}
         full, before = self._render(history + [marked], True), self._render(history, False)
         frag = full[len(before):] if full.startswith(before) else self._render([marked], True)
         head, _, tail = frag.partition(SENTINEL)
         enc = self.tok.encode
-        return (enc(head, add_special_tokens=False) + enc(message["content"], add_special_tokens=False,
-                                                          split_special_tokens=True)
-                + enc(tail, add_special_tokens=False))
+        head_ids, tail_ids = enc(head, add_special_tokens=False), enc(tail, add_special_tokens=False)
+        body = enc(message["content"], add_special_tokens=False, split_special_tokens=True)
+        if max_tokens is not None:
+            body = body[: max(0, max_tokens - len(head_ids) - len(tail_ids))]
+        return head_ids + body + tail_ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

@@ -110,10 +110,7 @@ class TextEpisode:
         if not isinstance(step, Reply):
             raise TypeError(f"a text env returned {type(step).__name__}; expected Call, Reply or Final")
         msg = {"role": "tool", "content": step.text}
-        ids = self.chat.turn(self.history, msg)
-        if len(ids) > self.lim.max_tool_tokens:  # keep the head, and the template's closing tokens
-            tail = self.chat.turn(self.history, {"role": "tool", "content": ""})[-8:]
-            ids = ids[: self.lim.max_tool_tokens - len(tail)] + tail
+        ids = self.chat.turn(self.history, msg, self.lim.max_tool_tokens)
         self.cursor.append_env(np.asarray(ids, np.int64))
         self.ctx += ids
         self.history.append(msg)
