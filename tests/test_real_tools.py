@@ -1,0 +1,178 @@
+"""The tool service on local Ray: bounded, timed out, retried; a failed call is a ToolError; a dead worker replaced.
+
+Also the sandboxed coding task end to end on local Ray with every policy."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import heapq
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from gyre.real.task_api import ToolError  # noqa: E402
+from gyre.real.tools import ToolConfig, ToolService  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("ray")
+ROOT = Path(__file__).parents[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sleep:
+    s: float
+    value: str = "ok"
+
+    async def arun(self):
+        await asyncio.sleep(self.s)
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocking:
+    s: float
+
+    def run(self):
+        time.sleep(self.s)
+        return "done"
+
+
+@dataclasses.dataclass(frozen=True)
+class Boom:
+    def run(self):
+        raise ValueError("bad input to the tool")
+
+
+@dataclasses.dataclass(frozen=True)
+class DieOnce:
+    """Kills its worker process on the first attempt (a marker file says it ran), answers on the second."""
+
+    marker: str
+
+    async def arun(self):
+        if not os.path.exists(self.marker):
+            Path(self.marker).write_text("died")
+            os._exit(1)
+        return "second attempt"
+
+
+class Loop:
+    """The part of the real run loop a ToolService needs: Ray futures and timers, on the driver."""
+
+    def __init__(self) -> None:
+        self.pending, self.timers, self.seq = {}, [], 0
+
+    def submit(self, ref, fn) -> None:
+        self.pending[ref] = fn
+
+    def after(self, s, fn) -> None:
+        self.seq += 1
+        heapq.heappush(self.timers, (time.monotonic() + s, self.seq, fn))
+
+    def run(self, until, limit: float = 60.0, each=None) -> None:
+        t0 = time.monotonic()
+        while not until():
+            assert time.monotonic() - t0 < limit, "the tool service never answered"
+            while self.timers and self.timers[0][0] <= time.monotonic():
+                heapq.heappop(self.timers)[2]()
+            if each:
+                each()
+            ready, _ = ray.wait(list(self.pending), timeout=0.02) if self.pending else ([], [])
+            for ref in ready:
+                fn = self.pending.pop(ref)
+                try:
+                    val, err = ray.get(ref), None
+                except ray.exceptions.RayError as exc:
+                    val, err = None, exc
+                fn(val, err)
+
+
+@pytest.fixture(scope="module")
+def by_value(local_ray):
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers cannot import tests/
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def service(cfg: ToolConfig, workers=None):
+    loop = Loop()
+    return ToolService(cfg, workers if workers is not None else [], loop.submit, loop.after), loop
+
+
+def call_all(svc, loop, calls, each=None) -> list:
+    out = [None] * len(calls)
+    for i, c in enumerate(calls):
+        svc.call(c, lambda r, i=i: out.__setitem__(i, r))
+    loop.run(lambda: all(o is not None for o in out), each=each)
+    return out
+
+
+def test_calls_run_concurrently_within_the_bound(by_value):
+    """Blocking calls run in parallel threads of one worker, never more than max_inflight at once."""
+    svc, loop = service(ToolConfig(workers=1, max_inflight=2, timeout_s=30))
+    call_all(svc, loop, [Sleep(0.0)])  # the worker is up
+    peak = [0]
+    t0 = time.monotonic()
+    out = call_all(svc, loop, [Blocking(0.4) for _ in range(4)], each=lambda: peak.__setitem__(0, max(peak[0], svc.inflight)))
+    dt = time.monotonic() - t0
+    assert out == ["done"] * 4, out
+    assert peak[0] == 2, f"{peak[0]} calls in flight at once, the bound is 2"
+    assert 0.8 <= dt < 1.5, f"4 calls of 0.4 s, 2 at a time, took {dt:.2f}s (expected ~0.8 s)"
+
+
+def test_a_raising_and_a_hung_call_are_tool_errors(by_value):
+    """A call that raises is a ToolError at once (no retry); a hung one times out on every attempt; the
+    others still answer."""
+    svc, loop = service(ToolConfig(workers=1, max_inflight=8, timeout_s=0.5, retries=1))
+    t0 = time.monotonic()
+    boom, hung, fine = call_all(svc, loop, [Boom(), Sleep(100.0), Sleep(0.1, "fine")])
+    assert isinstance(boom, ToolError) and "bad input to the tool" in boom.message, boom
+    assert isinstance(hung, ToolError) and "timed out after 0.5s (attempt 2 of 2)" in hung.message, hung
+    assert fine == "fine", fine
+    assert svc.counts["retries"] == 1 and svc.counts["timeouts"] == 2, svc.counts
+    assert time.monotonic() - t0 < 5, "the hung call held the service up"
+
+
+def test_a_worker_killed_mid_call_is_replaced_and_the_call_retried(by_value, tmp_path):
+    """A call whose worker process dies mid-call is retried on a replacement worker, which answers it."""
+    workers: list = []
+    svc, loop = service(ToolConfig(workers=1, max_inflight=4, timeout_s=30, retries=1), workers)
+    first = workers[0]
+    (out,) = call_all(svc, loop, [DieOnce(str(tmp_path / "marker"))])
+    assert out == "second attempt", out
+    assert workers[0] is not first and svc.counts["replaced"] == 1, "the dead worker was not replaced"
+    assert ray.get(workers[0].ping.remote()), "the replacement answers"
+
+
+def code_cfg(policy_steps: int = 1):
+    from gyre.real.config_file import load_config
+
+    cfg = load_config(ROOT / "configs" / "sandbox_code_cpu.toml")
+    task = dataclasses.replace(cfg.cluster.task, problems=str(ROOT / "configs" / "code_problems.jsonl"),
+                               model_dir=str(ROOT / "configs" / "tiny_chat"), max_new_tokens=16)
+    return dataclasses.replace(cfg, steps=policy_steps, cluster=dataclasses.replace(
+        cfg.cluster, groups_per_step=1, group_size=2, task=task))
+
+
+@pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
+def test_the_coding_task_runs_on_ray_with_every_policy(local_ray, policy):
+    """Every policy runs the sandboxed coding task: each reply run in the sandbox on a tool worker, scored by
+    its tests, trained on."""
+    from gyre.real.pool import ActorPool
+    from gyre.real.runner import run_real
+
+    cfg = code_cfg(2)
+    r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
+    assert len(r.metrics.steps) == 2, f"{policy}: {len(r.metrics.steps)} steps"
+    rewards = [x[3] for x in r.log if x[0] == "note" and x[2] == "reward"]
+    assert len(rewards) == 4 and all(0.0 <= x["reward"] <= 1.0 for x in rewards), rewards
+    calls = r.cluster.tools.counts
+    assert calls["calls"] >= 4 and calls["errors"] == 0, f"{policy}: sandbox calls {calls}"
+    assert all(x.segs and x.turns >= 1 for x in r.cluster.executions.values()), "every execution generated"
