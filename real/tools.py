@@ -6,7 +6,7 @@ gyre.real.backend.RealCluster (it submits Ray futures and timers through the clu
 `call_after`, so nothing blocks): at most `max_inflight` calls run at once (the rest wait, in order), each
 on the least busy of `workers` `ToolWorker` actors spread over the cluster. An attempt that does not answer
 within `timeout_s` is cancelled; one whose worker died is retried on a replacement worker, which takes the
-dead one's place. A call is tried `1 + retries` times when it times out or loses its worker; a call that
+dead one's place and serves once it answers a ping (a worker's start never counts against a call's timeout). A call is tried `1 + retries` times when it times out or loses its worker; a call that
 raises is not retried (a tool's own error is its answer). When no attempt succeeds the episode receives a
 gyre.real.task_api.ToolError saying why, and the run goes on.
 
@@ -81,14 +81,38 @@ class ToolService:
                  spawn: Callable[[], Any] = spawn_tool_worker, log: Callable[[str, dict], None] | None = None) -> None:
         self.cfg = cfg
         self.workers = workers  # shared with the actor pool: a replacement takes the dead one's slot
-        while len(self.workers) < cfg.workers:
-            self.workers.append(spawn())
         self._submit, self._after, self._spawn = submit, call_after, spawn
         self._log = log or (lambda kind, info: None)
         self._queue: deque[_Call] = deque()
         self._busy: dict[int, int] = {}  # worker slot -> attempts in flight
+        self._ready: set[int] = set()  # slots whose worker answered its ping: a start never eats a call's timeout
         self.inflight = 0
         self.counts = {"calls": 0, "errors": 0, "timeouts": 0, "retries": 0, "replaced": 0}
+        for slot in range(cfg.workers):
+            if slot == len(self.workers):
+                self.workers.append(spawn())
+            self._probe(slot)
+
+    def _probe(self, slot: int) -> None:
+        worker = self.workers[slot]
+
+        def up(_v, err) -> None:
+            if self.workers[slot] is not worker:
+                return
+            if err is not None:  # it died before serving: another one
+                self._replace(slot)
+                return
+            self._ready.add(slot)
+            self._pump()
+
+        self._submit(worker.ping.remote(), up)
+
+    def _replace(self, slot: int) -> None:
+        self._ready.discard(slot)
+        self.workers[slot] = self._spawn()
+        self.counts["replaced"] += 1
+        self._log("tool_worker_replaced", {"slot": slot})
+        self._probe(slot)
 
     def call(self, call, done: Callable[[Any], None]) -> None:
         """Run `call`; `done(result)` gets its output or a ToolError."""
@@ -97,11 +121,11 @@ class ToolService:
         self._pump()
 
     def _pump(self) -> None:
-        while self._queue and self.inflight < self.cfg.max_inflight:
+        while self._queue and self._ready and self.inflight < self.cfg.max_inflight:
             self._attempt(self._queue.popleft())
 
     def _attempt(self, c: _Call) -> None:
-        slot = min(range(self.cfg.workers), key=lambda s: (self._busy.get(s, 0), s))
+        slot = min(self._ready, key=lambda s: (self._busy.get(s, 0), s))
         worker = self.workers[slot]
         c.ref, c.worker, c.over = worker.call.remote(c.call), worker, False
         self.inflight += 1
@@ -121,9 +145,7 @@ class ToolService:
         self._release(c, slot)
         if isinstance(err, ray.exceptions.RayActorError):
             if self.workers[slot] is c.worker:
-                self.workers[slot] = self._spawn()
-                self.counts["replaced"] += 1
-                self._log("tool_worker_replaced", {"slot": slot})
+                self._replace(slot)
             self._retry_or_fail(c, f"tool worker lost ({type(err).__name__})")
         elif err is not None:
             cause = getattr(err, "cause", None) or err

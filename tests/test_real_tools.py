@@ -157,7 +157,7 @@ def code_cfg(policy_steps: int = 1):
     cfg = load_config(ROOT / "configs" / "sandbox_code_cpu.toml")
     task = dataclasses.replace(cfg.cluster.task, problems=str(ROOT / "configs" / "code_problems.jsonl"),
                                model_dir=str(ROOT / "configs" / "tiny_chat"), max_new_tokens=16)
-    return dataclasses.replace(cfg, steps=policy_steps, cluster=dataclasses.replace(
+    return dataclasses.replace(cfg, steps=policy_steps, pool=dataclasses.replace(cfg.pool, n_gpus=2), cluster=dataclasses.replace(
         cfg.cluster, groups_per_step=1, group_size=2, task=task))
 
 
