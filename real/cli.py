@@ -124,13 +124,9 @@ def run(
         raise
     results, failed = [], []
     for p in policy:
-        def tick(c, last=[-1]):  # noqa: B006 - per-policy progress line
-            if c.version != last[0]:
-                last[0] = c.version
-                console.print(f"{p}: version {c.version}/{cfg.steps} at {c.now:.1f}s", highlight=False)
-
-        try:
-            results.append(run_real(cfg, p, pool=pool, on_tick=tick))
+        try:  # metrics, TensorBoard files, logs and the exported model stream into `out` (gyre.real.watch)
+            results.append(run_real(cfg, p, pool=pool, out=out,
+                                    print_fn=lambda line: console.print(line, highlight=False)))
         except ClusterError as exc:  # the other policies still run and are written
             failed.append(f"{p}: {exc}")
     if not results:

@@ -176,3 +176,75 @@ def test_the_coding_task_runs_on_ray_with_every_policy(local_ray, policy):
     calls = r.cluster.tools.counts
     assert calls["calls"] >= 4 and calls["errors"] == 0, f"{policy}: sandbox calls {calls}"
     assert all(x.segs and x.turns >= 1 for x in r.cluster.executions.values()), "every execution generated"
+
+
+class Killed(RuntimeError):
+    """Stands for the run being killed."""
+
+
+def test_a_killed_run_leaves_its_metrics_and_resumes_with_the_next_prompt(local_ray, tmp_path):
+    """A run killed after its first step leaves that step's metrics (CSV, JSONL, TensorBoard) and its log on
+    disk; rerun from its checkpoint it continues the trainer's version and the task sequence (next prompt)."""
+    from gyre.real.pool import ActorPool
+    from gyre.real.runner import run_real
+
+    cfg = code_cfg(3)
+    ck = str(tmp_path / "ck" / "trainer.pt")
+    (tmp_path / "ck").mkdir()
+    cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, checkpoint=ck))
+    pool = ActorPool.shared(cfg.pool)
+
+    def kill(c):
+        if c.version >= 1 and not c.live():
+            raise Killed("killed after step 1")
+
+    out1 = tmp_path / "run1"
+    with pytest.raises(Killed):
+        run_real(cfg, "colocate", pool=pool, out=out1, on_tick=kill)
+    rows = (out1 / "metrics_colocate.csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].startswith("1,1,"), f"metrics on disk after the kill: {rows}"
+    assert (out1 / "failed_colocate.txt").read_text().startswith("Killed"), "the error is kept"
+    assert list((out1 / "tb" / "colocate").glob("events.out.tfevents.*")), "no TensorBoard event file"
+    tasks1 = [x[3] for x in _log(out1) if x[0] == "group"]
+    drawn = len(tasks1)
+    r2 = run_real(cfg, "colocate", pool=pool, out=tmp_path / "run2", steps=1)
+    assert r2.cluster.base_version == 1 and r2.cluster.trainer_version == 2, "the trainer did not resume"
+    first = min(g.task_id for g in r2.cluster.groups.values())
+    assert first == drawn >= 1, f"resumed at task {first}; the killed run drew {drawn} tasks"
+    rows = (tmp_path / "run2" / "metrics_colocate.csv").read_text().splitlines()
+    assert rows[1].split(",")[1] == "2", f"resumed step's version: {rows}"
+    r3 = run_real(cfg, "colocate", pool=pool, out=out1, steps=1)  # resumed into the same folder: metrics go on
+    rows = (out1 / "metrics_colocate.csv").read_text().splitlines()
+    assert [r.split(",")[1] for r in rows[1:]] == ["1", "3"], f"metrics of the resumed run: {rows}"
+    assert min(g.task_id for g in r3.cluster.groups.values()) > first, "a second resume repeats tasks"
+
+
+def _log(out):
+    import json
+
+    return [json.loads(line) for line in (out / "log_colocate.jsonl").read_text().splitlines()]
+
+
+def test_the_exported_model_loads_with_transformers(local_ray, tmp_path):
+    """A finished run exports its trained model and the task's tokenizer as a folder transformers loads, whose
+    logits are the trainer's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gyre.nn.model import TinyLlama
+    from gyre.real.pool import ActorPool
+    from gyre.real.runner import run_real
+
+    cfg = code_cfg(1)
+    r = run_real(cfg, "colocate", pool=ActorPool.shared(cfg.pool), out=tmp_path)
+    folder = tmp_path / "model" / "colocate"
+    hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    text = tok.apply_chat_template([{"role": "user", "content": "add one"}], add_generation_prompt=True, tokenize=False)
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
+    ours = TinyLlama(cfg.pool.model, __import__("numpy").random.default_rng(0))
+    ours.load_state_dict(r.cluster.trainer_weights())
+    with torch.no_grad():
+        a = hf(ids).logits
+        b = ours(ids, torch.arange(ids.shape[1])[None])
+    assert torch.allclose(a, b, atol=1e-4), f"exported logits differ by {(a - b).abs().max():.2e}"
