@@ -60,6 +60,8 @@ class EngineView(Protocol):
     def kv_used(self) -> float: ...  # tokens resident now
     @property
     def kv_capacity(self) -> int: ...
+    @property
+    def admit_limit(self) -> int: ...  # executions it may hold at once (gyre.hardware.admission_limit)
 
 
 @runtime_checkable

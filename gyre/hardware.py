@@ -19,6 +19,9 @@ Every simulator constant comes from here and is derived from a model's shape and
   S^2 term), d = query heads x head dim), at 85% of HBM.
 - Running sequences per engine: vLLM's `max_num_seqs`; unset, vLLM's own default for the GPU
   (`vllm_default_max_num_seqs`).
+- Executions an engine is handed at once (`admission_limit`): floor(admission_fill x KV capacity / the
+  workload's window), at least 1: the concurrency vLLM itself reports at start-up ("Maximum concurrency
+  for N tokens per request"), the count whose contexts all fit however far each grows up to the window.
 - Weight sync: per-GPU weight shard / inter-node bandwidth + latency.
 - Role switch: engine wake = weight shard / host-to-device bandwidth + fixed (graph capture,
   allocator); trainer on/offload = trainer state shard / host-to-device bandwidth.
@@ -121,13 +124,32 @@ class CostConfig:
     engine_restart_fixed_s: float = 64.0  # a crashed engine's process start-up, weights aside (module docstring)
     trainer_restart_fixed_s: float = 34.0  # a crashed trainer worker's process start-up, state aside
     request_s: float = 0.0  # latency outside the engine per turn (driver RPC, event loop); 0: none modelled
+    admission_fill: float = 1.0  # share of KV capacity the admission limit may commit (`admission_limit`)
 
     def __post_init__(self) -> None:
+        check_fill(self.admission_fill)
         r = self.request_s
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < math.inf:
             raise ValueError(f"request_s must be a finite number of seconds >= 0, got {r!r}")
         if self.max_num_seqs is not None and (isinstance(self.max_num_seqs, bool) or self.max_num_seqs < 1):
             raise ValueError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
+
+
+def check_fill(fill: object, name: str = "admission_fill") -> None:
+    """An admission fill must be a number in (0, 1] (a ValueError naming `name` otherwise)."""
+    if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not 0 < fill <= 1:
+        raise ValueError(f"{name} must be a number in (0, 1], got {fill!r}")
+
+
+def admission_limit(kv_capacity_tokens: float, window: int, fill: float = 1.0) -> int:
+    """Executions an engine may be handed at once: floor(fill x KV capacity / window), at least 1.
+
+    `window` is the largest context a workload lets an execution reach before it compacts (vLLM's
+    max_model_len; the simulator's `context_window`, the real task's `context_limit`). So many contexts fit
+    the engine's KV together however far each grows, so growth alone never makes the admitted set outgrow
+    it (only a turn that passes the window, or a sub-agent beside its parent, can; preemption covers them).
+    It is known before any execution runs, without foresight of lengths."""
+    return max(1, int(fill * kv_capacity_tokens // max(window, 1)))
 
 
 def vllm_default_max_num_seqs(gpu: GpuConfig, max_batched_tokens: int) -> int:
@@ -175,6 +197,7 @@ class Costs:
     engine_restart_s: float = 0.0  # a crashed engine back up (start-up + weight load; injected faults)
     trainer_restart_s: float = 0.0  # a crashed trainer worker back up with its state (injected faults)
     request_s: float = 0.0  # per-turn latency outside the engine, charged to the execution alone
+    admission_fill: float = 1.0  # share of KV capacity the admission limit commits (admission_limit)
 
     def step_time(self, batch: int, kv_tokens: float, chunk: float = 0.0, offset: float = 0.0) -> float:
         """One engine step: `batch` decodes at total context `kv_tokens`, plus `chunk` prefill tokens at `offset`."""
@@ -326,4 +349,5 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         engine_restart_s=shard / (gpu.host_gb_s * 1e9) + cost.engine_restart_fixed_s,
         trainer_restart_s=train_shard / (gpu.host_gb_s * 1e9) + cost.trainer_restart_fixed_s,
         request_s=cost.request_s,
+        admission_fill=cost.admission_fill,
     )

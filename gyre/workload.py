@@ -85,12 +85,26 @@ class WorkloadConfig:
         for name in ("groups_per_step", "group_size", "max_turns", "context_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"workload.{name} must be >= 1, got {getattr(self, name)}")
+        d = self.deadline_s
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not d > 0:  # NaN fails too; inf: no deadline
+            raise ValueError(f"workload.deadline_s must be a positive number of seconds, got {d!r}")
         if self.summary_tokens >= self.context_window:
             raise ValueError("workload.summary_tokens must be below workload.context_window")
         if self.task_set < 0:
             raise ValueError(f"workload.task_set must be >= 0, got {self.task_set}")
         if not -1.0 <= self.task_epoch_corr <= 1.0:
             raise ValueError(f"workload.task_epoch_corr must be in [-1, 1], got {self.task_epoch_corr}")
+
+    @property
+    def max_context(self) -> int:
+        """The longest context the workload lets an execution reach (what vLLM calls max_model_len; the
+        admission limit's denominator, gyre.hardware.admission_limit): its compaction window; for a single-turn
+        workload with a generation cap, the prompt's 99th percentile plus that cap when smaller (a prompt
+        filter at p99, as RL recipes set max_prompt_length, and max_tokens)."""
+        if self.max_turns == 1 and self.max_gen_tokens:
+            p99 = self.prompt_tokens.median * self.prompt_tokens.p99_ratio
+            return min(self.context_window, math.ceil(p99) + self.max_gen_tokens)
+        return self.context_window
 
 
 @dataclass(kw_only=True)

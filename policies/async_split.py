@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from gyre.cluster import Cluster, ClusterError
 from gyre.handles import all_of, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
-from gyre.policies.common import Batcher, ClusterShape, engine_slots, spread
+from gyre.policies.admit_queue import AdmissionQueue
+from gyre.policies.common import Batcher, ClusterShape, engine_slots
 from gyre.policies.tuning import Search, refine_axis
 
 
@@ -69,6 +70,7 @@ class AsyncSplit:
         trainer = list(range(r, cluster.n_gpus))
         order = OrderedAdmission(cluster, steps, self.config)
         batcher = Batcher(cluster, steps, self.eta, order)
+        queue = AdmissionQueue(cluster, engines)
 
         def produce():
             while batcher.n_admitted < steps * batcher.gps:
@@ -77,7 +79,7 @@ class AsyncSplit:
                     yield batcher.changed.wait()
                     continue
                 g = batcher.admit_group(version)
-                batcher.watch(g, spread(cluster, g.executions, engines))
+                batcher.watch(g, queue.submit(g.executions))
 
         producer = cluster.spawn(produce(), "async-producer")
         while cluster.version < steps:

@@ -1,5 +1,5 @@
-"""Pieces every policy uses: engine layout, load balancing, a wake-up signal, and the batcher that
-enforces the staleness bound.
+"""Pieces every policy uses: engine layout, load balancing, admission by room (`spread`, over
+policies.admit_queue), a wake-up signal, and the batcher that enforces the staleness bound.
 
 Staleness rule (Batcher): a group admitted at version a (the oldest weights its engines serve) must be
 trained by step a + eta, its deadline; step v trains exactly groups_per_step groups. This is unit-capacity
@@ -11,7 +11,11 @@ deadline scheduling, and the Batcher keeps it feasible at all times:
   (deadline, finish order), and only if the groups left over stay feasible for the steps after v;
   otherwise it waits for more groups to finish.
 So every trained sample has staleness <= eta, every admitted group is trained exactly once, and no
-batch is larger than groups_per_step.
+batch is larger than groups_per_step. A group's executions may wait unstarted for room on an engine
+(policies.admit_queue) after the Batcher admits it at version a: each then first runs at a version >= a
+(engines only move forward), so the version of its oldest token is >= a and its staleness when trained
+by step a + eta is still <= eta; the trainer waits for a due group, and a waiting execution is admitted
+as soon as any admitted one finishes (FIFO), so it waits only on executions that end.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 
 from gyre.cluster import Cluster, EngineView, Group
 from gyre.handles import Handle
+from gyre.policies.admit_queue import AdmissionQueue
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,22 +49,11 @@ def least_loaded(engines: Sequence[EngineView]) -> EngineView:
 
 
 def spread(cluster: Cluster, executions: Sequence, engines: Sequence[EngineView]) -> list[Handle]:
-    """Admit executions one by one, each to the then least-loaded ready engine (as `least_loaded`
-    would choose), in O(log engines) per admission. Returns their completion handles. With none ready
-    (every engine restarting after a fault), to the least-loaded of those given: a restarting engine
-    accepts admissions and starts them once it is back."""
-    import heapq
-
-    ready = any(e.ready for e in engines)
-    heap = [(e.n_live / max(e.kv_capacity, 1), e.id, i) for i, e in enumerate(engines) if e.ready or not ready]
-    heapq.heapify(heap)
-    handles = []
-    for x in executions:
-        load, eid, i = heap[0]
-        e = engines[i]
-        handles.append(cluster.admit(x, e))
-        heapq.heapreplace(heap, (e.n_live / max(e.kv_capacity, 1), eid, i))
-    return handles
+    """Admit executions to these engines as they have room (policies.admit_queue): each goes to the then
+    least-loaded engine with room, the rest wait unstarted and start as admitted ones finish. Returns their
+    finish handles. The queue is this call's own: a policy that admits onto the same engines again and
+    again keeps one `AdmissionQueue` instead, so that every finish lets the oldest waiting one in."""
+    return AdmissionQueue(cluster, engines).submit(executions)
 
 
 class Signal:

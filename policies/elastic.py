@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from gyre.cluster import ClusterError, Cluster, EngineView, Phase
 from gyre.handles import Handle, all_of, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
-from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, least_loaded
+from gyre.policies.admit_queue import AdmissionQueue
+from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots
 from gyre.policies.elastic_plan import DrainPlan, StepRecord, next_target, plan_drain
 
 
@@ -97,6 +98,7 @@ class Elastic:
         self.train_target = self._ceil()
         order = OrderedAdmission(cluster, steps, self.config)
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order)
+        self.queue = AdmissionQueue(cluster, lambda: [e for e in self.pool if e.ready])
         yield from self._grow()
         producer = cluster.spawn(self._produce(steps), "elastic-producer")
         idle_since = cluster.now  # when the trainer last became free to train
@@ -136,7 +138,7 @@ class Elastic:
                 yield any_of([batcher.changed.wait(), self.load.wait()])
                 continue
             g = batcher.admit_group(version)
-            handles = [cluster.admit(x, least_loaded(ready)) for x in g.executions]
+            handles = self.queue.submit(g.executions)
             for h in handles:
                 h.on_done(self._finished)
             batcher.watch(g, handles)
@@ -156,7 +158,7 @@ class Elastic:
         if first:
             self.train_target = max(self.train_target, self._top())
         need = max(0, max(cluster.min_train_gpus, self.train_target) - len(cluster.free_gpus()))
-        plan = plan_drain(self.pool, cluster.live(), need, kv_fill=self.kv_fill)
+        plan = plan_drain(self.pool, cluster.live(), need, kv_fill=self.kv_fill, slots=self.queue.room)
         if plan.victims:
             yield from self._drain(plan, "train")
         return cluster.free_gpus()
@@ -166,7 +168,7 @@ class Elastic:
         ids = {e.id for e in plan.victims}
         self.pool = [e for e in self.pool if e.id not in ids]
         cluster.note("elastic_drain", why=why, engines=sorted(ids), moves=len(plan.moves))
-        yield all_of([cluster.migrate(x, t) for x, t in plan.moves])
+        yield all_of([self.queue.move(x, t) for x, t in plan.moves] + [self.queue.park(x) for x in plan.parks])
         yield all_of([cluster.stop_engine(e) for e in plan.victims])
         self.load.fire()
 
@@ -193,7 +195,8 @@ class Elastic:
     def _rebalance(self, ready: list[EngineView]) -> None:
         """Executions queued on an engine move to engines that queue nothing and have KV room (below
         kv_fill after the move), largest context first: no engine idles while another queues."""
-        room = {e.id: self.kv_fill * e.kv_capacity - e.kv_used for e in ready if not e.n_queued}
+        room = {e.id: self.kv_fill * e.kv_capacity - e.kv_used for e in ready
+                if not e.n_queued and self.queue.room(e) > 0}
         if not room or max(room.values()) <= 0:
             return
         full = {e.id for e in ready if e.n_queued}
@@ -205,13 +208,17 @@ class Elastic:
             if room[tid] < need:
                 continue
             room[tid] -= need
-            self.cluster.migrate(x, by_id[tid])
+            if self.queue.room(by_id[tid]) <= 1:
+                del room[tid]
+            self.queue.move(x, by_id[tid])
+            if not room:
+                return
 
     def _pressure(self, ready: list[EngineView]) -> bool:
-        """Rollout could use more GPUs: an engine queues executions (a preempted one waits in the queue too),
-        or the live KV is above PRESSURE_FILL of capacity."""
-        return any(e.n_queued for e in ready) or sum(e.kv_used for e in ready) > self.PRESSURE_FILL * sum(
-            e.kv_capacity for e in ready)
+        """Rollout could use more GPUs: executions wait for room (policies.admit_queue), an engine queues
+        executions (a preempted one waits in the queue too), or the live KV is above PRESSURE_FILL of capacity."""
+        return len(self.queue) > 0 or any(e.n_queued for e in ready) or sum(
+            e.kv_used for e in ready) > self.PRESSURE_FILL * sum(e.kv_capacity for e in ready)
 
     def _adapt(self, idle: float, gather: float, train: float, gpus: int, interval: float | None) -> None:
         """After a step (the trainer waited `idle` for the batch, `gather` for its GPUs, trained `train` on
@@ -285,4 +292,5 @@ class Elastic:
             waits.append(cluster.sync(stale))
         done = yield all_of(waits)
         self.pool.extend(done[: len(slots)])
+        self.queue.pump()
         self.load.fire()

@@ -7,7 +7,9 @@ of the future, and has no side effects, so it is unit-tested on plain stand-ins.
   first (cheapest to empty; ties: fewest decoding, since a decoding execution moves only at its next
   tool-call boundary; then id). At least one engine always stays.
 - `assign_targets`: each migrant (largest context first) to the staying engine with the most free
-  KV at that moment (free = capacity * kv_fill - used - already assigned; ties by id).
+  KV at that moment (free = capacity * kv_fill - used - already assigned; ties by id) among those with
+  room left under their admission limit (`slots`, policies.admit_queue); migrants no engine has room for
+  are parked instead (`DrainPlan.parks`) and resumed where room frees.
 - `next_target`: the trainer's size for the coming steps, judged on the last `size` steps since it last
   moved (never on one step): the largest trainer if the next batch waits, the trainer never waited in
   any of them and its queue of finished groups did not fall; the balanced size if it waited for more
@@ -20,7 +22,7 @@ before it moves); queued executions hold no KV yet and count as their context (0
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gyre.cluster import EngineView, ExecutionView
@@ -41,6 +43,7 @@ class StepRecord:
 class DrainPlan:
     victims: tuple[EngineView, ...]
     moves: tuple[tuple[ExecutionView, EngineView], ...]
+    parks: tuple[ExecutionView, ...] = ()  # no staying engine has room: parked until one has
 
     @property
     def gpus(self) -> list[int]:
@@ -63,22 +66,34 @@ def choose_victims(engines: Sequence[EngineView], need_gpus: int) -> list[Engine
     return victims
 
 
+def _limit_room(e: EngineView) -> int:
+    return e.admit_limit - e.n_live
+
+
 def assign_targets(
-    executions: Sequence[ExecutionView], targets: Sequence[EngineView], *, kv_fill: float = 0.9
-) -> list[tuple[ExecutionView, EngineView]]:
-    """Greedy best fit: largest context to the target with the most free KV (deterministic)."""
+    executions: Sequence[ExecutionView], targets: Sequence[EngineView], *, kv_fill: float = 0.9,
+    slots: Callable[[EngineView], int] = _limit_room,
+) -> tuple[list[tuple[ExecutionView, EngineView]], list[ExecutionView]]:
+    """Greedy best fit: largest context to the target with the most free KV among those with a slot left
+    (deterministic). Returns (moves, the executions no target has a slot for)."""
     if not executions:
-        return []
+        return [], []
     if not targets:
         raise ValueError("assign_targets: no engine to move executions to")
-    heap = [(-(t.kv_capacity * kv_fill - t.kv_used), t.id, i) for i, t in enumerate(targets)]
+    left = {t.id: slots(t) for t in targets}
+    heap = [(-(t.kv_capacity * kv_fill - t.kv_used), t.id, i) for i, t in enumerate(targets) if left[t.id] > 0]
     heapq.heapify(heap)
-    out = []
+    out, rest = [], []
     for x in sorted(executions, key=lambda x: (-x.context_tokens, x.id)):
+        if not heap:
+            rest.append(x)
+            continue
         neg_free, tid, i = heapq.heappop(heap)
         out.append((x, targets[i]))
-        heapq.heappush(heap, (neg_free + x.context_tokens, tid, i))
-    return out
+        left[tid] -= 1
+        if left[tid] > 0:
+            heapq.heappush(heap, (neg_free + x.context_tokens, tid, i))
+    return out, rest
 
 
 def plan_drain(
@@ -87,13 +102,16 @@ def plan_drain(
     need_gpus: int,
     *,
     kv_fill: float = 0.9,
+    slots: Callable[[EngineView], int] = _limit_room,
 ) -> DrainPlan:
-    """Victims freeing >= need_gpus GPUs (when possible) and a target for each of their executions."""
+    """Victims freeing >= need_gpus GPUs (when possible), a target with room for each of their executions,
+    and the executions none has room for (parked)."""
     victims = choose_victims(engines, need_gpus)
     vids = {e.id for e in victims}
     stay = [e for e in engines if e.id not in vids]
     movers = [x for x in live if x.engine_id in vids]
-    return DrainPlan(tuple(victims), tuple(assign_targets(movers, stay, kv_fill=kv_fill)))
+    moves, parks = assign_targets(movers, stay, kv_fill=kv_fill, slots=slots)
+    return DrainPlan(tuple(victims), tuple(moves), tuple(parks))
 
 
 def next_target(

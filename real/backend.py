@@ -32,6 +32,7 @@ import ray
 
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.handles import Handle, Process, done_handle
+from gyre.hardware import admission_limit, check_fill
 from gyre.backend import ClusterBase
 from gyre.real import task as T
 from gyre.real.execution import RealExecution, RealGroup
@@ -66,11 +67,13 @@ class RealClusterConfig:
     checkpoint_every: int | None = None
     faults: tuple[str, ...] = ()  # injected faults (gyre.faults), e.g. ("kill-engine@1.5", "random-engines:3")
     weight_sync: str = "object_store"  # or "collective": a broadcast from the trainer worker of record
+    admission_fill: float = 1.0  # share of KV the admission limit commits (gyre.hardware.admission_limit)
 
     def __post_init__(self) -> None:
         if self.checkpoint_every is not None and self.checkpoint_every < 0:
             raise ValueError(f"RealClusterConfig.checkpoint_every must be >= 0, got {self.checkpoint_every}")
         parse_faults(self.faults)  # a bad spec is a one-line ValueError
+        check_fill(self.admission_fill, "RealClusterConfig.admission_fill")
         if self.weight_sync not in WEIGHT_SYNC:
             raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")
 
@@ -161,7 +164,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         eid = self._next_engine
         self._next_engine += 1
         v = self._version
-        eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity)
+        limit = admission_limit(self.cfg.kv_capacity, self.cfg.task.context_limit, self.cfg.admission_fill)
+        eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity, limit)
         self._place_engine(eng)
         h = Handle(f"start_engine{eid}")
         t0 = self.now

@@ -16,7 +16,8 @@ from gyre.cluster import Phase
 
 
 class RealEngine:
-    def __init__(self, engine_id: int, gpus: tuple[int, ...], actor, version: int, kv_capacity: int) -> None:
+    def __init__(self, engine_id: int, gpus: tuple[int, ...], actor, version: int, kv_capacity: int,
+                 admit_limit: int) -> None:
         self.id = engine_id
         self.gpus = gpus
         self.actor = actor
@@ -25,6 +26,7 @@ class RealEngine:
         self.members: dict[int, object] = {}  # execution id -> RealExecution (any phase but DONE)
         self.queue: deque = deque()
         self._kv_capacity = kv_capacity
+        self._limit = admit_limit  # gyre.hardware.admission_limit of its KV and the task's window
         self.busy = False  # has a decoding sequence (the "busy" log record)
         self.stop_after_restart = None  # a stop_engine handle waiting for a restart to finish
         self.fault_t = 0.0  # when its actor was last found dead
@@ -57,6 +59,10 @@ class RealEngine:
     @property
     def kv_capacity(self) -> int:
         return self._kv_capacity
+
+    @property
+    def admit_limit(self) -> int:
+        return self._limit
 
     def fits(self, tokens: int) -> bool:
         if self.n_live == len(self.queue):  # nothing running: always take one

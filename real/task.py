@@ -62,6 +62,9 @@ class TaskConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 2:
             raise ValueError(f"TaskConfig.max_new_tokens must be >= 2 (action + argument), got {self.max_new_tokens}")
+        d = self.deadline_s
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not d > 0:  # NaN fails too
+            raise ValueError(f"TaskConfig.deadline_s must be a positive number of seconds, got {d!r}")
         if self.context_limit < 8:
             raise ValueError(f"TaskConfig.context_limit must be >= 8, got {self.context_limit}")
 

@@ -47,6 +47,7 @@ from heapq import heappush
 from typing import TYPE_CHECKING
 
 from gyre.cluster import Phase
+from gyre.hardware import admission_limit
 from gyre.sim.engine_moves import EngineMoves
 from gyre.sim.kv_pressure import KvPressure
 
@@ -68,7 +69,7 @@ class SimEngine(KvPressure, EngineMoves):
         "pf_pending", "pf_resident", "_pf_due", "_adm", "V", "t_last", "rate", "pf_rate", "n_dec", "kv_dec_base",
         "mem_fixed", "reserved", "paused", "epoch", "_free_prefill", "_budget", "_max_seqs", "_reserve", "_kv_cap",
         "_full", "_req", "_wake_q", "_wake_seq", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq",
-        "_dirty",
+        "_dirty", "_limit",
     )
 
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
@@ -115,6 +116,7 @@ class SimEngine(KvPressure, EngineMoves):
         self._step2 = c.roofline.stepper() if c.roofline is not None else (
             lambda n, k, m=0.0, p=0.0: (c.step_time(n, k, m, p), 0.0))
         self._seq = itertools.count()
+        self._limit = admission_limit(c.kv_capacity_tokens, cluster.source.config.max_context, c.admission_fill)
 
     # --- EngineView ---
     @property
@@ -140,6 +142,10 @@ class SimEngine(KvPressure, EngineMoves):
     @property
     def kv_capacity(self) -> int:
         return self._kv_cap
+
+    @property
+    def admit_limit(self) -> int:
+        return self._limit
 
     @property
     def kv_used(self) -> float:

@@ -31,14 +31,18 @@ def spec(exec_id: int, group: int, gen: list[int], tool_s: list[float] | None = 
                          tool_s=tool_s, tool_out=tool_out, kv=kv, branches=[], capped=False, deadline_s=deadline_s)
 
 
-def workload(groups_per_step: int, group_size: int) -> WorkloadConfig:
+def workload(groups_per_step: int, group_size: int, window: int = 131072) -> WorkloadConfig:
+    """A hand-built scenario's workload: only its batch shape and its window (the admission limit's) matter."""
     one = LogNormal(median=1, p99_ratio=1)
     return WorkloadConfig(name="hand", groups_per_step=groups_per_step, group_size=group_size, prompt_tokens=one,
-                          turns=one, max_turns=10**6, gen_tokens=one, tool_out_tokens=one, tool_s=one)
+                          turns=one, max_turns=10**6, gen_tokens=one, tool_out_tokens=one, tool_s=one,
+                          context_window=window, summary_tokens=min(4096, window - 1))
 
 
-def cluster(groups: list[GroupSpec], n_gpus: int, groups_per_step: int, costs: Costs = ROUND_COSTS) -> SimCluster:
-    src = ReplaySource(groups, workload(groups_per_step, len(groups[0].executions)))
+def cluster(groups: list[GroupSpec], n_gpus: int, groups_per_step: int, costs: Costs = ROUND_COSTS,
+            window: int = 131072) -> SimCluster:
+    """A checked SimCluster replaying `groups`; an engine admits floor(KV capacity / window) at once."""
+    src = ReplaySource(groups, workload(groups_per_step, len(groups[0].executions), window))
     return SimCluster(n_gpus=n_gpus, costs=costs, source=src, check=True)
 
 

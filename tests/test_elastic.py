@@ -32,6 +32,7 @@ class Eng:
     n_queued: int = 0
     ready: bool = True
     version: int = 0
+    admit_limit: int = 10**6
 
 
 @dataclass
@@ -53,8 +54,13 @@ def test_assign_targets_best_fit_and_plan():
     """Largest context goes to the target with the most free KV; the plan moves every victim's execution."""
     t = [Eng(0, (0,), kv_used=50.0), Eng(1, (1,), kv_used=10.0)]
     xs = [Ex(7, 9, 30), Ex(8, 9, 50)]
-    got = [(x.id, e.id) for x, e in assign_targets(xs, t, kv_fill=1.0)]
-    assert got == [(8, 1), (7, 0)], f"best fit by free KV: {got}"
+    moves, rest = assign_targets(xs, t, kv_fill=1.0)
+    got = [(x.id, e.id) for x, e in moves]
+    assert got == [(8, 1), (7, 0)] and rest == [], f"best fit by free KV: {got}"
+    full = [Eng(0, (0,), n_live=1, kv_used=50.0, admit_limit=1), Eng(1, (1,), n_live=1, kv_used=10.0, admit_limit=2)]
+    moves, rest = assign_targets(xs, full, kv_fill=1.0)
+    assert [(x.id, e.id) for x, e in moves] == [(8, 1)] and [x.id for x in rest] == [7], \
+        f"engine 0 is at its admission limit, engine 1 has one slot: the other migrant is parked ({moves}, {rest})"
     es = [Eng(0, (0,), n_live=2, kv_used=20.0), Eng(1, (1,), n_live=1, kv_used=5.0)]
     plan = plan_drain(es, [Ex(1, 0, 10), Ex(2, 0, 10), Ex(3, 1, 5)], 1)
     assert [e.id for e in plan.victims] == [1] and [(x.id, e.id) for x, e in plan.moves] == [(3, 0)], "plan"
@@ -85,28 +91,32 @@ def _tiny_cluster(kv_capacity: int = 250):
         GroupSpec(group_id=1, task_id=1, step=1, executions=[
             _spec(1, 1, [3, 4], [2.0], [100]), _spec(2, 1, [6, 2], [1.0], [100])]),
     ]
-    wl = override(get_preset("short-math"), **{"workload.groups_per_step": 1}).workload
+    # a 125-token window: an engine of 250 KV tokens is handed 2 executions at once (policies.admit_queue)
+    wl = override(get_preset("short-math"), **{"workload.groups_per_step": 1, "workload.context_window": 125,
+                                               "workload.summary_tokens": 64}).workload
     return SimCluster(n_gpus=2, costs=costs, source=ReplaySource(groups, wl), check=True)
 
 
 def test_exact_lend_rebalance_shrink_migrate_grow_timeline():
-    """Two GPUs, eta=1, the trainer's largest size is 1 GPU (reserved): a queued execution makes elastic lend
-    the reserved GPU and move the queued execution there; each ready batch drains an engine back.
+    """Two GPUs, eta=1, the trainer's largest size is 1 GPU (reserved): an execution waiting for room (an
+    engine is handed 2 at once) makes elastic lend the reserved GPU and admit it there, never started before;
+    each ready batch drains an engine back.
 
     The policy's times are hand-computed from its triggers (wake 1 s, sleep 1 s, trainer onload 1 s +
     tokens x 0.02 s on 1 GPU); the finish and preempt times are the engine model's (tested on its own)."""
     c = _tiny_cluster()
     c.run(Elastic(eta=1), 2)
     ev = [r[:4] if r[0] != "note" else ("note", r[1], r[2]) for r in c.log
-          if r[0] in ("migrate", "engine_down", "engine_up", "step", "finish", "preempt")
+          if r[0] in ("admit", "migrate", "engine_down", "engine_up", "step", "finish", "preempt")
           or (r[0] == "note" and r[2] in ("elastic_grow", "elastic_drain"))]
     f0 = next(r[1] for r in c.log if r[0] == "finish" and r[2] == 0)
     last = max(r[1] for r in c.log if r[0] == "finish")
     want = [
         ("note", 0.0, "elastic_grow"), ("engine_up", 1.0, 0, (0,)),  # GPU 1 is reserved for the trainer
-        ("note", 1.0, "elastic_grow"),  # exec 2 queues on engine 0 (KV 250 holds two prompts): lend GPU 1
+        ("admit", 1.0, 0, 0), ("admit", 1.0, 1, 0),  # engine 0 is handed two: its admission limit
+        ("note", 1.0, "elastic_grow"),  # exec 2 waits unstarted for room: lend GPU 1
         ("engine_up", 2.0, 1, (1,)),  # wake 1 s
-        ("migrate", 2.0, 2, 0),  # the queued execution moves at once to the lent engine
+        ("admit", 2.0, 2, 1),  # the waiting execution is admitted to the lent engine
         ("finish", f0, 0, 0),  # group 0 done: batch 0 ready
         ("note", f0, "elastic_drain"), ("migrate", f0, 1, 0),  # engine 0 (fewer... ties by id) drains, exec 1 moves
         ("engine_down", f0 + 1.0, 0),  # sleep 1 s
@@ -114,7 +124,7 @@ def test_exact_lend_rebalance_shrink_migrate_grow_timeline():
         ("step", f0 + 1.0 + 1.0 + 105 * 0.02, 1, 1),  # onload 1 s + 105 tokens x 0.02 s
         ("note", f0 + 4.1, "elastic_grow"), ("engine_up", f0 + 5.1, 2, (0,)),  # GPU 0 back to rollout, wake 1 s
         ("migrate", f0 + 5.1, 2, 1),  # the preempted (queued) execution moves to the new engine at once
-        ("finish", 18.743333, 2, 0), ("finish", last, 1, 0),
+        ("finish", 18.66, 2, 0), ("finish", last, 1, 0),
         ("note", last, "elastic_drain"), ("engine_down", last + 1.0, 1),
         ("step", last + 1.0 + 1.0 + 315 * 0.02, 2, 1),
     ]

@@ -345,3 +345,34 @@ def test_parked_executions_resume_for_real(pool):
     assert kinds["park"] >= 1 and kinds["park"] == kinds["resume"], f"parks {kinds['park']}, resumes {kinds['resume']}"
     assert r.metrics.staleness["staleness"].max() <= 1
     assert not r.cluster.live() and not r.cluster.parked(), "executions left over"
+
+
+def test_queued_executions_start_as_room_frees(pool):
+    """KV of 28 tokens per engine and the task's 28-token window: each engine is handed one execution at a time.
+    From the log: no engine ever holds two, every admission after an engine's first follows a finish on it, and
+    executions waited unstarted (admitted after their group was drawn) yet every one was trained once."""
+    from tests.test_sim_admission import occupancy
+
+    cfg = dataclasses.replace(CFG, cluster=dataclasses.replace(CFG.cluster, kv_capacity=28))
+    r = run_real(cfg, "async", pool=pool)
+    check_run(r, cfg.steps)
+    occ = occupancy(r.log)
+    assert all(n <= 1 for s in occ.values() for _, n in s), f"an engine held more than one: {dict(occ)}"
+    drawn = {}
+    for x in r.log:
+        if x[0] == "group":
+            drawn[x[2]] = x[1]
+    group_of = {e.id: e.group_id for g in r.cluster.groups.values() for e in g.executions}
+    waited = [x for x in r.log if x[0] == "admit" and x[1] > drawn[group_of[x[2]]] + 0.05]
+    assert waited, "no execution waited for room"
+    last_finish: dict[int, float] = {}
+    where: dict[int, int] = {}
+    seen: set[int] = set()
+    for x in r.log:
+        if x[0] == "admit":
+            if x[3] in seen:
+                assert x[3] in last_finish and last_finish[x[3]] <= x[1], f"admit {x} before room freed on it"
+            seen.add(x[3])
+            where[x[2]] = x[3]
+        elif x[0] == "finish":
+            last_finish[where[x[2]]] = x[1]

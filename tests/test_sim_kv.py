@@ -80,13 +80,14 @@ def test_context_larger_than_an_engine_is_a_config_error():
 def test_preemption_exact_timeline():
     """1,000 KV tokens, two 100-token prompts decoding 800 tokens each at 100 tok/s: KV fills at 7 s (2 x 500),
     the newer (exec 1) is preempted with 500 tokens of context, exec 0 ends at 11 s, exec 1 resumes with its
-    400 remaining tokens and ends at 15 s (without the limit both would end at 11 s)."""
+    400 remaining tokens and ends at 15 s (without the limit both would end at 11 s). The window is 500 tokens
+    (an admission limit of 2): both contexts outgrow it, the case preemption is for."""
     from gyre.policies import make_policy
     from gyre.workload import GroupSpec
     from tests.simkit import ROUND_COSTS, cluster, spec
 
     g = GroupSpec(group_id=0, task_id=0, step=0, executions=[spec(0, 0, gen=[800]), spec(1, 0, gen=[800])])
-    c = cluster([g], n_gpus=1, groups_per_step=1, costs=replace(ROUND_COSTS, kv_capacity_tokens=1000))
+    c = cluster([g], n_gpus=1, groups_per_step=1, costs=replace(ROUND_COSTS, kv_capacity_tokens=1000), window=500)
     c.run(make_policy("colocate"), steps=1)
     got = [(r[0], round(r[1], 6), r[2], r[3], round(r[4], 3)) for r in c.log if r[0] in ("preempt", "finish")]
     assert got == [("preempt", 7.0, 1, 0, 500.0), ("finish", 11.0, 0, 0, 800), ("finish", 15.0, 1, 0, 800)], got
