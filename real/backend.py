@@ -107,8 +107,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self._init_steps(base, len(pool.trainers), ckpt, every)
         # object ref of the latest version's snapshot, made before the version is booked (engines load it even
         # while a lost trainer worker's state is rebuilt)
-        self._weights = pool.trainers[0].weights.remote(base)
-        ray.get(self._weights)
+        self._weights, ack = pool.trainers[0].publish.remote(base)
+        ray.get(ack)  # the snapshot itself stays in the object store, out of the driver's process
         self.injector = FaultInjector(parse_faults(config.faults), config.seed)
         self.tools = ToolService(config.tools, pool.tools, self._submit, self._call_after,
                                  log=lambda kind, info: self._log(("note", self.now, kind, info)))

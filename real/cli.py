@@ -103,10 +103,11 @@ def run(
     except UnknownPolicy as exc:
         fail(f"{config or preset}: {exc}")
     if cfg.cluster.checkpoint and Path(cfg.cluster.checkpoint).exists():  # resumed from: read as data only
+        from gyre.real.pool import trained_model
         from gyre.real.trainer import CheckpointError, read_checkpoint
 
         try:
-            read_checkpoint(cfg.cluster.checkpoint, cfg.pool.model, mmap=True)
+            read_checkpoint(cfg.cluster.checkpoint, trained_model(cfg.pool), mmap=True)
         except CheckpointError as exc:
             fail(str(exc))
     try:

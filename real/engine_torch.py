@@ -1,4 +1,5 @@
-"""A small PyTorch inference engine: continuous batching with a KV cache on gyre.nn's TinyLlama.
+"""A small PyTorch inference engine: continuous batching with a KV cache, on a model folder's transformers
+causal LM (gyre.nn.hf_causal.CausalLM) or on gyre.nn's TinyLlama.
 
 What it models: the part of vLLM the scheduler depends on. Requests (token-id context in, sampled
 token ids and their log-probs out) join and leave one running decode batch between steps; each
@@ -26,10 +27,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from gyre.nn.model import KVCache, TinyLlamaConfig, TinyLlama
+from gyre.nn.hf_causal import build_model
+from gyre.nn.model import KVCache, TinyLlamaConfig
 from gyre.real import collective as C
 
 
@@ -37,7 +38,7 @@ from gyre.real import collective as C
 class TorchEngineConfig:
     max_batch: int = 64
     threads: int = 1
-    dtype: str = "float32"
+    dtype: str = "float32"  # the serving dtype: trainers publish their weights cast to it
 
 
 def _trim(cache: KVCache) -> KVCache:
@@ -65,11 +66,11 @@ class _Seq:
 
 
 class TorchEngine:
-    def __init__(self, model_config: TinyLlamaConfig, config: TorchEngineConfig | None = None, seed: int = 0) -> None:
+    def __init__(self, model_config: TinyLlamaConfig | str, config: TorchEngineConfig | None = None, seed: int = 0) -> None:
         self.cfg = config or TorchEngineConfig()
         torch.set_num_threads(self.cfg.threads)
         self.model_config = model_config
-        self.model: TinyLlama | None = None
+        self.model: torch.nn.Module | None = None  # TinyLlama or CausalLM (a model folder)
         self.version = -1
         self.seqs: dict[str, _Seq] = {}
         self.waiting: list[_Seq] = []
@@ -84,11 +85,16 @@ class TorchEngine:
         """Build the model; load `weights` if given (None: they follow by `receive_weights`)."""
         t0 = time.perf_counter()
         if self.model is None:
-            self.model = TinyLlama(self.model_config, np.random.default_rng(0), getattr(torch, self.cfg.dtype))
-            self.model.eval()
+            self.model = build_model(self.model_config, dtype=self.cfg.dtype).eval()
         if weights is not None:
             self._load(weights, version)
         return time.perf_counter() - t0
+
+    def set_model(self, model_config: TinyLlamaConfig | str) -> None:
+        """Serve another model from the next `wake` on (between runs; not part of EngineActor)."""
+        if self.running or self.waiting:
+            raise RuntimeError("set_model: the engine still serves requests")
+        self.model_config, self.model, self.seqs, self.batch = model_config, None, {}, None
 
     async def sleep(self) -> float:
         t0 = time.perf_counter()
@@ -120,10 +126,10 @@ class TorchEngine:
 
     def get_weights(self) -> dict:
         """The served weights as a CPU state dict (tests compare them with the trainer's; not EngineActor)."""
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.serving_state().items()}
 
     def _load(self, weights: Mapping, version: int) -> None:
-        self.model.load_state_dict(weights)
+        self.model.load_serving_state(weights)
         self.version = int(version)
 
     async def release(self, seq_id: str) -> None:

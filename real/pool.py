@@ -31,6 +31,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from gyre.nn.hf_folder import ModelFolderError, check_dtype, check_model_folder, spec_mismatch
 from gyre.nn.hf_llama import check_hf_llama, config_mismatch
 from gyre.nn.model import TinyLlamaConfig
 from gyre.real.collective import CollectiveConfig, GroupBook
@@ -47,10 +48,17 @@ class PoolConfig:
     address: str | None = None
     local_cpus: int = 2
     engine: str = "torch"  # or "vllm" (gyre.real.engine_vllm)
+    # the trained (and, by the torch engine, served) model: a model folder of any causal LM transformers knows
+    # (config.json + *.safetensors, gyre.nn.hf_folder); "": gyre's TinyLlama of shape `model`, random init
+    model_dir: str = ""
+    # a family of gyre.nn.hf_folder.write_tiny_model ("qwen3", "qwen2", "llama"): when model_dir does not exist
+    # yet, the run first writes a tiny random-init model of that family there (vocabulary: model.vocab_size; no
+    # download; a CPU demo)
+    tiny_model: str = ""
     model: TinyLlamaConfig = field(default_factory=TinyLlamaConfig)
     engine_config: TorchEngineConfig = field(default_factory=TorchEngineConfig)
     trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
-    vllm_model: str = ""  # engine == "vllm": the served model (path or hub name)
+    vllm_model: str = ""  # engine == "vllm": the served model folder ("": model_dir); checked to be the trained one
     # a Llama model directory (config.json + *.safetensors, e.g. vllm_model's): trainer workers start every run
     # from its weights instead of random ones; `model` must be its config (with_init_checkpoint sets both)
     init_checkpoint: str = ""
@@ -75,6 +83,71 @@ def check_init_checkpoint(cfg: PoolConfig) -> None:
                          f"(gyre.real.pool.with_init_checkpoint reads the model from the checkpoint)")
 
 
+def trained_model(cfg: PoolConfig) -> TinyLlamaConfig | str:
+    """What the trainer workers build (and the torch engines serve): the model folder, or TinyLlama's config."""
+    return str(Path(cfg.model_dir).resolve()) if cfg.model_dir else cfg.model
+
+
+def served_model(cfg: PoolConfig) -> str:
+    """The folder a vLLM engine serves: vllm_model, else the trained model folder."""
+    return cfg.vllm_model or cfg.model_dir
+
+
+def serve_dtype(cfg: PoolConfig) -> str:
+    """The engines' serving dtype: what trainer workers cast their published weights to."""
+    return str(dict(cfg.vllm_args).get("dtype", "bfloat16")) if cfg.engine == "vllm" else cfg.engine_config.dtype
+
+
+def ensure_model_dir(cfg: PoolConfig) -> None:
+    """Write the tiny random-init model `tiny_model` names into `model_dir` unless a folder is there already."""
+    if not cfg.tiny_model:
+        return
+    if not cfg.model_dir:
+        raise ValueError("PoolConfig.tiny_model needs model_dir: the folder the tiny model is written to")
+    if not Path(cfg.model_dir).exists():
+        from gyre.nn.hf_folder import write_tiny_model
+
+        try:
+            write_tiny_model(cfg.model_dir, cfg.tiny_model, vocab_size=cfg.model.vocab_size)
+        except ModelFolderError as exc:
+            raise ValueError(f"PoolConfig.tiny_model: {exc}") from None
+
+
+def check_models(cfg: PoolConfig) -> None:
+    """One ValueError line naming the field unless the trained and served models load and are one network, in
+    dtypes their devices run; reads config.json and safetensors headers only, before any actor starts."""
+    try:
+        if cfg.model_dir and cfg.init_checkpoint:
+            raise ValueError("PoolConfig: set model_dir (any transformers causal LM) or init_checkpoint (TinyLlama "
+                             "from a Llama folder), not both")
+        trained = check_model_folder(cfg.model_dir) if cfg.model_dir else None
+        check_dtype(cfg.trainer_config.dtype, cfg.trainer_config.device, field="pool.trainer_config.dtype")
+        check_dtype(serve_dtype(cfg), "cpu" if cfg.engine == "torch" else cfg.collective.device,
+                    field="pool.engine_config.dtype" if cfg.engine == "torch" else "pool.vllm_args.dtype")
+        if cfg.engine != "vllm":
+            return
+        served = served_model(cfg)
+        if not Path(served).is_dir():
+            raise ValueError(f"PoolConfig.vllm_model = {served!r}: not a local model folder (the served model is "
+                             f"checked against the trained one before any actor starts)")
+        if trained is not None:
+            bad = spec_mismatch(trained, check_model_folder(served))
+        else:  # TinyLlama trained: the served folder must be the Llama it computes
+            bad = config_mismatch(cfg.model, check_hf_llama(served))
+        if bad:
+            raise ValueError(f"PoolConfig: the served model {served} is not the trained one ({bad})")
+    except ModelFolderError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _retargetable(have: PoolConfig, want: PoolConfig) -> bool:
+    """Whether a pool of `have` can run `want` by rebuilding its models only (same shape; a vLLM engine serves
+    one folder for life)."""
+    same = replace(have, init_checkpoint=want.init_checkpoint, model_dir=want.model_dir,
+                   tiny_model=want.tiny_model) == want
+    return same and (want.engine == "torch" or served_model(have) == served_model(want))
+
+
 def ensure_ray(cfg: PoolConfig) -> None:
     """Connect to `cfg.address`, or start a local Ray with logical GPUs (idempotent)."""
     if ray.is_initialized():
@@ -93,11 +166,11 @@ class ActorPool:
     def shared(cls, cfg: PoolConfig) -> ActorPool:
         """The live pool of this process for `cfg` (created on first use): warm actors, one placement group."""
         pool = _SHARED.get(cfg)  # PoolConfig is frozen and hashable
-        if pool is None and ray.is_initialized():  # only the initial weights differ: keep the warm actors
-            same = [p for c, p in _SHARED.items() if replace(c, init_checkpoint=cfg.init_checkpoint) == cfg]
+        if pool is None and ray.is_initialized():  # only the model or initial weights differ: keep the warm actors
+            same = [p for c, p in _SHARED.items() if _retargetable(c, cfg)]
             if same:
                 pool = same[0]
-                pool.set_init_checkpoint(cfg)
+                pool.set_model(cfg)
                 _SHARED.clear()
                 _SHARED[cfg] = pool
         if pool is None or not ray.is_initialized():
@@ -110,13 +183,15 @@ class ActorPool:
     def __init__(self, cfg: PoolConfig) -> None:
         if cfg.engine not in ("torch", "vllm"):
             raise ValueError(f"PoolConfig.engine must be 'torch' or 'vllm', got {cfg.engine!r}")
-        if cfg.engine == "vllm" and not cfg.vllm_model:
-            raise ValueError("PoolConfig.vllm_model must name the served model when engine = 'vllm'")
+        if cfg.engine == "vllm" and not served_model(cfg):
+            raise ValueError("PoolConfig.vllm_model (or model_dir) must name the served model when engine = 'vllm'")
         if cfg.n_gpus % cfg.gpus_per_engine:
             raise ValueError(f"PoolConfig.n_gpus={cfg.n_gpus} is not a multiple of gpus_per_engine={cfg.gpus_per_engine}")
         if not 0 < cfg.engine_gpu_share < 1:
             raise ValueError(f"PoolConfig.engine_gpu_share must be in (0, 1), got {cfg.engine_gpu_share}")
         check_init_checkpoint(cfg)
+        ensure_model_dir(cfg)
+        check_models(cfg)
         ensure_ray(cfg)
         have = ray.cluster_resources().get("GPU", 0)
         if have < cfg.n_gpus:
@@ -149,7 +224,7 @@ class ActorPool:
         cfg = self.cfg
         init = str(Path(cfg.init_checkpoint).resolve()) if cfg.init_checkpoint else ""
         return self._worker.options(scheduling_strategy=self._bundle(g // cfg.gpus_per_engine)).remote(
-            cfg.model, cfg.trainer_config, init_checkpoint=init)
+            trained_model(cfg), cfg.trainer_config, init_checkpoint=init, serve_dtype=serve_dtype(cfg))
 
     def serve_store(self):
         """Have trainer worker 0 serve the weight-sync store; an object ref of its (address, port)."""
@@ -163,13 +238,19 @@ class ActorPool:
         self.respawns += 1
         return self.trainers[g]
 
-    def set_init_checkpoint(self, cfg: PoolConfig) -> None:
-        """Take `cfg` (this pool's shape, another `init_checkpoint`): trainer workers start later runs from it."""
-        if replace(self.cfg, init_checkpoint=cfg.init_checkpoint) != cfg:
-            raise ValueError("set_init_checkpoint: the pool's shape differs; make a new pool")
+    def set_model(self, cfg: PoolConfig) -> None:
+        """Take `cfg` (this pool's shape, another model folder or `init_checkpoint`): trainer workers and torch
+        engines build it for later runs (an engine between runs is asleep, so its next wake builds it)."""
+        if not _retargetable(self.cfg, cfg):
+            raise ValueError("set_model: the pool's shape differs; make a new pool")
         check_init_checkpoint(cfg)
+        ensure_model_dir(cfg)
+        check_models(cfg)
         init = str(Path(cfg.init_checkpoint).resolve()) if cfg.init_checkpoint else ""
-        ray.get([t.set_init_checkpoint.remote(init) for t in self.trainers])
+        ray.get([t.set_model.remote(trained_model(cfg), init) for t in self.trainers])
+        if cfg.engine == "torch":
+            ray.get([e.set_model.remote(trained_model(cfg)) for e in self._engines.values()])
+        self.book.layout = ray.get(self.trainers[0].layout.remote())  # what broadcasts now carry
         self.cfg = cfg
 
     def _bundle(self, slot: int) -> PlacementGroupSchedulingStrategy:
@@ -181,10 +262,10 @@ class ActorPool:
         if cfg.engine == "vllm":
             from gyre.real.engine_vllm import VllmEngine, VllmEngineConfig
 
-            vcfg = VllmEngineConfig(model=cfg.vllm_model, tensor_parallel_size=cfg.gpus_per_engine, **dict(cfg.vllm_args))
+            vcfg = VllmEngineConfig(model=served_model(cfg), tensor_parallel_size=cfg.gpus_per_engine, **dict(cfg.vllm_args))
             cls, args = VllmEngine, (vcfg,)
         else:
-            cls, args = TorchEngine, (cfg.model, cfg.engine_config)
+            cls, args = TorchEngine, (trained_model(cfg), cfg.engine_config)
         opts: dict = {"scheduling_strategy": self._bundle(slot)}
         if cfg.gpus_per_engine == 1:
             opts["num_gpus"] = cfg.engine_gpu_share

@@ -153,9 +153,9 @@ class TrainSteps:
             return
         gpu = self._record
         actor = self.pool.trainers[gpu]
-        ref = actor.weights.remote(self._tv)
+        ref, ack = actor.publish.remote(self._tv)  # the driver waits on `ack`: the weights stay in the object store
 
-        def made(_w, err) -> None:
+        def made(_v, err) -> None:
             if isinstance(err, ray.exceptions.RayActorError):
                 self._trainer_dead(gpu, actor)
                 self._publish_step(stats)
@@ -168,7 +168,7 @@ class TrainSteps:
             end(stats)
             self._next_step()
 
-        self._submit(ref, made)
+        self._submit(ack, made)
 
     # --- losing a worker ---
     def kill_trainer(self, gpu: int) -> None:

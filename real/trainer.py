@@ -28,20 +28,24 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import ray
 import torch
 
+from gyre.nn.hf_causal import build_model, model_identity
 from gyre.nn.hf_llama import config_mismatch, load_hf_llama
-from gyre.nn.model import TinyLlamaConfig, TinyLlama
+from gyre.nn.model import TinyLlamaConfig
 from gyre.real import collective as C
 from gyre.trajectory import PackConfig, build_packs
-from gyre.trajectory.torch_ops import LossConfig, packed_loss
+from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss, micro_batches
 
-KEEP_PUBLISHED = 3
+# published versions kept: the latest, and the one before it for a sync the driver asked for just before the
+# latest step ended (its request can arrive after the new version is published)
+KEEP_PUBLISHED = 2
+ModelSource = TinyLlamaConfig | str  # gyre's TinyLlama (random init) or a model folder (gyre.nn.hf_folder)
 CHECKPOINT_KEYS = ("model", "opt", "version", "model_config")  # what `save` writes
 
 
@@ -60,6 +64,27 @@ class TrainerConfig:
     max_drift: float = 0.0
     threads: int = 1
     device: str = "cpu"  # "cuda": the worker's Ray GPU (its gradient all-reduce then needs backend "nccl")
+    # compute dtype: "bfloat16" runs forward and backward under torch.autocast; weights, gradients and AdamW
+    # state stay fp32 (the master copy), so the update is the fp32 update of bf16-computed gradients
+    dtype: str = "float32"
+    grad_checkpointing: bool = False  # recompute each decoder layer in the backward instead of keeping activations
+    # tokens per forward/backward: packs are concatenated up to this budget, gradients accumulate over the
+    # micro-batches (0: one pack per micro-batch)
+    micro_batch_tokens: int = 4096
+    logprob_chunk: int = 1024  # trained rows per log-softmax chunk (full-vocabulary logits never for a whole pack)
+    attention: str = "sdpa"  # "sdpa": boolean ancestor mask; "flex": FlexAttention BlockMask (CUDA only)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"TrainerConfig.dtype = {self.dtype!r}: expected 'float32' or 'bfloat16' (float16 "
+                             f"would need loss scaling)")
+        if self.attention not in ("sdpa", "flex"):
+            raise ValueError(f"TrainerConfig.attention = {self.attention!r}: expected 'sdpa' or 'flex'")
+        if self.attention == "flex" and self.device == "cpu":
+            raise ValueError("TrainerConfig.attention = 'flex': FlexAttention has no backward on CPU (use 'sdpa')")
+        if self.micro_batch_tokens < 0 or self.logprob_chunk < 1:
+            raise ValueError(f"TrainerConfig: micro_batch_tokens = {self.micro_batch_tokens} must be >= 0 and "
+                             f"logprob_chunk = {self.logprob_chunk} >= 1")
 
 
 def shard_packs(sizes: list[int], n: int) -> list[list[int]]:
@@ -74,12 +99,13 @@ def shard_packs(sizes: list[int], n: int) -> list[list[int]]:
 
 
 class Trainer:
-    def __init__(self, model_config: TinyLlamaConfig, config: TrainerConfig | None = None, seed: int = 0,
-                 init_checkpoint: str = "") -> None:
+    def __init__(self, model_config: ModelSource, config: TrainerConfig | None = None, seed: int = 0,
+                 init_checkpoint: str = "", serve_dtype: str = "float32") -> None:
         self.cfg = config or TrainerConfig()
         self.init_checkpoint = init_checkpoint  # a Llama model directory: every reset starts from its weights
         torch.set_num_threads(self.cfg.threads)
         self.model_config = model_config
+        self.serve_dtype = getattr(torch, serve_dtype)  # what engines serve: published snapshots are cast to it
         self.device = torch.device(self.cfg.device)
         self.dp = C.Comm()  # gradient all-reduce groups (the step's thread)
         self.sync = C.Comm()  # weight broadcast groups (the "sync" threads)
@@ -87,10 +113,11 @@ class Trainer:
 
     # --- state ---
     def reset(self, seed: int) -> int:
-        """Fresh weights for a new run: drawn from `seed`, or `init_checkpoint`'s (cast to fp32); returns the
-        version (0)."""
+        """Fresh weights for a new run: a model folder's, or drawn from `seed` (TinyLlama), or `init_checkpoint`'s
+        (cast to fp32); returns the version (0)."""
         torch.manual_seed(seed)
-        model = TinyLlama(self.model_config, np.random.default_rng(seed))
+        model = build_model(self.model_config, seed=seed, attn="flex_attention" if self.cfg.attention == "flex"
+                            else "sdpa", grad_checkpointing=self.cfg.grad_checkpointing)
         if self.init_checkpoint:
             cfg, state = load_hf_llama(self.init_checkpoint)
             bad = config_mismatch(self.model_config, cfg)
@@ -104,12 +131,15 @@ class Trainer:
         self._publish()
         return self.version
 
-    def set_init_checkpoint(self, path: str) -> None:
-        """The Llama model directory later `reset`s start from ("": random weights)."""
-        self.init_checkpoint = path
+    def set_model(self, model: ModelSource, init_checkpoint: str = "") -> int:
+        """The model later `reset`s build (and the Llama directory TinyLlama starts from, "": random weights);
+        builds it now (version 0) so its layout is known."""
+        self.model_config, self.init_checkpoint = model, init_checkpoint
+        return self.reset(0)
 
     def _publish(self) -> None:
-        self._published[self.version] = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+        self._published[self.version] = {k: v.detach().to("cpu", self.serve_dtype, copy=True)
+                                         for k, v in self.model.serving_state().items()}
         for v in sorted(self._published)[:-KEEP_PUBLISHED]:
             del self._published[v]
 
@@ -124,7 +154,7 @@ class Trainer:
         self._publish()
 
     def layout(self) -> C.Layout:
-        return C.layout_of(self.model.state_dict())
+        return C.layout_of(self._published[self.version])
 
     def serve_store(self, timeout_s: float, local: bool) -> tuple[str, int]:
         return C.serve_store(timeout_s, local)
@@ -211,10 +241,18 @@ class Trainer:
         `logps`: gets this rank's per-pack log-probs of the trained tokens appended."""
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
-        loss = packed_loss(self.model, packs, LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip),
-                           device=self.device, mismatch=mismatch, logps=logps)
-        loss.backward()
-        loss = loss.detach().reshape(1)
+        cfg = LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip, logprob_chunk=self.cfg.logprob_chunk)
+        loss = torch.zeros(1, device=self.device)
+        bf16 = self.cfg.dtype == "bfloat16"
+        for mb in micro_batches(packs, self.cfg.micro_batch_tokens):  # gradients accumulate in fp32 .grad
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
+                part = micro_batch_loss(self.model, concat_packs(mb), cfg, use_flex=self.cfg.attention == "flex",
+                                        device=self.device, mismatch=mismatch, logps=logps)
+            part.backward()
+            loss += part.detach().float()
+        for p in self.model.parameters():  # no trained rows here: a zero gradient to sum with the others'
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
         if pg is not None:  # sum the shards: the batch's gradient and loss (and the mismatch counts)
             extra = [loss] + ([mismatch] if mismatch is not None else [])
             C.allreduce_sum(pg, [p.grad for p in self.model.parameters()] + extra)
@@ -228,6 +266,13 @@ class Trainer:
         if v not in self._published:
             raise KeyError(f"weights: version {v} is not among the published {sorted(self._published)}")
         return self._published[v]
+
+    @ray.method(concurrency_group="sync", num_returns=2)
+    def publish(self, version: int) -> tuple[dict, int]:
+        """(published `version`'s state dict, `version`) as two objects: the driver keeps a reference to the first
+        for engines to load (an object it owns, so it outlives this worker) and waits on the second only, so
+        the weights never travel into the driver's process."""
+        return self.weights(version), version
 
     @ray.method(concurrency_group="sync")
     def send_weights(self, spec: dict, version: int) -> float:
@@ -245,7 +290,7 @@ class Trainer:
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_suffix(".tmp")
         torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "version": self.version,
-                    "model_config": asdict(self.model_config)}, tmp)
+                    "model_config": model_identity(self.model_config)}, tmp)
         os.replace(tmp, p)  # atomic: a crash never leaves a half-written checkpoint
         return str(p)
 
@@ -259,7 +304,7 @@ class CheckpointError(ValueError):
     """A trainer checkpoint refused: it needs more than data to load, cannot be read, or is of another model."""
 
 
-def read_checkpoint(path: str | Path, model_config: TinyLlamaConfig, *, map_location: str | torch.device = "cpu",
+def read_checkpoint(path: str | Path, model_config: ModelSource, *, map_location: str | torch.device = "cpu",
                     mmap: bool = False) -> dict:
     """The state a trainer checkpoint holds (model, opt, version, model_config), unpickled as data only: tensors,
     numbers, strings and plain containers. A file that needs anything more (a pickled class or callable) is
@@ -281,6 +326,7 @@ def read_checkpoint(path: str | Path, model_config: TinyLlamaConfig, *, map_loca
     missing = [k for k in CHECKPOINT_KEYS if k not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
     if missing:
         raise CheckpointError(f"checkpoint {path}: not a gyre trainer checkpoint (no {', '.join(missing)})")
-    if state["model_config"] != asdict(model_config):
-        raise CheckpointError(f"checkpoint {path} is for model {state['model_config']}, not {asdict(model_config)}")
+    if state["model_config"] != model_identity(model_config):
+        raise CheckpointError(f"checkpoint {path} is for model {state['model_config']}, not "
+                              f"{model_identity(model_config)}")
     return state

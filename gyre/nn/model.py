@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -106,6 +107,21 @@ class KVCache:
             values=[torch.cat([pad(c.values[i], 2, 0.0) for c in caches]) for i in range(n_layers)],
             valid=torch.cat([pad(c.valid, 1, False) for c in caches]),
         )
+
+
+def extend_mask(valid: torch.Tensor, t: int, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mask [B, T, S + T], new_valid [B, T]) for appending T right-padded tokens to a cache whose slots are
+    `valid` [B, S]: token t of row b attends the valid slots and its row's real tokens 0..t (row b has
+    `lengths[b]` real ones; default all). A padded query attends itself so that no row is fully masked."""
+    b, dev = valid.shape[0], valid.device
+    if lengths is None:
+        lengths = torch.full((b,), t, dtype=torch.long, device=dev)
+    cols = torch.arange(t, device=dev)
+    new_valid = cols[None, :] < lengths[:, None]
+    causal = cols[None, :, None] >= cols[None, None, :]
+    diag = torch.eye(t, dtype=torch.bool, device=dev)[None]
+    new_mask = causal & (new_valid[:, None, :] | diag)
+    return torch.cat([valid[:, None, :].expand(b, t, valid.shape[1]), new_mask], dim=2), new_valid
 
 
 class RMSNorm(nn.Module):
@@ -226,6 +242,7 @@ class TinyLlama(nn.Module):
         self.layers = nn.ModuleList(Block(config, dtype) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps, dtype)
         self.head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False, dtype=dtype)
+        self.checkpointing = False  # activation checkpointing of each block in training (gyre.nn.hf_causal.build_model)
         self._init_weights(rng)
 
     def _init_weights(self, rng: np.random.Generator) -> None:
@@ -238,8 +255,7 @@ class TinyLlama(nn.Module):
                 p.copy_(torch.from_numpy(rng.normal(0.0, std, size=tuple(p.shape))).to(self.dtype))
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        h = self.norm(h)
-        return h @ self.embed.weight.T if self.head is None else self.head(h)
+        return self.head_logits(self.norm(h))
 
     def _cos_sin(self, position_ids: torch.Tensor):
         return rope_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, self.dtype)
@@ -255,11 +271,30 @@ class TinyLlama(nn.Module):
             attn_mask = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril().expand(b, t, t)
         elif isinstance(attn_mask, torch.Tensor) and attn_mask.shape != (b, t, t):
             raise ValueError(f"attn_mask shape {tuple(attn_mask.shape)} is not [B, T, T] = {(b, t, t)}")
+        return self.head_logits(self.hidden_states(input_ids, position_ids, attn_mask))
+
+    def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        """Final-norm hidden states [B, T, D] (forward without the head: the loss takes only trained rows)."""
         cos, sin = self._cos_sin(position_ids)
         x = self.embed(input_ids)
+        recompute = self.checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
-            x, _ = layer(x, cos, sin, attn_mask)
-        return self._logits(x)
+            if recompute:  # activation checkpointing: keep only each layer's input
+                x, _ = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, attn_mask, use_reentrant=False)
+            else:
+                x, _ = layer(x, cos, sin, attn_mask)
+        return self.norm(x)
+
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Logits of final-norm hidden states."""
+        return h @ self.embed.weight.T if self.head is None else self.head(h)
+
+    def serving_state(self) -> dict[str, torch.Tensor]:
+        """The state dict weight syncs carry (TinyLlama has no aliased tensors)."""
+        return self.state_dict()
+
+    def load_serving_state(self, state) -> None:
+        self.load_state_dict(state)
 
     # ---- incremental path -------------------------------------------------------------------------
 
@@ -291,16 +326,7 @@ class TinyLlama(nn.Module):
             raise ValueError(f"position_ids {tuple(position_ids.shape)} must match input_ids {(b, t)}")
         if cache.batch_size != b:
             raise ValueError(f"cache holds {cache.batch_size} sequences but input_ids has {b} rows")
-        dev = input_ids.device
-        if lengths is None:
-            lengths = torch.full((b,), t, dtype=torch.long, device=dev)
-        cols = torch.arange(t, device=dev)
-        new_valid = cols[None, :] < lengths[:, None]  # [B, T]
-        causal = cols[None, :, None] >= cols[None, None, :]  # [1, T(q), T(k)]
-        diag = torch.eye(t, dtype=torch.bool, device=dev)[None]
-        # A padded query still attends itself so that no row is fully masked (its output is discarded).
-        new_mask = causal & (new_valid[:, None, :] | diag)
-        mask = torch.cat([cache.valid[:, None, :].expand(b, t, cache.num_slots), new_mask], dim=2)
+        mask, new_valid = extend_mask(cache.valid, t, lengths)
         cos, sin = self._cos_sin(position_ids)
         x = self.embed(input_ids)
         for i, layer in enumerate(self.layers):

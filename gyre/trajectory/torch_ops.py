@@ -1,19 +1,25 @@
-"""Torch side of the trajectory processor: attention masks for packs and the clipped policy loss.
+"""Torch side of the trajectory processor: attention masks for packs, micro-batches and the clipped policy loss.
 
-What it models: a `Pack` (numpy) becomes model inputs: a dense boolean ancestor-or-self mask
-(mask[q, k] = k <= q < leave[k]) or, where `torch.nn.attention.flex_attention` exists, a FlexAttention
-`BlockMask` from the same predicate. `packed_loss` runs the model over packs and sums the clipped
-PPO/GRPO terms of the packs' loss rows times their weights; `naive_loss` is the reference: every branch as
-its own causal sequence, the same clipped terms, denominators counted independently from the branches.
+What it models: a `Pack` (numpy) becomes model inputs: a boolean ancestor-or-self mask
+(mask[q, k] = k <= q < leave[k]) that SDPA takes as is, or, where `torch.nn.attention.flex_attention`
+exists, a FlexAttention `BlockMask` from the same predicate (only the blocks that hold an allowed pair are
+computed). Several packs run as one forward (`concat_packs`: their trees side by side, position ids restart,
+no pair across packs allowed), grouped up to a token budget by `micro_batches`. `packed_loss` runs one
+micro-batch: the model's final hidden states, then log-probs of the trained rows only, `logprob_chunk` rows
+at a time, each chunk's full-vocabulary logits recomputed in the backward rather than kept
+(`row_logprobs`), and sums the clipped PPO/GRPO terms times the rows' weights. `naive_loss` is the
+reference: every branch as its own causal sequence, full logits, the same clipped terms, denominators
+counted independently from the branches.
 
 Per row, with r = exp(logp_new - logp_old) and c = weight * advantage:
   term = -c * min(r, clip(r, 1-eps_low, 1+eps_high))   if c > 0
   term = -c * max(r, clip(r, 1-eps_low, 1+eps_high))   if c < 0
 which is -weight * min(r*A, clip(r)*A) and stays exact for rows merged by advantage sign.
 
-Simplifications: no KL or entropy terms; one pack per forward call (batch 1); the dense mask costs T^2;
-on CPU, torch's FlexAttention runs forward only (no backward), so `use_flex` is for GPUs or inference.
-This is the only module of gyre.trajectory that imports torch.
+Simplifications: no KL or entropy terms; batch 1 per forward (packs of a micro-batch are concatenated);
+the boolean mask costs T^2 bits-as-bytes (4096 tokens: 16 MiB); on CPU, torch's FlexAttention runs forward
+only (no backward), so `use_flex` is for GPUs or inference. Log-softmax runs in at least fp32 whatever the
+model's compute dtype. This is the only module of gyre.trajectory that imports torch.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ class LossConfig:
 
     clip_low: float = 0.2
     clip_high: float = 0.2
+    # trained rows per log-softmax chunk: full-vocabulary logits exist for at most this many rows at a time
+    logprob_chunk: int = 1024
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -67,6 +75,60 @@ def block_mask(pack: Pack, device: torch.device | str = "cpu", block_size: int =
                              device=device, BLOCK_SIZE=block_size)
 
 
+def micro_batches(packs: list[Pack], max_tokens: int) -> list[list[Pack]]:
+    """Packs with loss rows, in order, grouped greedily into runs of at most `max_tokens` tokens each (a pack
+    larger than the budget is a run of its own; 0: one pack per run)."""
+    out: list[list[Pack]] = []
+    size = 0
+    for p in packs:
+        if len(p.rows) == 0:
+            continue  # context-only pack: contributes nothing
+        if not out or max_tokens <= 0 or size + p.size > max_tokens:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += p.size
+    return out
+
+
+def concat_packs(packs: list[Pack]) -> Pack:
+    """One pack holding `packs` side by side: indices shifted, position ids kept, no attention across packs."""
+    if len(packs) == 1:
+        return packs[0]
+    offs = np.cumsum([0] + [p.size for p in packs[:-1]])
+    rows = [p.rows for p in packs]
+    cat = lambda f: np.concatenate([getattr(r, f) for r in rows])  # noqa: E731
+    return Pack(
+        input_ids=np.concatenate([p.input_ids for p in packs]),
+        position_ids=np.concatenate([p.position_ids for p in packs]),
+        leave=np.concatenate([p.leave + o for p, o in zip(packs, offs)]),
+        rows=LossRows(pred=np.concatenate([r.pred + o for r, o in zip(rows, offs)]), target=cat("target"),
+                      old_logprob=cat("old_logprob"), advantage=cat("advantage"), execution=cat("execution"),
+                      branch=cat("branch"), weight=cat("weight")),
+    )
+
+
+def _chunk_logprob(head, h: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    logits = head(h)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return torch.log_softmax(logits, dim=-1).gather(1, target[:, None])[:, 0]
+
+
+def row_logprobs(head, h: torch.Tensor, target: torch.Tensor, chunk: int) -> torch.Tensor:
+    """log p(target[i] | h[i]) for rows h [R, D], `chunk` rows at a time; with autograd on, each chunk is
+    checkpointed, so its [chunk, V] logits are freed after the forward and recomputed in the backward."""
+    from torch.utils.checkpoint import checkpoint
+
+    out = []
+    for i in range(0, int(target.shape[0]), max(1, chunk)):
+        hc, tc = h[i:i + chunk], target[i:i + chunk]
+        if torch.is_grad_enabled() and hc.requires_grad:
+            out.append(checkpoint(_chunk_logprob, head, hc, tc, use_reentrant=False))
+        else:
+            out.append(_chunk_logprob(head, hc, tc))
+    return torch.cat(out) if out else h.new_zeros(0)
+
+
 def clipped_terms(new_logprob: torch.Tensor, old_logprob: torch.Tensor, coef: torch.Tensor,
                   config: LossConfig) -> torch.Tensor:
     """Per-row clipped policy terms for coef = weight * advantage (see the module docstring)."""
@@ -81,45 +143,63 @@ def _zero(model: torch.nn.Module) -> torch.Tensor:
     return sum(p.sum() for p in model.parameters()) * 0.0
 
 
-def pack_rows_loss(logits: torch.Tensor, rows: LossRows, config: LossConfig,
-                   mismatch: torch.Tensor | None = None, logps: list | None = None) -> torch.Tensor:
-    """Sum over rows of weight * clipped term, from one pack's logits [T, V].
+def rows_loss(logp: torch.Tensor, rows: LossRows, config: LossConfig, mismatch: torch.Tensor | None = None,
+              logps: list | None = None) -> torch.Tensor:
+    """Sum over rows of weight * clipped term, from the rows' log-probs under the weights being trained.
 
     `mismatch` ([2], optional): (sum over rows of |log p - old log p|, rows) is added to it, detached: how
     far the weights being trained are from those that sampled the rows (about 0 for on-policy rows).
     `logps` (optional list): the rows' log p (detached) is appended to it."""
-    dev = logits.device
-    pred = torch.as_tensor(rows.pred, device=dev)
-    target = torch.as_tensor(rows.target, device=dev)
-    logp = torch.log_softmax(logits[pred], dim=-1).gather(1, target[:, None])[:, 0]
-    old = torch.as_tensor(rows.old_logprob, dtype=logits.dtype, device=dev)
+    dev = logp.device
+    old = torch.as_tensor(rows.old_logprob, dtype=logp.dtype, device=dev)
     if logps is not None:
         logps.append(logp.detach())
     if mismatch is not None:
         mismatch += torch.stack([(logp.detach() - old).abs().sum().to(mismatch.dtype),
                                  torch.tensor(float(len(old)), dtype=mismatch.dtype, device=mismatch.device)])
-    coef = torch.as_tensor(rows.weight * rows.advantage, dtype=logits.dtype, device=dev)
+    coef = torch.as_tensor(rows.weight * rows.advantage, dtype=logp.dtype, device=dev)
     return clipped_terms(logp, old, coef, config).sum()
+
+
+def pack_rows_loss(logits: torch.Tensor, rows: LossRows, config: LossConfig,
+                   mismatch: torch.Tensor | None = None, logps: list | None = None) -> torch.Tensor:
+    """rows_loss from one sequence's full logits [T, V] (the reference path)."""
+    dev = logits.device
+    pred = torch.as_tensor(rows.pred, device=dev)
+    target = torch.as_tensor(rows.target, device=dev)
+    logp = torch.log_softmax(logits[pred], dim=-1).gather(1, target[:, None])[:, 0]
+    return rows_loss(logp, rows, config, mismatch, logps)
 
 
 def packed_loss(model: torch.nn.Module, packs: list[Pack], config: LossConfig | None = None,
                 *, use_flex: bool = False, device: torch.device | str = "cpu",
-                mismatch: torch.Tensor | None = None, logps: list | None = None) -> torch.Tensor:
-    """Loss of one micro-batch of packs (weights are batch-global, so micro-batch losses add up);
-    `mismatch`, `logps`: see pack_rows_loss (packs without rows add nothing to either)."""
+                mismatch: torch.Tensor | None = None, logps: list | None = None,
+                micro_tokens: int = 0) -> torch.Tensor:
+    """Loss of `packs` (weights are batch-global, so losses of disjoint sets of packs add up): one forward per
+    micro-batch of up to `micro_tokens` tokens (0: per pack). `mismatch`, `logps`: see rows_loss (packs
+    without rows add nothing to either; `logps` gets one tensor per micro-batch)."""
     cfg = config or LossConfig()
     total = _zero(model)
-    for pack in packs:
-        if len(pack.rows) == 0:
-            continue  # context-only pack: contributes nothing
-        ids = torch.as_tensor(pack.input_ids, device=device)[None]
-        pos = torch.as_tensor(pack.position_ids, device=device)[None]
-        mask = block_mask(pack, device) if use_flex else None
-        if mask is None:
-            mask = dense_mask(pack, device)[None]
-        logits = model(ids, pos, mask)[0]
-        total = total + pack_rows_loss(logits, pack.rows, cfg, mismatch, logps)
+    for mb in micro_batches(packs, micro_tokens):
+        total = total + micro_batch_loss(model, concat_packs(mb), cfg, use_flex=use_flex, device=device,
+                                         mismatch=mismatch, logps=logps)
     return total
+
+
+def micro_batch_loss(model: torch.nn.Module, pack: Pack, config: LossConfig, *, use_flex: bool = False,
+                     device: torch.device | str = "cpu", mismatch: torch.Tensor | None = None,
+                     logps: list | None = None) -> torch.Tensor:
+    """One forward over `pack` (concat_packs of a micro-batch): hidden states, then chunked row log-probs."""
+    ids = torch.as_tensor(pack.input_ids, device=device)[None]
+    pos = torch.as_tensor(pack.position_ids, device=device)[None]
+    mask = block_mask(pack, device) if use_flex else None
+    if mask is None:
+        mask = dense_mask(pack, device)[None]
+    h = model.hidden_states(ids, pos, mask)[0]
+    pred = torch.as_tensor(pack.rows.pred, device=device)
+    target = torch.as_tensor(pack.rows.target, device=device)
+    logp = row_logprobs(model.head_logits, h[pred], target, config.logprob_chunk)
+    return rows_loss(logp, pack.rows, config, mismatch, logps)
 
 
 def naive_weights(branches: list[Branch], normalization: str) -> list[float]:

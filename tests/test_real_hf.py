@@ -1,0 +1,97 @@
+"""The real backend trains transformers models from local folders (tiny random Qwen3 and Llama) under every policy."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_real_cluster import check_run  # noqa: E402
+from test_real_dist import ProbeAfter  # noqa: E402
+
+from gyre.nn.hf_folder import write_tiny_model  # noqa: E402
+from gyre.policies import make_policy  # noqa: E402
+from gyre.real import task as T  # noqa: E402
+from gyre.real.config import preset_tiny_test  # noqa: E402
+from gyre.real.engine_torch import TorchEngineConfig  # noqa: E402
+from gyre.real.pool import ActorPool, PoolConfig  # noqa: E402
+from gyre.real.runner import run_real  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("ray")
+BASE = preset_tiny_test()
+
+
+def hf_run(model_dir: str) -> object:
+    """tiny-test on 2 logical GPUs, trainer and torch engines built from `model_dir`: the trainer computes in bf16
+    (autocast, fp32 master weights) with checkpointed layers and micro-batches of 64 tokens; engines serve bf16.
+    Runs of two folders share one pool (only the model differs), so its actors start once."""
+    tc = dataclasses.replace(BASE.pool.trainer_config, max_pack_tokens=1024, dtype="bfloat16",
+                             grad_checkpointing=True, micro_batch_tokens=64)
+    pool = dataclasses.replace(BASE.pool, n_gpus=2, model_dir=model_dir, trainer_config=tc,
+                               engine_config=TorchEngineConfig(dtype="bfloat16"))
+    return dataclasses.replace(BASE, pool=pool)
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return str(write_tiny_model(tmp_path_factory.mktemp("qwen3"), "qwen3", vocab_size=T.VOCAB_SIZE, seed=2))
+
+
+@pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
+def test_every_policy_trains_a_tiny_qwen3(local_ray, qwen3, policy):
+    """A tiny random Qwen3 trains under colocate, async and elastic (see hf_run): nothing lost, every step has a
+    gradient, the first step is on-policy to bf16 precision."""
+    cfg = hf_run(qwen3)
+    pool = ActorPool.shared(cfg.pool)
+    r = run_real(cfg, policy, pool=pool)
+    check_run(r, cfg.steps)
+    notes = [x[3] for x in r.log if x[0] == "note" and x[2] == "train"]
+    assert all(n["grad_norm"] > 0 and n["tokens"] > 64 for n in notes), f"{policy}: {notes}"
+    # version 0 is the folder's weights, served in bf16; the trainer computes in bf16 from fp32: agreement to bf16
+    assert notes[0]["logp_mismatch"] < 0.05, f"{policy}: first step off-policy by {notes[0]['logp_mismatch']}"
+    w = r.cluster.trainer_weights()
+    assert "model.layers.0.self_attn.q_norm.weight" in w and "lm_head.weight" not in w, sorted(w)[:4]
+
+
+def test_llama_weights_reach_every_engine_bitwise_in_the_serving_dtype(local_ray, tmp_path):
+    """A tiny Llama served in bf16: after elastic steps and a collective (gloo) sync, each engine holds the
+    trainer's published weights bit for bit, in bf16, untied head included."""
+    llama = str(write_tiny_model(tmp_path / "llama", "llama", vocab_size=T.VOCAB_SIZE, seed=3))
+    cfg = hf_run(llama)
+    cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, weight_sync="collective"))
+    probe = ProbeAfter(make_policy("elastic"))
+    pool = ActorPool.shared(cfg.pool)
+    assert pool.cfg.model_dir == llama
+    r = run_real(cfg, probe, pool=pool)
+    check_run(r, cfg.steps)
+    engines, trainer = probe.seen
+    assert engines and {t.dtype for t in trainer.values()} == {torch.bfloat16}, "published in the serving dtype"
+    assert "lm_head.weight" in trainer, "an untied head is served"
+    for i, w in enumerate(engines):
+        assert set(w) == set(trainer), f"engine {i} serves other tensors: {sorted(set(w) ^ set(trainer))[:4]}"
+        bad = [k for k in trainer if w[k].dtype != torch.bfloat16 or not torch.equal(w[k], trainer[k])]
+        assert not bad, f"engine {i}: {len(bad)} tensors differ from the trainer's, e.g. {bad[:3]}"
+
+
+def test_served_model_must_be_the_trained_one(local_ray, qwen3, tmp_path):
+    """vLLM serving a Llama while the trainer trains a Qwen3: refused, naming both, before any actor starts."""
+    llama = str(write_tiny_model(tmp_path / "llama", "llama", vocab_size=T.VOCAB_SIZE))
+    actors = len(ray.util.list_named_actors(all_namespaces=True)) if hasattr(ray.util, "list_named_actors") else 0
+    bad = PoolConfig(n_gpus=2, engine="vllm", model_dir=qwen3, vllm_model=llama)
+    with pytest.raises(ValueError) as err:
+        ActorPool(bad)
+    msg = str(err.value)
+    assert "architecture: trained 'Qwen3ForCausalLM', served 'LlamaForCausalLM'" in msg and llama in msg, msg
+    assert "\n" not in msg, msg
+    if hasattr(ray.util, "list_named_actors"):
+        assert len(ray.util.list_named_actors(all_namespaces=True)) == actors, "an actor was started"
+    other = str(write_tiny_model(tmp_path / "q3b", "qwen3", vocab_size=T.VOCAB_SIZE, num_layers=3))
+    with pytest.raises(ValueError, match=r"num_layers: trained 2, served 3"):
+        ActorPool(dataclasses.replace(bad, vllm_model=other))
