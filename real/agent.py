@@ -138,6 +138,7 @@ class AgentTask:
     def __init__(self, config: T.TaskConfig, seed: int) -> None:
         self.cfg = config
         self.seed = seed
+        self.max_context = config.context_limit  # compacted past it
 
     def new_group(self, index: int, size: int) -> AgentGroup:
         return AgentGroup(T.make_task(index, np.random.default_rng([self.seed, index])), size, self.cfg, self.seed)

@@ -164,7 +164,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         eid = self._next_engine
         self._next_engine += 1
         v = self._version
-        limit = admission_limit(self.cfg.kv_capacity, self.cfg.task.context_limit, self.cfg.admission_fill)
+        limit = admission_limit(self.cfg.kv_capacity, self.task.max_context, self.cfg.admission_fill)
         eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity, limit)
         self._place_engine(eng)
         h = Handle(f"start_engine{eid}")

@@ -5,7 +5,8 @@ a real run with proxies that fail on any other attribute):
 
 - `Task`: built as `cls(config, seed)`, its `config` an instance of the class's `config_class` dataclass
   (the run's `[cluster.task]` table sets any field it declares). `stop` are the token ids that end a model
-  segment. `new_group(index, size)` is the `index`-th task of the run's task sequence as a GRPO group of
+  segment; `max_context` the most tokens an episode's context holds (an engine is handed only as many
+  executions as its KV memory holds at that size). `new_group(index, size)` is the `index`-th task of the run's task sequence as a GRPO group of
   `size` episodes; a resumed run continues the sequence (its first index is the one after the last the
   checkpointed run drew), so a group must depend on (seed, index) only. `score(group)` is one Score per
   episode once all are done: truncated ones scored on the state they reached (partial credit).
@@ -100,13 +101,14 @@ class TaskGroup(Protocol):
 class Task(Protocol):
     config_class: type
     stop: list[int]
+    max_context: int
 
     def new_group(self, index: int, size: int) -> TaskGroup: ...
 
     def score(self, group: Any) -> list[Score]: ...
 
 
-CONTRACT = {"Task": ("config_class", "stop", "new_group", "score"), "TaskGroup": ("prompt", "recorder", "episodes"),
+CONTRACT = {"Task": ("config_class", "stop", "max_context", "new_group", "score"), "TaskGroup": ("prompt", "recorder", "episodes"),
             "Episode": ("start", "on_generated", "on_tool")}
 
 

@@ -274,6 +274,7 @@ class ConstantReward:
 
         self.inner = AgentTask(config, seed)
         self.stop = self.inner.stop
+        self.max_context = self.inner.max_context
 
     def new_group(self, index: int, size: int):
         return self.inner.new_group(index, size)

@@ -51,6 +51,7 @@ class StrictTask(_Strict):
         class _Face:  # the task's own surface, translated to and from proxies
             config_class = TaskConfig
             stop = inner.stop
+            max_context = inner.max_context
 
             @staticmethod
             def new_group(index, size):
@@ -80,6 +81,7 @@ def test_backend_uses_nothing_but_the_contract(pool):
 class NoScore:
     config_class = TaskConfig
     stop = [2]
+    max_context = 64
 
     def __init__(self, config, seed):
         pass

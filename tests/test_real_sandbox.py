@@ -77,7 +77,7 @@ def _task(tmp_path=None, **kw) -> CodeTask:
     ("import socket\nsocket.socket().connect(('10.0.0.1', 80))", "no network"),
     ("open('/etc/gyre_x', 'w')", "no writes outside its folder"),
     ("import os\nwhile True:\n    os.fork()", "no new processes"),
-    ("while True:\n    pass", "killed by"),
+    ("while True:\n    pass", "killed"),  # by its CPU limit, or its wall limit on a loaded machine
 ])
 def test_a_refused_run_is_reported_to_the_agent_and_the_episode_goes_on(code, needle):
     """Each refused or killed sandbox run comes back as the next observation and the episode asks the model

@@ -152,6 +152,7 @@ class CodeTask:
         self.problems = read_problems(config.problems)
         self.chat = ChatTokenizer(config.model_dir)
         self.stop = self.chat.stop
+        self.max_context = config.max_context
         self.vocab_size = self.chat.vocab_size
         self.limits = Limits(cpu_s=config.cpu_s, wall_s=config.wall_s, memory_mb=config.memory_mb)
         self.text = TextLimits(max_new_tokens=config.max_new_tokens, max_turns=config.max_turns,
