@@ -33,7 +33,7 @@ from gyre.real.backend import RealCluster
 from gyre.real.config import RealConfigError, RealRunConfig
 from gyre.faults import fault_summary
 from gyre.real.pool import ActorPool
-from gyre.real.export import export_model
+from gyre.real.export import export_run
 from gyre.real.trace_export import trace_groups, trace_workload
 from gyre.real.watch import RunWatch, resume_state, write_partial
 
@@ -116,7 +116,7 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
             watch.finish()
     wall = time.perf_counter() - t0
     if out is not None:
-        export_model(cluster, Path(out) / "model" / name)
+        export_run(cluster, Path(out) / "model" / name)
     metrics = compute_metrics(cluster.log, n_gpus=cfg.pool.n_gpus, policy=name)
     return RealResult(name, cfg, cluster.log, metrics, profile, wall, cluster)
 

@@ -113,8 +113,11 @@ def test_cli_refuses_an_undeclared_task_field_and_a_broken_task(tmp_path):
 
     from gyre.bridge.cli import app
 
-    for body, needle in [('[cluster]\ntask_class = "gyre.real.tasks.code:CodeTask"\n[cluster.task]\nmax_new = 3\n',
-                          "unknown field 'cluster.task.max_new'"),
+    bad = tmp_path / "problems.jsonl"
+    bad.write_text('{"id": "a", "prompt": "p", "tests": ["assert True"]}\n{"id": "b", "prompt": "p"}\n')
+    code = '[cluster]\ntask_class = "gyre.real.tasks.code:CodeTask"\n[cluster.task]\n'
+    for body, needle in [(code + 'max_new = 3\n', "unknown field 'cluster.task.max_new'"),
+                         (code + f'problems = "{bad}"\n', f"{bad}:2: field 'tests' missing or not a list"),
                          (f'[cluster]\ntask_class = "{__name__}:NoScore"\n', "lacks score")]:
         cfg = tmp_path / "bad.toml"
         cfg.write_text(body)

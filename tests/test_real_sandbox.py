@@ -173,3 +173,27 @@ def test_any_tool_text_continues_or_ends_cleanly_recorded_once(outs, lim):
     assert list(toks) == ep.ctx, "the recorded tokens are the context, each once"
     assert list(toks[trained]) == [t for m in model for t in m], "trained tokens are exactly the model's"
     assert np.all(toks < CHAT.vocab_size), "token ids within the vocabulary"
+
+
+def test_a_model_folder_run_exports_a_folder_transformers_loads(tmp_path):
+    """The export of a model-folder run (a tiny Qwen3) is its config plus the trained weights and the task's
+    tokenizer: transformers loads it, with the trained weights' logits."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gyre.nn.hf_folder import load_model, write_tiny_model
+    from gyre.real.export import export_model
+    from gyre.real.pool import PoolConfig
+
+    src = write_tiny_model(tmp_path / "qwen3", "qwen3", vocab_size=CHAT.vocab_size, seed=1)
+    _, model = load_model(src)
+    trained = {k: v + 0.01 * torch.randn_like(v) for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    out = export_model(tmp_path / "export", PoolConfig(model_dir=str(src)), trained, ROOT / "configs" / "tiny_chat")
+    hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    ids = torch.tensor([CHAT.prompt([{"role": "user", "content": "add one"}])])
+    assert tok.decode(ids[0]) == CHAT.tok.decode(ids[0]), "the exported tokenizer differs"
+    model.load_state_dict(trained, strict=False)
+    with torch.no_grad():
+        a, b = hf(ids).logits, model.eval()(ids).logits
+    assert torch.allclose(a, b, atol=1e-5), f"exported logits differ by {(a - b).abs().max():.2e}"
