@@ -2,8 +2,8 @@
 
 The same policy objects that run in the simulator run here unchanged. The driver process owns all
 bookkeeping (GPU roles and owners, engine membership, execution phases, the event log in the schema
-of gyre.metrics); actors do the work: engines generate (gyre.real.engine_torch), the tool server
-sleeps and answers (gyre.real.task), trainer workers train and publish weights (gyre.real.trainer).
+of gyre.metrics); actors do the work: engines generate (gyre.real.engine_torch), tool workers
+run tool calls (gyre.real.tools), trainer workers train and publish weights (gyre.real.trainer).
 
 What is shared with the simulator (observations, preconditions, booking) is gyre.backend.ClusterBase.
 The data-parallel training step is gyre.real.train_step, weight publishing gyre.real.weights, and how

@@ -102,7 +102,7 @@ def report(res: dict) -> str:
     """What the model is shown of a sandbox run."""
     head = f"passed {res['passed']}/{res['total']} tests"
     if res["status"] == "timeout":
-        head += f"; killed at the wall limit"
+        head += "; killed at the wall limit"
     elif res["status"] == "killed":
         head += f"; killed by {res['signal']} (a resource limit)"
     if res["code_error"]:
