@@ -9,9 +9,12 @@ validation runs, MIT licence):
    and the simulator's own engine (gyre.sim.engine, what `gyre-sim
    run` uses) on the same held-out requests with the calibrated coefficients;
 2. cross-hardware: each run's fitted coefficients applied to every other run with that run's own GPU
-   and model presets (errors on the whole run). The issue's target (<= 15%) is for the same model on
-   another GPU; the shared runs are not such a pair (Llama-3.1-8B TP1 on an RTX 4090 vs Qwen3-32B TP2
-   on RTX PRO 6000s), so this shows how far the coefficients travel across model, GPU and TP at once;
+   and model presets (errors on the whole run), and the fitted efficiencies side by side as the rates
+   they stand for (eff_flops x the GPU's compute peak, which is its measured large-GEMM rate where the
+   preset cites one, `GpuConfig.bf16_tflops_gemm`; eff_bw x its bandwidth). The issue's target (<= 15%)
+   is for the same model on another GPU; the shared runs are not such a pair (Llama-3.1-8B TP1 on an
+   RTX 4090 vs Qwen3-32B TP2 on RTX PRO 6000s), so this shows how far the coefficients travel across
+   model, GPU and TP at once;
 3. why, in numbers: step times measured from timeseries.csv (seconds with no prompt throughput:
    mean running / generation throughput; seconds of prefill-only saturation: tokens/s) against the
    roofline at the defaults and at the fit. The decode context is approximated by the mean over
@@ -91,8 +94,11 @@ def main() -> None:
         c, u = rep["calibrated"], rep["uncalibrated"]
         ok = (c["e2e_median_rel_err"] <= 0.10, c["makespan_rel_err"] <= 0.05, u["e2e_median_rel_err"] <= 0.25)
         rows[name] = {"calibrated": c, "uncalibrated": u, "coeffs": coef_dict(rep["coef"]), "fitted": rep["fitted"]}
-        print(f"\n{name}: {run.model} on {run.engine.tensor_parallel} x {run.gpu} ({len(run.requests)} requests, "
-              f"fit {time.time() - t:.0f} s, {rep['fit_evaluations']} replays)")
+        e = run.engine
+        ep = f", expert parallel over {e.tensor_parallel * e.data_parallel} GPUs" if e.expert_parallel else ""
+        print(f"\n{name}: {run.model} ({run.model_cfg.name}) on DP {e.data_parallel} x TP {e.tensor_parallel} x "
+              f"{run.gpu} ({run.gpu_cfg.name}){ep}; {len(run.requests)} requests, fit {time.time() - t:.0f} s, "
+              f"{rep['fit_evaluations']} replays")
         fitted = {k: v for k, v in coef_dict(rep["coef"]).items() if k in rep["fitted"]}
         print("  fitted: " + ", ".join(f"{k} = {v:.4g}" for k, v in fitted.items()))
         mark = ["PASS" if x else "MISS" for x in ok]
@@ -121,6 +127,16 @@ def main() -> None:
                 if k in meas:
                     print(f"  why: {label:<32} measured {meas[k]:.4g}  defaults {pd_[k]:.4g}  fit {pf[k]:.4g}")
     if len(runs) > 1:
+        print("\nwhat the fits stand for, per GPU (compute peak: the measured GEMM rate where the preset cites one)")
+        for name, run in runs.items():
+            g, c = run.gpu_cfg, fits[name]
+            peak = g.bf16_tflops_gemm or g.bf16_tflops
+            rows[name]["rates"] = {"compute_tflops": c.eff_flops * peak, "weights_tb_s": c.eff_bw * g.hbm_tb_s,
+                                   "kv_tb_s": c.eff_kv * g.hbm_tb_s}
+            print(f"  {name}: compute {c.eff_flops * peak:.0f} TFLOP/s = {c.eff_flops:.0%} of {peak:g} "
+                  f"({'measured GEMM' if g.bf16_tflops_gemm else 'data sheet'}; {c.eff_flops * peak / g.bf16_tflops:.0%}"
+                  f" of the data sheet's {g.bf16_tflops:g}), weights {c.eff_bw * g.hbm_tb_s:.2f} TB/s = "
+                  f"{c.eff_bw:.0%}, KV {c.eff_kv * g.hbm_tb_s:.2f} TB/s = {c.eff_kv:.0%} of {g.hbm_tb_s:g} TB/s")
         print("\ncross-hardware (NOT a same-model pair: model, GPU and TP all change): fitted on -> applied to")
         cross = {}
         for src, coef in fits.items():

@@ -52,7 +52,7 @@ def main() -> None:
         rows.append(measure(override(base, steps=steps), pol, params))
         print(pd.DataFrame(rows[-1:]).to_string(index=False), flush=True)
     if rows:
-        print("\n== xlong-swe, moe-2.4t-a95b, 1,024 H200 ==")
+        print("\n== xlong-swe, moe-2.4t-a95b-gqa, 1,024 H200 ==")
         print(pd.DataFrame(rows).to_string(index=False))
     if args.headline_only:
         return

@@ -8,6 +8,14 @@ Every simulator constant comes from here and is derived from a model's shape and
 - Engine step and KV capacity: gyre.roofline (bytes moved / bandwidth vs FLOPs / peak, plus a fixed
   overhead; the weights an MoE step reads follow the distinct experts its tokens touch; capacity =
   GPUs x HBM x gpu_memory_utilization - weights - an activation reserve per GPU).
+- Hybrid linear attention (Qwen3-Next, Qwen3.5): `ModelConfig.layout` says which layers are full attention
+  (GQA or MLA) and which Gated DeltaNet. KV per token counts the full layers only; each sequence holding KV
+  also holds a fixed linear-attention state (recurrent H_v d_k d_v plus the conv inputs per linear layer,
+  `state_bytes_per_seq`), which the engine charges against its KV memory (`Costs.state_tokens`) and each
+  step reads and writes; the linear layers' FLOPs are linear in tokens (gyre.roofline.linear_attention_flops)
+  and attention's grow with context on the full layers only, at inference and in training. Not modelled:
+  vLLM's hybrid allocator sizing attention and state pages alike (its padding), and prefix-cached states
+  kept at more than one point of a context.
 - Training: 6 x active params FLOPs per token plus attention 12 L H d_h per token per context token,
   at `train_mfu`, plus 2 x active params and 4 L H d_h per context token for each extra forward pass
   (`train_extra_forwards`: recomputing activations under full checkpointing, recomputing the old
@@ -16,7 +24,8 @@ Every simulator constant comes from here and is derived from a model's shape and
   (`train_seq_tokens`, full activation checkpointing: each layer's bf16 input, 2 S d bytes per layer,
   plus one layer's working set in the backward pass, 34 S d bytes (Korthikanti et al. 2022,
   "Reducing Activation Recomputation in Large Transformer Models", eq. 2 with flash attention, so no
-  S^2 term), d = query heads x head dim), at 85% of HBM.
+  S^2 term), d = the model width, `ModelConfig.width`), plus, for a hybrid model, the chunk-boundary
+  states of one linear layer's backward pass ((S / 64) x H_v d_k d_v), at 85% of HBM.
 - Running sequences per engine: vLLM's `max_num_seqs`; unset, vLLM's own default for the GPU
   (`vllm_default_max_num_seqs`).
 - Executions an engine is handed at once (`admission_limit`): floor(admission_fill x KV capacity / the
@@ -42,7 +51,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gyre.roofline import Coefficients, EngineRoofline, kv_bytes_per_token
+from gyre.roofline import GDN_CHUNK, Coefficients, EngineRoofline, kv_bytes_per_token, linear_attention_flops
+
+FULL, LINEAR = "full_attention", "linear_attention"
+LAYER_TYPES = (FULL, LINEAR)
+
+
+def _by_interval(layers: int, k: int) -> tuple[str, ...]:
+    """Qwen3-Next's rule (transformers Qwen3NextConfig): layer i is full attention when (i + 1) % k == 0."""
+    return tuple(FULL if (i + 1) % k == 0 else LINEAR for i in range(layers))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +73,9 @@ class GpuConfig:
     link_gb_s: float = 0.0  # GPU-to-GPU per direction in a node (NVLink or PCIe); 0: tensor parallel moves no bytes
     internode_gb_s: float = 50.0  # per GPU, 400 Gb/s InfiniBand
     host_gb_s: float = 55.0  # PCIe Gen5 x16, practical
+    # the dense BF16 rate a large GEMM (8192^3, cuBLAS via torch.matmul, FP32 accumulate) reaches, from a cited
+    # public measurement; 0: none cited, the data sheet's. The engine roofline's compute peak when set.
+    bf16_tflops_gemm: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,12 +97,85 @@ class ModelConfig:
     infer_bytes_per_param: float = 2.0  # bf16; 1.0 for fp8 serving
     kv_bytes_per_elem: float = 2.0
     train_bytes_per_param: float = 16.0  # bf16 weights+grads, fp32 master + Adam moments
+    # hybrid linear attention (config.json names): which layers are full attention, the rest Gated DeltaNet
+    layer_types: tuple[str, ...] = ()  # "full_attention" / "linear_attention" per layer; (): by the interval
+    full_attention_interval: int | None = None  # every k-th layer full attention (layer i: (i + 1) % k == 0); None: all
+    linear_key_heads: int = 0  # linear_num_key_heads
+    linear_value_heads: int = 0  # linear_num_value_heads: one d_k x d_v recurrent state per value head
+    linear_key_head_dim: int = 0  # linear_key_head_dim
+    linear_value_head_dim: int = 0  # linear_value_head_dim
+    linear_conv_kernel: int = 0  # linear_conv_kernel_dim: the short convolution keeps kernel - 1 inputs
+    # recurrent and conv state: the model's dtype (bf16) whatever the KV dtype (vLLM's mamba_cache_dtype and
+    # mamba_ssm_cache_dtype default "auto", the model dtype, apart from kv_cache_dtype: MambaStateDtypeCalculator)
+    state_bytes_per_elem: float = 2.0
+
+    def __post_init__(self) -> None:
+        k = self.full_attention_interval
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"full_attention_interval must be an integer >= 1, got {k!r}")
+        types = self.layer_types
+        if types:
+            if len(types) != self.layers:
+                raise ValueError(f"layer_types lists {len(types)} layers, but layers is {self.layers}")
+            bad = next((i for i, x in enumerate(types) if x not in LAYER_TYPES), None)
+            if bad is not None:
+                raise ValueError(f"layer_types[{bad}] is {types[bad]!r}; known: {', '.join(LAYER_TYPES)}")
+            if k is not None and types != _by_interval(self.layers, k):
+                raise ValueError(f"layer_types disagrees with full_attention_interval={k}")
+        if self.linear_layers:
+            for f in ("linear_key_heads", "linear_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                      "linear_conv_kernel"):
+                v = getattr(self, f)
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise ValueError(f"{f} must be an integer >= 1 when layers are linear_attention, got {v!r}")
+
+    @property
+    def layout(self) -> tuple[str, ...]:
+        """Each layer's kind: config.json's layer_types, or every layer full attention."""
+        if self.layer_types:
+            return self.layer_types
+        if self.full_attention_interval is not None:
+            return _by_interval(self.layers, self.full_attention_interval)
+        return (FULL,) * self.layers
+
+    @property
+    def full_layers(self) -> int:
+        """Full-attention layers: the only ones with a KV cache and attention FLOPs that grow with context."""
+        return self.layout.count(FULL)
+
+    @property
+    def linear_layers(self) -> int:
+        return self.layers - self.full_layers
 
     @property
     def kv_bytes_per_token(self) -> float:
-        return kv_bytes_per_token(layers=self.layers, kv_heads=self.kv_heads, head_dim=self.head_dim,
+        return kv_bytes_per_token(layers=self.full_layers, kv_heads=self.kv_heads, head_dim=self.head_dim,
                                   bytes_per_elem=self.kv_bytes_per_elem, kv_lora_rank=self.kv_lora_rank,
                                   rope_dim=self.rope_dim)
+
+    @property
+    def state_bytes_per_seq(self) -> float:
+        """Linear-attention state one sequence holds, whatever its context: per linear layer H_v d_k d_v
+        recurrent elements plus (kernel - 1) x (2 H_k d_k + H_v d_v) conv inputs (q, k and v are convolved)."""
+        if not self.linear_layers:
+            return 0.0
+        conv = (self.linear_conv_kernel - 1) * (2 * self.linear_key_heads * self.linear_key_head_dim
+                                                + self.linear_value_heads * self.linear_value_head_dim)
+        rec = self.linear_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+        return float(self.linear_layers * (rec + conv) * self.state_bytes_per_elem)
+
+    @property
+    def linear_flops_per_token(self) -> tuple[float, float]:
+        """(decode, prefill/forward) FLOPs per token of the linear layers beyond their projections (which
+        2 x active params counts): gyre.roofline.linear_attention_flops over the linear layers."""
+        if not self.linear_layers:
+            return 0.0, 0.0
+        kw = dict(value_heads=self.linear_value_heads, key_dim=self.linear_key_head_dim,
+                  value_dim=self.linear_value_head_dim, conv_channels=2 * self.linear_key_heads
+                  * self.linear_key_head_dim + self.linear_value_heads * self.linear_value_head_dim,
+                  conv_kernel=self.linear_conv_kernel)
+        return (self.linear_layers * linear_attention_flops(chunk=1, **kw),
+                self.linear_layers * linear_attention_flops(chunk=GDN_CHUNK, **kw))
 
     @property
     def routed_params_b(self) -> float:
@@ -124,10 +217,16 @@ class CostConfig:
     engine_restart_fixed_s: float = 64.0  # a crashed engine's process start-up, weights aside (module docstring)
     trainer_restart_fixed_s: float = 34.0  # a crashed trainer worker's process start-up, state aside
     request_s: float = 0.0  # latency outside the engine per turn (driver RPC, event loop); 0: none modelled
+    ep_engines: int = 1  # an MoE served expert parallel: its experts spread over this many engines' GPUs
+    ep_backend: str = "allgather_reducescatter"  # or "all_to_all" (DeepEP / pplx): gyre.roofline.ep_comm_bytes
     admission_fill: float = 1.0  # share of KV capacity the admission limit may commit (`admission_limit`)
 
     def __post_init__(self) -> None:
         check_fill(self.admission_fill)
+        if isinstance(self.ep_engines, bool) or not isinstance(self.ep_engines, int) or self.ep_engines < 1:
+            raise ValueError(f"ep_engines must be an integer >= 1, got {self.ep_engines!r}")
+        if self.ep_backend not in ("allgather_reducescatter", "all_to_all"):
+            raise ValueError(f"ep_backend must be 'allgather_reducescatter' or 'all_to_all', got {self.ep_backend!r}")
         r = self.request_s
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r < math.inf:
             raise ValueError(f"request_s must be a finite number of seconds >= 0, got {r!r}")
@@ -141,15 +240,16 @@ def check_fill(fill: object, name: str = "admission_fill") -> None:
         raise ValueError(f"{name} must be a number in (0, 1], got {fill!r}")
 
 
-def admission_limit(kv_capacity_tokens: float, window: int, fill: float = 1.0) -> int:
-    """Executions an engine may be handed at once: floor(fill x KV capacity / window), at least 1.
+def admission_limit(kv_capacity_tokens: float, window: int, fill: float = 1.0, state_tokens: float = 0.0) -> int:
+    """Executions an engine may be handed at once: floor(fill x KV capacity / (window + a hybrid model's
+    per-sequence state, `Costs.state_tokens`)), at least 1.
 
     `window` is the largest context a workload lets an execution reach before it compacts (vLLM's
     max_model_len; the simulator's `context_window`, the real task's `context_limit`). So many contexts fit
     the engine's KV together however far each grows, so growth alone never makes the admitted set outgrow
     it (only a turn that passes the window, or a sub-agent beside its parent, can; preemption covers them).
     It is known before any execution runs, without foresight of lengths."""
-    return max(1, int(fill * kv_capacity_tokens // max(window, 1)))
+    return max(1, int(fill * kv_capacity_tokens // (max(window, 1) + state_tokens)))
 
 
 def vllm_default_max_num_seqs(gpu: GpuConfig, max_batched_tokens: int) -> int:
@@ -197,6 +297,7 @@ class Costs:
     engine_restart_s: float = 0.0  # a crashed engine back up (start-up + weight load; injected faults)
     trainer_restart_s: float = 0.0  # a crashed trainer worker back up with its state (injected faults)
     request_s: float = 0.0  # per-turn latency outside the engine, charged to the execution alone
+    state_tokens: float = 0.0  # linear-attention state of one sequence holding KV, in KV tokens (0: none)
     admission_fill: float = 1.0  # share of KV capacity the admission limit commits (admission_limit)
 
     def step_time(self, batch: int, kv_tokens: float, chunk: float = 0.0, offset: float = 0.0) -> float:
@@ -235,7 +336,7 @@ class Costs:
 
     def best_decode_tokens_per_gpu_s(self, mean_context: float) -> float:
         """Peak decode throughput per GPU: an engine full of sequences of `mean_context` tokens."""
-        n = max(1, int(self.kv_capacity_tokens // max(mean_context, 1.0)))
+        n = max(1, int(self.kv_capacity_tokens // (max(mean_context, 1.0) + self.state_tokens)))
         n = min(n, self.max_batched_tokens)
         return n / self.step_time(n, n * mean_context) / self.engine_gpus
 
@@ -282,19 +383,25 @@ def _pow2_at_least(x: float) -> int:
 
 
 def engine_roofline(model: ModelConfig, gpu: GpuConfig, gpus: int, coef: Coefficients | None = None,
-                    max_batched_tokens: int = 8192) -> EngineRoofline:
-    """The step-time and memory model of an engine of `gpus` GPUs serving `model`."""
+                    max_batched_tokens: int = 8192, ep_gpus: int = 0,
+                    ep_backend: str = "allgather_reducescatter") -> EngineRoofline:
+    """The step-time and memory model of an engine of `gpus` GPUs serving `model`; `ep_gpus` > gpus: its
+    routed experts spread over that many GPUs (expert parallel across data-parallel replicas)."""
     fp8 = model.infer_bytes_per_param <= 1
     embed = 0.0 if model.tied_embeddings else model.head_params  # an untied input table: gathered, not read
+    lin_dec, lin_pf = model.linear_flops_per_token
     return EngineRoofline(
         gpus=gpus, gpus_per_node=gpu.gpus_per_node, hbm_bytes=gpu.memory_gb * 1e9, bw_bytes_s=gpu.hbm_tb_s * 1e12,
-        flops=(gpu.fp8_tflops if fp8 else gpu.bf16_tflops) * 1e12, layers=model.layers,
+        flops=(gpu.fp8_tflops if fp8 else gpu.bf16_tflops_gemm or gpu.bf16_tflops) * 1e12, layers=model.layers,
         q_heads=model.q_heads or model.kv_heads, head_dim=model.head_dim, kv_bytes_per_token=model.kv_bytes_per_token,
         weight_bytes=model.infer_weight_bytes, routed_bytes=model.routed_params_b * 1e9 * model.infer_bytes_per_param,
         experts=model.experts, top_k=model.top_k, active_params=model.active_params_b * 1e9,
         embed_bytes=embed * model.infer_bytes_per_param, embed_params=embed, head_params=model.head_params,
         hidden=model.width, link_bytes_s=gpu.link_gb_s * 1e9, internode_bytes_s=gpu.internode_gb_s * 1e9,
-        max_batched_tokens=max_batched_tokens, coef=coef or Coefficients(),
+        max_batched_tokens=max_batched_tokens, coef=coef or Coefficients(), ep_gpus=ep_gpus, ep_backend=ep_backend,
+        routed_active_params=model.routed_params_b * 1e9 * model.top_k / model.experts if model.experts else 0.0,
+        attn_layers=model.full_layers, state_bytes=model.state_bytes_per_seq, lin_decode_flops=lin_dec,
+        lin_prefill_flops=lin_pf,
     )
 
 
@@ -304,7 +411,8 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
     engine_gpus = _pow2_at_least(model.infer_weight_bytes / (cost.weight_fraction * hbm))
     if engine_gpus > gpu.gpus_per_node:  # multi-node engines come in whole nodes
         engine_gpus = gpu.gpus_per_node * math.ceil(engine_gpus / gpu.gpus_per_node)
-    roof = engine_roofline(model, gpu, engine_gpus, cost.engine, cost.max_batched_tokens)
+    roof = engine_roofline(model, gpu, engine_gpus, cost.engine, cost.max_batched_tokens,
+                           ep_gpus=engine_gpus * cost.ep_engines, ep_backend=cost.ep_backend)
     # the linear form's coefficients (a + b n + c K: the roofline's terms summed instead of maxed)
     step_b = roof.flops_per_token / roof._pk
     step_a = roof.step_time(1, 0.0) - step_b
@@ -312,9 +420,13 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
     prefill = roof.prefill_time(cost.max_batched_tokens) / cost.max_batched_tokens
     active = model.active_params_b * 1e9
     train_flops = gpu.bf16_tflops * 1e12 * cost.train_mfu
-    train_per_token_gpu = (6 + 2 * cost.train_extra_forwards) * active / train_flops
+    # linear-attention layers: forward + backward 3x their forward FLOPs, plus each extra forward
+    lin_fwd = model.linear_flops_per_token[1]
+    train_per_token_gpu = ((6 + 2 * cost.train_extra_forwards) * active
+                           + (3 + cost.train_extra_forwards) * lin_fwd) / train_flops
     width = (model.q_heads or model.kv_heads) * model.head_dim
-    activations = cost.train_seq_tokens * width * (2 * model.layers + 34)
+    activations = cost.train_seq_tokens * model.width * (2 * model.layers + 34) \
+        + _chunk_states(model, cost.train_seq_tokens)
     state_bytes = model.total_params_b * 1e9 * model.train_bytes_per_param
     train_bytes = state_bytes + activations
     min_train = _pow2_at_least(train_bytes / (0.85 * hbm))  # within a node: a power of two
@@ -343,11 +455,23 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         max_num_seqs=(cost.max_num_seqs if cost.max_num_seqs is not None
                       else vllm_default_max_num_seqs(gpu, cost.max_batched_tokens)),
         kv_reserve=cost.kv_reserve,
-        train_attn_flops_per_ctx_token=(12.0 + 4.0 * cost.train_extra_forwards) * model.layers * width,
+        train_attn_flops_per_ctx_token=(12.0 + 4.0 * cost.train_extra_forwards) * model.full_layers * width,
         train_flops_per_s_gpu=train_flops,
         train_mfu=cost.train_mfu,
         engine_restart_s=shard / (gpu.host_gb_s * 1e9) + cost.engine_restart_fixed_s,
         trainer_restart_s=train_shard / (gpu.host_gb_s * 1e9) + cost.trainer_restart_fixed_s,
         request_s=cost.request_s,
+        state_tokens=model.state_bytes_per_seq / model.kv_bytes_per_token,
         admission_fill=cost.admission_fill,
     )
+
+
+def _chunk_states(model: ModelConfig, seq_tokens: int) -> float:
+    """Bytes the backward pass of one linear-attention layer needs beyond a full layer's working set: the
+    state at every chunk boundary, (S / C) x H_v d_k d_v (the chunked kernel keeps them for the backward
+    pass; under full checkpointing one layer's at a time)."""
+    if not model.linear_layers or not seq_tokens:
+        return 0.0
+    chunks = math.ceil(seq_tokens / GDN_CHUNK)
+    return float(chunks * model.linear_value_heads * model.linear_key_head_dim * model.linear_value_head_dim
+                 * model.state_bytes_per_elem)

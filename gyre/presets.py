@@ -18,6 +18,9 @@ xlong-swe (long-horizon software-engineering agents, SWE-bench-style repositorie
 
 xlong-swe-kv (the paper's own regime: the 2.4T-A95B MoE, ~700K tokens per typical rollout, 48 steps),
 derived from xlong-swe by the paper's statements and public constants, nothing tuned to a result:
+- model: the hybrid stand-in `moe-2.4t-a95b` (Qwen3.5 layout, MODELS below), since the paper's model is
+  of the Qwen line; xlong-swe and xlong-swe-epochs keep the full-GQA stand-in `moe-2.4t-a95b-gqa`, so their
+  outputs (and every experiment built on them) stay as they were.
 - tokens per rollout: the paper's ~700K for a typical rollout, read as the median over the whole run.
   Turns keep xlong-swe's distribution (median 120, p99/median 10) and the per-turn tokens are
   xlong-swe's scaled by 3.6 (generated 792, tool output 1,368 at the median), which puts the median
@@ -28,8 +31,14 @@ derived from xlong-swe by the paper's statements and public constants, nothing t
 - compaction window 1M tokens (summary 4K): the largest window public long-context models serve
   (Qwen2.5-7B/14B-Instruct-1M, Gemini 1.5, Llama 4 Maverick), so a typical 700K rollout runs
   uncompacted, as the paper's rollouts do; at 256K the typical rollout would compact twice and hold a
-  third of the KV, the regime xlong-swe (128K) already covers. With ~8.1M KV tokens per 32-GPU engine
-  (gyre.roofline) about 11 typical rollouts fit an engine at their end, 8 at a full window.
+  third of the KV, the regime xlong-swe (128K) already covers. What fits an engine: 2.4 TB of FP8 weights
+  need 32 H200s (2.4 TB / (0.6 x 141 GB) = 28.4, rounded to a power of two); they leave
+  32 x (0.9 x 141 GB - 2 GB) - 2.4 TB = 1.597 TB, which at 2 x 23 full layers x 2 KV heads x 256 x 1 B =
+  23,552 B per token is 67.8M KV tokens; each sequence holding KV also holds 69 linear layers x
+  (128 x 128 x 128 recurrent + 3 x 24,576 conv) x 2 B = 300 MB of state (12,720 KV tokens' worth), so
+  67.8M / (700K + 12.7K) = 95 typical rollouts fit at their end, 63 at a full window: with the hybrid
+  model the engine is no longer KV-scarce (the GQA stand-in's 192 KiB per token gave 8.1M tokens: 11 and 8;
+  the regime map's architecture axis compares both).
 - length growth: turns grow 3x over the 48 steps ((1 + drift)^47 = 3). That rollouts lengthen
   steadily as RL training proceeds is DeepSeek-R1-Zero's Fig. 3 (arXiv 2501.12948: mean response
   length rising roughly linearly, ~10x over the run); 3x over this run is an assumption, not a
@@ -38,7 +47,8 @@ derived from xlong-swe by the paper's statements and public constants, nothing t
   recomputed by the trainer (another forward), so 10 x active params FLOPs per token plus attention
   (gyre.hardware `train_extra_forwards` = 2); the trainer's memory minimum holds the training state
   (16 bytes per parameter, 38.4 TB) plus the activations of one full-window (1M-token) sequence
-  (`train_seq_tokens`), 3.7 TB: 360 H200s.
+  (`train_seq_tokens`): 2^20 x 8,192 x (2 x 92 + 34) B = 1.87 TB plus one linear layer's 2^14 chunk states
+  of 128 x 128 x 128 x 2 B, 69 GB: 344 H200s (the GQA stand-in's 3.7 TB made it 360).
 - cluster 1,024 H200s, 32 x 8 rollouts per step, tool latency, branching, difficulty and the 4 h
   deadline: as xlong-swe.
 
@@ -69,14 +79,18 @@ GPUS: dict[str, GpuConfig] = {
     "h200": GpuConfig(name="h200", memory_gb=141, hbm_tb_s=4.8, bf16_tflops=989, fp8_tflops=1979, link_gb_s=450),
     # GeForce RTX 4090 (NVIDIA Ada whitepaper, appendix): 1,008 GB/s GDDR6X, 165.2 TFLOP/s dense BF16 and
     # 330.3 dense FP8, both with FP32 accumulate; memory as CUDA reports it (25.25 GB, vllm_timings meta.json);
-    # PCIe Gen4 x16, 31.5 GB/s each way, no NVLink
+    # PCIe Gen4 x16, 31.5 GB/s each way, no NVLink. A BF16 torch.matmul at N = 8192 reaches 164.69 TFLOP/s
+    # (PyTorch 2.11, CUDA 12.8, 450 W: a public course report, "HW2.5 Metrics", table HW2.5.1, 2026-09-10)
     "rtx4090": GpuConfig(name="rtx4090", memory_gb=25.25, hbm_tb_s=1.008, bf16_tflops=165.2, fp8_tflops=330.3,
-                         gpus_per_node=1, link_gb_s=31.5, internode_gb_s=25.0, host_gb_s=25.0),
+                         gpus_per_node=1, link_gb_s=31.5, internode_gb_s=25.0, host_gb_s=25.0,
+                         bf16_tflops_gemm=164.69),
     # NVIDIA RTX PRO 6000 Blackwell (data sheet; RTX Blackwell architecture whitepaper): 96 GB GDDR7 at 1,792 GB/s,
     # 503.8 TFLOP/s dense BF16 and 1,007.6 dense FP8, both with FP32 accumulate; PCIe Gen5 x16 (63 GB/s each
-    # way), no NVLink, so tensor-parallel all-reduces cross PCIe; up to 8 in one RTX PRO server (Server Edition)
+    # way), no NVLink, so tensor-parallel all-reduces cross PCIe; up to 8 in one RTX PRO server (Server Edition).
+    # A BF16 torch.matmul at N = 8192 reaches 417.34 TFLOP/s on the Server Edition, 83% of the data sheet
+    # (PyTorch 2.7, CUDA 12.8: zzc0721/torch-performance-test-data issue #162, 2026-04-09)
     "rtxpro6000": GpuConfig(name="rtxpro6000", memory_gb=96, hbm_tb_s=1.792, bf16_tflops=503.8, fp8_tflops=1007.6,
-                            gpus_per_node=8, link_gb_s=63.0),
+                            gpus_per_node=8, link_gb_s=63.0, bf16_tflops_gemm=417.34),
 }
 
 MODELS: dict[str, ModelConfig] = {
@@ -98,20 +112,71 @@ MODELS: dict[str, ModelConfig] = {
         name="moe-30b-a3b", total_params_b=30.5, active_params_b=3.3, layers=48, kv_heads=4, head_dim=128,
         q_heads=32, experts=128, top_k=8, hidden=2048, vocab=151936,
     ),
-    # Stand-in for a 2.4T-total / 95B-active MoE, served in FP8 with an FP8 KV cache. Only the two counts
-    # are published; the rest is borrowed: routing from DeepSeek-V3 (config.json: 256 routed experts,
-    # top-8, the largest fine-grained MoE with a public config; its 5.5% active share is near this
-    # model's 4%), which makes the routed experts (2,400 - 95) / (1 - 8/256) = 2,379B and the part every
-    # token reads 21B; attention from Llama-3.1-405B (128 query heads, 8 KV heads x 128, GQA) on 96 layers.
+    # Qwen3-Next-80B-A3B (Hugging Face Qwen/Qwen3-Next-80B-A3B-Instruct config.json, as transformers'
+    # Qwen3NextConfig defaults reproduce it, models/qwen3_next/configuration_qwen3_next.py, and THUDM/slime
+    # scripts/models/qwen3-next-80B-A3B.sh): 48 layers, full_attention_interval 4 (12 gated-attention layers,
+    # 36 Gated DeltaNet), 16 query heads, 2 KV heads x 256, linear_num_key_heads 16, linear_num_value_heads 32,
+    # linear key/value head dims 128, linear_conv_kernel_dim 4, hidden 2048, 512 experts top-10 of
+    # moe_intermediate_size 512 plus one shared expert of 512, vocabulary 151936, untied embeddings. Counted
+    # from those shapes (gated q_proj of 2 x 16 x 256, every layer MoE): 79.7B total, 3.87B active with the
+    # embedding and LM head (the model card's "80B, 3B activated" is the name's rounding).
+    "qwen3-next-80b-a3b": ModelConfig(
+        name="qwen3-next-80b-a3b", total_params_b=79.7, active_params_b=3.87, layers=48, kv_heads=2,
+        head_dim=256, q_heads=16, experts=512, top_k=10, hidden=2048, vocab=151936, full_attention_interval=4,
+        linear_key_heads=16, linear_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel=4,
+    ),
+    # Qwen3.5-397B-A17B (text model; THUDM/slime scripts/models/qwen3.5-397B-A17B.sh: 60 layers, hidden 4096,
+    # 32 query heads, 2 KV heads x 256, 512 experts top-10 of 1024 plus a shared expert of 1024, vocabulary
+    # 248320, untied; the linear-attention fields as two stored sources quote Qwen/Qwen3.5-397B-A17B's
+    # config.json: full_attention_interval 4, linear_num_key_heads 16, linear_num_value_heads 64, key/value
+    # head dims 128, conv kernel 4 (the config.json itself is not in the stored sources). Counted from those
+    # shapes: 396.3B total, 17.35B active (the name's 397B also counts the vision encoder and MTP layer).
+    "qwen3.5-397b-a17b": ModelConfig(
+        name="qwen3.5-397b-a17b", total_params_b=396.3, active_params_b=17.35, layers=60, kv_heads=2,
+        head_dim=256, q_heads=32, experts=512, top_k=10, hidden=4096, vocab=248320, full_attention_interval=4,
+        linear_key_heads=16, linear_value_heads=64, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel=4,
+    ),
+    # Stand-in for the paper's 2.4T-total / 95B-active Qwen-lineage MoE on the Qwen3.5 layout, served in FP8
+    # with an FP8 KV cache (the state stays bf16). Only the two counts are published; the rest is borrowed
+    # from Qwen3.5-397B-A17B and scaled: twice its width (hidden 8192) and, at its ratios (expert width
+    # hidden / 4, query heads hidden / 128 x 256, linear key heads hidden / 256 and value heads hidden / 64,
+    # x 128; 2 KV heads x 256 and 512 experts top-10 unchanged, as across the Qwen3.5 line), the depth whose
+    # count comes nearest 2.4T: 92 layers (2.42T counted, 97B active; 88 would give 2.32T), 23 of them full
+    # attention (interval 4). The routed experts are then (2,400 - 95) / (1 - 10/512) = 2,351B.
     "moe-2.4t-a95b": ModelConfig(
-        name="moe-2.4t-a95b", total_params_b=2400, active_params_b=95, layers=96, kv_heads=8, head_dim=128,
+        name="moe-2.4t-a95b", total_params_b=2400, active_params_b=95, layers=92, kv_heads=2, head_dim=256,
+        q_heads=64, experts=512, top_k=10, hidden=8192, vocab=248320, full_attention_interval=4,
+        linear_key_heads=32, linear_value_heads=128, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel=4, infer_bytes_per_param=1.0, kv_bytes_per_elem=1.0,
+    ),
+    # The earlier stand-in for the 2.4T-A95B MoE, with full GQA attention on every layer, FP8 weights and KV.
+    # Only the two counts are published; the rest is borrowed: routing from DeepSeek-V3 (config.json: 256
+    # routed experts, top-8, the largest fine-grained MoE with a public config; its 5.5% active share is near
+    # this model's 4%), which makes the routed experts (2,400 - 95) / (1 - 8/256) = 2,379B and the part every
+    # token reads 21B; attention from Llama-3.1-405B (128 query heads, 8 KV heads x 128, GQA) on 96 layers.
+    "moe-2.4t-a95b-gqa": ModelConfig(
+        name="moe-2.4t-a95b-gqa", total_params_b=2400, active_params_b=95, layers=96, kv_heads=8, head_dim=128,
         q_heads=128, experts=256, top_k=8, infer_bytes_per_param=1.0, kv_bytes_per_elem=1.0,
+    ),
+    # The GQA stand-in with DeepSeek-V3's multi-head latent attention instead (DeepSeek-V3 config.json: 128
+    # heads, kv_lora_rank 512, qk_rope_head_dim 64, qk head dim 128 + 64 = 192): KV per token
+    # L (512 + 64) b, one latent per layer; attention FLOPs 4 L H d_h with d_h = 192 (the un-absorbed form).
+    # Its width stays the GQA stand-in's (128 x 128 = 16,384: all-reduces, training activations).
+    "moe-2.4t-a95b-mla": ModelConfig(
+        name="moe-2.4t-a95b-mla", total_params_b=2400, active_params_b=95, layers=96, kv_heads=128, head_dim=192,
+        q_heads=128, experts=256, top_k=8, kv_lora_rank=512, rope_dim=64, hidden=16384, infer_bytes_per_param=1.0,
+        kv_bytes_per_elem=1.0,
     ),
 }
 
 # Names that serving logs use (a Hugging Face model id, CUDA's device name) for the presets above; a name
 # matches a preset also when it equals the preset's key up to case and punctuation ("Llama-3.1-8B").
-MODEL_ALIASES: dict[str, str] = {"Qwen/Qwen3-30B-A3B": "moe-30b-a3b", "Qwen/Qwen2.5-7B": "dense-7b"}
+MODEL_ALIASES: dict[str, str] = {"Qwen/Qwen3-30B-A3B": "moe-30b-a3b", "Qwen/Qwen2.5-7B": "dense-7b",
+                                 "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",  # its first hub name
+                                 "Qwen/Qwen3-Next-80B-A3B-Instruct": "qwen3-next-80b-a3b",
+                                 "Qwen/Qwen3.5-397B-A17B": "qwen3.5-397b-a17b"}
 GPU_ALIASES: dict[str, str] = {
     "NVIDIA GeForce RTX 4090": "rtx4090",
     "NVIDIA RTX PRO 6000 Blackwell Server Edition": "rtxpro6000",
@@ -233,8 +298,8 @@ def _run(name: str, workload: WorkloadConfig, model: str, gpus: int, steps: int)
 
 
 def preset_xlong_swe() -> RunConfig:
-    """The headline: xlong-swe on the very large MoE, 1,024 H200s."""
-    return _run("xlong-swe", xlong_swe(), "moe-2.4t-a95b", 1024, 48)
+    """The headline: xlong-swe on the very large MoE (its GQA stand-in), 1,024 H200s."""
+    return _run("xlong-swe", xlong_swe(), "moe-2.4t-a95b-gqa", 1024, 48)
 
 
 def preset_xlong_swe_small() -> RunConfig:
@@ -246,7 +311,7 @@ def preset_xlong_swe_small() -> RunConfig:
 
 
 def preset_xlong_swe_kv() -> RunConfig:
-    """The paper's regime: 2.4T MoE, ~700K-token rollouts in a 1M window (KV-scarce), lengths growing 3x."""
+    """The paper's regime: the 2.4T hybrid MoE (Qwen3.5 layout), ~700K-token rollouts, 1M window, lengths growing 3x."""
     from dataclasses import replace
 
     from gyre.hardware import CostConfig
@@ -257,8 +322,8 @@ def preset_xlong_swe_kv() -> RunConfig:
 
 
 def preset_xlong_swe_epochs() -> RunConfig:
-    """xlong-swe (2.4T MoE, 1,024 H200s, 48 steps) on 384 recurring tasks: 4 epochs, history to learn from."""
-    return _run("xlong-swe-epochs", xlong_swe_epochs(), "moe-2.4t-a95b", 1024, 48)
+    """xlong-swe (2.4T GQA MoE, 1,024 H200s, 48 steps) on 384 recurring tasks: 4 epochs, history to learn from."""
+    return _run("xlong-swe-epochs", xlong_swe_epochs(), "moe-2.4t-a95b-gqa", 1024, 48)
 
 
 def preset_short_math() -> RunConfig:

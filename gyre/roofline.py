@@ -8,14 +8,19 @@ The step runs two kinds of kernels one after the other, each bound by memory or 
     linear    = max(weights read / (BW x eff_bw), linear FLOPs / (peak x eff_flops))
       weights read = dense weights + routed weights x (1 - (1 - k/E)^(n + m)) - input embedding table
       linear FLOPs = 2 x (active params - embedding - LM head) x (n + m) + 2 x LM head x sampled
-    attention = max(KV bytes per token x (ctx + p) / (BW x eff_kv),
-                    4 L H d_h (ctx + m p + m^2 / 2) / (peak x eff_flops))
+    attention = max(KV bytes per token x (ctx + p) / (BW x eff_kv) + 2 x state bytes x seqs / (BW x eff_bw),
+                    (4 L_full H d_h (ctx + m p + m^2 / 2) + F_dec n + F_pf m) / (peak x eff_flops))
     time      = linear + attention + tensor-parallel all-reduces + step_overhead_s
     all-reduces (gpus > 1) = 2 L x (latency + 2 (g - 1) / g x (n + m) x hidden x 2 B / (link x eff_link))
       link = the GPU-to-GPU link inside a node; across nodes a multi-rail ring's bus bandwidth (`ring_bytes_s`)
 
 with BW and peak the GPUs' summed data-sheet bandwidth and FLOP/s, and `sampled` = n + (1 if m > 0):
-the sequences that produce a token this step (vLLM computes logits only where it samples; the input
+the sequences that produce a token this step, which are also `seqs`, the sequences whose linear-attention
+state the step reads and writes. A hybrid model (Qwen3-Next, Qwen3.5) has full attention on L_full of its
+layers and Gated DeltaNet on the rest: those keep a fixed state per sequence instead of a KV cache, and
+cost F_dec FLOPs per decoded token (recurrent form) and F_pf per prefilled one (chunked form,
+`linear_attention_flops`); a model without them has L_full = L and zero state and F terms.
+(vLLM computes logits only where it samples; the input
 embedding is a gather of n + m rows, not a read of the table; a tied table is read by the LM head).
 
 Assumptions a reviewer should know: expert routing is uniform (the expected distinct experts of n
@@ -24,15 +29,23 @@ divides bytes and FLOPs evenly over the GPUs and adds two ring all-reduces of th
 per layer (Megatron-style: after attention and after the MLP), over the GPU-to-GPU link inside a node;
 an engine spanning nodes runs them as NCCL does on multi-rail nodes (one NIC per GPU, as DGX H100/H200
 nodes have): one ring per rail, each carrying 1/(GPUs per node) of the data and crossing each node
-boundary on its own NIC (`ring_bytes_s`); an MoE served expert-parallel across nodes would move its
-tokens by all-to-all instead, which is not modelled; KV writes (m tokens) are ignored beside the reads;
+boundary on its own NIC (`ring_bytes_s`); KV writes (m tokens) are ignored beside the reads;
 the two kernel classes and the all-reduces do not overlap. The step-time formula is PHYSICS.md's, with attention's KV read as its
 own kernel (paged attention reads KV at a lower share of the bandwidth than GEMMs read weights) and the
 all-reduces' bandwidth added; the coefficients (efficiencies, fixed overheads, activation reserve) are
 the only fitted numbers, in `Coefficients`.
 
 KV capacity = gpus x HBM x gpu_memory_utilization - weights - gpus x activation reserve.
-Bytes per KV token = 2 L H_kv d_h b_kv (K and V), or L (kv_lora_rank + rope_dim) b_kv for MLA.
+Bytes per KV token = 2 L_full H_kv d_h b_kv (K and V), or L_full (kv_lora_rank + rope_dim) b_kv for MLA.
+A hybrid model's per-sequence state takes from the same memory: the simulated engine charges it for each
+sequence holding KV (gyre.hardware `Costs.state_tokens`, the state in KV-token units).
+
+Expert parallel (vLLM's enable_expert_parallel, `ep_gpus` > gpus: the data-parallel replicas' GPUs
+together): a replica holds the dense part and gpus / ep_gpus of the routed experts; its MoE layers read
+the experts they hold that the whole group's N tokens touch and compute their share of those tokens,
+and each MoE layer adds two collectives (dispatch and combine) moving `ep_comm_bytes`. The simulator's
+engine takes the group as balanced (N = ep_gpus / gpus x its own tokens); the replay of a real run
+steps the replicas in lockstep with their own batches (`ep_group_step_time`).
 
 This module is pure (no simulator imports): `gyre.hardware` builds an `EngineRoofline` from model and
 GPU presets, the simulator asks it for step times, and the engine calibrator fits `Coefficients`.
@@ -106,6 +119,22 @@ def kv_bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, bytes_per_e
     return 2 * layers * kv_heads * head_dim * bytes_per_elem
 
 
+GDN_CHUNK = 64  # tokens per chunk of the chunked gated delta rule (flash-linear-attention's kernels, which vLLM runs)
+
+
+def linear_attention_flops(*, value_heads: int, key_dim: int, value_dim: int, chunk: int, conv_channels: int,
+                           conv_kernel: int) -> float:
+    """FLOPs per token of one Gated DeltaNet layer beyond its projections, in the chunked form of Yang,
+    Kautz & Hatamizadeh (arXiv 2412.06464, sec. 3.3: per chunk of C tokens and value head, the UT/WY
+    transform W = T beta K, U = T beta V with T from K K^T, then U - W S^T, the output Q S^T + (Q K^T)(U - W S^T)
+    and the state update K^T (U - W S^T)): six C x d_k x d_v products and the C x C ones, 2 C^2 (3 d_k + 2 d_v),
+    so per token H_v (6 d_k d_v + C (6 d_k + 4 d_v)); the triangular solve for T (C^3 / 3, under 5% at
+    C = 64) and the gates are left out. C = 1 is the recurrent form a decode step runs (its six d_k x d_v
+    products: read-out, error, update). Plus the depthwise causal conv: 2 x kernel per channel."""
+    return value_heads * (6.0 * key_dim * value_dim + chunk * (6.0 * key_dim + 4.0 * value_dim)) \
+        + 2.0 * conv_kernel * conv_channels
+
+
 def distinct_experts(experts: int, top_k: int, tokens: float) -> float:
     """Expected distinct experts per MoE layer that `tokens` tokens routed top-k over `experts` touch
     (uniform routing): E (1 - (1 - k/E)^n)."""
@@ -140,6 +169,15 @@ class EngineRoofline:
     internode_bytes_s: float = 0.0  # per GPU across nodes
     max_batched_tokens: int = 8192  # vLLM's max_num_batched_tokens: decode + prefill tokens per step
     coef: Coefficients = Coefficients()
+    attn_layers: int | None = None  # full-attention layers (attention FLOPs grow with context); None: all
+    state_bytes: float = 0.0  # linear-attention state per sequence: read and written by each step it is in
+    lin_decode_flops: float = 0.0  # linear-attention FLOPs per decoded token (recurrent form)
+    lin_prefill_flops: float = 0.0  # linear-attention FLOPs per prefilled token (chunked form)
+    # expert parallel (vLLM's enable_expert_parallel): the routed experts spread over `ep_gpus` GPUs (the DP
+    # replicas' GPUs together; <= gpus: none) and each MoE layer moves tokens by `ep_backend` (ep_comm_bytes)
+    ep_gpus: int = 0
+    ep_backend: str = "allgather_reducescatter"
+    routed_active_params: float = 0.0  # routed-expert parameters one token passes through (k of E experts)
 
     def __post_init__(self) -> None:
         # per-step constants, so step_and_ideal is a handful of float operations
@@ -158,21 +196,46 @@ class EngineRoofline:
             ar = 2 * self.layers * (c.allreduce_internode_s if across else c.allreduce_s)
             if link > 0:  # seconds per token: 2 L ring all-reduces of d bf16 activations
                 comm = 2 * self.layers * 2.0 * (g - 1) / g * self.hidden * 2.0 / (link * c.eff_link)
+        ep_token = 0.0
+        if self.expert_parallel:
+            ep_fixed, ep_token = ep_costs(self)
+            ar += ep_fixed
         object.__setattr__(self, "_fixed", c.step_overhead_s + ar)
-        object.__setattr__(self, "_comm", comm)
-        object.__setattr__(self, "_attn", 4.0 * self.layers * self.q_heads * self.head_dim)
+        object.__setattr__(self, "_tp_comm", comm)
+        object.__setattr__(self, "_ep_comm", ep_token)  # seconds per token of the EP group's step
+        object.__setattr__(self, "_comm", comm + ep_token * (self.ep_gpus / g if self.expert_parallel else 0.0))
+        object.__setattr__(self, "_attn", 4.0 * (self.layers if self.attn_layers is None
+                                                     else self.attn_layers) * self.q_heads * self.head_dim)
         object.__setattr__(self, "_dense", self.weight_bytes - self.routed_bytes - self.embed_bytes)
+        # expert parallel: this replica holds gpus / ep_gpus of the experts, and in a balanced group its
+        # MoE layers see ep_gpus / gpus times its own tokens (every replica's, routed to its experts)
+        ep_share = self.gpus / self.ep_gpus if self.expert_parallel else 1.0
+        object.__setattr__(self, "_routed", self.routed_bytes * ep_share)
+        object.__setattr__(self, "_ep_fan", 1.0 / ep_share)
         object.__setattr__(self, "_miss", 1.0 - self.top_k / self.experts if self.experts else 0.0)
         object.__setattr__(self, "_2p", 2.0 * (self.active_params - self.embed_params - self.head_params))
         object.__setattr__(self, "_2h", 2.0 * self.head_params)
 
+    @property
+    def expert_parallel(self) -> bool:
+        """Whether the routed experts are spread beyond this replica's GPUs (expert parallel over DP replicas)."""
+        return self.ep_gpus > self.gpus and self.experts > 0
+
     # --- memory ---
     @property
+    def held_weight_bytes(self) -> float:
+        """Weights this replica's GPUs hold: all of them, or under expert parallel the dense part and its
+        gpus / ep_gpus share of the routed experts."""
+        if not self.expert_parallel:
+            return self.weight_bytes
+        return self.weight_bytes - self.routed_bytes + self.routed_bytes * self.gpus / self.ep_gpus
+
+    @property
     def kv_capacity_tokens(self) -> int:
-        """KV tokens the engine holds: gpus x HBM x utilization - weights - gpus x activation reserve."""
+        """KV tokens the engine holds: gpus x HBM x utilization - weights held - gpus x activation reserve."""
         c = self.coef
         free = self.gpus * (self.hbm_bytes * c.gpu_memory_utilization - c.reserve_gb_per_gpu * 1e9) \
-            - self.weight_bytes
+            - self.held_weight_bytes
         return max(0, int(free // self.kv_bytes_per_token))
 
     # --- one step ---
@@ -183,6 +246,8 @@ class EngineRoofline:
             return 0.0
         if not self.routed_bytes:
             return self._dense
+        if self.expert_parallel:
+            return self._dense + self._routed * (1.0 - self._miss ** (tokens * self._ep_fan))
         return self._dense + self.routed_bytes * (1.0 - self._miss ** tokens)
 
     def step_time(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> float:
@@ -228,25 +293,29 @@ class EngineRoofline:
 
         c = np.asarray(ctx, dtype=float)
         lin = max(self.weight_bytes_read(1) / self._bw, (self._2p + self._2h) / self._pk)
-        att = np.maximum(self.kv_bytes_per_token * c / self._bk, self._attn * c / self._pk)
+        att = np.maximum(self.kv_bytes_per_token * c / self._bk + 2.0 * self.state_bytes / self._bw,
+                         (self._attn * c + self.lin_decode_flops) / self._pk)
         return lin + att + self._fixed + self._comm
 
     # --- minima, for a lower bound on what the engine charges ---
     def min_prefill_time_per_token(self, offset):
         """No prefill token starting at `offset` (array) takes less engine time than this, in any step:
         a step's chunk is at most the budget, reads at least its weights and costs at least
-        2 (P - embedding - head) FLOPs per token, plus attention's 4 L H d_h p (a chunk's own m^2 / 2 and
-        the prefix read only add), and the token's share of the all-reduces and fixed overhead."""
+        2 (P - embedding - head) FLOPs per token, plus attention's 4 L H d_h p and the linear layers' chunked
+        FLOPs (a chunk's own m^2 / 2, the prefix read and the state read only add), and the token's share
+        of the all-reduces and fixed overhead."""
         import numpy as np
 
         b = float(self.max_batched_tokens)
         p = np.asarray(offset, dtype=float)
         lin = max(self.weight_bytes_read(b) / b / self._bw, self._2p / self._pk)
-        return lin + self._attn * p / self._pk + self._comm + self._fixed / b
+        return lin + (self._attn * p + self.lin_prefill_flops) / self._pk + self._comm + self._fixed / b
 
-    def min_busy_time(self, *, tokens: float, kv_read_tokens: float, flops: float, max_step_tokens: float) -> float:
+    def min_busy_time(self, *, tokens: float, kv_read_tokens: float, flops: float, max_step_tokens: float,
+                      state_reads: float = 0.0) -> float:
         """A lower bound on the engine time that processes `tokens` tokens (decoded or prefilled) reading at
-        least `kv_read_tokens` KV tokens and computing at least `flops` FLOPs, at most `max_step_tokens`
+        least `kv_read_tokens` KV tokens and `state_reads` sequences' linear-attention states (each read and
+        written) and computing at least `flops` FLOPs, at most `max_step_tokens`
         per step: each step costs at least max(weights / BW + KV / BW_kv, FLOPs / peak) (a sum of two
         maxima is at least the max of the sums), and summed over steps that is at least the same of the
         totals; the weights a step of N tokens reads per token, W(N) / N, only falls as N grows (W is
@@ -255,6 +324,8 @@ class EngineRoofline:
             return 0.0
         mem = tokens * self.weight_bytes_read(max_step_tokens) / max_step_tokens / self._bw \
             + self.kv_bytes_per_token * kv_read_tokens / self._bk
+        if state_reads:
+            mem += 2.0 * self.state_bytes * state_reads / self._bw
         return max(mem, flops / self._pk) + self._comm * tokens + self._fixed * tokens / max_step_tokens
 
     @property
@@ -264,33 +335,97 @@ class EngineRoofline:
 
     @property
     def attn_flops_per_ctx(self) -> float:
-        """4 L H d_h: attention FLOPs of one token per token of context."""
+        """4 L H d_h: attention FLOPs of one token per token of context (full-attention layers only)."""
         return self._attn
+
+    @property
+    def hybrid(self) -> bool:
+        """Some layers are linear attention (a per-sequence state, FLOPs linear in tokens)."""
+        return bool(self.state_bytes or self.lin_decode_flops or self.lin_prefill_flops)
 
 
 def _make_stepper(r: EngineRoofline):
-    """The one step formula (see the module docstring), closed over r's per-step constants."""
-    dense, routed, miss, kvb, attn = r._dense, r.routed_bytes, r._miss, r.kv_bytes_per_token, r._attn
+    """The one step formula (see the module docstring), closed over r's per-step constants. With
+    linear-attention layers each sequence in the step (the n decodes and the prefilling one) reads and
+    writes its state, in the attention kernel class at the weights' bandwidth share (a contiguous, unpaged
+    read), and their FLOPs are linear in tokens; without them those terms are exact zeros."""
+    dense, routed, miss, kvb, attn = r._dense, r._routed, r._miss, r.kv_bytes_per_token, r._attn
     two_p, two_h, bw, bk, pk, bw1, pk1 = r._2p, r._2h, r._bw, r._bk, r._pk, r._bw1, r._pk1
-    fixed, comm = r._fixed, r._comm
+    fixed, comm, ep_comm, fan = r._fixed, r._tp_comm, r._ep_comm, r._ep_fan
+    two_ra = 2.0 * r.routed_active_params if r.expert_parallel else 0.0
+    sb, ld, lp = 2.0 * r.state_bytes, r.lin_decode_flops, r.lin_prefill_flops
 
-    def step_and_ideal(n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
+    def step_and_ideal(n: int, ctx: float, m: float = 0.0, p: float = 0.0,
+                       group: float | None = None) -> tuple[float, float]:
+        """`group`: the tokens of every expert-parallel replica in this step (None: `fan` x this one's)."""
         tokens = n + m
         if tokens <= 0:
             return 0.0, 0.0
-        w = dense + routed * (1.0 - miss ** tokens) if routed else dense
+        big = tokens * fan if group is None else group
+        w = dense + routed * (1.0 - miss ** big) if routed else dense
         if m > 0:
             sampled = n + 1
             kv = kvb * (ctx + p)
-            fa = attn * (ctx + m * p + 0.5 * m * m)
+            st = sb * (n + 1)
+            fa = attn * (ctx + m * p + 0.5 * m * m) + ld * n + lp * m
         else:
             sampled = n
             kv = kvb * ctx
-            fa = attn * ctx
+            st = sb * n
+            fa = attn * ctx + ld * n
         fl = two_p * tokens + two_h * sampled
-        lb, lf, ab, af = w / bw, fl / pk, kv / bk, fa / pk
-        t = (lb if lb > lf else lf) + (ab if ab > af else af) + fixed + comm * tokens
-        lb, lf, ab, af = w / bw1, fl / pk1, kv / bw1, fa / pk1
+        if group is not None:  # this replica's GPUs compute their experts' share of the group's tokens
+            fl += two_ra * (group / fan - tokens)
+        lb, lf, ab, af = w / bw, fl / pk, kv / bk + st / bw, fa / pk
+        t = (lb if lb > lf else lf) + (ab if ab > af else af) + fixed + comm * tokens + ep_comm * big
+        lb, lf, ab, af = w / bw1, fl / pk1, (kv + st) / bw1, fa / pk1
         return t, (lb if lb > lf else lf) + (ab if ab > af else af)
 
     return step_and_ideal
+
+
+def ep_comm_bytes(tokens: float, hidden: int, ep_gpus: int, top_k: int, backend: str) -> float:
+    """Bytes one GPU moves over its link in one MoE layer under expert parallel, for `tokens` tokens of the
+    whole EP group (bf16 activations, d = hidden, G = ep_gpus, uniform routing):
+
+    - "allgather_reducescatter" (vLLM's default all2all backend, vLLM docs "Expert Parallel Deployment"):
+      every GPU gathers all tokens' activations and reduce-scatters its experts' outputs back, two ring
+      collectives: 2 (G - 1) / G x tokens x d x 2 B;
+    - "all_to_all" (DeepEP / pplx kernels: a token goes once to each rank holding one of its top-k experts,
+      DeepEP's dispatch and combine): a GPU sends its tokens / G tokens to the (G - 1)(1 - (1 - 1/G)^k)
+      other ranks expected to hold one of their k experts, and takes the same back:
+      2 x tokens / G x (G - 1)(1 - (1 - 1/G)^k) x d x 2 B."""
+    g = ep_gpus
+    if g <= 1 or tokens <= 0:
+        return 0.0
+    if backend == "allgather_reducescatter":
+        return 2.0 * (g - 1) / g * tokens * hidden * 2.0
+    if backend == "all_to_all":
+        remote = (g - 1) * (1.0 - (1.0 - 1.0 / g) ** top_k)
+        return 2.0 * tokens / g * remote * hidden * 2.0
+    raise ValueError(f"ep_backend must be 'allgather_reducescatter' or 'all_to_all', got {backend!r}")
+
+
+def ep_costs(r: EngineRoofline) -> tuple[float, float]:
+    """(seconds per step, seconds per token of the EP group) of expert parallel's per-layer exchanges: two
+    collectives per MoE layer (dispatch and combine), each at the all-reduce latency, and ep_comm_bytes over
+    the link (a ring's bus bandwidth for the gather / scatter pair, the NIC across nodes for all-to-all).
+    Every layer is taken as an MoE layer."""
+    c = r.coef
+    across = r.ep_gpus > r.gpus_per_node
+    if r.ep_backend == "allgather_reducescatter":
+        link = ring_bytes_s(r.link_bytes_s, r.internode_bytes_s, r.gpus_per_node, across)
+    else:
+        link = r.internode_bytes_s if across else r.link_bytes_s
+    fixed = 2 * r.layers * (c.allreduce_internode_s if across else c.allreduce_s)
+    per_token = ep_comm_bytes(1.0, r.hidden, r.ep_gpus, r.top_k, r.ep_backend)
+    return fixed, (r.layers * per_token / (link * c.eff_link) if link > 0 else 0.0)
+
+
+def ep_group_step_time(r: EngineRoofline, batches: list[tuple[int, float, float, float]]) -> float:
+    """Seconds of one lockstep step of the expert-parallel replicas (vLLM runs DP ranks of an MoE together:
+    each MoE layer waits for every rank's tokens): the slowest replica's step, each replica reading its
+    experts for, computing its share of, and exchanging the tokens of all `batches` (n, ctx, m, p)."""
+    group = float(sum(n + m for n, _, m, _ in batches))
+    step = r.stepper()
+    return max((step(n, ctx, m, p, group)[0] for n, ctx, m, p in batches if n + m > 0), default=0.0)

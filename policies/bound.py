@@ -9,8 +9,10 @@ Every term is a minimum of something the simulator charges (its engine and gyre.
   same of the sums + overhead x steps (EngineRoofline.min_busy_time), where the
   tokens are the decoded ones plus the prefill each turn needs at least (the prompt, each tool output;
   never a preemption's or a migration's recomputation), each decode token reads and attends to at
-  least its segment's starting context, each prefill token attends to at least its offset, and a step
-  holds at most max(budget, KV capacity / smallest context) tokens. Linear costs: a per step plus
+  least its segment's starting context (and, on a hybrid model, reads and writes its sequence's
+  linear-attention state and costs the linear layers' decode FLOPs; each prefill token their chunked
+  FLOPs), each prefill token attends to at least its offset, and a step holds at most
+  max(budget, KV capacity / (smallest context + a sequence's state)) tokens. Linear costs: a per step plus
   b, c and the per-token prefill price, at the same minima.
 - training GPU-work: 6 x active params per trained token plus attention (Costs.train_time);
 - solo latency of an execution: each token decoded at batch 1 at its segment's starting context,
@@ -123,14 +125,17 @@ def rollout_gpu_s_min(p: _PerExec, costs: Costs) -> float:
     tokens = float(p.gen.sum() + p.pf.sum())
     if tokens <= 0:
         return 0.0
-    n_max = max(costs.max_batched_tokens, costs.kv_capacity_tokens // p.min_ctx)
+    n_max = max(costs.max_batched_tokens, costs.kv_capacity_tokens // (p.min_ctx + costs.state_tokens))
     r = costs.roofline
     if r is None:
         busy = costs.step_a * tokens / n_max + costs.step_b * float(p.gen.sum()) + costs.step_c * float(p.kv_gen.sum()) \
             + costs.prefill_s_per_token * float(p.pf.sum())
     else:
         flops = r.flops_per_token * tokens + r.attn_flops_per_ctx * float(p.kv_gen.sum() + p.pf_offset.sum())
-        busy = r.min_busy_time(tokens=tokens, kv_read_tokens=float(p.kv_gen.sum()), flops=flops, max_step_tokens=n_max)
+        if r.hybrid:  # linear-attention layers: FLOPs per token, and each decode reads its sequence's state
+            flops += r.lin_decode_flops * float(p.gen.sum()) + r.lin_prefill_flops * float(p.pf.sum())
+        busy = r.min_busy_time(tokens=tokens, kv_read_tokens=float(p.kv_gen.sum()), flops=flops, max_step_tokens=n_max,
+                               state_reads=float(p.gen.sum()))
     return busy * costs.engine_gpus
 
 

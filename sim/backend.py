@@ -146,9 +146,10 @@ class SimCluster(ClusterBase):
             self._deferred.append((h, True))
             return
         transfer = self.costs.migration == "kv_transfer" and kv > 0
-        if transfer:  # the KV travels (its context arrives resident if it fits the destination)
+        if transfer:  # the KV (and a hybrid model's state) travels; its context arrives resident if it fits there
             ex.resident = kv
-            ex.ready_at = max(ex.ready_at if ex.ready_at is not None else t, t + kv * self.costs.kv_transfer_s_per_token)
+            moved = (kv + self.costs.state_tokens) * self.costs.kv_transfer_s_per_token
+            ex.ready_at = max(ex.ready_at if ex.ready_at is not None else t, t + moved)
         dst.add_migrated(ex, t, transfer)
         self._log(("migrate", t, ex.id, src.id, dst.id))
         self._deferred.append((h, True))
@@ -222,8 +223,9 @@ class SimCluster(ClusterBase):
 
     def admit(self, execution: SimExecution, engine: SimEngine) -> Handle:
         ex, eng = self._check_admit(execution, engine)
-        if ex.max_ctx + 2 > self.costs.kv_capacity_tokens * (1 - 1e-9):
-            raise ConfigError(f"execution {ex.id} reaches a {ex.max_ctx:,}-token context; an engine holds "
+        if ex.max_ctx + self.costs.state_tokens + 2 > self.costs.kv_capacity_tokens * (1 - 1e-9):
+            state = f" and a {self.costs.state_tokens:,.0f}-token state" if self.costs.state_tokens else ""
+            raise ConfigError(f"execution {ex.id} reaches a {ex.max_ctx:,}-token context{state}; an engine holds "
                               f"{self.costs.kv_capacity_tokens:,} KV tokens (a larger model parallelism or GPU is needed)")
         t = self.env._now
         self.log.append(("admit", t, ex.id, eng.id))
@@ -378,6 +380,13 @@ class SimCluster(ClusterBase):
             assert e.kv_used <= self.costs.kv_capacity_tokens * (1 + 1e-12), f"engine {e.id} KV over capacity"
             held = sum(x.resident for x in e.members.values() if x.phase != Phase.DECODE)
             assert abs(held - e.mem_fixed) <= 1e-6 * (1 + held), f"engine {e.id} KV accounting {held} != {e.mem_fixed}"
+            if self.costs.state_tokens:  # counted from the members, not from the engine's sums
+                v = e.V + (self.now - e.t_last) * e.rate
+                kv = sum(x.ctx + v - x.v_start if x.phase == Phase.DECODE else x.resident for x in e.members.values())
+                holders = sum(1 for x in e.members.values() if x.phase == Phase.DECODE or x.resident > 0)
+                total = kv + holders * self.costs.state_tokens
+                assert total <= self.costs.kv_capacity_tokens * (1 + 1e-9), \
+                    f"engine {e.id} KV {kv:,.0f} + {holders} states over capacity {self.costs.kv_capacity_tokens:,}"
             pending = sum(x.pf_left for x in e.prefill)
             assert abs(pending - e.pf_pending) <= 1e-6 * (1 + pending), f"engine {e.id} prefill {pending} != {e.pf_pending}"
             for x in e.members.values():

@@ -18,7 +18,7 @@ from rich.table import Table
 from gyre.config import ConfigError, RunConfig, override
 from gyre.faults import spec_error
 from gyre.policies import REGISTRY, UnknownPolicy, baselines, check_params, policy_class, takes
-from gyre.presets import DEFAULT_PRESET, PRESETS, get_preset
+from gyre.presets import DEFAULT_PRESET, MODELS, PRESETS, get_preset
 from gyre.sim import cli_engine, cli_traces
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulator: compare RL scheduling policies.")
@@ -181,7 +181,7 @@ def _print_table(table, title: str) -> None:
 
 @app.command()
 def presets() -> None:
-    """List the named presets."""
+    """List the named presets, and the models with their KV bytes per token and state bytes per sequence."""
     t = Table(title="presets")
     for c in ("name", "model", "GPUs", "engine GPUs", "steps", "groups x size", "description"):
         t.add_column(c)
@@ -191,6 +191,15 @@ def presets() -> None:
         t.add_row(name, cfg.cluster.model.name, str(cfg.cluster.gpus), str(costs.engine_gpus), str(cfg.steps),
                   f"{cfg.workload.groups_per_step} x {cfg.workload.group_size}", (fn.__doc__ or "").strip())
     console.print(t)
+    m = Table(title="models")
+    for c in ("name", "params (total / active)", "layers (full / linear)", "KV bytes per token",
+              "state bytes per sequence"):
+        m.add_column(c)
+    for model in MODELS.values():
+        m.add_row(model.name, f"{model.total_params_b:g}B / {model.active_params_b:g}B",
+                  f"{model.layers} ({model.full_layers} / {model.linear_layers})", f"{model.kv_bytes_per_token:,.0f}",
+                  f"{model.state_bytes_per_seq:,.0f}")
+    console.print(m)
 
 
 cli_traces.register(app)

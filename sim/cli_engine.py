@@ -2,6 +2,7 @@
 
     gyre-sim calibrate-engine RUN_DIR -o engine.json [--report report.json] [--figures DIR] [--split 0.7]
     gyre-sim calibrate-engine RUN_DIR --engine engine.json [--report ...] [--figures ...]
+    ... [--model NAME | --model-config config.json] [--gpu NAME]
 
 The first fits the coefficients on the first `--split` of requests by arrival and reports on the
 rest; the second fits nothing and reports the given calibration (from any GPU or model: applied
@@ -101,6 +102,11 @@ def calibrate_engine_cmd(
     figures: Annotated[Optional[Path], typer.Option("--figures", help="folder for the figures")] = None,
     split: Annotated[float, typer.Option("--split", help="fitted share of requests, by arrival")] = 0.7,
     engine: Annotated[Optional[Path], typer.Option("--engine", help="apply this calibration; fit nothing")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="model preset (default: meta.json's id)")] = None,
+    model_config: Annotated[Optional[Path], typer.Option(
+        "--model-config", help="Hugging Face config.json of the model (default: config.json beside the run)")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU preset (default: meta.json's device name, "
+                                                             "else the folder name <gpu>_<model>)")] = None,
 ) -> None:
     """Fit the engine cost model to a real vLLM run's logs; report held-out errors (or apply --engine's)."""
     from rich.table import Table
@@ -108,7 +114,7 @@ def calibrate_engine_cmd(
     from gyre.sim.cli import console
 
     try:
-        run = read_run(run_dir)
+        run = read_run(run_dir, model=model, model_config=model_config, gpu=gpu)
         coeffs = load_engine(engine) if engine is not None else None
         if coeffs is None and not 0.0 < split < 1.0:
             raise RunError(f"--split must be in (0, 1), got {split}")

@@ -137,6 +137,8 @@ def print_report(r: dict) -> None:
     console.print(f"{r['trace']}: {r['executions']} executions, fitted {r['fitted']}, held out {r['held_out']}; "
                   f"length = {r['scale_target']}, cap {r['cap']}, difficulty sigma {r['difficulty_sigma']:.3f}, "
                   f"drift/step {r['drift_per_step']:+.4f} ({d.get('why', '')})", highlight=False)
+    if r.get("recent", {}).get("chosen", 1.0) < 1.0:
+        console.print(f"  fitted on the most recent {r['recent']['chosen']:.0%}: {r['recent']['why']}", highlight=False)
     for name, t in r.get("tails", {}).items():
         shape = f"GPD above {t['u']:g} (xi {t['xi']:.3f}, {t['p_tail']:.1%} of values)" if t.get("xi") is not None \
             else ("empirical tail" if t["kind"] == "tail" else "log-normal mixture")
@@ -171,6 +173,9 @@ def calibrate_cmd(
     drift: Annotated[str, typer.Option("--drift", help=f"length drift over steps: {', '.join(DRIFT_MODES)} (auto: "
                                                        "kept only where it improves the held-out fit; off for "
                                                        "request/session traces)")] = "auto",
+    recent: Annotated[str, typer.Option("--recent", help="request/session traces: auto (fit the most recent half "
+                                                         "or quarter when it predicts the trace's end better) "
+                                                         "or all")] = "auto",
     skip_bad: SkipBad = False, group_size: GroupSize = 8, groups_per_step: GroupsPerStep = 64,
     time_field: TimeF = None, input_field: InF = None, output_field: OutF = None, sessions_field: SessF = None,
     tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns",
@@ -181,7 +186,7 @@ def calibrate_cmd(
     names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
     tr, _ = _load(trace, fmt, skip_bad, group_size, groups_per_step, names, cap)
     try:
-        opts = CalibrateOptions(split=split, cap=cap, k=k, seed=seed, drift=drift)
+        opts = CalibrateOptions(split=split, cap=cap, k=k, seed=seed, drift=drift, recent=recent)
         cw = calibrate(tr, opts)
     except (TraceError, ValueError) as exc:
         _fail(exc)

@@ -16,7 +16,9 @@ timer). Its next turn's context is `ctx`; `resident` of it is in KV; the rest (t
 or all of it after a preemption or a re-prefill migration) must be prefilled here before it decodes.
 
 KV memory is a hard limit: KV in use is the resident context of every member plus the growing
-contexts of the decodes, and never exceeds capacity. Leaving the wait queue (FIFO, head-of-line, as
+contexts of the decodes, plus, for a hybrid linear-attention model, one fixed state (`Costs.state_tokens`,
+in KV-token units) per member that holds KV (decoding, or with a resident context: a cached context is
+resumable only with the state at its end), and never exceeds capacity. Leaving the wait queue (FIFO, head-of-line, as
 vLLM schedules) reserves the tokens it will prefill. When growth would fill the memory an event
 fires and the engine preempts, as vLLM does in recompute mode, the most recently admitted execution
 holding KV: its KV is freed, it goes to the front of the wait queue (a tool call keeps running) and
@@ -27,7 +29,8 @@ room (each logged as a preemption, since it will be recomputed). At most `max_nu
 run (prefill queue plus decode batch), as in vLLM's scheduler: the wait queue's head starts only while
 fewer run, so a waiting execution starts when a running one leaves (its segment ends, it is preempted
 or dropped). Optional reservation mode admits an execution only if its largest context fits beside the
-others' and never preempts. A context larger than the whole engine is a configuration error
+others' and never preempts (one that already holds its reservation, back from a tool call, does not wait
+behind a head that cannot start). A context larger than the whole engine is a configuration error
 (SimCluster.admit). KV pressure (preemption, eviction) lives in gyre.sim.kv_pressure, and migrations,
 crashes and weight syncs in gyre.sim.engine_moves: both are mixins of SimEngine.
 
@@ -69,7 +72,7 @@ class SimEngine(KvPressure, EngineMoves):
         "pf_pending", "pf_resident", "_pf_due", "_adm", "V", "t_last", "rate", "pf_rate", "n_dec", "kv_dec_base",
         "mem_fixed", "reserved", "paused", "epoch", "_free_prefill", "_budget", "_max_seqs", "_reserve", "_kv_cap",
         "_full", "_req", "_wake_q", "_wake_seq", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq",
-        "_dirty", "_limit",
+        "_dirty", "_st", "_limit",
     )
 
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
@@ -104,6 +107,7 @@ class SimEngine(KvPressure, EngineMoves):
         self._max_seqs = c.max_num_seqs if c.max_num_seqs > 0 else _INF
         self._reserve = c.kv_reserve
         self._kv_cap = c.kv_capacity_tokens
+        self._st = c.state_tokens  # a KV holder's linear-attention state, in KV tokens (0: none)
         self._full = c.kv_capacity_tokens * _FULL
         self._req = c.request_s
         self._wake_q, self._wake_seq = cluster.fine_queue  # SimCluster.schedule's heap and tie-breaker
@@ -116,7 +120,8 @@ class SimEngine(KvPressure, EngineMoves):
         self._step2 = c.roofline.stepper() if c.roofline is not None else (
             lambda n, k, m=0.0, p=0.0: (c.step_time(n, k, m, p), 0.0))
         self._seq = itertools.count()
-        self._limit = admission_limit(c.kv_capacity_tokens, cluster.source.config.max_context, c.admission_fill)
+        self._limit = admission_limit(c.kv_capacity_tokens, cluster.source.config.max_context, c.admission_fill,
+                                      c.state_tokens)
 
     # --- EngineView ---
     @property
@@ -150,7 +155,11 @@ class SimEngine(KvPressure, EngineMoves):
     @property
     def kv_used(self) -> float:
         v = self.V + (self.cluster.now - self.t_last) * self.rate
-        return self.mem_fixed + self.kv_dec_base + self.n_dec * v
+        return self.mem_fixed + self.kv_dec_base + self.n_dec * v + (self._states() if self._st else 0.0)
+
+    def _states(self) -> float:
+        """The linear-attention states of the members holding KV (decoding, or a resident context)."""
+        return self._st * sum(1 for x in self.members.values() if x.phase == _DECODE or x.resident > 0)
 
     # --- fluid clock ---
     def _advance(self, t: float) -> None:
@@ -167,7 +176,7 @@ class SimEngine(KvPressure, EngineMoves):
         self.t_last = t
 
     def _used(self) -> float:
-        return self.mem_fixed + self.kv_dec_base + self.n_dec * self.V
+        return self.mem_fixed + self.kv_dec_base + self.n_dec * self.V + (self._states() if self._st else 0.0)
 
     def _reschedule(self) -> None:
         """Plan this engine's next wakeup: a segment end, a tool return, the prefill head's end or KV full."""
@@ -177,7 +186,7 @@ class SimEngine(KvPressure, EngineMoves):
         ready = self._ready
         wake = ready[0][0] if ready else _INF
         dec = self.kv_dec_base + n * self.V  # decode context
-        used = self.mem_fixed + dec
+        used = self.mem_fixed + dec + (self._states() if self._st else 0.0)
         if used > self.kv_peak:
             self.kv_peak = used
         pf = self.prefill
@@ -243,7 +252,7 @@ class SimEngine(KvPressure, EngineMoves):
             self.roof_s += dt * self._roof
         self.t_last = t
         V = self.V
-        used = self.mem_fixed + self.kv_dec_base + self.n_dec * V
+        used = self.mem_fixed + self.kv_dec_base + self.n_dec * V + (self._states() if self._st else 0.0)
         if used > self.kv_peak:
             self.kv_peak = used
         heap = self._heap
@@ -302,7 +311,7 @@ class SimEngine(KvPressure, EngineMoves):
                     ex.phase = _QUEUED
                     queue.append(ex)
         n = self.n_dec
-        if n and not self._reserve and self.mem_fixed + self.kv_dec_base + n * self.V + n > self._full:
+        if n and not self._reserve and self._used() + n > self._full:
             self._make_room(t)
         if self.queue:
             self._drain_queue(t)
@@ -338,21 +347,29 @@ class SimEngine(KvPressure, EngineMoves):
             ex = queue[0]
             need = ex.ctx - ex.resident
             if reserve:
-                if not ex.reserved and self.reserved + ex.max_ctx > self._full:
-                    break
+                if not ex.reserved and self.reserved + ex.max_ctx + self._st > self._full:
+                    # an execution behind it that holds a reservation needs no new memory: it goes first
+                    # (it may be what the head waits for)
+                    ex = next((x for x in queue if x.reserved), None)
+                    if ex is None:
+                        break
+                    need = ex.ctx - ex.resident
             else:
-                n = self.n_dec  # over = _used() + need + n + 1 - full, leaving a step of headroom
-                over = self.mem_fixed + self.kv_dec_base + n * self.V + need + n + 1 - self._full
+                n = self.n_dec  # over = _used() + need (+ its state) + n + 1 - full, leaving a step of headroom
+                over = self._used() + need + (self._st if ex.resident <= 0 else 0.0) + n + 1 - self._full
                 if over > 0:
                     # the KV of executions that are not running (tool calls, waiting) is a cache: evict it,
                     # newest first, if that makes room; otherwise wait for the running ones to free theirs
-                    if self.mem_fixed - self.pf_resident - ex.resident < over:
+                    if self._idle_kv(ex) < over:
                         break
                     self._evict_idle(over, ex, t)
-            queue.popleft()
+            if ex is queue[0]:
+                queue.popleft()
+            else:
+                queue.remove(ex)
             if reserve and not ex.reserved:
-                ex.reserved = ex.max_ctx
-                self.reserved += ex.max_ctx
+                ex.reserved = ex.max_ctx + self._st
+                self.reserved += ex.reserved
             if ex.started_at is None:
                 ex.started_at = t
                 ex.deadline_at = t + ex.spec.deadline_s

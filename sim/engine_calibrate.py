@@ -2,9 +2,10 @@
 
 The replay (engine_replay) runs every request of the run through the simulator's own step cost
 (gyre.roofline.EngineRoofline, built by gyre.hardware.engine_roofline from the run's GPU and model
-presets and its tensor-parallel size). The coefficients fitted (gyre.roofline.Coefficients) are the
+presets, its tensor-parallel size and, for an MoE served with enable_expert_parallel, its experts spread
+over all data-parallel replicas' GPUs with the replicas stepping in lockstep). The coefficients fitted (gyre.roofline.Coefficients) are the
 efficiencies of weight reads, KV reads and compute and the fixed step overhead, plus the all-reduce
-latency when the run is tensor parallel (otherwise no step depends on it and it keeps its default);
+latency when the run is tensor or expert parallel (otherwise no step depends on it and it keeps its default);
 they are fitted to
 the first `split` of requests by arrival and judged on the rest, next to the uncalibrated model (the
 coefficients' cited defaults). KV capacity is the run's logged block count when it has one, otherwise
@@ -24,16 +25,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from scipy import optimize
 
-from gyre.config import ConfigError
 from gyre.hardware import engine_roofline
-from gyre.presets import find_gpu, find_model
-from gyre.roofline import Coefficients, EngineRoofline
+from gyre.roofline import Coefficients, EngineRoofline, ep_group_step_time
 from gyre.sim.engine_replay import ReplayResult, SchedulerArgs, replay
 from gyre.sim.engine_run import Requests, Run, RunError, read_json
 
@@ -42,19 +42,17 @@ METRICS = ("e2e_median_rel_err", "e2e_p90_rel_err", "ttft_median_rel_err", "make
 
 
 FITTED = ("eff_bw", "eff_kv", "eff_flops", "step_overhead_s")
-FITTED_TP = FITTED + ("allreduce_s",)  # a tensor-parallel run also fits the all-reduce latency
+FITTED_TP = FITTED + ("allreduce_s",)  # a tensor- or expert-parallel run also fits the collectives' latency
 APPLIED = FITTED_TP  # what engine.json carries and --engine applies
 
 
 def setup(run: Run, coef: Coefficients) -> tuple[EngineRoofline, SchedulerArgs]:
     """The step cost and scheduler arguments of the run's own GPU, model and engine arguments."""
-    try:
-        model, gpu = find_model(run.model), find_gpu(run.gpu)
-    except ConfigError as exc:
-        raise RunError(f"{run.path / 'meta.json'}: {exc}") from None
+    model, gpu = run.model_cfg, run.gpu_cfg
     e = run.engine
     coef = replace(coef, gpu_memory_utilization=e.gpu_memory_utilization)
-    roof = engine_roofline(model, gpu, e.tensor_parallel, coef, e.max_num_batched_tokens)
+    roof = engine_roofline(model, gpu, e.tensor_parallel, coef, e.max_num_batched_tokens,
+                           ep_gpus=e.tensor_parallel * e.data_parallel if e.expert_parallel else 0)
     blocks = e.kv_blocks if e.kv_blocks is not None else roof.kv_capacity_tokens // e.block_size
     if blocks <= 0:
         raise RunError(f"{run.path / 'meta.json'}: {model.name} ({model.infer_weight_bytes / 1e9:.1f} GB of weights) "
@@ -67,8 +65,9 @@ def setup(run: Run, coef: Coefficients) -> tuple[EngineRoofline, SchedulerArgs]:
 def simulate(run: Run, coef: Coefficients) -> ReplayResult:
     roof, args = setup(run, coef)
     r = run.requests
+    group = partial(ep_group_step_time, roof) if roof.expert_parallel else None
     try:
-        return replay(r.queued, r.input_toks, r.output_toks, args, roof.step_time, run.engine.data_parallel)
+        return replay(r.queued, r.input_toks, r.output_toks, args, roof.step_time, run.engine.data_parallel, group)
     except ValueError as exc:
         raise RunError(f"{run.path / 'requests.jsonl'}: {exc}") from None
 
@@ -99,7 +98,8 @@ class Fit:
 
 def fit(run: Run, idx: np.ndarray, start: Coefficients = Coefficients(), max_evals: int = 240) -> Fit:
     """Coefficients minimizing the loss on requests `idx` (see the module docstring)."""
-    names = FITTED_TP if run.engine.tensor_parallel > 1 else FITTED
+    e = run.engine
+    names = FITTED_TP if e.tensor_parallel > 1 or (e.expert_parallel and e.data_parallel > 1) else FITTED
 
     def coef_of(x: np.ndarray) -> Coefficients:
         return replace(start, **{k: math.exp(v) for k, v in zip(names, x)})
@@ -126,7 +126,8 @@ def engine_json(coef: Coefficients, run: Run, fitted: tuple[str, ...], report: d
     """engine.json: the coefficients, which were fitted, and the run they were fitted on (or applied to)."""
     return {"gyre_engine": ENGINE_FORMAT, "coeffs": coef_dict(coef), "fitted": list(fitted),
             "applied_to" if applied else "fitted_on": {
-                "run": str(run.path), "model": run.model, "gpu": run.gpu,
+                "run": str(run.path), "model": run.model, "model_preset": run.model_cfg.name, "gpu": run.gpu,
+                "gpu_preset": run.gpu_cfg.name,
                 "tensor_parallel": run.engine.tensor_parallel, "requests": len(run.requests)},
             "report": report}
 

@@ -44,7 +44,7 @@ class EngineMoves:
         self._advance(t)
         ex.engine = self
         self.members[ex.id] = ex
-        if kv_fits_free and ex.resident and self._used() + ex.resident + self.n_dec + 1 <= self._full:
+        if kv_fits_free and ex.resident and self._used() + ex.resident + self._st + self.n_dec + 1 <= self._full:
             self.mem_fixed += ex.resident
             self._admitted(ex)
         else:

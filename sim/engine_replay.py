@@ -21,8 +21,13 @@ re-prefills prompt plus generated tokens. The step's duration comes from a step-
 Several prefill chunks in one step enter as one chunk of their total length M at the offset p' that
 keeps the step's KV read (ctx + p) and attention FLOPs (ctx + M p' + M^2 / 2) exact (the roofline is
 linear in both; the decode context absorbs the difference).
-Data-parallel replicas each take a new arrival when it comes, the least loaded first (running +
-waiting), as vLLM's internal load balancer does.
+Data-parallel replicas each take a new arrival when it comes, routed as vLLM's DP load balancer routes
+it (vllm/v1/engine/core_client.py, DPLBAsyncMPClient.get_core_engine_for_request): to the replica of
+least 4 x waiting + running, the first in rank order on a tie, from counts the DP coordinator
+publishes every 100 ms plus one waiting request for each request the client routed since. An MoE's
+replicas under expert parallel (`group_step`) step in lockstep, as vLLM runs DP ranks of an MoE (every
+MoE layer waits for all ranks' tokens): each step starts on all replicas at once and lasts
+`group_step(batches)` (gyre.roofline.ep_group_step_time); replicas with nothing to run wait it out.
 
 Not modelled: prefix-cache hits (ShareGPT prompts barely share prefixes), async scheduling's overlap,
 the scheduling of requests that arrive during a step before that step ends (they wait for the next).
@@ -38,6 +43,8 @@ from dataclasses import dataclass
 import numpy as np
 
 StepTime = Callable[[int, float, float, float], float]  # (decodes, their context, chunk tokens, chunk offset) -> s
+Batch = tuple[int, float, float, float]
+LB_INTERVAL_S = 0.1  # vLLM's DP coordinator publishes replicas' request counts every 100 ms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,6 +66,25 @@ class ReplayResult:
     running_n: np.ndarray  # running requests (all replicas) just after each step's scheduling
 
 
+class DPBalancer:
+    """vLLM's DP load balancer (module docstring): least 4 x waiting + running, from counts refreshed at
+    most every LB_INTERVAL_S, plus one waiting request per request routed since."""
+
+    def __init__(self, replicas: int) -> None:
+        self.counts = [[0, 0] for _ in range(replicas)]
+        self.heard = -np.inf
+
+    def route(self, now: float, live: list[tuple[int, int]]) -> int:
+        """The replica for a request arriving at `now`; `live`: each replica's (waiting, running) now."""
+        if now >= self.heard + LB_INTERVAL_S:
+            self.heard = now
+            self.counts = [list(c) for c in live]
+        c = self.counts
+        ri = min(range(len(c)), key=lambda j: (4 * c[j][0] + c[j][1], j))
+        c[ri][0] += 1
+        return ri
+
+
 class _Replica:
     """One engine's scheduler state; request state lives in the shared arrays of `replay`."""
 
@@ -71,14 +97,11 @@ class _Replica:
         self.pending: list[tuple[int, int]] = []  # (request, new tokens) of the step in flight
         self.starting = False  # an idle replica's start is queued
 
-    @property
-    def load(self) -> int:
-        return len(self.running) + len(self.waiting)
-
 
 def replay(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, args: SchedulerArgs, step_time: StepTime,
-           replicas: int = 1) -> ReplayResult:
-    """Run every request (arrays in arrival order) through `replicas` engines; see the module docstring."""
+           replicas: int = 1, group_step: Callable[[list[Batch]], float] | None = None) -> ReplayResult:
+    """Run every request (arrays in arrival order) through `replicas` engines; with `group_step`, in
+    lockstep (expert parallel); see the module docstring."""
     n = len(arrival)
     bs = args.block_size
     computed = [0] * n
@@ -99,8 +122,9 @@ def replay(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, args: Sc
     trace_t: list[float] = []
     trace_n: list[int] = []
 
-    def start_step(r: _Replica, ri: int, now: float) -> None:
-        nonlocal preempt, steps
+    def plan(r: _Replica, now: float) -> Batch | None:
+        """Schedule replica r's next step (vLLM's scheduler); its (decodes, context, chunk, offset) or None."""
+        nonlocal preempt
         budget = args.max_num_batched_tokens
         sched_now: list[tuple[int, int]] = []
         preempted = False
@@ -146,8 +170,8 @@ def replay(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, args: Sc
         if not sched_now:
             r.pending = []
             if preempted and r.waiting:  # everything running was preempted: the next step admits
-                start_step(r, ri, now)
-            return
+                return plan(r, now)
+            return None
         n_dec = 0
         ctx = big_m = sum_p = attn = 0.0
         for q, m in sched_now:
@@ -163,12 +187,28 @@ def replay(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, args: Sc
         if big_m and attn != big_m * sum_p + 0.5 * big_m * big_m:  # several chunks: one equivalent chunk
             p_eff = (attn - 0.5 * big_m * big_m - sum_p) / (big_m - 1)
             ctx += sum_p - p_eff
+        r.pending = sched_now
+        return n_dec, ctx, big_m, p_eff
+
+    def start_step(r: _Replica, ri: int, now: float) -> None:
+        nonlocal steps
+        if group_step is not None:  # lockstep: every replica plans, the step lasts the group's time
+            batches = [b for b in (plan(x, now) for x in reps) if b is not None]
+            if not batches:
+                return
+            dt = group_step(batches)
+            for x in reps:
+                x.busy_until = now + dt
+            heapq.heappush(events, (now + dt, 0, -1))
+        else:
+            b = plan(r, now)
+            if b is None:
+                return
+            r.busy_until = now + step_time(*b)
+            heapq.heappush(events, (r.busy_until, 0, ri))
         steps += 1
         trace_t.append(now)
         trace_n.append(sum(len(x.running) for x in reps))
-        r.pending = sched_now
-        r.busy_until = now + step_time(n_dec, ctx, big_m, p_eff)
-        heapq.heappush(events, (r.busy_until, 0, ri))
 
     def end_step(r: _Replica, now: float) -> None:
         for q, m in r.pending:
@@ -185,18 +225,28 @@ def replay(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, args: Sc
                     blocks[q] = 0
         r.pending = []
 
+    balancer = DPBalancer(replicas)
+
+    def idle(ri: int) -> bool:
+        return not any(x.pending for x in reps) if group_step is not None else not reps[ri].pending
+
     while events:
         now, kind, idx = heapq.heappop(events)
         if kind == 1:
-            ri = min(range(replicas), key=lambda j: (reps[j].load, j))
+            ri = balancer.route(now, [(len(x.waiting), len(x.running)) for x in reps]) if replicas > 1 else 0
             r = reps[ri]
             r.waiting.append(idx)
-            if not r.pending and not r.starting:  # idle: start once every arrival at this instant is in
-                r.starting = True
-                heapq.heappush(events, (now, 2, ri))
+            si = 0 if group_step is not None else ri
+            if idle(ri) and not reps[si].starting:  # idle: start once every arrival at this instant is in
+                reps[si].starting = True
+                heapq.heappush(events, (now, 2, si))
         elif kind == 2:
             reps[idx].starting = False
             start_step(reps[idx], idx, now)
+        elif idx < 0:  # a lockstep step ended on every replica
+            for x in reps:
+                end_step(x, now)
+            start_step(reps[0], 0, now)
         else:
             r = reps[idx]
             end_step(r, now)

@@ -3,10 +3,10 @@
 A run directory holds three files (the layout of LLMServingSim's vLLM validation runs):
 
 - `meta.json`: `model` (a Hugging Face name), `engine_kwargs` (`tensor_parallel_size`,
-  `data_parallel_size`, `max_num_seqs`, `max_num_batched_tokens`; optional `pipeline_parallel_size`,
-  `dtype`), optionally `kv_cache` (`num_gpu_blocks`, `block_size`, `gpu_memory_utilization`) and
-  `hardware.device_name`. Without a device name the GPU is the directory name's part before its
-  first `_` (`<gpu>_<model>/`, the layout the runs are shipped in).
+  `data_parallel_size`, `enable_expert_parallel`, `max_num_seqs`, `max_num_batched_tokens`; optional
+  `pipeline_parallel_size`, `dtype`), optionally `kv_cache` (`num_gpu_blocks`, `block_size`,
+  `gpu_memory_utilization`) and `hardware.device_name`. The model and GPU presets are resolved from
+  these, a config.json beside the run, or flags (gyre.sim.engine_models).
 - `requests.jsonl`: one request a line: `input_toks`, `output_toks` and the engine's monotonic
   `queued_ts`, `scheduled_ts`, `first_token_ts`, `last_token_ts` (seconds); `arrival_time` (the
   client's wall clock) is not used: replay starts each request at its `queued_ts`.
@@ -26,6 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from gyre.config import ConfigError
+from gyre.hardware import GpuConfig, ModelConfig
+
 REQUEST_FIELDS = ("input_toks", "output_toks", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
 
 
@@ -39,6 +42,7 @@ class EngineArgs:
 
     tensor_parallel: int = 1
     data_parallel: int = 1
+    expert_parallel: bool = False  # vLLM's enable_expert_parallel: MoE experts spread over all DP x TP GPUs
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     block_size: int = 16
@@ -82,9 +86,11 @@ class Requests:
 @dataclass(frozen=True, kw_only=True)
 class Run:
     path: Path
-    model: str
+    model: str  # the name the run gives (meta.json's id), else the preset's
     gpu: str
     engine: EngineArgs
+    model_cfg: ModelConfig
+    gpu_cfg: GpuConfig
     requests: Requests
     timeseries: dict[str, np.ndarray] | None  # column -> values, `t` in seconds from the run's start
 
@@ -100,6 +106,13 @@ def _num(obj: dict, key: str, where: str, *, integer: bool = False, positive: bo
     return int(v) if integer else float(v)
 
 
+def _flag(obj: dict, key: str, where: str) -> bool:
+    v = obj.get(key, False)
+    if v is None or isinstance(v, bool):
+        return bool(v)
+    raise RunError(f"{where}: field {key!r} must be true or false, got {v!r}")
+
+
 def read_json(path: Path, missing: str = "missing") -> Any:
     """The JSON document in `path`; RunError naming the file (and line) if it is missing, unreadable or not JSON."""
     try:
@@ -112,14 +125,14 @@ def read_json(path: Path, missing: str = "missing") -> Any:
         raise RunError(f"{path}:{exc.lineno}: not JSON: {exc.msg}") from None
 
 
-def read_meta(path: Path) -> tuple[str, str | None, EngineArgs]:
-    """(model name, GPU device name or None, engine arguments) from a meta.json."""
+def read_meta(path: Path) -> tuple[str | None, str | None, EngineArgs]:
+    """(model id or None, GPU device name or None, engine arguments) from a meta.json."""
     meta = read_json(path, "missing (a run directory holds meta.json, requests.jsonl, timeseries.csv)")
     if not isinstance(meta, dict):
         raise RunError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     model = meta.get("model") or (meta.get("engine_kwargs") or {}).get("model")
     if not isinstance(model, str) or not model:
-        raise RunError(f"{path}: field 'model' is missing")
+        model = None
     kw = meta.get("engine_kwargs")
     if not isinstance(kw, dict):
         raise RunError(f"{path}: field 'engine_kwargs' is missing or not an object")
@@ -133,6 +146,7 @@ def read_meta(path: Path) -> tuple[str, str | None, EngineArgs]:
         tensor_parallel=_num(kw, "tensor_parallel_size", where, integer=True),
         data_parallel=(_num(kw, "data_parallel_size", where, integer=True)
                        if kw.get("data_parallel_size") is not None else 1),
+        expert_parallel=_flag(kw, "enable_expert_parallel", where),
         max_num_seqs=_num(kw, "max_num_seqs", where, integer=True),
         max_num_batched_tokens=_num(kw, "max_num_batched_tokens", where, integer=True),
         block_size=_num(kv, "block_size", f"{path}: kv_cache", integer=True) if "block_size" in kv else 16,
@@ -209,14 +223,24 @@ def read_timeseries(path: Path) -> dict[str, np.ndarray] | None:
     return {c: np.array(v) for c, v in data.items()}
 
 
-def read_run(run_dir: Path) -> Run:
-    """Read and check a run directory (see the module docstring)."""
+def read_run(run_dir: Path, *, model: str | None = None, model_config: Path | None = None,
+             gpu: str | None = None) -> Run:
+    """Read and check a run directory (see the module docstring); `model`, `model_config` and `gpu` are the
+    flags that name the model preset, a Hugging Face config.json and the GPU preset (engine_models)."""
+    from gyre.sim.engine_models import resolve_gpu, resolve_model
+
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunError(f"{run_dir}: not a directory (a run directory holds meta.json, requests.jsonl, timeseries.csv)")
-    model, device, engine = read_meta(run_dir / "meta.json")
-    gpu = device or run_dir.resolve().name.partition("_")[0]
-    return Run(path=run_dir, model=model, gpu=gpu, engine=engine, requests=read_requests(run_dir / "requests.jsonl"),
+    meta = run_dir / "meta.json"
+    model_id, device, engine = read_meta(meta)
+    try:
+        model_cfg = resolve_model(meta, model_id, model, model_config)
+        gpu_cfg = resolve_gpu(meta, device, gpu)
+    except ConfigError as exc:
+        raise RunError(str(exc)) from None
+    return Run(path=run_dir, model=model_id or model_cfg.name, gpu=gpu or device or gpu_cfg.name, engine=engine,
+               model_cfg=model_cfg, gpu_cfg=gpu_cfg, requests=read_requests(run_dir / "requests.jsonl"),
                timeseries=read_timeseries(run_dir / "timeseries.csv"))
 
 

@@ -4,8 +4,10 @@ engine_replay models vLLM's scheduler step by step; this runs the same requests 
 gyre.sim.engine.SimEngine, the fluid engine `gyre-sim run` uses (chunked prefill sharing the token
 budget, hard KV limit with preemption by recompute, the roofline step time), on a SimCluster of the
 run's data-parallel replicas of `tensor_parallel` GPUs each. Each request is a one-segment execution
-(prompt = input tokens, one segment of output tokens) admitted at its arrival to the least-loaded
-replica; engines start at time 0 at no cost. KV capacity is the run's (its logged blocks).
+(prompt = input tokens, one segment of output tokens) admitted at its arrival to the
+replica vLLM's DP load balancer picks; engines start at time 0 at no cost. An expert-parallel run's
+engines use the roofline with the group balanced (gyre.roofline: each replica's MoE layers see the
+group's tokens as DP x its own), not the step loop's lockstep. KV capacity is the run's (its logged blocks).
 
 The run's `max_num_seqs` caps each engine's running requests, as in the step loop. What the fluid
 engine does not model, so its errors add to the step loop's: per-step granularity (rates are held
@@ -22,16 +24,17 @@ import numpy as np
 
 from gyre.handles import all_of
 from gyre.hardware import CostConfig, derive_costs, engine_roofline
-from gyre.presets import find_gpu, find_model
 from gyre.roofline import Coefficients
 from gyre.sim.backend import SimCluster
 from gyre.sim.engine_calibrate import setup
+from gyre.sim.engine_replay import DPBalancer
 from gyre.sim.engine_run import Run
 from gyre.workload import ExecutionSpec, GroupSpec, ReplaySource
 
 
 class _Arrivals:
-    """Start the replicas, then admit each request at its arrival to the replica holding the fewest."""
+    """Start the replicas, then admit each request at its arrival to the replica vLLM's DP load balancer
+    picks (engine_replay.DPBalancer: least 4 x waiting + running, from counts refreshed every 100 ms)."""
 
     name = "arrivals"
 
@@ -43,11 +46,12 @@ class _Arrivals:
                                 for i in range(self.dp)])
         grp = cluster.next_group()
         handles = []
+        balancer = DPBalancer(len(engines))
         for ex, a in zip(grp.executions, self.arrival):
             if a > cluster.now:
                 yield cluster.timeout(float(a) - cluster.now)
-            eng = min(engines, key=lambda e: (e.n_live, e.id))
-            handles.append(cluster.admit(ex, eng))
+            live = [(e.n_queued, e.n_live - e.n_queued) for e in engines]
+            handles.append(cluster.admit(ex, engines[balancer.route(cluster.now, live)]))
         yield all_of(handles)
 
 
@@ -56,10 +60,11 @@ def sim_engine_replay(run: Run, coef: Coefficients) -> tuple[np.ndarray, np.ndar
     roof, args = setup(run, coef)
     e = run.engine
     tp = e.tensor_parallel
-    model, gpu = find_model(run.model), find_gpu(run.gpu)
+    model, gpu = run.model_cfg, run.gpu_cfg
     cost = CostConfig(engine=roof.coef, max_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs)
     costs = replace(derive_costs(model, gpu, cost), engine_gpus=tp,
-                    roofline=engine_roofline(model, gpu, tp, roof.coef, e.max_num_batched_tokens),
+                    roofline=engine_roofline(model, gpu, tp, roof.coef, e.max_num_batched_tokens,
+                                             ep_gpus=roof.ep_gpus),
                     kv_capacity_tokens=args.kv_blocks * args.block_size, engine_wake_s=0.0, sync_s=0.0,
                     trainer_offload_s=0.0, trainer_onload_s=0.0)
     r = run.requests
@@ -67,7 +72,8 @@ def sim_engine_replay(run: Run, coef: Coefficients) -> tuple[np.ndarray, np.ndar
                            tool_out=[], kv=[int(p)], branches=[], capped=False, deadline_s=float("inf"))
              for i, (p, o) in enumerate(zip(r.input_toks, r.output_toks))]
     source = ReplaySource([GroupSpec(group_id=0, task_id=0, step=0, executions=specs)],
-                          SimpleNamespace(groups_per_step=1))
+                          SimpleNamespace(groups_per_step=1,
+                                           max_context=int(max(r.input_toks + r.output_toks, default=1))))
     cluster = SimCluster(n_gpus=tp * e.data_parallel, costs=costs, source=source)
     cluster.run(_Arrivals(r.queued, tp, e.data_parallel), 1)
     exs = sorted(cluster.groups[0].executions, key=lambda x: x.id)

@@ -23,7 +23,7 @@ _TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Pha
 
 class KvPressure:
     """Needs from the engine: members, queue, prefill, _heap, _adm, _seq, V, n_dec, kv_dec_base, mem_fixed,
-    pf_pending, pf_resident, gpus, costs, _full, _used(), _log."""
+    pf_pending, pf_resident, gpus, costs, _full, _st, _used(), _log."""
 
     __slots__ = ()
 
@@ -90,6 +90,14 @@ class KvPressure:
             ex.phase = _QUEUED
             self.queue.appendleft(ex)
 
+    def _idle_kv(self, keep: SimExecution) -> float:
+        """KV (with their states) held by members that are not running, but for `keep`: what eviction can free."""
+        idle = self.mem_fixed - self.pf_resident - keep.resident
+        if self._st:
+            idle += self._st * sum(1 for x in self.members.values()
+                                   if x is not keep and x.resident > 0 and x.phase in (_TOOL, _QUEUED))
+        return idle
+
     def _evict_idle(self, over: float, keep: SimExecution, t: float) -> None:
         """Free at least `over` KV tokens held by executions that are not running (not `keep`), newest first."""
         for a, ex in reversed(self._adm):  # preempt() does not touch the list
@@ -97,5 +105,5 @@ class KvPressure:
                 return
             if ex.engine is self and ex.adm == a and ex is not keep and ex.resident > 0 \
                     and ex.phase in (_TOOL, _QUEUED):
-                over -= ex.resident
+                over -= ex.resident + self._st
                 self.preempt(ex, t, requeue=False)

@@ -180,13 +180,17 @@ def _groups(draw):
 
 @settings(max_examples=30, deadline=None)
 @given(groups=_groups(), gpus=st.sampled_from([4, 6]), eta=st.integers(0, 2), seed=st.integers(0, 1000),
-       tight=st.booleans(), request_s=st.sampled_from([0.0, 0.0, 3.0]))
-def test_no_policy_beats_the_bound_on_random_traces(groups, gpus, eta, seed, tight, request_s):
+       tight=st.booleans(), request_s=st.sampled_from([0.0, 0.0, 3.0]), hybrid=st.booleans())
+def test_no_policy_beats_the_bound_on_random_traces(groups, gpus, eta, seed, tight, request_s, hybrid):
     """Every registered policy and a randomized one, on random 2-4 group traces (KV tight or roomy, with or
-    without a per-turn request latency outside the engine)."""
+    without a per-turn request latency outside the engine, full attention or hybrid linear attention)."""
     util = 0.3 if tight else 0.9  # 0.3 x 141 GB - 2 GB - 15.2 GB of weights: ~420K KV tokens
     cost = CostConfig(engine=Coefficients(gpu_memory_utilization=util), request_s=request_s)
     w = replace(workload(1, len(groups[0].executions)), context_window=1 << 20, summary_tokens=1024)
-    cfg = RunConfig(name="random", cluster=ClusterConfig(gpus=gpus, gpu=GPUS["h200"], model=MODELS["dense-7b"],
+    model = MODELS["dense-7b"]
+    if hybrid:  # every 4th layer full attention, Qwen3-Next's linear layers on the rest: a 1,608-token state
+        model = replace(model, full_attention_interval=4, linear_key_heads=16, linear_value_heads=32,
+                        linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel=4)
+    cfg = RunConfig(name="random", cluster=ClusterConfig(gpus=gpus, gpu=GPUS["h200"], model=model,
                                                          cost=cost), workload=w, steps=len(groups))
     _assert_bounded(cfg, groups, eta, seed)

@@ -51,3 +51,16 @@ def test_flag_set_is_frozen():
     compare_flags = {o for p in cmd.commands["compare"].params for o in p.opts}
     assert compare_flags == {"--preset", "-p", "--gpus", "--steps", "--seed", "--policy", "--out", "-o",
                              "--engine", "--faults", "--checkpoint-every"}, sorted(compare_flags)
+
+
+def test_presets_lists_models_with_kv_and_state_bytes():
+    """`gyre-sim presets` lists every model with its full / linear layers, KV bytes per token and state bytes per
+    sequence: Qwen3-Next 12 / 36, 2 x 12 x 2 x 256 x 2 B = 24,576 and 36 x (32 x 128^2 + 3 x 8,192) x 2 B."""
+    res = runner.invoke(app, ["presets"], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, res.output
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in res.output.splitlines() if line.count("│") == 6}
+    assert rows["qwen3-next-80b-a3b"][1:] == ["48 (12 / 36)", "24,576", "39,518,208"], rows["qwen3-next-80b-a3b"]
+    assert rows["moe-2.4t-a95b"][1:] == ["92 (23 / 69)", "23,552", "299,581,440"], rows["moe-2.4t-a95b"]
+    assert rows["moe-2.4t-a95b-gqa"][1:] == ["96 (96 / 0)", "196,608", "0"], rows["moe-2.4t-a95b-gqa"]
+    assert "xlong-swe-kv" in res.output and "moe-2.4t-a95b-gqa" in res.output

@@ -63,8 +63,8 @@ def test_full_prefill_chunk_is_compute_bound():
 
 
 def test_moe_reads_active_experts_at_batch_one_and_all_at_large_batch():
-    """The 2.4T/95B stand-in in FP8: one token reads 95 GB of weights, a large batch all 2.4 TB."""
-    r = engine_roofline(MODELS["moe-2.4t-a95b"], GPUS["h200"], 32, IDEAL)
+    """The 2.4T/95B GQA stand-in in FP8: one token reads 95 GB of weights, a large batch all 2.4 TB."""
+    r = engine_roofline(MODELS["moe-2.4t-a95b-gqa"], GPUS["h200"], 32, IDEAL)
     assert r.weight_bytes_read(1) == pytest.approx(95e9, rel=1e-9)
     assert r.weight_bytes_read(100_000) == pytest.approx(2400e9, rel=1e-6)
     # 32 GPUs of 4.8 TB/s across 4 nodes: 95 GB / 153.6 TB/s, plus the token's 2 x 96 ring all-reduces of

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gyre.config import ConfigError, override
@@ -52,6 +52,53 @@ def test_kv_never_overcommits_and_every_execution_completes(seed, gpus, eta, uti
     for name in REGISTRY:
         r = simulate(cfg, name, {} if name == "colocate" else {"eta": eta}, check=True)
         _check(r)
+
+
+def _hybrid(cfg):
+    """dense-7b with every 4th layer full attention and Qwen3-Next's linear layers on the other 21: 14,336 B of
+    KV per token and a 23.0 MB state (1,608 KV tokens) per sequence holding KV."""
+    m = replace(cfg.cluster.model, name="dense-7b-hybrid", full_attention_interval=4, linear_key_heads=16,
+                linear_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel=4)
+    return replace(cfg, cluster=replace(cfg.cluster, model=m))
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), eta=st.integers(0, 2), util=st.floats(0.1231, 0.1262), reserve=st.booleans())
+@example(seed=0, eta=0, util=0.1231, reserve=True)  # a reserved execution back from its tool call behind a head
+# that could not start until it left: the two waited on each other
+def test_kv_and_states_never_overcommit_on_a_hybrid_model(seed, eta, util, reserve):
+    """Every registered policy on a hybrid model, engines of 10-44K KV tokens, each sequence holding KV also
+    holding a 1,608-token state: KV plus states never exceed an engine (checked after every event from the
+    members' own contexts), and every execution still finishes exactly once with all its tokens."""
+    cfg = override(tiny_config(gpus=8, seed=seed, groups_per_step=3, group_size=3),
+                   **{"workload.deadline_s": float("inf")})
+    cfg = _tight(_hybrid(cfg), util, reserve)
+    assert cfg.costs().state_tokens == 1608.0
+    for name in REGISTRY:
+        r = simulate(cfg, name, {} if name == "colocate" else {"eta": eta}, check=True)
+        _check(r)
+
+
+def test_state_counts_against_kv_exact_timeline():
+    """As the preemption timeline below, with 1,100 KV tokens and a 100-token state per sequence: KV and states
+    fill at 6.5 s (2 x (450 + 100)), so exec 1 is preempted with 450 tokens of context, a second earlier than
+    without states (7.5 s, with 550); exec 0 ends at 11 s, exec 1 decodes its last 450 tokens by 15.5 s
+    (without states its last 350 by 14.5 s). The window is 450 tokens: an admission limit of 1,100 // (450 + 100)
+    = 2 (1,100 // 450 without states)."""
+    from gyre.policies import make_policy
+    from gyre.workload import GroupSpec
+    from tests.simkit import ROUND_COSTS, cluster, spec
+
+    def run(state):
+        g = GroupSpec(group_id=0, task_id=0, step=0, executions=[spec(0, 0, gen=[800]), spec(1, 0, gen=[800])])
+        c = cluster([g], n_gpus=1, groups_per_step=1,
+                    costs=replace(ROUND_COSTS, kv_capacity_tokens=1100, state_tokens=state), window=450)
+        c.run(make_policy("colocate"), steps=1)
+        assert c.kv_peak_frac() <= 1.0
+        return [(r[0], round(r[1], 6), r[2], r[3], round(r[4], 3)) for r in c.log if r[0] in ("preempt", "finish")]
+
+    assert run(100.0) == [("preempt", 6.5, 1, 0, 450.0), ("finish", 11.0, 0, 0, 800), ("finish", 15.5, 1, 0, 800)]
+    assert run(0.0) == [("preempt", 7.5, 1, 0, 550.0), ("finish", 11.0, 0, 0, 800), ("finish", 14.5, 1, 0, 800)]
 
 
 def test_contexts_overflow_and_preempt():

@@ -51,7 +51,8 @@ def test_calibrate_and_replay_flag_sets_are_frozen():
     reading = {"--format", "--skip-bad", "--group-size", "--groups-per-step", "--time-field", "--input-field",
                "--output-field", "--sessions-field", "--tool-field", "--time-unit", "--tool-unit"}
     cal = {o for p in cmd.commands["calibrate"].params for o in p.opts if o.startswith("-")}
-    assert cal == reading | {"--out", "-o", "--split", "--cap", "--k", "--figures", "--seed", "--drift"}, sorted(cal)
+    assert cal == reading | {"--out", "-o", "--split", "--cap", "--k", "--figures", "--seed", "--drift",
+                            "--recent"}, sorted(cal)
     rep = {o for p in cmd.commands["replay"].params for o in p.opts if o.startswith("-")}
     assert rep == reading | {"--policy", "--preset", "-p", "--gpus", "--steps", "--out", "-o", "--engine",
                              "--faults", "--checkpoint-every"}, sorted(rep)

@@ -11,6 +11,12 @@ boundary) are fitted, the rest held out. On the fitted part:
    "auto" is off for foreign traces (request and session traces), whose steps are windows of
    arrivals, not training steps. The drift factor is held inside the range of window levels the
    fit saw (median per window of steps over the base median), so it is never extrapolated;
+   Recency (`recent`: "auto" or "all"), for foreign traces only: the fitted part may be cut to its most
+   recent half or quarter when that predicts its own end better: each window of the first 75% is
+   compared with the last 25% (KS D of the length), and a shorter window is taken only when it is
+   closer by RECENT_MARGIN and holds at least RECENT_MIN executions. A request log's mix can change
+   within a trace (the shared ShareGPT runs' output lengths drop from a median of ~720 to ~595 after
+   their first 100 requests): a stationary fit of all of it then misses the future by the change;
 2. per-task difficulty: a random-effects (method of moments) split of the de-drifted log-length
    into between-group and within-group variance; difficulty_sigma = sqrt(max(0, between - within/n));
 3. lengths are divided by their drift factor and shrunken group effect, then each quantity gets a
@@ -44,6 +50,10 @@ from gyre.workload import GroupSpec, LogNormal, WorkloadConfig
 MODEL_DRAWS = 400_000
 MIN_MODEL_DRAWS = 20_000
 DRIFT_MODES = ("auto", "off", "linear")
+RECENT_MODES = ("auto", "all")
+RECENT_SHARES = (1.0, 0.5, 0.25)
+RECENT_MARGIN = 0.01  # KS D a shorter window must gain over the longer one
+RECENT_MIN = 50  # executions a window must hold
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,10 +64,13 @@ class CalibrateOptions:
     seed: int = 0
     model_draws: int = MODEL_DRAWS  # model segments drawn for the held-out comparison (at least)
     drift: str = "auto"  # one of DRIFT_MODES
+    recent: str = "auto"  # one of RECENT_MODES
 
     def __post_init__(self) -> None:
         if not 0.0 < self.split <= 1.0:
             raise TraceError(f"split must be in (0, 1], got {self.split}")
+        if self.recent not in RECENT_MODES:
+            raise TraceError(f"unknown recency mode {self.recent!r}; known: {', '.join(RECENT_MODES)}")
         if self.drift not in DRIFT_MODES:
             raise TraceError(f"unknown drift mode {self.drift!r}; known: {', '.join(DRIFT_MODES)}")
 
@@ -126,6 +139,33 @@ def choose_drift(y: np.ndarray, step: np.ndarray, mode: str, foreign: bool) -> t
                                                       f"(KS D {ks_on:.3f} with, {ks_off:.3f} without)"}
     return b, {**info, "chosen": "linear", "why": f"drift improves the held-out fit (KS D {ks_on:.3f} with, "
                                                   f"{ks_off:.3f} without)"}
+
+
+def choose_window(length: np.ndarray, mode: str, foreign: bool) -> tuple[float, dict]:
+    """(share of the fitted part to fit on, its most recent end; what was decided and why): see the module doc."""
+    if mode == "all" or not foreign:
+        return 1.0, {"mode": mode, "chosen": 1.0, "why": "--recent all" if mode == "all" else
+                     "a rollout trace: drift over steps models change"}
+    cut = int(0.75 * len(length))
+    inner, held = length[:cut], length[cut:]
+    ks = {w: _ks(inner[cut - math.ceil(w * cut):], held) for w in RECENT_SHARES
+          if math.ceil(w * cut) >= RECENT_MIN and len(held) >= RECENT_MIN // 2}
+    best = 1.0
+    for w in sorted(ks, reverse=True):
+        if w < best and ks[w] < ks[best] - RECENT_MARGIN:
+            best = w
+    why = ("the whole fitted part predicts its last 25% best" if best == 1.0 else
+           f"its most recent {best:.0%} predicts the last 25% better (KS D {ks[best]:.3f} vs {ks[1.0]:.3f})")
+    return best, {"mode": mode, "chosen": best, "why": why, "held_out_ks": {str(w): v for w, v in ks.items()}}
+
+
+def recent_groups(groups: list[GroupSpec], share: float) -> list[GroupSpec]:
+    """The most recent groups holding `share` of the executions (all of them at share 1)."""
+    if share >= 1.0:
+        return groups
+    sizes = np.array([len(g.executions) for g in groups])
+    keep = np.cumsum(sizes[::-1]) <= math.ceil(share * sizes.sum())
+    return groups[len(groups) - max(1, int(keep.sum())):]
 
 
 def drift_range(length: np.ndarray, step: np.ndarray, slope: float) -> tuple[float, float]:
@@ -205,6 +245,8 @@ def calibrate(trace: Trace, opts: CalibrateOptions = CalibrateOptions()) -> Cali
     train, test = split_groups(trace.groups, opts.split)
     multi = any(len(e.gen) > 1 for g in train for e in g.executions)
     target = "turns" if multi else "gen"
+    share, window_info = choose_window(quantities(train, target)["length"], opts.recent, bool(trace.times))
+    train = recent_groups(train, share)
     q = quantities(train, target)
     length = q["length"]
     if opts.cap is not None:
@@ -244,6 +286,7 @@ def calibrate(trace: Trace, opts: CalibrateOptions = CalibrateOptions()) -> Cali
         "held_out": int(sum(len(g.executions) for g in test)), "split": opts.split, "k": k,
         "cap": cap_arg, "context_window": window, "scale_target": target, "difficulty_sigma": sigma,
         "drift_per_step": cw.drift_per_step, "drift_range": list(cw.drift_range), "drift": drift_info,
+        "recent": window_info,
         "tails": {(target if n == "length" else n): tail_summary(d) for n, d in dists.items()},
         "windows": drift_windows(q["length"], q["step"]),
     }

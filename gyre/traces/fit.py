@@ -45,6 +45,7 @@ THRESHOLDS = (0.8, 0.85, 0.9, 0.93, 0.95, 0.97)
 MAX_EXACT_VALUES = 4096
 KNOTS = 2049
 XI_FINITE = 1.0  # a GPD has a finite mean only below this shape
+XI_MIN = -0.5  # below this the GPD likelihood is not regular (below -1 it is unbounded): Smith (1985)
 
 
 def gpd_ppf(p: np.ndarray, xi: float, sigma: float) -> np.ndarray:
@@ -64,7 +65,12 @@ def gpd_cdf(y: float, xi: float, sigma: float) -> float:
 
 
 def gpd_mle(y: np.ndarray) -> tuple[float, float]:
-    """Maximum-likelihood (xi, sigma) of a generalized Pareto with location 0 (Nelder-Mead from moments)."""
+    """Maximum-likelihood (xi, sigma) of a generalized Pareto with location 0 (Nelder-Mead from moments),
+    the shape held at xi >= XI_MIN: below -0.5 the MLE is not regular, and below -1 the likelihood grows
+    without bound as the endpoint sigma / |xi| nears the largest excess (Smith, "Maximum likelihood
+    estimation in a class of nonregular cases", Biometrika 1985), so an unconstrained search ends on a
+    density that piles up at the endpoint, whatever the data's shape. On the boundary sigma is refitted
+    with xi = XI_MIN."""
     m, v = float(np.mean(y)), float(np.var(y))
     xi0 = float(np.clip(0.5 * (1 - m * m / max(v, 1e-12)), -0.4, 0.9))
     s0 = max(m * (1 - xi0), 1e-9)
@@ -83,7 +89,12 @@ def gpd_mle(y: np.ndarray) -> tuple[float, float]:
     with np.errstate(all="ignore"):  # the search tries shapes whose likelihood overflows: inf, not a warning
         res = optimize.minimize(nll, np.array([xi0, math.log(s0)]), method="Nelder-Mead",
                                 options={"xatol": 1e-6, "fatol": 1e-9, "maxiter": 2000})
-    return float(res.x[0]), float(math.exp(res.x[1]))
+        if res.x[0] >= XI_MIN:
+            return float(res.x[0]), float(math.exp(res.x[1]))
+        lo = math.log(-XI_MIN * ymax) + 1e-9  # sigma > |xi| ymax keeps every excess inside the support
+        edge = optimize.minimize_scalar(lambda t: nll(np.array([XI_MIN, t])), bounds=(lo, lo + 12.0),
+                                        method="bounded", options={"xatol": 1e-9})
+    return XI_MIN, float(math.exp(edge.x))
 
 
 @dataclass(kw_only=True)

@@ -7,7 +7,9 @@ input and an output token field), "requests-csv" (a CSV with a header row).
 Sniffing (format "auto"): a name ending in .csv is a request CSV. Otherwise the first non-blank line
 is parsed and judged by its fields, in this order: `gyre_trace` -> rollout; the configured sessions
 field (`requests` unless renamed), or else any field holding a non-empty list of objects -> sessions;
-the configured request input and output fields -> requests-jsonl. A list of numbers (e.g. Mooncake's
+the configured request input and output fields -> requests-jsonl, or, when no field was named,
+a serving benchmark's (`input_toks`, `output_toks`, `arrival_time`: LLMServingSim's vLLM request
+logs) -> requests-jsonl with those names. A list of numbers (e.g. Mooncake's
 `hash_ids`) is not a list of sub-requests. A record that fits none is an error naming the fields
 it has. Every read error then says which format was used and why (guessed from which fields, or
 given with --format), so a wrong guess is visible in the one line the user sees.
@@ -27,6 +29,8 @@ from gyre.traces.schema import Trace, TraceError, read_trace
 FORMATS = ("auto", "rollout", "sessions", "requests-csv", "requests-jsonl")
 CSV_FIELDS = RequestFields()
 JSONL_FIELDS = RequestFields(time="timestamp", input="input_length", output="output_length")
+# request logs of serving benchmarks: LLMServingSim's vLLM runs (shared/data/vllm_timings/*/requests.jsonl)
+SERVING_LOG_FIELDS = (RequestFields(time="arrival_time", input="input_toks", output="output_toks"),)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +95,11 @@ def sniff(path: str | Path, names: FieldNames = FieldNames()) -> Guess:
         return Guess(fmt="sessions", why=f"guessed from the field {sf.requests!r}", names=names)
     if rf.input in obj and rf.output in obj:
         return Guess(fmt="requests-jsonl", why=f"guessed from the fields {rf.input!r} and {rf.output!r}", names=names)
+    for alt in SERVING_LOG_FIELDS:  # a serving benchmark's request log, when the user named no fields
+        if names.input is None and names.output is None and alt.input in obj and alt.output in obj:
+            return Guess(fmt="requests-jsonl", why=f"guessed from the fields {alt.input!r} and {alt.output!r}",
+                         names=replace(names, input=alt.input, output=alt.output,
+                                       time=alt.time if names.time is None and alt.time in obj else names.time))
     if lists:
         return Guess(fmt="sessions", why=f"guessed from the field {lists[0]!r} (a list of objects)",
                      names=replace(names, sessions=lists[0]))
