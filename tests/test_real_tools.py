@@ -184,7 +184,8 @@ class Killed(RuntimeError):
 
 def test_a_killed_run_leaves_its_metrics_and_resumes_with_the_next_prompt(local_ray, tmp_path):
     """A run killed after its first step leaves that step's metrics (CSV, JSONL, TensorBoard) and its log on
-    disk; rerun from its checkpoint it continues the trainer's version and the task sequence (next prompt)."""
+    disk; rerun from its checkpoint it continues the trainer's version and the task sequence (next prompt); the
+    finished run's exported model loads with transformers, with the trainer's logits."""
     from gyre.real.pool import ActorPool
     from gyre.real.runner import run_real
 
@@ -217,34 +218,28 @@ def test_a_killed_run_leaves_its_metrics_and_resumes_with_the_next_prompt(local_
     rows = (out1 / "metrics_colocate.csv").read_text().splitlines()
     assert [r.split(",")[1] for r in rows[1:]] == ["1", "3"], f"metrics of the resumed run: {rows}"
     assert min(g.task_id for g in r3.cluster.groups.values()) > first, "a second resume repeats tasks"
+    check_export(out1 / "model" / "colocate", r3, cfg)
+
+
+def check_export(folder, r, cfg) -> None:
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gyre.nn.model import TinyLlama
+
+    hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    text = tok.apply_chat_template([{"role": "user", "content": "add one"}], add_generation_prompt=True, tokenize=False)
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
+    ours = TinyLlama(cfg.pool.model, np.random.default_rng(0))
+    ours.load_state_dict(r.cluster.trainer_weights())
+    with torch.no_grad():
+        a, b = hf(ids).logits, ours(ids, torch.arange(ids.shape[1])[None])
+    assert torch.allclose(a, b, atol=1e-4), f"exported logits differ by {(a - b).abs().max():.2e}"
 
 
 def _log(out):
     import json
 
     return [json.loads(line) for line in (out / "log_colocate.jsonl").read_text().splitlines()]
-
-
-def test_the_exported_model_loads_with_transformers(local_ray, tmp_path):
-    """A finished run exports its trained model and the task's tokenizer as a folder transformers loads, whose
-    logits are the trainer's."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from gyre.nn.model import TinyLlama
-    from gyre.real.pool import ActorPool
-    from gyre.real.runner import run_real
-
-    cfg = code_cfg(1)
-    r = run_real(cfg, "colocate", pool=ActorPool.shared(cfg.pool), out=tmp_path)
-    folder = tmp_path / "model" / "colocate"
-    hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
-    tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    text = tok.apply_chat_template([{"role": "user", "content": "add one"}], add_generation_prompt=True, tokenize=False)
-    ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
-    ours = TinyLlama(cfg.pool.model, __import__("numpy").random.default_rng(0))
-    ours.load_state_dict(r.cluster.trainer_weights())
-    with torch.no_grad():
-        a = hf(ids).logits
-        b = ours(ids, torch.arange(ids.shape[1])[None])
-    assert torch.allclose(a, b, atol=1e-4), f"exported logits differ by {(a - b).abs().max():.2e}"
