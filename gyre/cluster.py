@@ -7,6 +7,8 @@ on any engine (partial rollouts: its KV is freed and re-prefilled on resume; not
 groups and when engines receive the new weights. Those are the verbs below; each returns a Handle
 that completes later. Observations are the pool's roles, the engines and their load, the live
 executions' observable progress (never their future length), the trainer's version, and the clock.
+An engine's `admit_limit` is how many executions it may be handed at once (gyre.hardware.admission_limit);
+the backends report it and do not enforce it: policies.admit_queue is the admission path that does.
 
 A policy is a generator `run(cluster, steps)` that yields handles. It must not import a backend:
 the simulator (gyre.sim) and the Ray executor (gyre.real) both implement `Cluster`.

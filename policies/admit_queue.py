@@ -13,8 +13,10 @@ window by one turn (or a sub-agent sit beside its parent); the engine preempts t
 Why this rule and not "live KV below a fill of capacity": contexts start small (a prompt) and grow turn
 by turn, so a live-KV test admits an engine full of young executions that then outgrow it together,
 exactly the thrash this is meant to stop; a window-bounded count needs no foresight of lengths. Its cost
-is concurrency where typical contexts are far below the window: measured per preset in the engineer's
-report (policies that spread executions over every engine rarely reach the limit).
+is concurrency where typical contexts stay far below the window and few engines serve many executions
+(a small rollout split); admitting beyond the limit while live KV is low recovers that, but brings the
+preemption loop back wherever contexts grow, so the limit is the whole rule. The window is the
+workload's `max_context` (a single-turn workload's prompt and generation caps, when those are smaller).
 
 How it runs: `submit` queues executions (FIFO) and returns, for each, a handle that completes with it
 when it finishes (its finish handle once admitted). `pump` hands waiting executions, in order, to the

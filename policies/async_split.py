@@ -1,6 +1,7 @@
 """Async: a fixed split. R GPUs always generate, the other N - R always train. Generation never stops;
 the trainer takes a batch when one is ready (policies.common.Batcher enforces staleness <= eta by
 admission control), then engines receive the new weights in place.
+Executions wait unstarted in one policies.admit_queue.AdmissionQueue until an engine has room.
 
 R defaults to every GPU the trainer does not need. A fair comparison needs async at its best split and
 staleness bound: its grid (`grid`) is every engine multiple R that leaves the trainer its memory minimum,

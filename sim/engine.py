@@ -31,8 +31,10 @@ fewer run, so a waiting execution starts when a running one leaves (its segment 
 or dropped). Optional reservation mode admits an execution only if its largest context fits beside the
 others' and never preempts (one that already holds its reservation, back from a tool call, does not wait
 behind a head that cannot start). A context larger than the whole engine is a configuration error
-(SimCluster.admit). KV pressure (preemption, eviction) lives in gyre.sim.kv_pressure, and migrations,
-crashes and weight syncs in gyre.sim.engine_moves: both are mixins of SimEngine.
+(SimCluster.admit). `admit_limit` (gyre.hardware.admission_limit of the KV capacity and the workload's
+`max_context`) is reported to policies, which hand the engine no more (policies.admit_queue). KV pressure
+(preemption, eviction) lives in gyre.sim.kv_pressure, and migrations, crashes and weight syncs in
+gyre.sim.engine_moves: both are mixins of SimEngine.
 
 Costs without a roofline use the linear step a + b n + c K + prefill_s_per_token m; a zero
 prefill_s_per_token makes prefill free (no prefill queue), as in hand-built test scenarios. A nonzero
