@@ -7,9 +7,18 @@ steps on a ~150M-parameter model, and the decode step-time model the simulator a
    tree packs with FlexAttention, on GRPO groups with a long shared prompt and multi-turn branches.
 3. Decode: time per decode step of gyre.nn's KV-cache path over a grid of batch sizes and contexts, and a
    least-squares fit of the simulator's form t = a + b * batch + c * kv_tokens (R^2, worst relative error).
+4. A transformers model (a random Qwen3 folder written here, ~0.3B parameters): the packed loss through
+   transformers' FlexAttention with the tree BlockMask vs SDPA with the boolean mask (fp32 loss and
+   gradients); then a bf16 FSDP2 step (gyre.real.fsdp: one rank, NCCL, parameters and AdamW state offloaded
+   to host, checkpointed layers, micro-batches, chunked log-probs) with its time and peak GPU memory, and
+   the serving-dtype gather (full_state) a weight sync sends.
+5. vLLM (if importable): an engine on the same folder (gyre.real.engine_vllm.VllmEngine), sleep/wake
+   timings and free GPU memory around them, and an in-place weight update into its workers from the
+   trainer's bf16 state (seconds).
 
-Run: `python benchmarks/bench_gpu.py [--smoke]` (with PYTHONPATH=. on a machine without the install).
-Writes gpu_results.json to $OUT (or the current folder).
+Run: `python benchmarks/bench_gpu.py [--smoke] [--only hf,vllm]` (with PYTHONPATH=. on a machine without the
+install). Without CUDA it prints a skip line and exits 0 (`--smoke` runs tiny sizes on CPU instead, vLLM
+and Flex backward aside). Writes gpu_results.json to $OUT (or the current folder).
 """
 
 from __future__ import annotations
@@ -176,14 +185,130 @@ def bench_decode(dev: str, smoke: bool) -> dict:
             "worst_rel_err": float(np.max(np.abs(pred - y) / y))}
 
 
+def _hf_packs(smoke: bool, vocab: int):
+    rng = np.random.default_rng(5)
+    prompt, turns, tok = (16, 2, 8) if smoke else (1024, 6, 256)
+    recs = sharing_groups(rng, 2 if smoke else 8, vocab, prompt, turns, tok, tok // 2)
+    trees = [r.tree for r in recs]
+    advs = [rng.normal(size=len(r.executions)) for r in recs]
+    return build_packs(trees, advs, PackConfig(max_tokens=512 if smoke else 16384)).packs
+
+
+def bench_hf(dev: str, smoke: bool) -> dict:
+    """Section 4 (see the module docstring)."""
+    import tempfile
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from gyre.nn.hf_causal import build_model
+    from gyre.nn.hf_folder import write_tiny_model
+    from gyre.real.fsdp import full_state, shard_model
+    from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss, micro_batches
+
+    shape = dict(hidden_size=64, num_layers=2, vocab_size=512) if smoke else \
+        dict(hidden_size=1024, num_layers=16, vocab_size=32000, head_dim=128)
+    folder = str(write_tiny_model(f"{tempfile.mkdtemp()}/q3", "qwen3", **shape))
+    packs = _hf_packs(smoke, shape["vocab_size"])
+    res = {"params": None, "packs": len(packs), "pack_tokens": [p.size for p in packs][:8]}
+    loss_cfg = LossConfig(logprob_chunk=1024)
+    if dev == "cuda":  # Flex (BlockMask) vs SDPA (boolean mask), fp32, forward + backward
+        grads = {}
+        for attn in ("sdpa", "flex_attention"):
+            m = build_model(folder, device=dev, attn=attn)
+            m.train()
+            sync()
+            t = time.perf_counter()
+            loss = sum(micro_batch_loss(m, p, loss_cfg, use_flex=attn != "sdpa", device=dev) for p in packs[:2])
+            loss.backward()
+            sync()
+            grads[attn] = (float(loss), {n: q.grad.float() for n, q in m.named_parameters()},
+                           time.perf_counter() - t)
+            del m
+        (la, ga, ta), (lb, gb, tb) = grads["sdpa"], grads["flex_attention"]
+        scale = max(float(g.abs().max()) for g in ga.values())
+        res |= {"flex_vs_sdpa_loss_err": abs(la - lb), "flex_vs_sdpa_grad_err_rel": max(
+            float((ga[k] - gb[k]).abs().max()) for k in ga) / scale, "sdpa_fwd_bwd_s": ta, "flex_fwd_bwd_s": tb}
+    backend = "nccl" if dev == "cuda" else "gloo"
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29561")
+    dist.init_process_group(backend, rank=0, world_size=1)
+    try:
+        model = build_model(folder, device=dev, grad_checkpointing=True)
+        res["params"] = sum(p.numel() for p in model.parameters())
+        model.train()
+        shard_model(model, init_device_mesh(dev, (1,)), param_dtype=torch.bfloat16, offload=dev == "cuda")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        sync()
+        t = time.perf_counter()
+        for mb in micro_batches(packs, 512 if smoke else 32768):
+            micro_batch_loss(model, concat_packs(mb), loss_cfg, use_flex=dev == "cuda", device=dev).backward()
+        opt.step()
+        sync()
+        res["fsdp_bf16_step_s"] = time.perf_counter() - t
+        res["fsdp_tokens"] = sum(p.size for p in packs)
+        if dev == "cuda":
+            res["fsdp_peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        t = time.perf_counter()
+        state = full_state(model, torch.bfloat16)
+        res["full_state_s"] = time.perf_counter() - t
+        res["full_state_gib"] = sum(v.numel() * v.element_size() for v in state.values()) / 2**30
+    finally:
+        dist.destroy_process_group()
+    res["folder"] = folder
+    return res
+
+
+def bench_vllm(dev: str, smoke: bool, folder: str | None) -> dict:
+    """Section 5 (see the module docstring)."""
+    import asyncio
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return {"skipped": "vllm is not importable"}
+    if dev != "cuda" or folder is None:
+        return {"skipped": "needs CUDA and the hf section's folder"}
+    from gyre.nn.hf_causal import build_model
+    from gyre.real.engine_vllm import VllmEngine, VllmEngineConfig
+
+    state = {k: v.to(torch.bfloat16) for k, v in build_model(folder).serving_state().items()}
+    eng = VllmEngine(VllmEngineConfig(model=folder, gpu_memory_utilization=0.3, max_model_len=4096,
+                                      enforce_eager=True))
+
+    async def go() -> dict:
+        out = {"wake_s": await eng.wake(None, 0)}
+        free = lambda: torch.cuda.mem_get_info()[0] / 2**30  # noqa: E731
+        out["free_awake_gib"] = free()
+        out["generate"] = len((await eng.generate("s", [1, 2, 3], 16, [], 0))["tokens"])
+        out["sleep_s"] = await eng.sleep()
+        out["free_asleep_gib"] = free()
+        out["wake_again_s"] = await eng.wake(None, 0)
+        out["load_weights_s"] = await eng.load_weights(state, 1)
+        out["generate_after_update"] = len((await eng.generate("s2", [1, 2, 3], 16, [], 0))["tokens"])
+        return out
+
+    try:
+        return asyncio.run(go())
+    finally:
+        eng.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU check of the script)")
-    ap.add_argument("--only", default="exactness,training,decode", help="comma-separated sections")
+    ap.add_argument("--only", default="exactness,training,decode,hf,vllm", help="comma-separated sections")
     args = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu" and not args.smoke:
+        print("bench_gpu: no CUDA device here: skipped (--smoke runs tiny sizes on CPU)")
+        return
     res = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu", "torch": torch.__version__}
-    for name, fn in (("exactness", check_exactness), ("training", bench_training), ("decode", bench_decode)):
+    sections = (("exactness", check_exactness), ("training", bench_training), ("decode", bench_decode),
+                ("hf", bench_hf), ("vllm", lambda d, s: bench_vllm(d, s, res.get("hf", {}).get("folder"))))
+    for name, fn in sections:
         if name not in args.only.split(","):
             continue
         t = time.perf_counter()

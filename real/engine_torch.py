@@ -90,11 +90,14 @@ class TorchEngine:
             self._load(weights, version)
         return time.perf_counter() - t0
 
-    def set_model(self, model_config: TinyLlamaConfig | str) -> None:
-        """Serve another model from the next `wake` on (between runs; not part of EngineActor)."""
+    def set_model(self, model_config: TinyLlamaConfig | str, config: TorchEngineConfig | None = None) -> None:
+        """Serve another model (with `config`, if given) from the next `wake` on (between runs; not EngineActor's)."""
         if self.running or self.waiting:
             raise RuntimeError("set_model: the engine still serves requests")
         self.model_config, self.model, self.seqs, self.batch = model_config, None, {}, None
+        if config is not None:
+            self.cfg = config
+            torch.set_num_threads(config.threads)
 
     async def sleep(self) -> float:
         t0 = time.perf_counter()

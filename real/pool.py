@@ -15,7 +15,8 @@ busy (`engine_gpu_share`):
 On a machine without GPUs, `ray.init(num_gpus=N)` gives N logical GPUs and the same code path runs.
 Actors are created once and reused across role changes and across runs (an engine's `sleep`/`wake` is
 the role switch, as vLLM's sleep mode), because starting a torch process costs seconds; a pool that differs
-only in `init_checkpoint` (the weights runs start from) keeps them too. A killed engine
+only in its model (`model_dir`, `init_checkpoint`) or trainer and torch-engine settings keeps them too
+(`set_model`). A killed engine
 actor is replaced by `respawn` (a new member for the collective groups: `GroupBook.forget`).
 
 Simplifications: tool workers are kept here but managed by gyre.real.tools.ToolService; trainer worker 0 serves the
@@ -143,8 +144,8 @@ def check_models(cfg: PoolConfig) -> None:
 def _retargetable(have: PoolConfig, want: PoolConfig) -> bool:
     """Whether a pool of `have` can run `want` by rebuilding its models only (same shape; a vLLM engine serves
     one folder for life)."""
-    same = replace(have, init_checkpoint=want.init_checkpoint, model_dir=want.model_dir,
-                   tiny_model=want.tiny_model) == want
+    same = replace(have, init_checkpoint=want.init_checkpoint, model_dir=want.model_dir, tiny_model=want.tiny_model,
+                   trainer_config=want.trainer_config, engine_config=want.engine_config) == want
     return same and (want.engine == "torch" or served_model(have) == served_model(want))
 
 
@@ -239,17 +240,19 @@ class ActorPool:
         return self.trainers[g]
 
     def set_model(self, cfg: PoolConfig) -> None:
-        """Take `cfg` (this pool's shape, another model folder or `init_checkpoint`): trainer workers and torch
-        engines build it for later runs (an engine between runs is asleep, so its next wake builds it)."""
+        """Take `cfg` (this pool's shape; another model folder, `init_checkpoint`, trainer or torch-engine settings):
+        trainer workers and torch engines build it for later runs (an engine between runs is asleep, so its next
+        wake builds it)."""
         if not _retargetable(self.cfg, cfg):
             raise ValueError("set_model: the pool's shape differs; make a new pool")
         check_init_checkpoint(cfg)
         ensure_model_dir(cfg)
         check_models(cfg)
         init = str(Path(cfg.init_checkpoint).resolve()) if cfg.init_checkpoint else ""
-        ray.get([t.set_model.remote(trained_model(cfg), init) for t in self.trainers])
+        ray.get([t.set_model.remote(trained_model(cfg), init, cfg.trainer_config, serve_dtype(cfg))
+                 for t in self.trainers])
         if cfg.engine == "torch":
-            ray.get([e.set_model.remote(trained_model(cfg)) for e in self._engines.values()])
+            ray.get([e.set_model.remote(trained_model(cfg), cfg.engine_config) for e in self._engines.values()])
         self.book.layout = ray.get(self.trainers[0].layout.remote())  # what broadcasts now carry
         self.cfg = cfg
 

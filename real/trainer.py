@@ -131,10 +131,17 @@ class Trainer:
         self._publish()
         return self.version
 
-    def set_model(self, model: ModelSource, init_checkpoint: str = "") -> int:
-        """The model later `reset`s build (and the Llama directory TinyLlama starts from, "": random weights);
-        builds it now (version 0) so its layout is known."""
+    def set_model(self, model: ModelSource, init_checkpoint: str = "", config: TrainerConfig | None = None,
+                  serve_dtype: str | None = None) -> int:
+        """The model later `reset`s build (and the Llama directory TinyLlama starts from, "": random weights), with
+        `config` and `serve_dtype` if given; builds it now (version 0) so its layout is known."""
         self.model_config, self.init_checkpoint = model, init_checkpoint
+        if config is not None:
+            self.cfg = config
+            self.device = torch.device(config.device)
+            torch.set_num_threads(config.threads)
+        if serve_dtype is not None:
+            self.serve_dtype = getattr(torch, serve_dtype)
         return self.reset(0)
 
     def _publish(self) -> None:

@@ -29,12 +29,12 @@ BASE = preset_tiny_test()
 
 
 def hf_run(model_dir: str) -> object:
-    """tiny-test on 2 logical GPUs, trainer and torch engines built from `model_dir`: the trainer computes in bf16
+    """tiny-test (4 logical GPUs), trainer and torch engines built from `model_dir`: the trainer computes in bf16
     (autocast, fp32 master weights) with checkpointed layers and micro-batches of 64 tokens; engines serve bf16.
-    Runs of two folders share one pool (only the model differs), so its actors start once."""
+    Every run shares the tiny-test pool of the other real tests (only model and settings differ: set_model)."""
     tc = dataclasses.replace(BASE.pool.trainer_config, max_pack_tokens=1024, dtype="bfloat16",
                              grad_checkpointing=True, micro_batch_tokens=64)
-    pool = dataclasses.replace(BASE.pool, n_gpus=2, model_dir=model_dir, trainer_config=tc,
+    pool = dataclasses.replace(BASE.pool, model_dir=model_dir, trainer_config=tc,
                                engine_config=TorchEngineConfig(dtype="bfloat16"))
     return dataclasses.replace(BASE, pool=pool)
 
@@ -95,3 +95,72 @@ def test_served_model_must_be_the_trained_one(local_ray, qwen3, tmp_path):
     other = str(write_tiny_model(tmp_path / "q3b", "qwen3", vocab_size=T.VOCAB_SIZE, num_layers=3))
     with pytest.raises(ValueError, match=r"num_layers: trained 2, served 3"):
         ActorPool(dataclasses.replace(bad, vllm_model=other))
+
+
+ROOT = Path(__file__).parents[1]
+
+
+def test_tiny_qwen3_config_runs_as_a_new_user_runs_it(local_ray, tmp_path, monkeypatch):
+    """`gyre-real run --config configs/tiny_qwen3_cpu.toml --policy elastic`: the first run writes the tiny Qwen3
+    folder (no download) where the config says, trains it and writes the outputs."""
+    from typer.testing import CliRunner
+
+    from gyre.bridge.cli import app
+
+    monkeypatch.chdir(tmp_path)  # model_dir is relative to where the command runs
+    toml = tmp_path / "tiny.toml"  # the file as shipped, with a smaller batch (the suite's budget)
+    toml.write_text((ROOT / "configs" / "tiny_qwen3_cpu.toml").read_text() + "\n[cluster]\ngroups_per_step = 2\n"
+                    "group_size = 4\n")
+    res = CliRunner().invoke(app, ["run", "--config", str(toml), "--policy", "elastic", "--steps", "1",
+                                   "--out", "out/run"])
+    assert res.exit_code == 0, f"run failed: {res.output}"
+    made = tmp_path / "out" / "models" / "tiny-qwen3"
+    cfg = __import__("json").loads((made / "config.json").read_text())
+    assert cfg["model_type"] == "qwen3" and cfg["vocab_size"] == T.VOCAB_SIZE, cfg
+    assert (tmp_path / "out" / "run" / "summary.csv").exists(), res.output
+
+
+def test_gpu_example_config_runs_on_cpu_at_a_tiny_size(local_ray, tmp_path):
+    """configs/real_gpu_example.toml with a tiny Qwen2 in place of Qwen2.5-1.5B: served = trained passes the
+    check as written (vLLM, collective sync); with CPU stand-ins for what needs CUDA or vLLM, it trains."""
+    from gyre.real.collective import CollectiveConfig
+    from gyre.real.config_file import load_config
+    from gyre.real.pool import check_models
+
+    cfg = load_config(ROOT / "configs" / "real_gpu_example.toml")
+    assert cfg.pool.engine == "vllm" and not cfg.pool.vllm_model, "vLLM serves the trained folder"
+    tiny = str(write_tiny_model(tmp_path / "qwen2", "qwen2", vocab_size=T.VOCAB_SIZE))
+    cpu_tc = dataclasses.replace(cfg.pool.trainer_config, device="cpu", attention="sdpa", max_pack_tokens=1024,
+                                 micro_batch_tokens=256, lr=1e-4)
+    pool = dataclasses.replace(cfg.pool, model_dir=tiny, trainer_config=cpu_tc, collective=CollectiveConfig())
+    check_models(pool)  # the vLLM pool as configured: no error
+    pool = dataclasses.replace(pool, engine="torch", address=None, n_gpus=4, gpus_per_engine=1,
+                               engine_config=TorchEngineConfig(dtype="bfloat16"))
+    run = dataclasses.replace(cfg, pool=pool, steps=1, cluster=dataclasses.replace(
+        cfg.cluster, groups_per_step=2, group_size=4, min_train_gpus=1, checkpoint=None, max_wall_s=300,
+        kv_capacity=4096, task=BASE.cluster.task))
+    r = run_real(run, "elastic", pool=ActorPool.shared(run.pool))
+    check_run(r, 1)
+
+
+def test_bad_model_folder_exits_2_before_anything_starts(tmp_path, qwen3):
+    """A model_dir without config.json, or a served model that is not the trained one: one line, exit 2."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from gyre.bridge.cli import app
+
+    bad = tmp_path / "noconfig"
+    shutil.copytree(qwen3, bad)
+    (bad / "config.json").unlink()
+    llama = write_tiny_model(tmp_path / "llama", "llama", vocab_size=T.VOCAB_SIZE)
+    for toml, says in ((f'[pool]\nmodel_dir = "{bad}"\n', f"{bad}/config.json: missing"),
+                       (f'[pool]\nmodel_dir = "{qwen3}"\nengine = "vllm"\nvllm_model = "{llama}"\n',
+                        "architecture: trained 'Qwen3ForCausalLM', served 'LlamaForCausalLM'"),
+                       ('[pool.trainer_config]\ndtype = "float16"\n', "TrainerConfig.dtype = 'float16'")):
+        p = tmp_path / "run.toml"
+        p.write_text(toml)
+        res = CliRunner().invoke(app, ["run", "--config", str(p), "--policy", "elastic", "--out", str(tmp_path)])
+        assert res.exit_code == 2 and says in res.output, res.output
+        assert "Traceback" not in res.output and len(res.output.strip().splitlines()) == 1, res.output
