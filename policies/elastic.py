@@ -79,6 +79,10 @@ class Elastic:
         self.slow_drains = False  # a step waited long for its drain
         self.window: deque[StepRecord] = deque(maxlen=self.WINDOW)  # the last steps since the target moved
 
+    def state(self) -> dict:
+        """What a resumed run continues (gyre.real.resume): the step records and the trainer target they set."""
+        return {"window": self.window, "slow_drains": self.slow_drains, "train_target": self.train_target}
+
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
         fits = shape.n_gpus >= shape.min_train_gpus + shape.gpus_per_engine

@@ -58,6 +58,7 @@ class RealClusterConfig:
     task_class: str = DEFAULT_TASK  # dotted path of the task (gyre.real.task_api.Task)
     tools: ToolConfig = field(default_factory=ToolConfig)
     first_task: int = 0  # index of the run's first task in the task sequence (a resumed run continues it)
+    redraw: tuple[int, ...] = ()  # task indexes drawn first, before first_task on (gyre.real.resume: drawn, never trained)
     normalize_std: bool = True
     seed: int = 0
     max_wall_s: float = 1800.0
@@ -153,8 +154,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     # ------------------------------------------------------------------ verbs
     def next_group(self) -> RealGroup:
-        gid = len(self.groups)
-        index = self.cfg.first_task + gid
+        gid, redraw = len(self.groups), self.cfg.redraw
+        index = redraw[gid] if gid < len(redraw) else self.cfg.first_task + gid - len(redraw)
         grp = RealGroup(gid, index, self.task.new_group(index, self.cfg.group_size), len(self.executions))
         self._book_group(grp)
         return grp
@@ -310,9 +311,13 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         return self._record
 
     # ------------------------------------------------------------------ running
-    def run(self, policy, steps: int, on_tick: Callable[[RealCluster], None] | None = None) -> Process:
-        """Run `policy` until it returns; raise its error, a deadlock or a wall-clock overrun."""
+    def run(self, policy, steps: int, on_tick: Callable[[RealCluster], None] | None = None,
+            on_start: Callable[[RealCluster], None] | None = None) -> Process:
+        """Run `policy` until it returns; raise its error, a deadlock or a wall-clock overrun. `on_start` is
+        called once the policy has set itself up (it waits on its first handle), before the loop turns."""
         proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
+        if on_start is not None:
+            on_start(self)
         self.injector.start(steps * self.cfg.groups_per_step * self.cfg.group_size)
         self._drain()
         while not proc.done:

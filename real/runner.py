@@ -9,7 +9,7 @@ train, sync and role-switch times), `executions_<policy>.csv`, `learning_<policy
 wall time) and `log_<policy>.jsonl` (the raw event log). summary.csv also says what the run survived
 (gyre.faults.fault_summary, counted from the log). While it runs, `run_real(out=...)` streams metrics and keeps
 logs there (gyre.real.watch) and at its end exports the trained model (gyre.real.export); a checkpointed run
-resumes its trainer and its task sequence.
+resumes its trainer, its task sequence and its policy's state (gyre.real.resume).
 
 Simplifications: one policy per run; the actor pool is created on first use and may be passed in to
 reuse warm actors across runs (tests, benchmarks).
@@ -35,7 +35,8 @@ from gyre.faults import fault_summary
 from gyre.real.pool import ActorPool
 from gyre.real.export import export_run
 from gyre.real.trace_export import trace_groups, trace_workload
-from gyre.real.watch import RunWatch, resume_state, write_partial
+from gyre.real.resume import RunState, restore_policy, resume_state, resumed_config, saved_policy_state
+from gyre.real.watch import RunWatch, write_partial
 
 
 @dataclass
@@ -78,8 +79,8 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
              steps: int | None = None, out: str | Path | None = None, print_fn=None) -> RealResult:
     """Run `policy` (a registered name, dotted path or object) for `steps` (default cfg.steps).
 
-    With a `checkpoint` whose run state exists (`<checkpoint>.run.json`), the run resumes: the trainer from the
-    checkpoint, the task sequence from the task after the last one the checkpointed run drew. With `out`, the run
+    With a `checkpoint` whose run state exists (`<checkpoint>.run.json`), the run resumes (gyre.real.resume): the
+    trainer from the checkpoint, the task sequence (drawn but untrained tasks first) and the policy's state. With `out`, the run
     is watched (gyre.real.watch: metrics per step, TensorBoard, progress through `print_fn`, Ray logs), a failed
     run leaves its log and error there, and a finished one its trained model as a Hugging Face folder (model/)."""
     from gyre.policies import make_policy
@@ -93,17 +94,19 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
         differ = [f.name for f in dataclasses.fields(cfg.pool) if getattr(pool.cfg, f.name) != getattr(cfg.pool, f.name)]
         raise RealConfigError(f"run_real: the pool was built for a different [pool] config ({', '.join(differ)} "
                               f"differ); pass pool=ActorPool.shared(cfg.pool)")
-    state = resume_state(cfg.cluster.checkpoint)
-    if state is not None and cfg.cluster.first_task == 0:
-        cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, first_task=int(state["next_task"])))
+    ckpt = cfg.cluster.checkpoint
+    state = resume_state(ckpt)
+    cfg = dataclasses.replace(cfg, cluster=resumed_config(cfg.cluster, state))
+    saved = saved_policy_state(ckpt) if state is not None else None
     cluster = RealCluster(pool=pool, config=cfg.cluster)
     n = steps or cfg.steps
     watch = RunWatch(out, name, n, print_fn=print_fn, resume=state is not None) if out is not None else None
-    own = [t for t in (_checkpoint_tick(cfg), watch and watch.tick) if t]
+    own = [t for t in (ckpt and RunState(ckpt, pol, name).tick, watch and watch.tick) if t]
     ticks = own + ([on_tick] if on_tick else [])
     t0 = time.perf_counter()
     try:
-        cluster.run(pol, n, on_tick=lambda c: [t(c) for t in ticks])
+        cluster.run(pol, n, on_tick=lambda c: [t(c) for t in ticks],
+                    on_start=(lambda c: restore_policy(pol, name, saved, c)) if state is not None else None)
         for t in own:
             t(cluster)  # the last step's records
     except BaseException as exc:
@@ -119,19 +122,6 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
         export_run(cluster, Path(out) / "model" / name)
     metrics = compute_metrics(cluster.log, n_gpus=cfg.pool.n_gpus, policy=name)
     return RealResult(name, cfg, cluster.log, metrics, profile, wall, cluster)
-
-
-def _checkpoint_tick(cfg: RealRunConfig):
-    """After each checkpointed step, `<checkpoint>.run.json`: the version it holds and the next task's index."""
-    last = [None]
-
-    def tick(c) -> None:
-        v = getattr(c, "_ckpt_version", None)
-        if cfg.cluster.checkpoint and v is not None and v != last[0]:
-            last[0] = v
-            Path(cfg.cluster.checkpoint + ".run.json").write_text(json.dumps(
-                {"version": v, "next_task": cfg.cluster.first_task + len(c.groups)}))
-    return tick
 
 
 def write_outputs(out: str | Path, results: list[RealResult]) -> dict[str, Path]:

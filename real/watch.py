@@ -32,16 +32,6 @@ COLUMNS = ["step", "version", "t_s", "reward_mean", "loss", "tokens", "groups_wi
            "tool_calls", "tool_errors", "wall_s"]
 
 
-def resume_state(checkpoint: str | None) -> dict | None:
-    """What a checkpointed run left for its resumption (None: nothing to resume)."""
-    if not checkpoint:
-        return None
-    p = Path(checkpoint + ".run.json")
-    if not (p.exists() and Path(checkpoint).exists()):
-        return None
-    return json.loads(p.read_text())
-
-
 class RunWatch:
     def __init__(self, out: str | Path, policy: str, steps: int, *, print_fn: Callable[[str], None] | None = None, every_s: float = 5.0,
                  resume: bool = False) -> None:
