@@ -3,7 +3,8 @@
 The same policy objects that run in the simulator run here unchanged. The driver process owns all
 bookkeeping (GPU roles and owners, engine membership, execution phases, the event log in the schema
 of gyre.metrics); actors do the work: engines generate (gyre.real.engine_torch), tool workers
-run tool calls (gyre.real.tools), trainer workers train and publish weights (gyre.real.trainer).
+run tool calls (gyre.real.tools) and score finished groups (gyre.real.verify), trainer workers train and
+publish weights (gyre.real.trainer).
 
 What is shared with the simulator (observations, preconditions, booking) is gyre.backend.ClusterBase.
 The data-parallel training step is gyre.real.train_step, weight publishing gyre.real.weights, and how
@@ -41,6 +42,7 @@ from gyre.faults import FaultInjector, parse_faults
 from gyre.real.flow import ExecutionFlow
 from gyre.real.task_api import DEFAULT_TASK, load_task
 from gyre.real.tools import ToolConfig, ToolService
+from gyre.real.verify import Verifier
 from gyre.real.train_step import TrainSteps
 from gyre.real.weights import WeightPublisher
 from gyre.trajectory import AdvantageConfig, group_advantages
@@ -113,6 +115,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self.injector = FaultInjector(parse_faults(config.faults), config.seed)
         self.tools = ToolService(config.tools, pool.tools, self._submit, self._call_after,
                                  log=lambda kind, info: self._log(("note", self.now, kind, info)))
+        self.verifier = Verifier(self.task, self.tools, lambda kind, info: self._log(("note", self.now, kind, info)),
+                                 lambda: self.now)  # a group is scored on the tool workers once it finishes
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ observations
@@ -235,31 +239,35 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
     def train(self, gpus: Sequence[int], groups: Sequence[RealGroup]) -> Handle:
         gpus = self._check_train(gpus, groups)
         v = self._version
-        batch, rewards, signal = [], [], 0
-        adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
-        for g in groups:
-            outs = self.task.score(g.env)
-            rewards += [o.reward for o in outs]
-            adv = group_advantages(outs, adv_cfg)
-            signal += bool(np.any(adv != 0))
-            batch.append((g.env.recorder.tree.preorder(), adv))
         self._book_trained(groups, v)
         self._hold_for_training(gpus)
         self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)
         h = Handle(f"train{v}")
-        t0 = self.now
+        adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
 
-        def end(stats) -> None:
-            self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
-            self._step_done(gpus, stats["tokens"])
-            for e in self._engines.values():  # they load this version before they are ready again
-                if e.state == "restarting":
-                    e._version = self._version
-            self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
-                                                   "groups_with_signal": signal, "version": self._version}))
-            self._deferred.append((h, self._version))
+        def scored(scores) -> None:  # every group's scores are back (gyre.real.verify): the step is enqueued
+            batch, rewards, signal = [], [], 0
+            for g, outs in zip(groups, scores):
+                rewards += [o.reward for o in outs]
+                adv = group_advantages(outs, adv_cfg)
+                signal += bool(np.any(adv != 0))
+                batch.append((g.env.recorder.tree.preorder(), adv))
+            self._log(("note", self.now, "train_batch", {"version": v + 1, "groups": [g.id for g in groups]}))
+            t0 = self.now
 
-        self._enqueue_step(gpus, ray.put(batch), end)
+            def end(stats) -> None:
+                self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
+                self._step_done(gpus, stats["tokens"])
+                for e in self._engines.values():  # they load this version before they are ready again
+                    if e.state == "restarting":
+                        e._version = self._version
+                self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
+                                                       "groups_with_signal": signal, "version": self._version}))
+                self._deferred.append((h, self._version))
+
+            self._enqueue_step(gpus, ray.put(batch), end)
+
+        self.verifier.when(groups, scored)
         return h
 
     def sync(self, engines: Sequence[RealEngine]) -> Handle:

@@ -9,14 +9,15 @@ forge a chat marker or a stop token, it only appears as plain text.
 
 `turn` renders the template twice (the history with and without the message) and keeps the difference; a
 template for which the history is no prefix of the longer rendering (one that rewrites earlier turns) falls
-back to rendering the message alone. `build_tiny_chat_tokenizer` trains the small byte-level BPE the tests
-and the CPU config use (configs/tiny_chat).
+back to rendering the message alone. A ChatTokenizer pickles as its folder's path (loaded once per process).
+`build_tiny_chat_tokenizer` trains the small byte-level BPE the tests and the CPU config use (configs/tiny_chat).
 
 Simplifications: messages are {"role", "content"} with string content; no tool-call schema in the template.
 """
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 SENTINEL = "\x00GYRE-CONTENT\x00"
@@ -25,20 +26,29 @@ TINY_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|
 TINY_SPECIALS = ["<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|pad|>"]
 
 
+@functools.lru_cache(maxsize=8)
+def _load(folder: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load a tokenizer from {folder}: {str(exc).splitlines()[0]}") from None
+
+
 class ChatTokenizer:
     def __init__(self, folder: str | Path) -> None:
-        from transformers import AutoTokenizer
-
-        try:
-            self.tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot load a tokenizer from {folder}: {str(exc).splitlines()[0]}") from None
+        self.folder = str(Path(folder).resolve())
+        self.tok = _load(self.folder)  # one per folder and process: groups and their copies share it
         if not self.tok.chat_template:
             raise ValueError(f"the tokenizer in {folder} has no chat template")
         if self.tok.eos_token_id is None:
             raise ValueError(f"the tokenizer in {folder} has no eos token")
         self.stop = [int(self.tok.eos_token_id)]
         self.vocab_size = len(self.tok)
+
+    def __reduce__(self):
+        return ChatTokenizer, (self.folder,)  # pickled as its folder (a tool worker scoring a group loads it once)
 
     def _render(self, messages: list[dict], gen: bool) -> str:
         return self.tok.apply_chat_template(messages, add_generation_prompt=gen, tokenize=False)

@@ -106,6 +106,8 @@ class ExecutionFlow:
         self._log(("finish", self.now, ex.id, end, ex.generated))
         self._log(("note", self.now, "reward", {"exec": ex.id, "group": ex.group_id, "reward": ex.reward,
                                                  "truncated": truncated, "turns": ex.turns}))
+        if ex.group.done:  # its last episode: the group is scored on the tool workers, beside the rollouts
+            self.verifier.start(ex.group)
         self._deferred.append((ex.handle, ex))
         if ex.migrate_handle is not None:
             self._deferred.append((ex.migrate_handle, False))

@@ -6,10 +6,14 @@ a real run with proxies that fail on any other attribute):
 - `Task`: built as `cls(config, seed)`, its `config` an instance of the class's `config_class` dataclass
   (the run's `[cluster.task]` table sets any field it declares). `stop` are the token ids that end a model
   segment; `max_context` the most tokens an episode's context holds (an engine is handed only as many
-  executions as its KV memory holds at that size). `new_group(index, size)` is the `index`-th task of the run's task sequence as a GRPO group of
-  `size` episodes; a resumed run continues the sequence (its first index is the one after the last the
-  checkpointed run drew), so a group must depend on (seed, index) only. `score(group)` is one Score per
-  episode once all are done: truncated ones scored on the state they reached (partial credit).
+  executions as its KV memory holds at that size). `new_group(index, size)` is the `index`-th task of the run's
+  task sequence as a GRPO group of `size` episodes; a resumed run continues the sequence (the indexes the
+  checkpointed run drew but never trained again first, then the one after the last it drew: gyre.real.resume),
+  so a group must depend on (seed, index) only. `score(group)` is one Score per episode once all are done:
+  truncated ones scored on the state they reached (partial credit). It runs on a tool worker, on a copy of the
+  task and the group, as soon as the group's last episode ends (gyre.real.verify), so it must be pure. Optional:
+  `score_failed(group, message)`, the scores of a group whose scoring raised, hung or lost its worker (default:
+  0 for every episode; raise to end the run).
 - `TaskGroup`: `prompt` (the shared prompt's token ids, the prefix tree's root), `recorder` (the
   gyre.trajectory.TaskRecorder its episodes record into: the tokens the model generated are trained, the
   tool and environment tokens are context only) and `episodes`.
@@ -21,8 +25,8 @@ a real run with proxies that fail on any other attribute):
 
 Why exactly this: the backend owns scheduling (engines, migrations, faults, training) and must be able to
 move an episode at any tool-call boundary by resending its context, so an episode states every request in
-full and never calls out itself; rewards that need work (running tests) are a `Tool` call like any other,
-so they run off the driver on the tool workers, in parallel with the rollouts.
+full and never calls out itself; rewards that need work (running tests) are a `Tool` call like any other or
+the work of `score`, and both run off the driver on the tool workers, in parallel with the rollouts.
 
 Text tasks (chat messages in, the model's text out) implement this through gyre.real.text_task.TextTask,
 which holds the tokenizer and chat template and turns text into token ids once. The built-in tasks:
@@ -110,6 +114,7 @@ class Task(Protocol):
 
 CONTRACT = {"Task": ("config_class", "stop", "max_context", "new_group", "score"), "TaskGroup": ("prompt", "recorder", "episodes"),
             "Episode": ("start", "on_generated", "on_tool")}
+OPTIONAL = {"Task": ("score_failed",), "TaskGroup": (), "Episode": ()}  # read if present
 
 
 class TaskError(ValueError):

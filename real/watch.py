@@ -7,8 +7,9 @@ turn of the run loop (`tick(cluster)`) and:
 - appends one row per training step to `metrics_<policy>.csv` and `metrics_<policy>.jsonl` (flushed at once, so a
   run killed mid-way leaves every finished step on disk) and writes the same scalars as TensorBoard event files
   under `tb/<policy>/` (torch.utils.tensorboard.SummaryWriter, which the `tensorboard` package backs);
-- prints a progress line per step and, every `every_s` seconds, one with the rollouts in flight, the executions
-  finished and their recent mean reward, and the tool calls and tool errors so far;
+- prints a progress line per step, one per group whose scoring failed (gyre.real.verify) and, every `every_s`
+  seconds, one with the rollouts in flight, the executions finished and their recent mean reward, and the tool
+  calls (scorings included) and tool errors so far;
 - a resumed run (resume=True) appends to the metrics files it finds, its versions continuing the trainer's.
 
 `finish(cluster, error)` closes the writers and keeps the Ray workers' logs (engines, trainers, tool workers)
@@ -66,6 +67,10 @@ class RunWatch:
                 self._rewards.append(rec[3]["reward"])
             elif rec[0] == "note" and rec[2] == "tool_error":
                 self._tool_errors += 1
+            elif rec[0] == "note" and rec[2] == "score_error":
+                i = rec[3]
+                self.print(f"{self.policy}: scoring group {i['group']} (task {i['task']}) failed, scored by the task's "
+                           f"rule: {i['message']}")
             elif rec[0] == "note" and rec[2] == "train":
                 self._step_row(cluster, rec)
         self._seen = len(log)

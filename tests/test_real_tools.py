@@ -177,6 +177,8 @@ def test_the_coding_task_runs_on_ray_with_every_policy(local_ray, policy):
     assert len(rewards) == 4 and all(0.0 <= x["reward"] <= 1.0 for x in rewards), rewards
     calls = r.cluster.tools.counts
     assert calls["calls"] >= 4 and calls["errors"] == 0, f"{policy}: sandbox calls {calls}"
+    scored = [x[3]["group"] for x in r.log if x[0] == "note" and x[2] == "scored"]
+    assert sorted(scored) == sorted(r.cluster.groups), f"{policy}: groups scored on the tool workers {scored}"
     assert all(x.segs and x.turns >= 1 for x in r.cluster.executions.values()), "every execution generated"
 
 
