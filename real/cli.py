@@ -88,7 +88,7 @@ def run(
     from gyre.cluster import ClusterError
     from gyre.policies import UnknownPolicy, check_params, policy_class
     from gyre.faults import fault_summary
-    from gyre.real.pool import ActorPool
+    from gyre.real.pool import ActorPool, ensure_model_dir
     from gyre.real.runner import run_real, write_outputs
     from gyre.real.task_api import TaskError, load_task
 
@@ -110,6 +110,10 @@ def run(
             read_checkpoint(cfg.cluster.checkpoint, trained_model(cfg.pool), mmap=True)
         except CheckpointError as exc:
             fail(str(exc))
+    try:  # a tiny model folder (and its tokenizer) written on first use: a text task may read its tokenizer there
+        ensure_model_dir(cfg.pool)
+    except ValueError as exc:
+        fail(f"{config or preset}: {exc}")
     try:
         task = load_task(cfg.cluster.task_class, cfg.cluster.task, cfg.cluster.seed)
     except TaskError as exc:

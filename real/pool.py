@@ -25,6 +25,7 @@ TCPStore of the collective groups (workers live as long as the pool).
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -56,6 +57,9 @@ class PoolConfig:
     # yet, the run first writes a tiny random-init model of that family there (vocabulary: model.vocab_size; no
     # download; a CPU demo)
     tiny_model: str = ""
+    # with tiny_model: a tokenizer folder (e.g. configs/tiny_chat) copied into model_dir beside the tiny model, so
+    # the folder holds its own tokenizer and chat template (a text task's model_dir may then name it)
+    tiny_tokenizer: str = ""
     model: TinyLlamaConfig = field(default_factory=TinyLlamaConfig)
     engine_config: TorchEngineConfig = field(default_factory=TorchEngineConfig)
     trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
@@ -100,7 +104,8 @@ def serve_dtype(cfg: PoolConfig) -> str:
 
 
 def ensure_model_dir(cfg: PoolConfig) -> None:
-    """Write the tiny random-init model `tiny_model` names into `model_dir` unless a folder is there already."""
+    """Write the tiny random-init model `tiny_model` names into `model_dir` (with the tokenizer of `tiny_tokenizer`)
+    unless a folder is there already."""
     if not cfg.tiny_model:
         return
     if not cfg.model_dir:
@@ -108,10 +113,18 @@ def ensure_model_dir(cfg: PoolConfig) -> None:
     if not Path(cfg.model_dir).exists():
         from gyre.nn.hf_folder import write_tiny_model
 
+        from gyre.real.export import TOKENIZER_FILES
+
+        tok = [Path(cfg.tiny_tokenizer) / f for f in TOKENIZER_FILES] if cfg.tiny_tokenizer else []
+        if cfg.tiny_tokenizer and not any(f.is_file() for f in tok):
+            raise ValueError(f"PoolConfig.tiny_tokenizer = {cfg.tiny_tokenizer!r}: no tokenizer files there")
         try:
             write_tiny_model(cfg.model_dir, cfg.tiny_model, vocab_size=cfg.model.vocab_size)
         except ModelFolderError as exc:
             raise ValueError(f"PoolConfig.tiny_model: {exc}") from None
+        for f in tok:
+            if f.is_file():
+                shutil.copyfile(f, Path(cfg.model_dir) / f.name)
 
 
 def check_models(cfg: PoolConfig) -> None:
@@ -145,6 +158,7 @@ def _retargetable(have: PoolConfig, want: PoolConfig) -> bool:
     """Whether a pool of `have` can run `want` by rebuilding its models only (same shape; a vLLM engine serves
     one folder for life)."""
     same = replace(have, init_checkpoint=want.init_checkpoint, model_dir=want.model_dir, tiny_model=want.tiny_model,
+                   tiny_tokenizer=want.tiny_tokenizer,
                    trainer_config=want.trainer_config, engine_config=want.engine_config) == want
     return same and (want.engine == "torch" or served_model(have) == served_model(want))
 

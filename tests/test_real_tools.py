@@ -153,24 +153,33 @@ def test_a_worker_killed_mid_call_is_replaced_and_the_call_retried(by_value, tmp
     assert ray.get(workers[0].ping.remote()), "the replacement answers"
 
 
-def code_cfg(policy_steps: int = 1):
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    """Where the shipped config's tiny Qwen3 and its tokenizer are written on first use (not in the repo)."""
+    return tmp_path_factory.mktemp("models") / "tiny-qwen3-chat"
+
+
+def code_cfg(folder, policy_steps: int = 1):
+    """configs/sandbox_code_cpu.toml on 2 logical GPUs, one group of 2 per step, its model folder at `folder`."""
     from gyre.real.config_file import load_config
 
     cfg = load_config(ROOT / "configs" / "sandbox_code_cpu.toml")
+    assert cfg.pool.model_dir == cfg.cluster.task.model_dir, "the task's tokenizer is the model folder's"
     task = dataclasses.replace(cfg.cluster.task, problems=str(ROOT / "configs" / "code_problems.jsonl"),
-                               model_dir=str(ROOT / "configs" / "tiny_chat"), max_new_tokens=16)
-    return dataclasses.replace(cfg, steps=policy_steps, pool=dataclasses.replace(cfg.pool, n_gpus=2), cluster=dataclasses.replace(
+                               model_dir=str(folder), max_new_tokens=16)
+    pool = dataclasses.replace(cfg.pool, n_gpus=2, model_dir=str(folder), tiny_tokenizer=str(ROOT / cfg.pool.tiny_tokenizer))
+    return dataclasses.replace(cfg, steps=policy_steps, pool=pool, cluster=dataclasses.replace(
         cfg.cluster, groups_per_step=1, group_size=2, task=task))
 
 
 @pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
-def test_the_coding_task_runs_on_ray_with_every_policy(local_ray, policy):
-    """Every policy runs the sandboxed coding task: each reply run in the sandbox on a tool worker, scored by
-    its tests, trained on."""
+def test_the_coding_task_runs_on_ray_with_every_policy(local_ray, model_folder, policy):
+    """Every policy runs the sandboxed coding task on the shipped config's tiny Qwen3 (written on first use with
+    its tokenizer): each reply run in the sandbox on a tool worker, scored by its tests, trained on."""
     from gyre.real.pool import ActorPool
     from gyre.real.runner import run_real
 
-    cfg = code_cfg(2)
+    cfg = code_cfg(model_folder, 2)
     r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
     assert len(r.metrics.steps) == 2, f"{policy}: {len(r.metrics.steps)} steps"
     rewards = [x[3] for x in r.log if x[0] == "note" and x[2] == "reward"]
@@ -186,14 +195,14 @@ class Killed(RuntimeError):
     """Stands for the run being killed."""
 
 
-def test_a_killed_run_leaves_its_metrics_and_resumes_with_the_next_prompt(local_ray, tmp_path):
+def test_a_killed_run_leaves_its_metrics_and_resumes_with_the_next_prompt(local_ray, model_folder, tmp_path):
     """A run killed after its first step leaves that step's metrics (CSV, JSONL, TensorBoard) and its log on
     disk; rerun from its checkpoint it continues the trainer's version and the task sequence (next prompt); the
     finished run's exported model loads with transformers, with the trainer's logits."""
     from gyre.real.pool import ActorPool
     from gyre.real.runner import run_real
 
-    cfg = code_cfg(3)
+    cfg = code_cfg(model_folder, 3)
     ck = str(tmp_path / "ck" / "trainer.pt")
     (tmp_path / "ck").mkdir()
     cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, checkpoint=ck))
@@ -226,21 +235,21 @@ def test_a_killed_run_leaves_its_metrics_and_resumes_with_the_next_prompt(local_
 
 
 def check_export(folder, r, cfg) -> None:
-    import numpy as np
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gyre.nn.model import TinyLlama
+    from gyre.nn.hf_folder import load_model
 
     hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     text = tok.apply_chat_template([{"role": "user", "content": "add one"}], add_generation_prompt=True, tokenize=False)
     ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
-    ours = TinyLlama(cfg.pool.model, np.random.default_rng(0))
-    ours.load_state_dict(r.cluster.trainer_weights())
+    _, ours = load_model(cfg.pool.model_dir)  # the run's model folder, with the trainer's weights
+    ours.load_state_dict({k: v.float() for k, v in r.cluster.trainer_weights().items()}, strict=False)
     with torch.no_grad():
-        a, b = hf(ids).logits, ours(ids, torch.arange(ids.shape[1])[None])
+        a, b = hf(ids).logits, ours(ids).logits
     assert torch.allclose(a, b, atol=1e-4), f"exported logits differ by {(a - b).abs().max():.2e}"
+    assert hf.config.model_type == "qwen3", f"exported {hf.config.model_type}"
 
 
 def _log(out):
