@@ -23,6 +23,8 @@ def calibrate(
     workload: Annotated[str, typer.Option(
         help="rollouts to replay: 'source' (the --from run's; no other run needed) or 'own' (each predicted "
              "policy's measured trace: the cost model's error alone)")] = "source",
+    estimate_out: Annotated[Optional[Path], typer.Option(
+        "--estimate-out", help="write the calibrated cost estimate here ([cluster] estimate of a real run reads it)")] = None,
 ) -> None:
     """Calibrate the simulator's cost model on one real run; predict (and compare) other policies."""
     from gyre.bridge.calibrate import CalibrationError, calibrated_costs, describe, predict_makespans
@@ -34,6 +36,11 @@ def calibrate(
         fail(str(exc))
         raise
     console.print(f"calibrated on {source}: {describe(calibrated[0])}", soft_wrap=True)
+    if estimate_out:
+        from gyre.estimate import from_costs, write_file
+
+        write_file(from_costs(calibrated[0], source=f"calibrated on {run_dir} ({source})"), estimate_out)
+        console.print(f"wrote the cost estimate to {estimate_out}")
     console.print(table.to_string(index=False))
     if out:
         table.to_csv(out, index=False)

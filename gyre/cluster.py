@@ -6,7 +6,9 @@ engines and which train, (2) which engine runs each execution, and when to move 
 on any engine (partial rollouts: its KV is freed and re-prefilled on resume; nothing is lost), and (3) when to train on which finished
 groups and when engines receive the new weights. Those are the verbs below; each returns a Handle
 that completes later. Observations are the pool's roles, the engines and their load, the live
-executions' observable progress (never their future length), the trainer's version, and the clock.
+executions' observable progress (never their future length), the trainer's version, the clock, and a
+cost estimate (gyre.estimate.CostEstimate: what a training step of a batch and an engine step cost here,
+from the hardware and model, never from the workload's future).
 An engine's `admit_limit` is how many executions it may be handed at once (gyre.hardware.admission_limit);
 the backends report it and do not enforce it: policies.admit_queue is the admission path that does.
 
@@ -20,6 +22,7 @@ import enum
 from collections.abc import Generator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from gyre.estimate import CostEstimate
 from gyre.handles import Handle
 
 
@@ -83,7 +86,11 @@ class ExecutionView(Protocol):
     @property
     def turns_done(self) -> int: ...
     @property
-    def context_tokens(self) -> int: ...
+    def deadline_at(self) -> float: ...  # when its wall-clock budget ends (inf until it first runs, or with none)
+    @property
+    def context_tokens(self) -> int: ...  # KV tokens it holds (its current context)
+    @property
+    def trajectory_tokens(self) -> int: ...  # prompt, generated and tool-output tokens so far (what training trains)
 
 
 class Group(Protocol):
@@ -114,6 +121,8 @@ class Cluster(Protocol):
     def engines(self) -> list[EngineView]: ...
     def live(self) -> list[ExecutionView]: ...  # on an engine
     def parked(self) -> list[ExecutionView]: ...  # parked, not yet resumed
+    @property
+    def estimate(self) -> CostEstimate: ...  # what a training step and an engine step cost (gyre.estimate)
 
     # --- verbs (each returns a Handle) ---
     def next_group(self) -> Group: ...

@@ -68,6 +68,7 @@ class RunMetrics:
             **self.token_lag(),
             "tokens_generated": int(self.executions["generated"].sum()) if len(self.executions) else 0,
             "tokens_trained": int(self.steps["tokens"].sum()) if len(self.steps) else 0,
+            "completed": int((self.executions["end"] == 0).sum()) if len(self.executions) else 0,
             "capped": int((self.executions["end"] == 1).sum()) if len(self.executions) else 0,
             "deadline_hit": int((self.executions["end"] == 2).sum()) if len(self.executions) else 0,
             "preemptions": self.preemptions,

@@ -31,8 +31,9 @@ def _runs(results: Mapping[str, Any] | Sequence[Any]) -> list[tuple[str, Any]]:
 
 
 def summary(results: Mapping[str, Any] | Sequence[Any], baseline: str | None = None) -> pd.DataFrame:
-    """One row per run: makespan, utilization, distance to the lower bound, and the speedup over the run
-    named `baseline` (if given and present)."""
+    """One row per run: makespan, utilization, distance to the lower bound, the work it did (deadline
+    cuts, those the scheduler caused, tokens generated), and the speedup over the run named `baseline`
+    (if given and present)."""
     rows = []
     for name, r in _runs(results):
         s = r.metrics.summary()
@@ -44,6 +45,9 @@ def summary(results: Mapping[str, Any] | Sequence[Any], baseline: str | None = N
             "vs_bound": r.makespan_s / r.bound.makespan_s if getattr(r, "bound", None) else np.nan,
             "staleness_max": s["staleness_max"],
             "migrations": s["migrations"],
+            "deadline_hit": s["deadline_hit"],
+            "sched_cuts": s.get("sched_cuts", np.nan),
+            "tokens_generated": s["tokens_generated"],
         })
     df = pd.DataFrame(rows).set_index("policy")
     if baseline is not None and baseline in df.index:

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gyre.cluster import Cluster, ClusterError
-from gyre.handles import all_of, any_of
+from gyre.handles import all_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.admit_queue import AdmissionQueue
-from gyre.policies.common import Batcher, ClusterShape, engine_slots
+from gyre.policies.common import Batcher, ClusterShape, engine_slots, train_loop
 from gyre.policies.tuning import Search, refine_axis
 
 
@@ -73,25 +73,13 @@ class AsyncSplit:
         batcher = Batcher(cluster, steps, self.eta, order)
         queue = AdmissionQueue(cluster, engines)
 
-        def produce():
-            while batcher.n_admitted < steps * batcher.gps:
-                version = min(e.version for e in engines)
-                if not batcher.can_admit(version):
-                    yield batcher.changed.wait()
-                    continue
-                g = batcher.admit_group(version)
-                batcher.watch(g, queue.submit(g.executions))
+        def gather(_batch):
+            return trainer
+            yield  # a generator: the trainer's GPUs are always its own
 
-        producer = cluster.spawn(produce(), "async-producer")
-        while cluster.version < steps:
-            batch = batcher.next_batch()
-            if batch is None:
-                yield batcher.changed.wait()
-                continue
-            batcher.trained(batch)
-            yield cluster.train(trainer, batch)
+        def after_step():
             yield cluster.sync(engines)
-            batcher.changed.fire()
-        if not producer.done:
-            yield any_of([producer])
+
+        yield from train_loop(cluster, steps, batcher, queue, engines=lambda: engines, gather=gather,
+                              after_step=after_step, label="async-producer")
         order.report()

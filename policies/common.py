@@ -1,5 +1,6 @@
 """Pieces every policy uses: engine layout, load balancing, admission by room (`spread`, over
-policies.admit_queue), a wake-up signal, and the batcher that enforces the staleness bound.
+policies.admit_queue), a wake-up signal, the batcher that enforces the staleness bound, and the
+producer/train loop async and elastic share (`train_loop`).
 
 Staleness rule (Batcher): a group admitted at version a (the oldest weights its engines serve) must be
 trained by step a + eta, its deadline; step v trains exactly groups_per_step groups. This is unit-capacity
@@ -20,11 +21,12 @@ as soon as any admitted one finishes (FIFO), so it waits only on executions that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gyre.cluster import Cluster, EngineView, Group
-from gyre.handles import Handle
+from gyre.handles import Handle, any_of
 from gyre.policies.admit_queue import AdmissionQueue
 
 
@@ -152,3 +154,44 @@ class Batcher:
         self.finished = [gid for gid in self.finished if gid not in ids]
         self.n_trained += len(batch)
         self.step += 1
+
+
+Steps = Generator[Handle, Any, Any]
+
+
+def train_loop(cluster: Cluster, steps: int, batcher: Batcher, queue: AdmissionQueue, *,
+               engines: Callable[[], Sequence[EngineView]], gather: Callable[[Sequence[Group]], Steps],
+               after_step: Callable[[], Steps], wait: Callable[[], Sequence[Handle]] = lambda: (),
+               label: str = "producer") -> Steps:
+    """The producer and train loop of a policy whose generation never stops (async, elastic).
+
+    Producer: while the staleness bound allows, admit the next group: its executions go to `queue`
+    (policies.admit_queue: handed to engines as they have room); the oldest weights among `engines()` is
+    the group's version.
+    Trainer: when the Batcher has a batch, `gather(batch)` yields until the step's GPUs are free and
+    returns them; the step trains; `after_step()` yields until the engines serve the new weights. Both
+    sleep on the Batcher's changes and on the handles `wait()` gives (a policy's own wake-ups)."""
+
+    def produce() -> Steps:
+        while batcher.n_admitted < steps * batcher.gps:
+            pool = list(engines())
+            version = min((e.version for e in pool), default=cluster.version)
+            if not pool or not batcher.can_admit(version):
+                yield any_of([batcher.changed.wait(), *wait()])
+                continue
+            g = batcher.admit_group(version)
+            batcher.watch(g, queue.submit(g.executions))
+
+    producer = cluster.spawn(produce(), label)
+    while cluster.version < steps:
+        batch = batcher.next_batch()
+        if batch is None:
+            yield any_of([batcher.changed.wait(), *wait()])
+            continue
+        batcher.trained(batch)
+        gpus = yield from gather(batch)
+        yield cluster.train(gpus, batch)
+        yield from after_step()
+        batcher.changed.fire()
+    if not producer.done:
+        yield any_of([producer])

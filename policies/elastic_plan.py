@@ -1,22 +1,33 @@
-"""Pure decisions of the elastic scheduler: which engines to drain, where their executions go.
+"""Pure decisions of the elastic controller: predictions from observations, and the trainer size they choose.
 
-Everything here is a function of observations (engine load, live executions' current context), never
-of the future, and has no side effects, so it is unit-tested on plain stand-ins.
+Everything here is a function of observations (engines' load, live executions' progress, what finished
+executions showed) and of the cluster's cost estimate (gyre.estimate), never of the future, and has no
+side effects, so it is unit-tested on plain stand-ins. The rule these functions implement is stated once,
+in policies/elastic.py's docstring.
 
-- `choose_victims`: engines to drain so that `need_gpus` GPUs come free, fewest live executions
-  first (cheapest to empty; ties: fewest decoding, since a decoding execution moves only at its next
-  tool-call boundary; then id). At least one engine always stays.
-- `assign_targets`: each migrant (largest context first) to the staying engine with the most free
-  KV at that moment (free = capacity * kv_fill - used - already assigned; ties by id) among those with
-  room left under their admission limit (`slots`, policies.admit_queue); migrants no engine has room for
-  are parked instead (`DrainPlan.parks`) and resumed where room frees.
-- `next_target`: the trainer's size for the coming steps, judged on the last `size` steps since it last
-  moved (never on one step): the largest trainer if the next batch waits, the trainer never waited in
-  any of them and its queue of finished groups did not fall; the balanced size if it waited for more
-  than half of their time; else unchanged.
+- `History`: what finished executions showed: their segment counts and seconds per segment, and how long
+  a group took from its first start to its last finish.
+- `remaining_s`: a live execution's expected remaining time: its expected remaining segments (the mean,
+  over finished executions longer than it so far, of their segments beyond its own; none longer: its
+  segments so far times `unseen_residual`) times its own observed seconds per segment.
+- `drain_order` / `plan_drain`: engines to drain for a trainer of a given size (fewest live executions
+  first; at least one engine stays), each migrant (largest context first) to the staying engine with the
+  most free KV below `kv_fill` of capacity and a slot under its admission limit (policies.admit_queue);
+  migrants that fit nowhere are parked and resumed where room frees (after the step, engines restart).
+- `evaluate`: for one candidate plan, when the step would end (the slowest migrant's wait for its
+  tool-call boundary, then training at the estimate's speed) and when the following batch would be ready
+  (each live execution's predicted remaining time, stretched by its engine's step time after the moves
+  over its own engine's now, for the rest of its run; a parked one resumes in the next slot a staying
+  execution frees, or when the step ends), and so
+  when each later batch of the groups admitted so far would be trained (in order of predicted finish,
+  each as long as this one), and how many more executions its delays are expected to push past their
+  deadline (`cut_p`); `choose` keeps the candidates within a tolerance of the least-cutting one (a cut
+  is lost work, never a speed-up) and takes the one that trains the last of them soonest (ties: the
+  sooner step end, then the larger trainer).
 
-Simplifications: a decoding execution's KV is counted at its current size (it grows by one segment
-before it moves); queued executions hold no KV yet and count as their context (0 if not started).
+Simplifications: a migrant's re-prefill time is not charged; an execution decodes all of its time (a
+slowdown of its engine delays it in full) and its engine's load stays as the moves leave it (others
+finishing would speed it up again); a group not yet admitted takes `History.group_s` from now.
 """
 
 from __future__ import annotations
@@ -25,88 +36,219 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gyre.cluster import EngineView, ExecutionView
+from gyre.cluster import EngineView, ExecutionView, Phase
 
 
 @dataclass(frozen=True)
-class StepRecord:
-    """One training step as the trainer saw it."""
+class History:
+    """What finished executions showed (observations only), and the live ones' progress as censored data."""
 
-    interval: float  # from the previous batch becoming ready to this one
-    idle: float  # the trainer, ready for its next batch, waited this long for it
-    train: float  # training time
-    gpus: int  # GPUs it trained on
-    waiting: int = 0  # finished groups waiting for the trainer when the step ended
+    segments: tuple[int, ...] = ()  # segments of each finished execution, sorted
+    seg_s: float = 0.0  # mean seconds per segment over finished executions
+    group_s: float = 0.0  # mean seconds from a group's first start to its last finish
+    group_durations: tuple[float, ...] = ()  # each finished group's seconds, in finish order
+    ctx: float = 0.0  # mean context over a finished execution's life: half its trajectory tokens (it grows ~linearly)
+    live_done: tuple[int, ...] = ()  # segments each live execution has completed (it has more to come)
+
+    def survival(self) -> list[float]:
+        """Kaplan-Meier P(segments > k) for k = 0 .. the largest observation: finished executions are events
+        at their segment counts, live ones censored at what they have done (so the long ones, which finish
+        last, are not missing from the estimate)."""
+        top = max(self.segments[-1] if self.segments else 0, max(self.live_done, default=0))
+        ends = [0] * (top + 2)
+        cens = [0] * (top + 2)
+        for t in self.segments:
+            ends[t] += 1
+        for d in self.live_done:
+            cens[d] += 1
+        at_risk = len(self.segments) + len(self.live_done)
+        s, out = 1.0, []
+        for k in range(top + 1):
+            if at_risk > 0 and ends[k]:
+                s *= 1.0 - ends[k] / at_risk
+            at_risk -= ends[k] + cens[k]
+            out.append(s)
+        return out
+
+    def p_more(self, done: int, k: float, unseen_residual: float) -> float:
+        """P(segments > k | segments > done), k >= done (module docstring's tail past the observations)."""
+        sv = self.survival()
+        top = len(sv) - 1
+
+        def s_at(t: float) -> float:
+            if t <= top:
+                return sv[int(t)]
+            return sv[top] * (max(top, 1) / t) ** (1.0 + 1.0 / unseen_residual)
+
+        base = s_at(done)
+        return s_at(k) / base if base > 0 else 1.0
+
+    def residual_segments(self, done: int, unseen_residual: float) -> float:
+        """Expected segments still to come (the current one included) for an execution `done` segments in:
+        sum over k >= done of P(segments > k) / P(segments > done); past the largest observation the
+        tail still alive is expected to last `unseen_residual` times its age."""
+        surv = self.__dict__.get("_surv")
+        if surv is None:
+            sv = self.survival()
+            suffix = [0.0] * (len(sv) + 1)
+            for k in range(len(sv) - 1, -1, -1):
+                suffix[k] = suffix[k + 1] + sv[k]
+            surv = (sv, suffix)
+            object.__setattr__(self, "_surv", surv)
+        sv, suffix = surv
+        top = len(sv) - 1
+        if done > top or sv[done] <= 0:
+            return unseen_residual * max(done, 1)
+        tail = sv[top] * unseen_residual * max(top, 1)
+        return (suffix[done] + tail) / sv[done]
+
+
+def cut_p(x: ExecutionView, hist: History, now: float, unseen_residual: float, delay: float = 0.0,
+          stretch: float = 1.0) -> float:
+    """Probability that a live execution is cut by its deadline if it starts its remaining segments `delay`
+    from now and runs each `stretch` times as long as it has so far: P(segments > done + the segments its
+    budget leaves | segments > done) from the Kaplan-Meier survival; past the largest observation the tail
+    falls as a Pareto of index 1 + 1 / unseen_residual (whose mean residual life is unseen_residual x age)."""
+    if x.deadline_at == float("inf"):
+        return 0.0
+    done = x.turns_done
+    seg = (now - x.started_at) / done if done >= 1 and x.started_at is not None else hist.seg_s
+    if seg <= 0:
+        return 0.0
+    budget = (x.deadline_at - now - delay) / (seg * stretch)  # segments it can still run
+    if budget <= 0:
+        return 1.0
+    return hist.p_more(done, done + budget, unseen_residual)
+
+
+def remaining_s(x: ExecutionView, hist: History, now: float, unseen_residual: float) -> float:
+    """Expected seconds until a live execution finishes (module docstring)."""
+    done = x.turns_done
+    seg = (now - x.started_at) / done if done >= 1 and x.started_at is not None else hist.seg_s
+    return hist.residual_segments(done, unseen_residual) * seg
+
+
+def boundary_wait_s(x: ExecutionView, hist: History, now: float, rem: float, boundary_share: float,
+                    unseen_residual: float) -> float:
+    """Expected seconds until a live execution can move: 0 unless it decodes; a decoding one at its next
+    tool-call boundary, `boundary_share` of a segment away, or at its finish if its current segment is
+    expected to be its last (it reaches no boundary: a single-turn rollout moves only by finishing)."""
+    if x.phase != Phase.DECODE:
+        return 0.0
+    done = x.turns_done
+    if hist.residual_segments(done, unseen_residual) <= 1:
+        return rem
+    seg = (now - x.started_at) / done if done >= 1 and x.started_at is not None else hist.seg_s
+    return min(rem, boundary_share * seg)
+
+
+def last_batch_end(start: float, group_ends: Sequence[float], per_batch: int, train_s: float) -> float:
+    """When the last of these groups is trained: batches of `per_batch` groups in order of finish, each
+    trained for `train_s` once it is ready and the trainer (free from `start`) is free."""
+    ends = sorted(group_ends)
+    t = start
+    for j in range(per_batch - 1, len(ends) + per_batch - 1, per_batch):
+        t = max(t, ends[min(j, len(ends) - 1)]) + train_s
+    return t
+
+
+def run_queue(free_at: Sequence[float], durations: Sequence[float],
+              factor: Callable[[int, float], float] = lambda i, t: 1.0) -> list[float]:
+    """Finish time of each job, in order: it starts in the earliest free engine slot and frees it when done;
+    job i starting at t takes its duration times factor(i, t)."""
+    heap = list(free_at)
+    heapq.heapify(heap)
+    out = []
+    for i, d in enumerate(durations):
+        t = heapq.heappop(heap) if heap else float("inf")
+        out.append(t + d * factor(i, t))
+        heapq.heappush(heap, out[-1])
+    return out
+
+
+def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines: int, limit: int,
+                live_free_at: Sequence[float], unused_slots: int, live_ends: dict[int, float], pending: Sequence[int],
+                finished: set[int], queued: Sequence[int], durations: Sequence[float], scale: Callable[[int], float],
+                per_batch: int, train_s: Callable[[int], float], start_s: float, drain_s: float) -> int:
+    """Engines to start on the free GPUs when a step ends (the rest stay free for the next step).
+
+    For k new engines (serving after `start_s`, `limit` executions each): the executions waiting to start
+    (`queued`: their group ids, in order) take slots as they free (`run_queue`: the live executions'
+    predicted finishes `live_free_at`, `unused_slots` free now, the new engines' slots) and take what
+    finished executions took (`durations`, cycled), times `scale(engines + k)` (the estimate's step time
+    at the load that many engines carry, over the load those durations were measured at); the next steps
+    train on the GPUs left free (at least the memory minimum: below it a step first drains engines,
+    `drain_s`). Returns the k whose last pending group (`pending`; `live_ends`: the live executions'
+    latest predicted finish per group) is trained soonest (ties: fewer engines)."""
+    best, best_end = 0, float("inf")
+    for k in range(free_gpus // per + 1):
+        e = engines + k
+        if e == 0:
+            continue
+        keep = free_gpus - k * per
+        g, wait = (keep, 0.0) if keep >= min_train else (-(-min_train // per) * per, drain_s)
+        f = scale(e)
+        free_at = list(live_free_at) + [now] * unused_slots + [now + start_s] * (k * limit)
+        jobs = [durations[i % len(durations)] * f if durations else 0.0 for i in range(len(queued))]
+        ends = dict(live_ends)
+        for gid, t in zip(queued, run_queue(free_at, jobs)):
+            ends[gid] = max(ends.get(gid, now), t)
+        last = [now if gid in finished else ends.get(gid, now) for gid in pending]
+        end = last_batch_end(now + wait, last, per_batch, train_s(g)) if last else now
+        if end < best_end - 1e-9:
+            best, best_end = k, end
+    return best
 
 
 @dataclass(frozen=True)
 class DrainPlan:
     victims: tuple[EngineView, ...]
     moves: tuple[tuple[ExecutionView, EngineView], ...]
-    parks: tuple[ExecutionView, ...] = ()  # no staying engine has room: parked until one has
+    parks: tuple[ExecutionView, ...] = ()  # migrants no staying engine can hold: parked until one has room
 
     @property
     def gpus(self) -> list[int]:
         return [g for e in self.victims for g in e.gpus]
 
 
-def _drain_order(engines: Sequence[EngineView]) -> list[EngineView]:
+def drain_order(engines: Sequence[EngineView]) -> list[EngineView]:
+    """Cheapest to empty first: fewest live executions, then fewest decoding (they move only at a
+    tool-call boundary), then id."""
     return sorted(engines, key=lambda e: (e.n_live, e.n_decoding, e.id))
-
-
-def choose_victims(engines: Sequence[EngineView], need_gpus: int) -> list[EngineView]:
-    """Engines to drain for `need_gpus` GPUs, fewest live executions first; at least one stays."""
-    victims: list[EngineView] = []
-    got = 0
-    for e in _drain_order(engines):
-        if len(victims) >= len(engines) - 1 or got >= need_gpus:
-            break
-        victims.append(e)
-        got += len(e.gpus)
-    return victims
 
 
 def _limit_room(e: EngineView) -> int:
     return e.admit_limit - e.n_live
 
 
-def assign_targets(
-    executions: Sequence[ExecutionView], targets: Sequence[EngineView], *, kv_fill: float = 0.9,
-    slots: Callable[[EngineView], int] = _limit_room,
-) -> tuple[list[tuple[ExecutionView, EngineView]], list[ExecutionView]]:
-    """Greedy best fit: largest context to the target with the most free KV among those with a slot left
-    (deterministic). Returns (moves, the executions no target has a slot for)."""
-    if not executions:
-        return [], []
-    if not targets:
-        raise ValueError("assign_targets: no engine to move executions to")
+def assign_targets(executions: Sequence[ExecutionView], targets: Sequence[EngineView], *, kv_fill: float,
+                   slots: Callable[[EngineView], int] = _limit_room
+                   ) -> tuple[list[tuple[ExecutionView, EngineView]], list[ExecutionView]]:
+    """Greedy best fit: largest context first, to the target with the most free KV (capacity x kv_fill -
+    used - already assigned) that can take it (the KV, and a slot under its admission limit: `slots`,
+    policies.admit_queue); ties by id. Returns (moves, the executions no target can hold)."""
+    free = {t.id: t.kv_capacity * kv_fill - t.kv_used for t in targets}
     left = {t.id: slots(t) for t in targets}
-    heap = [(-(t.kv_capacity * kv_fill - t.kv_used), t.id, i) for i, t in enumerate(targets) if left[t.id] > 0]
+    heap = [(-free[t.id], t.id, i) for i, t in enumerate(targets) if left[t.id] > 0]
     heapq.heapify(heap)
-    out, rest = [], []
+    moves, parks = [], []
     for x in sorted(executions, key=lambda x: (-x.context_tokens, x.id)):
-        if not heap:
-            rest.append(x)
-            continue
-        neg_free, tid, i = heapq.heappop(heap)
-        out.append((x, targets[i]))
-        left[tid] -= 1
-        if left[tid] > 0:
-            heapq.heappush(heap, (neg_free + x.context_tokens, tid, i))
-    return out, rest
+        if heap and -heap[0][0] >= x.context_tokens:
+            neg, tid, i = heapq.heappop(heap)
+            moves.append((x, targets[i]))
+            left[tid] -= 1
+            if left[tid] > 0:
+                heapq.heappush(heap, (neg + x.context_tokens, tid, i))
+        else:  # the roomiest target cannot take the largest remaining context: neither can any other
+            parks.append(x)
+    return moves, parks
 
 
-def plan_drain(
-    engines: Sequence[EngineView],
-    live: Sequence[ExecutionView],
-    need_gpus: int,
-    *,
-    kv_fill: float = 0.9,
-    slots: Callable[[EngineView], int] = _limit_room,
-) -> DrainPlan:
-    """Victims freeing >= need_gpus GPUs (when possible), a target with room for each of their executions,
-    and the executions none has room for (parked)."""
-    victims = choose_victims(engines, need_gpus)
+def plan_drain(engines: Sequence[EngineView], live: Sequence[ExecutionView], n_victims: int, *, kv_fill: float,
+               slots: Callable[[EngineView], int] = _limit_room) -> DrainPlan:
+    """Drain the first `n_victims` engines of `drain_order` (at most all but one) and place their executions."""
+    order = drain_order(engines)
+    victims = order[: max(0, min(n_victims, len(order) - 1))]
     vids = {e.id for e in victims}
     stay = [e for e in engines if e.id not in vids]
     movers = [x for x in live if x.engine_id in vids]
@@ -114,27 +256,103 @@ def plan_drain(
     return DrainPlan(tuple(victims), tuple(moves), tuple(parks))
 
 
-def next_target(
-    current: int, window: Sequence[StepRecord], *, backlog: bool, top: int, floor: int, per: int, size: int = 3
-) -> int:
-    """The trainer target after the steps in `window` (those since the target last moved, oldest first).
+@dataclass(frozen=True)
+class Candidate:
+    """One trainer size and what the controller predicts for it (absolute times)."""
 
-    With fewer than `size` steps it holds. Over the last `size`: if the next batch already waits
-    (`backlog`), the trainer never waited and the finished groups waiting for it did not fall from the
-    first step to the last (a burst of ready batches behind one slow group drains that queue), the
-    trainer is the bottleneck: `top`. If the trainer waited for more than half of their time, the
-    rollout is: the balanced size, the GPUs that train one batch in the window's mean batch interval
-    (sum of GPU-seconds trained / sum of intervals, rounded up to engines of `per`), but at least half
-    of `current` (in engines), `floor`, and at most `top`. Otherwise (a burst of ready batches after
-    one slow group, one slow batch) it holds. `idle` counts from when the trainer was ready for its next
-    batch (engines restarted and synced), so a batch already waiting then is idle 0."""
-    w = list(window)[-size:]
-    if len(w) < size:
-        return current
-    if backlog and all(r.idle <= 0 for r in w) and w[-1].waiting >= w[0].waiting:
-        return top
-    span = sum(r.interval for r in w)
-    if span <= 0 or sum(r.idle for r in w) <= span / 2:
-        return current
-    balanced = -(-int(sum(r.gpus * r.train for r in w) / span) // per) * per
-    return max(floor, current // 2 // per * per, min(top, balanced))
+    gpus: int
+    plan: DrainPlan
+    step_end: float  # the step's GPUs gathered, then trained
+    next_ready: float  # the following batch ready
+    last_end: float  # the last batch of the groups admitted so far trained
+    train_s: float
+    cuts: float = 0.0  # executions the plan's delays are expected to push past their deadline
+
+    @property
+    def key(self) -> tuple[float, float, int]:
+        return (self.last_end, self.step_end, -self.gpus)
+
+
+def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: dict[int, float],
+             waits_s: dict[int, float], engines: Sequence[EngineView], live: Sequence[ExecutionView],
+             group_of: dict[int, int], pending: Sequence[int], finished: set[int], n_next: int,
+             queued: Sequence[int], durations: Sequence[float], step_s: Callable[[int, float], float],
+             stop_s: float = 0.0, start_s: float = 0.0,
+             risk: Callable[[ExecutionView, float, float], float] | None = None,
+             scale: Callable[[int], float] = lambda n: 1.0) -> Candidate:
+    """The candidate for `plan` (a trainer of `gpus` GPUs; see the module docstring).
+
+    `finish`: each live execution's predicted finish (absolute) without reallocation; `waits_s`: each
+    one's wait for a tool-call boundary; `pending`: the untrained groups outside the batch being trained
+    (ids), `finished` those of them done; `n_next`: groups the following batch needs; `queued`: the group
+    id of each execution waiting unstarted (admitted or still to be), in order; `durations`: what finished
+    executions took, cycled over the queued ones; `stop_s` / `start_s`: an engine's stop and (re)start
+    (the drained engines' slots come back `start_s` after the step ends); `risk(x, delay, stretch)`: the
+    probability x is cut if delayed and stretched so (`cut_p`); without it, a cut is a predicted finish
+    pushed past the deadline; `scale(n)`: how much longer than the finished ones a job takes with the
+    work spread over n engines (the staying ones until the drained ones are back, then all)."""
+    gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
+    gather = max([gather] + [waits_s[x.id] for x in plan.parks])
+    end = now + gather + (stop_s if plan.victims else 0.0) + train_s
+    # each engine's step time now and after the moves: executions stay where they are put until they finish,
+    # so an engine's slowdown stretches the whole remaining time of everything it holds
+    by_id = {e.id: e for e in engines}
+    add_n: dict[int, int] = {}
+    add_k: dict[int, float] = {}
+    for x, t in plan.moves:
+        add_n[t.id] = add_n.get(t.id, 0) + 1
+        add_k[t.id] = add_k.get(t.id, 0.0) + x.context_tokens
+    before = {e.id: step_s(max(e.n_live, 1), e.kv_used) for e in engines}
+    after = {i: step_s(by_id[i].n_live + add_n[i], by_id[i].kv_used + add_k[i]) for i in add_n}
+    target = {x.id: t.id for x, t in plan.moves}
+    parked = [x.id for x in plan.parks]
+    vids = {e.id for e in plan.victims}
+    t_of: dict[int, float] = {}
+    stretch: dict[int, float] = {}
+    for x in live:
+        if x.id in target or x.engine_id not in vids:
+            dst = target.get(x.id, x.engine_id)
+            stretch[x.id] = after.get(dst, before.get(dst, 1.0)) / before.get(x.engine_id, 1.0)
+            t_of[x.id] = now + (finish[x.id] - now) * stretch[x.id]
+    # parked executions, then the unstarted ones (`queued`: their group ids, in admission order), take engine
+    # slots as they free: a staying execution's finish, a slot free now, the drained engines' back at step end
+    limit = {e.id: e.admit_limit for e in engines}
+    used: dict[int, int] = {}
+    for x in live:
+        if x.id in t_of:
+            dst = target.get(x.id, x.engine_id)
+            used[dst] = used.get(dst, 0) + 1
+    free_at = list(t_of.values()) + [now] * sum(max(0, limit[e.id] - used.get(e.id, 0)) for e in engines
+                                                if e.id not in vids) + [end + start_s] * sum(limit[i] for i in vids)
+    jobs = [finish[xid] - now for xid in parked] + [durations[i % len(durations)] if durations else 0.0
+                                                     for i in range(len(queued))]
+    n_all, n_stay, back = len(engines), len(engines) - len(vids), end + start_s
+    parked_n = len(parked)
+    f_stay, f_all = scale(max(n_stay, 1)), scale(max(n_all, 1))
+    done_at = run_queue(free_at, jobs, lambda i, t: 1.0 if i < parked_n else f_stay if t < back else f_all)
+    for xid, t in zip(parked, done_at):
+        t_of[xid] = t
+    resume = {xid: t - (finish[xid] - now) for xid, t in zip(parked, done_at)}
+    group_end: dict[int, float] = {}
+    cuts = 0.0
+    for x in live:
+        t = t_of[x.id]
+        if risk is not None:
+            cuts += risk(x, resume.get(x.id, now) - now, stretch.get(x.id, 1.0)) - risk(x, 0.0, 1.0)
+        else:
+            cuts += finish[x.id] <= x.deadline_at < t
+        gid = group_of[x.id]
+        group_end[gid] = max(group_end.get(gid, now), t)
+    for gid, t in zip(queued, done_at[len(parked):]):
+        group_end[gid] = max(group_end.get(gid, now), t)
+    ends = [now if g in finished else group_end.get(g, now) for g in pending]
+    ready = sorted(ends)[n_next - 1] if n_next > 0 and len(ends) >= n_next else (max(ends) if ends else now)
+    last = last_batch_end(end, ends, n_next, train_s) if n_next > 0 and ends else end
+    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts)
+
+
+def choose(candidates: Sequence[Candidate], cut_tolerance: float = 0.0) -> Candidate:
+    """Among the candidates expected to cut at most `cut_tolerance` executions more than the least-cutting
+    one, the one training every admitted group soonest (ties: sooner step end, then larger)."""
+    least = min(c.cuts for c in candidates)
+    return min((c for c in candidates if c.cuts <= least + cut_tolerance + 1e-12), key=lambda c: c.key)

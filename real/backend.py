@@ -19,6 +19,7 @@ half-way through an update. Times in the log are seconds since the cluster was b
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import shutil
 import tempfile
@@ -32,6 +33,8 @@ import numpy as np
 import ray
 
 from gyre.cluster import ClusterError, Phase, Role
+from gyre.estimate import CostEstimate
+from gyre.estimate import from_file as estimate_from_file
 from gyre.handles import Handle, Process, done_handle
 from gyre.hardware import admission_limit, check_fill
 from gyre.backend import ClusterBase
@@ -70,6 +73,9 @@ class RealClusterConfig:
     checkpoint_every: int | None = None
     faults: tuple[str, ...] = ()  # injected faults (gyre.faults), e.g. ("kill-engine@1.5", "random-engines:3")
     weight_sync: str = "object_store"  # or "collective": a broadcast from the trainer worker of record
+    # the cost estimate policies may read (gyre.estimate): a calibration file (`gyre-real calibrate --estimate-out`);
+    # None: none (a policy that reads it fails with one line)
+    estimate: str | None = None
     admission_fill: float = 1.0  # share of KV the admission limit commits (gyre.hardware.admission_limit)
 
     def __post_init__(self) -> None:
@@ -117,7 +123,17 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                                  log=lambda kind, info: self._log(("note", self.now, kind, info)))
         self.verifier = Verifier(self.task, self.tools, lambda kind, info: self._log(("note", self.now, kind, info)),
                                  lambda: self.now)  # a group is scored on the tool workers once it finishes
+        self._estimate = self._load_estimate(config, pool.cfg.gpus_per_engine)
         self._t0 = time.perf_counter()
+
+    @staticmethod
+    def _load_estimate(config: RealClusterConfig, gpus_per_engine: int) -> CostEstimate | None:
+        """The calibration file's estimate, with this cluster's own engine size, KV capacity and trainer minimum."""
+        if config.estimate is None:
+            return None
+        est = estimate_from_file(config.estimate)
+        return dataclasses.replace(est, engine_gpus=gpus_per_engine, kv_capacity=config.kv_capacity,
+                                   min_train_gpus=config.min_train_gpus)
 
     # ------------------------------------------------------------------ observations
     @property
@@ -135,6 +151,13 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
     @property
     def groups_per_step(self) -> int:
         return self.cfg.groups_per_step
+
+    @property
+    def estimate(self) -> CostEstimate:
+        if self._estimate is None:
+            raise ClusterError("real backend: no cost estimate (set [cluster] estimate to a calibration file written "
+                               "by `gyre-real calibrate --estimate-out`)")
+        return self._estimate
 
     @property
     def trainer_version(self) -> int:
@@ -326,6 +349,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
         if on_start is not None:
             on_start(self)
+        if self._estimate is not None:  # what the policy may read, in the run's log
+            self.note("cost_estimate", **self._estimate.as_dict(), source=self._estimate.source)
         self.injector.start(steps * self.cfg.groups_per_step * self.cfg.group_size)
         self._drain()
         while not proc.done:

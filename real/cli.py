@@ -93,6 +93,16 @@ def run(
     from gyre.real.task_api import TaskError, load_task
 
     cfg = _config(preset, config, steps, address, seed, faults, checkpoint_every)
+    est = None
+    if cfg.cluster.estimate is not None:  # the cost estimate policies may read: one line on a bad file
+        from gyre.estimate import EstimateError
+        from gyre.estimate import from_file as estimate_from_file
+
+        try:
+            est = estimate_from_file(cfg.cluster.estimate)
+        except EstimateError as exc:
+            fail(f"{config or preset}: cluster.estimate: {exc}")
+            raise
     for p in policy:
         try:
             policy_class(p)
@@ -122,6 +132,8 @@ def run(
     if getattr(task, "vocab_size", 0) > cfg.pool.model.vocab_size:
         fail(f"{config or preset}: pool.model.vocab_size = {cfg.pool.model.vocab_size} is smaller than the task's "
              f"tokenizer ({task.vocab_size} tokens)")
+    if est is not None:  # stated in the run's output once the run is accepted
+        console.print(est.describe(), highlight=False, soft_wrap=True)
     try:
         pool = ActorPool.shared(cfg.pool)
     except (ValueError, TimeoutError) as exc:

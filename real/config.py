@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gyre.config import ConfigError
@@ -35,13 +36,16 @@ class RealRunConfig:
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+ESTIMATES = Path(__file__).resolve().parent / "estimates"  # calibration files of the presets (gyre.estimate)
+
+
 def preset_tiny_cpu() -> RealRunConfig:
     """4 logical GPUs on local Ray, 1 GPU per engine, a 2-layer d=64 model: minutes on a laptop CPU."""
     return RealRunConfig(
         name="tiny-cpu",
         pool=PoolConfig(n_gpus=4, gpus_per_engine=1, model=TinyLlamaConfig(vocab_size=T.VOCAB_SIZE),
                         engine_config=TorchEngineConfig(), trainer_config=TrainerConfig(lr=3e-3, epochs=4)),
-        cluster=RealClusterConfig(groups_per_step=4, group_size=8),
+        cluster=RealClusterConfig(groups_per_step=4, group_size=8, estimate=str(ESTIMATES / "tiny-cpu.json")),
         steps=30,
     )
 

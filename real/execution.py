@@ -57,6 +57,8 @@ class RealExecution:
         self.truncated = False
         self.end = -1  # the finish code once done
         self.generated = 0
+        self.env_tokens = 0  # tool and environment tokens its requests' contexts added (a measure, see trajectory_tokens)
+        self._expect: int | None = None  # the last segment's context plus what it generated
         self.vsum = 0  # sum over generated tokens of their generating version
         self.reward: float | None = None  # as the episode reported it at its end (None: only `score` knows)
         self.inflight = None  # the pending request (Generate or Tool), re-issued after a fault
@@ -77,6 +79,18 @@ class RealExecution:
     def context_tokens(self) -> int:
         return self._ctx
 
+    @property
+    def deadline_at(self) -> float:
+        """When its wall-clock budget ends, as its episode states it (the contract's optional `deadline_at`)."""
+        return float(getattr(self.episode, "deadline_at", float("inf")))
+
+    @property
+    def trajectory_tokens(self) -> int:
+        """Prompt, generated and tool-output tokens so far, measured from its requests: a segment's context beyond
+        the previous segment's context and output counts as tool or environment tokens (a compaction's or a
+        sub-agent's switch of context adds only what grows)."""
+        return self.group.prompt_tokens + self.generated + self.env_tokens
+
     # --- the episode's requests ---
     def start(self, now: float):
         self.started_at = now
@@ -88,6 +102,7 @@ class RealExecution:
         self.generated += len(tokens)
         self.vsum += len(tokens) * version  # per-token lag: the version that generated each token
         self.segs[-1]["gen"] = len(tokens)
+        self._expect = self._ctx + len(tokens)
         self.turns += 1
         if self.first_version is None or version < self.first_version:
             self.first_version = version
@@ -101,6 +116,8 @@ class RealExecution:
             if req.branch:
                 self.branch_marks.append((len(self.segs), req.branch))
             self.segs.append({"gen": 0, "kv": len(req.context)})
+            if self._expect is not None:
+                self.env_tokens += max(0, len(req.context) - self._expect)
             self._ctx = len(req.context)
             seq = str(self.id) if req.seq == "main" else f"{self.id}.{req.seq}"
             return dataclasses.replace(req, seq=seq)

@@ -21,7 +21,8 @@ a real run with proxies that fail on any other attribute):
   `on_generated(tokens, logprobs, version, now)` (a model segment) and `on_tool(result, now)` (a tool call's
   output, or a `ToolError` when the call failed, hung past its timeout or lost its worker) each return the
   next request: `Generate` (a segment to the episode's engine), `Tool` (a call to the tool service) or `Done`
-  (a final answer, or a truncation: turn cap or deadline).
+  (a final answer, or a truncation: turn cap or deadline). Optional: `deadline_at`, when its wall-clock budget
+  ends (the backend's clock; inf before it starts), which policies see (gyre.cluster.ExecutionView).
 
 Why exactly this: the backend owns scheduling (engines, migrations, faults, training) and must be able to
 move an episode at any tool-call boundary by resending its context, so an episode states every request in
@@ -114,7 +115,7 @@ class Task(Protocol):
 
 CONTRACT = {"Task": ("config_class", "stop", "max_context", "new_group", "score"), "TaskGroup": ("prompt", "recorder", "episodes"),
             "Episode": ("start", "on_generated", "on_tool")}
-OPTIONAL = {"Task": ("score_failed",), "TaskGroup": (), "Episode": ()}  # read if present
+OPTIONAL = {"Task": ("score_failed",), "TaskGroup": (), "Episode": ("deadline_at",)}  # read if present
 
 
 class TaskError(ValueError):

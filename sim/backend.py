@@ -25,6 +25,7 @@ import simpy
 
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.config import ConfigError
+from gyre.estimate import CostEstimate, from_costs
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process, done_handle
 from gyre.hardware import Costs, group_train_attention_ctx
@@ -58,6 +59,7 @@ class SimCluster(ClusterBase):
         self._kv_peak = 0.0  # the largest KV use of a stopped engine (tokens)
         self._roof_gpu_s = 0.0  # roofline-ideal GPU-seconds of stopped engines and of training
         self._faults = SimFaults(self, faults, seed, checkpoint_every) if faults else None
+        self._estimate: CostEstimate | None = None
 
     # ------------------------------------------------------------------ observations
     @property
@@ -75,6 +77,13 @@ class SimCluster(ClusterBase):
     @property
     def groups_per_step(self) -> int:
         return self.source.config.groups_per_step
+
+    @property
+    def estimate(self) -> CostEstimate:
+        """The simulator's own derived costs, as a policy may know them (gyre.estimate)."""
+        if self._estimate is None:
+            self._estimate = from_costs(self.costs)
+        return self._estimate
 
     def kv_peak_frac(self) -> float:
         """The largest KV use of any engine at any time so far, as a share of its capacity."""

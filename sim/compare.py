@@ -1,19 +1,28 @@
-"""Compare policies on one workload and seed: every registered policy (or those named), each at its best.
+"""Compare policies on one workload and seed: every registered policy (or those named), each at its best,
+at equal work and equal staleness.
 
 A baseline is only fair at its best setting, so a policy the run config does not parameterize is tuned
 by its own search (policies.tuner: the policy's `search`, else its whole `grid`; eta in {0, 1, 2, 4})
 and the fastest run is reported ("hindsight": tuned on the very run it is scored on). A baseline that
 needs tuning is also tuned the way a user could, on a pilot of the first 1/6 of the steps, and that
-setting run in full is reported beside it as `<name>-pilot`. Every row says how it was tuned; the
-headline column `speedup_vs_best` divides by the fastest hindsight-tuned baseline. Runs go to worker
-processes (one per core), one search round at a time (every policy's next batch together).
+setting run in full is reported beside it as `<name>-pilot`.
+
+Equal work: a search ranks only runs doing equal work (policies.tuning: scheduler-induced deadline cuts
+within 1% of the run's executions of the least-cutting run it tried), and the table marks each row
+whose cuts exceed the least of the table's rows by more than that (`equal_work` False; never the best).
+Equal staleness: eta is the learning algorithm's choice, so a policy searched over several etas gets one
+row per eta, `<name>-eta<e>` (its best at that eta, from the runs its search already made); a baseline
+keeps its row tuned over eta as well, `<name>`, labelled so. `speedup_vs_<baseline>_same_eta` divides
+that baseline's row at the row's own eta by the row's makespan; `speedup_vs_best` divides by the fastest
+equal-work baseline tuned with hindsight. Runs go to worker processes (gyre.sim.workers: they end with
+the comparison), one search round at a time (every policy's next batch together).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +33,9 @@ from gyre import outputs, plots
 from gyre.config import RunConfig
 from gyre.outputs import RunOutput
 from gyre.policies import REGISTRY, ClusterShape, baselines, sweep, tuner
+from gyre.policies.tuning import EqualWork, equal_work, fastest_at_equal_work
 from gyre.sim.runner import SimResult, simulate
+from gyre.sim.workers import process_pool
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,8 @@ def tune(
             for (c, cand), r in zip(todo, _run_jobs(todo, source_factory, workers, on_done)):
                 results[(c.steps, cand.label)] = r
 
+    # each search is sent makespans at equal work among its runs at the same eta (its per-eta rows' ranking)
+    work: dict[tuple[str, Any], EqualWork] = {}
     pending = {}
     for key, (c, name, search) in searches.items():
         batch = next(search, None)
@@ -130,7 +143,7 @@ def tune(
             rs = [results[(c.steps, Candidate(name, p).label)] for p in batch]
             tried[key] += [(c, Candidate(name, p), r) for p, r in zip(batch, rs)]
             try:
-                nxt[key] = search.send([r.makespan_s for r in rs])
+                nxt[key] = search.send(_scores(work, key, c, batch, rs))
             except StopIteration:
                 pass
         pending = nxt
@@ -145,17 +158,59 @@ def tune(
         name = searches[key][1]
         best = _best(t)
         grid = len(sweep(name, shape, etas))
-        of = f"grid of {grid}" if len(t) == grid else f"search, {len(t)} of a grid of {grid}"
+        of = f"grid of {grid}" if len(t) == grid else f"{len(t)} of {grid}"
         how = (f"pilot ({pilot_cfg.steps} of {cfg.steps} steps), {of}" if key.endswith("-pilot")
                else f"hindsight, {of}" if grid > 1 else "its only setting")
-        out[key] = Tuned(best, results[(cfg.steps, best.label)], how,
-                         [(c, cand, r.makespan_s) for c, cand, r in t])
-    return {k: out[k] for k in sorted(out, key=lambda k: (names.index(k.removesuffix("-pilot")), k))}
+        runs = [(c, cand, r.makespan_s) for c, cand, r in t]
+        per_eta = sorted({cand.params["eta"] for _, cand, _ in t if "eta" in cand.params})
+        if key.endswith("-pilot") or len(per_eta) < 2:
+            out[key] = Tuned(best, results[(cfg.steps, best.label)], how, runs)
+            continue
+        if name in baselines():  # the baseline tuned over eta as well stays, labelled so
+            out[key] = Tuned(best, results[(cfg.steps, best.label)], f"{how}, any eta", runs)
+        for e in per_eta:
+            at = [x for x in t if x[1].params.get("eta") == e]
+            b = _best(at)
+            out[f"{name}-eta{e}"] = Tuned(b, results[(cfg.steps, b.label)], f"hindsight, {len(at)} at eta {e}",
+                                          [(c, cand, r.makespan_s) for c, cand, r in at])
+    return {k: out[k] for k in sorted(out, key=lambda k: _row_order(k, names))}
+
+
+def _scores(work: dict, key: str, cfg: RunConfig, batch: list[dict], rs: list[SimResult]) -> list[float]:
+    """A search's batch scored at equal work among that search's runs at the same eta (policies.tuning)."""
+    out = [0.0] * len(batch)
+    for eta in dict.fromkeys(p.get("eta") for p in batch):
+        at = [i for i, p in enumerate(batch) if p.get("eta") == eta]
+        w = work.setdefault((key, eta), EqualWork(_executions(cfg)))
+        for i, v in zip(at, w.scores([rs[i].makespan_s for i in at], [_cuts(rs[i]) for i in at])):
+            out[i] = v
+    return out
+
+
+def _row_order(key: str, names: list[str]) -> tuple:
+    """Rows by policy (in the order named), then the per-eta rows by eta, the tuned-over-eta row, the pilot."""
+    name, _, eta = key.partition("-eta")
+    if eta.isdigit() and name in names:
+        return names.index(name), 0, int(eta)
+    name = key.removesuffix("-pilot")
+    return names.index(name), 1 if key == name else 2, 0
+
+
+def _executions(cfg: RunConfig) -> int:
+    """The executions a run of `cfg` must train (the share of which bounds unequal work)."""
+    return cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+
+
+def _cuts(r: SimResult) -> int:
+    return int(r.metrics.extra.get("sched_cuts", 0))
 
 
 def _best(tried: list[tuple[RunConfig, Candidate, SimResult]]) -> Candidate:
-    """The fastest candidate; on a tie (a pilot too short for the staleness bound to bind) the larger eta."""
-    return min(tried, key=lambda x: (x[2].makespan_s, -x[1].params.get("eta", 0)))[1]
+    """The fastest candidate doing equal work (policies.tuning); on a tie (a pilot too short for the
+    staleness bound to bind) the larger eta."""
+    i = fastest_at_equal_work([r.makespan_s for _, _, r in tried], [_cuts(r) for _, _, r in tried],
+                              _executions(tried[0][0]), tie=[-cand.params.get("eta", 0) for _, cand, _ in tried])
+    return tried[i][1]
 
 
 def _run_jobs(jobs: list[tuple[RunConfig, Candidate]], source_factory, workers, on_done) -> list[SimResult]:
@@ -168,7 +223,7 @@ def _run_jobs(jobs: list[tuple[RunConfig, Candidate]], source_factory, workers, 
             if on_done:
                 on_done(a[1], results[-1])
         return results
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with process_pool(workers) as pool:
         futures = [pool.submit(_run, a) for a in args]
         results = []
         for a, f in zip(args, futures):
@@ -196,11 +251,14 @@ def run_candidates(
 
 
 def best_per_policy(cands: list[Candidate], results: list[SimResult]) -> dict[str, tuple[Candidate, SimResult]]:
-    best: dict[str, tuple[Candidate, SimResult]] = {}
-    for c, r in zip(cands, results):
-        if c.policy not in best or r.makespan_s < best[c.policy][1].makespan_s:
-            best[c.policy] = (c, r)
-    return best
+    """Each policy's fastest candidate among its candidates doing equal work."""
+    out = {}
+    for policy in dict.fromkeys(c.policy for c in cands):
+        mine = [(c, r) for c, r in zip(cands, results) if c.policy == policy]
+        i = fastest_at_equal_work([r.makespan_s for _, r in mine], [_cuts(r) for _, r in mine],
+                                  _executions(mine[0][1].config))
+        out[policy] = mine[i]
+    return out
 
 
 def comparison_table(best: dict[str, tuple[Candidate, SimResult]], how: dict[str, str] | None = None) -> pd.DataFrame:
@@ -212,6 +270,7 @@ def comparison_table(best: dict[str, tuple[Candidate, SimResult]], how: dict[str
         s["policy"] = name
         s["config"] = c.label
         s["tuned"] = (how or {}).get(name, "as configured")
+        s["eta"] = c.params.get("eta", r.bound.eta)
         s["bound_s"] = bound
         s["vs_bound"] = r.makespan_s / bound
         s["eta_bound_s"] = r.bound.makespan_s  # the bound under this policy's own staleness bound
@@ -220,11 +279,17 @@ def comparison_table(best: dict[str, tuple[Candidate, SimResult]], how: dict[str
         s["events"] = r.events
         rows.append(s)
     df = pd.DataFrame(rows)
+    df["equal_work"] = equal_work([_cuts(r) for _, r in best.values()], max(_executions(r.config) for _, r in best.values()))
+    equal = dict(zip(best, df["equal_work"]))
     bases = [b for b in baselines() if b in best]
     for base in bases:
         df[f"speedup_vs_{base}"] = best[base][1].makespan_s / df["makespan_s"]
-    if bases:  # the headline: against the fastest baseline, each tuned with hindsight
-        df["speedup_vs_best"] = min(best[b][1].makespan_s for b in bases) / df["makespan_s"]
+        at = {r.bound.eta: r.makespan_s for k, (_, r) in best.items() if k.startswith(f"{base}-eta")}
+        if at:  # equal staleness: against the baseline's best at the row's own eta
+            df[f"speedup_vs_{base}_same_eta"] = [at.get(e, math.nan) for e in df["eta"]] / df["makespan_s"]
+    fair = [best[b][1].makespan_s for b in bases if equal[b]]
+    if bases:  # the headline: against the fastest baseline doing equal work, each tuned with hindsight
+        df["speedup_vs_best"] = (min(fair) if fair else math.nan) / df["makespan_s"]
     return df
 
 

@@ -71,6 +71,13 @@ class SimExecution:
     def tokens(self) -> int:
         return self.spec.tokens
 
+    @property
+    def trajectory_tokens(self) -> int:
+        """Prompt, generated and tool-output tokens so far; once finished, what training trains (the spec's)."""
+        if self.phase == Phase.DONE:
+            return self.spec.tokens
+        return self.spec.prompt + self.generated + sum(self.tool_out[: min(self.seg, len(self.tool_out))])
+
     def __repr__(self) -> str:
         return f"<exec {self.id} {self.phase.name} seg={self.seg} engine={self.engine_id}>"
 

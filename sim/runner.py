@@ -14,6 +14,7 @@ from gyre.hardware import Costs
 from gyre.metrics import RunMetrics, compute_metrics
 from gyre.policies import make_policy
 from gyre.policies.bound import Bound, lower_bound
+from gyre.policies.work import scheduler_cuts
 from gyre.sim.backend import SimCluster
 from gyre.workload import GroupSpec, WorkloadSource
 
@@ -67,6 +68,8 @@ def simulate(
         metrics = compute_metrics(cluster.log, n_gpus=cfg.cluster.gpus, policy=name)
         metrics.extra["kv_peak_frac"] = cluster.kv_peak_frac()
         metrics.roofline_gpu_s = cluster.roofline_gpu_s()
+        metrics.extra["executions"] = sum(len(g.executions) for g in must)  # the run's executions (equal work)
+        metrics.extra.update(scheduler_cuts(cluster.log, issued, costs))
         metrics.extra["trained_other_groups"] = int({g.group_id for g in must} != set(cluster.trained_groups))
         if cfg.faults:  # what the run survived, counted from its log (the real backend's columns)
             metrics.extra.update(fault_summary(cluster.log))

@@ -52,6 +52,7 @@ def _rank(rank: int, world: int, port: int, folder: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_process_fsdp2_step_equals_one_process(tmp_path):
     """Two gloo ranks, each with half the packs and half of every parameter: the gathered gradient equals the
     single-process gradient of all packs (fp32, 1e-5); each rank holds half the rows; full_state gathers all."""

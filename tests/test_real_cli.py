@@ -19,4 +19,5 @@ def test_flag_set_is_frozen():
     assert run_flags == {"--policy", "--preset", "-p", "--config", "-c", "--steps", "--address", "--seed", "--out",
                          "-o", "--faults", "--checkpoint-every"}, sorted(run_flags)
     cal_flags = {o for p in cmd.commands["calibrate"].params for o in p.opts}
-    assert cal_flags == {"run_dir", "--from", "--predict", "--out", "-o", "--workload"}, sorted(cal_flags)
+    assert cal_flags == {"run_dir", "--from", "--predict", "--out", "-o", "--workload", "--estimate-out"}, \
+        sorted(cal_flags)

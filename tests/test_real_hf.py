@@ -134,12 +134,12 @@ def test_gpu_example_config_runs_on_cpu_at_a_tiny_size(local_ray, tmp_path):
                                  micro_batch_tokens=256, lr=1e-4)
     pool = dataclasses.replace(cfg.pool, model_dir=tiny, trainer_config=cpu_tc, collective=CollectiveConfig())
     check_models(pool)  # the vLLM pool as configured: no error
-    pool = dataclasses.replace(pool, engine="torch", address=None, n_gpus=4, gpus_per_engine=1,
-                               engine_config=TorchEngineConfig(dtype="bfloat16"))
+    pool = dataclasses.replace(pool, engine="torch", address=None, n_gpus=4, gpus_per_engine=1, vllm_args=(),
+                               engine_config=TorchEngineConfig(dtype="bfloat16"))  # the other tests' pool shape
     run = dataclasses.replace(cfg, pool=pool, steps=1, cluster=dataclasses.replace(
         cfg.cluster, groups_per_step=2, group_size=4, min_train_gpus=1, checkpoint=None, max_wall_s=300,
         kv_capacity=4096, task=BASE.cluster.task))
-    r = run_real(run, "elastic", pool=ActorPool.shared(run.pool))
+    r = run_real(run, "colocate", pool=ActorPool.shared(run.pool))
     check_run(r, 1)
 
 

@@ -102,7 +102,8 @@ def test_state_counts_against_kv_exact_timeline():
 
 
 def test_contexts_overflow_and_preempt():
-    """A step's contexts overflow the whole cluster's KV at least 3 times over: every policy preempts, none
+    """A step's contexts overflow the whole cluster's KV at least 3 times over: every policy fills KV (the fixed
+    ones preempt), none
     ever holds more KV than an engine has, and every execution still finishes with all its tokens."""
     cfg = override(tiny_config(gpus=4, seed=1, groups_per_step=10, group_size=4), **{"workload.deadline_s": float("inf")})
     cfg = _tight(cfg, 0.1256, False)
@@ -113,8 +114,12 @@ def test_contexts_overflow_and_preempt():
         first_step = r.groups[: cfg.workload.groups_per_step]
         demand = sum(max(k + g for k, g in zip(e.kv, e.gen)) for grp in first_step for e in grp.executions)
         assert demand >= 3 * cfg.cluster.gpus // costs.engine_gpus * costs.kv_capacity_tokens, (demand, costs)
-        assert r.metrics.summary()["preemptions"] > 0, f"{name} never filled an engine's KV"
-        assert r.metrics.summary()["preempt_gpu_s"] > 0
+        s = r.metrics.summary()
+        if name == "elastic":  # it rolls out on every GPU not training: its engines may fill without preempting
+            assert s["preemptions"] > 0 or s["kv_peak_frac"] > 0.95, f"{name} never filled an engine's KV"
+            continue
+        assert s["preemptions"] > 0, f"{name} never filled an engine's KV"
+        assert s["preempt_gpu_s"] > 0
 
 
 def test_context_larger_than_an_engine_is_a_config_error():

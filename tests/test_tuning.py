@@ -3,6 +3,8 @@ unimodal in the axis, runs fewer points than the grid, and async's grid is every
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -66,7 +68,7 @@ def test_tune_reports_hindsight_and_pilot_async_and_the_best_baseline_column():
 
     cfg = override(get_preset("short-math"), **{"steps": 6, "cluster.gpus": 8, "workload.groups_per_step": 4})
     tuned = tune(cfg, ["colocate", "async"], etas=(0, 4), workers=1)
-    assert list(tuned) == ["colocate", "async", "async-pilot"], list(tuned)
+    assert list(tuned) == ["colocate", "async-eta0", "async-eta4", "async", "async-pilot"], list(tuned)
     hind, pilot = tuned["async"], tuned["async-pilot"]
     assert hind.how.startswith("hindsight") and pilot.how.startswith("pilot (1 of 6 steps)"), (hind.how, pilot.how)
     assert hind.result.makespan_s == min(m for c, _, m in hind.tried if c.steps == 6)
@@ -76,7 +78,12 @@ def test_tune_reports_hindsight_and_pilot_async_and_the_best_baseline_column():
     best = min(tuned["colocate"].result.makespan_s, hind.result.makespan_s)
     for _, r in table.iterrows():
         assert r["speedup_vs_best"] == best / r["makespan_s"], r["policy"]
-    assert set(sweep["row"]) == {"colocate", "async", "async-pilot"}
+    assert set(sweep["row"]) == {"colocate", "async-eta0", "async-eta4", "async", "async-pilot"}
+    for e in (0, 4):
+        at = tuned[f"async-eta{e}"]
+        assert at.best.params["eta"] == e and at.result.makespan_s == min(
+            m for c, cand, m in hind.tried if cand.params["eta"] == e), f"async-eta{e} is async's best at eta {e}"
+    assert tuned["async"].best.label in {tuned["async-eta0"].best.label, tuned["async-eta4"].best.label}
 
 
 def test_async_search_finds_the_exhaustive_grid_best_on_a_simulated_run():
@@ -97,3 +104,25 @@ def test_async_search_finds_the_exhaustive_grid_best_on_a_simulated_run():
     found, best = min(m for _, m in tried), min(makespan.values())
     assert found <= 1.01 * best, f"the search's best {found:.2f} s is over 1% above the grid's {best:.2f} s"
     assert len(tried) < len(grid), f"the search ran {len(tried)} of {len(grid)}"
+
+
+def test_compare_table_has_a_row_per_eta_and_divides_by_async_at_the_same_eta():
+    """`tune` with elastic and async over eta in {0, 1, 2, 4}: one row per eta for each, async's row tuned
+    over eta besides, colocate at eta 0; each row's speedup_vs_async_same_eta is async's best at its eta
+    over its makespan, and every row does equal work here (no deadline)."""
+    from gyre.sim.compare import tune, tuned_table
+    from tests.simkit import tiny_config
+
+    cfg = replace(tiny_config(gpus=4, steps=2), workload=replace(tiny_config().workload, deadline_s=float("inf")))
+    tuned = tune(cfg, ["colocate", "async", "elastic"], pilot=False, workers=1)
+    _, table, _ = tuned_table(tuned)
+    rows = list(table["policy"])
+    assert rows == ["colocate", *(f"async-eta{e}" for e in (0, 1, 2, 4)), "async",
+                    *(f"elastic-eta{e}" for e in (0, 1, 2, 4))], rows
+    t = table.set_index("policy")
+    assert list(t["eta"]) == [0, 0, 1, 2, 4, t.loc["async", "eta"], 0, 1, 2, 4], list(t["eta"])
+    for e in (0, 1, 2, 4):
+        want = t.loc[f"async-eta{e}", "makespan_s"] / t.loc[f"elastic-eta{e}", "makespan_s"]
+        assert t.loc[f"elastic-eta{e}", "speedup_vs_async_same_eta"] == want, e
+    assert t.loc["colocate", "speedup_vs_async_same_eta"] == t.loc["async-eta0", "makespan_s"] / t.loc["colocate", "makespan_s"]
+    assert t["equal_work"].all() and (t["sched_cuts"] == 0).all(), t[["sched_cuts", "equal_work"]]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +25,7 @@ import pandas as pd
 from gyre.config import override
 from gyre.presets import get_preset
 from gyre.sim.runner import simulate
+from gyre.sim.workers import process_pool
 
 HERE = Path(__file__).resolve().parent
 
@@ -75,7 +75,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
     jobs = [(a.preset, a.steps, int(s), a.policy, a.async_rollout_gpus, a.eta) for s in a.seeds.split(",")]
-    with ProcessPoolExecutor(a.jobs) as ex:
+    with process_pool(a.jobs) as ex:
         rows = list(ex.map(run_pair, jobs))
     df = pd.DataFrame([{"label": a.label, "preset": a.preset, "steps": a.steps, "policy": a.policy,
                         "async_rollout_gpus": a.async_rollout_gpus, "eta": a.eta, **r} for r in rows])

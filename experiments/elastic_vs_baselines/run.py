@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +25,9 @@ import pandas as pd
 from gyre import plots
 from gyre.config import override
 from gyre.presets import get_preset
+from gyre.policies.tuning import fastest_at_equal_work
 from gyre.sim.runner import simulate
+from gyre.sim.workers import process_pool
 
 HERE = Path(__file__).resolve().parent
 ETAS = (0, 1, 2, 4)
@@ -66,8 +67,15 @@ def async_grid(preset: str) -> list[dict]:
 def run_jobs(jobs, n_jobs: int) -> list[dict]:
     if n_jobs <= 1:
         return [run_one(j) for j in jobs]
-    with ProcessPoolExecutor(n_jobs) as ex:
+    with process_pool(n_jobs) as ex:
         return list(ex.map(run_one, jobs))
+
+
+def _fastest(runs: pd.DataFrame) -> dict:
+    """The params of the fastest of `runs` (summary rows) among those doing equal work (policies.tuning)."""
+    i = fastest_at_equal_work(list(runs["makespan_s"]), list(runs.get("sched_cuts", [0] * len(runs))),
+                              int(runs["executions"].max()) if "executions" in runs else 0)
+    return eval(runs.iloc[i]["params"])
 
 
 def public(rows: list[dict]) -> pd.DataFrame:
@@ -93,7 +101,7 @@ def main() -> None:
     else:
         sel = public(run_jobs(sel_jobs, a.jobs))
         sel.to_csv(a.out / f"{a.preset}_selection.csv", index=False)
-    best = {pol: eval(sel[sel.policy == pol].sort_values("makespan_s").iloc[0]["params"]) for pol in ("async", "elastic")}
+    best = {pol: _fastest(sel[sel.policy == pol]) for pol in ("async", "elastic")}
     print(f"selection done in {time.perf_counter() - t0:.0f}s: {best}", flush=True)
 
     final = [(a.preset, a.steps, "colocate", {}), (a.preset, a.steps, "async", best["async"]),

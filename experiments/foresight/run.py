@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -36,6 +35,7 @@ from gyre.config import override
 from gyre.presets import get_preset
 from gyre.sim.runner import simulate
 from gyre.workload import ReplaySource
+from gyre.sim.workers import process_pool
 
 HERE = Path(__file__).resolve().parent
 PREDICTORS = ("history", "history+siblings")
@@ -158,7 +158,7 @@ def main() -> None:
     args.scale_oracle |= args.only_scale_oracle
     todo = jobs(args)
     if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as ex:
+        with process_pool(args.jobs) as ex:
             rows = list(ex.map(run_one, todo))
     else:
         rows = [run_one(j) for j in todo]

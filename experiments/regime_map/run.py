@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,9 +39,10 @@ from gyre.config import override
 from gyre.hardware import CostConfig
 from gyre.policies.async_split import AsyncSplit
 from gyre.policies.common import ClusterShape
-from gyre.policies.tuning import _spread
+from gyre.policies.tuning import _spread, fastest_at_equal_work
 from gyre.presets import KV_WINDOW, MODELS, get_preset
 from gyre.sim.runner import simulate
+from gyre.sim.workers import process_pool
 
 OUT = Path(__file__).parent / "results"
 WINDOWS = (1 << 18, 1 << 19, 1 << 20, 1 << 21)
@@ -64,7 +64,13 @@ def _run(job):
     cell, cfg, policy, params = job
     r = simulate(cfg, policy, params)
     s = r.metrics.summary()
-    return cell, cfg.steps, policy, params, r.makespan_s, s.get("gpu_h_idle", float("nan"))
+    return cell, cfg.steps, policy, params, (r.makespan_s, s.get("sched_cuts", 0)), s.get("gpu_h_idle", float("nan"))
+
+
+def _fastest(runs: dict[int, tuple[float, float, int]], executions: int) -> int:
+    """The split whose (makespan, idle, sched_cuts) run is fastest among those doing equal work."""
+    splits = list(runs)
+    return splits[fastest_at_equal_work([runs[r][0] for r in splits], [runs[r][2] for r in splits], executions)]
 
 
 def main() -> None:
@@ -110,20 +116,21 @@ def main() -> None:
         jobs += [(cell, cfg, "async", {"eta": ETA, "rollout_gpus": r}) for r in rs]
         if pilot_steps < a.steps:
             jobs += [(cell, replace(cfg, steps=pilot_steps), "async", {"eta": ETA, "rollout_gpus": r}) for r in rs]
-    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
+    with process_pool(a.jobs) as pool:
         res = list(pool.map(_run, jobs))
     rows = []
     for cell in cells:
         cfg, c, rs = meta[cell]
         mine = [x for x in res if x[0] == cell]
-        full = {(p, tuple(sorted(q.items()))): (m, idle) for _, st, p, q, m, idle in mine if st == a.steps}
+        full = {(p, tuple(sorted(q.items()))): (m, idle, cut) for _, st, p, q, (m, cut), idle in mine if st == a.steps}
         colo = full[("colocate", ())][0]
         ela = full[("elastic", (("eta", ETA),))][0]
-        asyncs = {q[1][1] if q[0][0] == "eta" else None: v for (p, q), v in full.items() if p == "async"}
         asyncs = {dict(q)["rollout_gpus"]: v for (p, q), v in full.items() if p == "async"}
-        best_r = min(asyncs, key=lambda r: asyncs[r][0])
-        pil = {q["rollout_gpus"]: m for _, st, p, q, m, _ in mine if p == "async" and st == pilot_steps < a.steps}
-        pilot_r = min(pil, key=lambda r: pil[r]) if pil else best_r
+        execs = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
+        best_r = _fastest(asyncs, execs)  # at equal work (policies.tuning)
+        pil = {q["rollout_gpus"]: (m, 0, cut) for _, st, p, q, (m, cut), _ in mine
+               if p == "async" and st == pilot_steps < a.steps}
+        pilot_r = _fastest(pil, pilot_steps * execs // cfg.steps) if pil else best_r
         n, tmin = cfg.cluster.gpus, c.min_train_gpus
         best = min(colo, asyncs[best_r][0])
         rows.append({
@@ -136,6 +143,8 @@ def main() -> None:
             "elastic_vs_best": best / ela, "elastic_vs_pilot_async": asyncs[pilot_r][0] / ela,
             "ceiling": n / (n - tmin), "elastic_vs_async_over_ceiling": (asyncs[best_r][0] / ela) / (n / (n - tmin)),
             "async_idle_gpu_h": asyncs[best_r][1], "async_splits_tried": " ".join(map(str, rs)),
+            "colocate_sched_cuts": full[("colocate", ())][2], "async_best_sched_cuts": asyncs[best_r][2],
+            "elastic_sched_cuts": full[("elastic", (("eta", ETA),))][2],
         })
     OUT.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)

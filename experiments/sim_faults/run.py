@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import matplotlib
@@ -31,6 +30,7 @@ from gyre.config import override  # noqa: E402
 from gyre.policies import REGISTRY, takes  # noqa: E402
 from gyre.presets import get_preset  # noqa: E402
 from gyre.sim.runner import simulate  # noqa: E402
+from gyre.sim.workers import process_pool  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LEVELS = (  # (label, faults, checkpoint_every)
@@ -68,7 +68,7 @@ def main() -> None:
     a = ap.parse_args()
     jobs = [(p, label, f, every, s, a.steps, a.eta) for p in REGISTRY for label, f, every in LEVELS
             for s in range(a.seeds)]
-    with ProcessPoolExecutor(a.jobs) as pool:
+    with process_pool(a.jobs) as pool:
         rows = list(pool.map(one, jobs))
     df = pd.DataFrame(rows)
     base = df[df["faults"] == "none"].set_index(["policy", "seed"])["makespan_s"]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +27,7 @@ from gyre.policies import takes
 from gyre.presets import get_preset
 from gyre.sim.runner import simulate
 from gyre.workload import LogNormal
+from gyre.sim.workers import process_pool
 
 HERE = Path(__file__).resolve().parent
 TAILS = (2.0, 3.5, 5.0, 10.0, 20.0)
@@ -77,7 +77,7 @@ def main() -> None:
     else:
         jobs = [(a.steps, "tail", v, p, a.eta) for v in TAILS for p in POLICIES]
         jobs += [(a.steps, "tool", v, p, a.eta) for v in TOOL_SCALES for p in POLICIES]
-    with ProcessPoolExecutor(a.jobs) as ex:
+    with process_pool(a.jobs) as ex:
         df = pd.DataFrame(list(ex.map(run_one, jobs)))
     wide = df.pivot_table(index=["knob", "value"], columns="policy", values="makespan_s").reset_index()
     wide["elastic_vs_colocate"] = wide["colocate"] / wide["elastic"]

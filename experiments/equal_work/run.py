@@ -1,0 +1,94 @@
+"""Elastic against async and colocate at equal work and equal staleness, over seeds.
+
+For one preset, `--steps` steps and each of `--seeds`, this runs `gyre-sim compare`'s own tuning
+(gyre.sim.compare.tune: async's split search at every eta, elastic at every eta, colocate; no pilot)
+and keeps, per seed, the headline of its table:
+- for each eta in {0, 1, 2, 4}: elastic at that eta / async at its best split for that eta;
+- elastic at eta 0 / colocate (both on-policy);
+each with both rows' makespan, deadline cuts, scheduler-induced cuts (cut, would have finished alone),
+tokens generated, KV preemptions, and whether each row does equal work (its scheduler-induced cuts
+within 1% of the run's executions of the least of the table's rows; a ratio against a row that does not
+is printed but marked).
+
+Outputs (results/): <preset>_<steps>steps_rows.csv (every row of every seed's compare table) and
+<preset>_<steps>steps.csv (the headline pairs). Usage:
+  python experiments/equal_work/run.py --preset xlong-swe-kv --steps 6 --seeds 0 1 2 [--jobs 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from gyre.config import override
+from gyre.presets import get_preset
+from gyre.sim.compare import ETAS, tune, tuned_table
+
+HERE = Path(__file__).resolve().parent
+KEEP = ["policy", "config", "eta", "makespan_s", "executions", "completed", "capped", "deadline_hit", "sched_cuts",
+        "sched_cut_tokens_lost", "tokens_generated", "tokens_trained", "preemptions", "preempt_gpu_s",
+        "staleness_max", "equal_work", "vs_eta_bound", "sim_wall_s"]
+
+
+def compare_table(preset: str, steps: int, seed: int, jobs: int) -> pd.DataFrame:
+    """compare's table (colocate, async and elastic at each eta) for one seed."""
+    cfg = override(get_preset(preset), steps=steps, seed=seed).validate()
+    tuned = tune(cfg, ["colocate", "async", "elastic"], pilot=False, workers=jobs)
+    _, table, _ = tuned_table(tuned)
+    return table.assign(preset=preset, steps=steps, seed=seed)
+
+
+def pairs(table: pd.DataFrame) -> list[dict]:
+    """The headline pairs of one seed's table: (elastic at eta, async at eta) and (elastic eta 0, colocate)."""
+    t = table.set_index("policy")
+    wanted = [(f"elastic-eta{e}", f"async-eta{e}", f"eta {e}: elastic / async") for e in ETAS]
+    wanted.append(("elastic-eta0", "colocate", "eta 0: elastic / colocate"))
+    out = []
+    for a, b, what in wanted:
+        if a not in t.index or b not in t.index:
+            continue
+        ra, rb = t.loc[a], t.loc[b]
+        out.append({
+            "preset": ra["preset"], "steps": ra["steps"], "seed": ra["seed"], "pair": what,
+            "speedup": rb["makespan_s"] / ra["makespan_s"], "equal_work": bool(ra["equal_work"] and rb["equal_work"]),
+            "executions": ra["executions"],
+            **{f"{side}_{k}": r[k] for side, r in (("elastic", ra), ("other", rb))
+               for k in ("config", "makespan_s", "deadline_hit", "sched_cuts", "tokens_generated", "preemptions")},
+        })
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="xlong-swe-kv")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--jobs", type=int, default=1, help="worker processes per seed's comparison")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    tables, heads = [], []
+    for seed in a.seeds:
+        t0 = time.perf_counter()
+        table = compare_table(a.preset, a.steps, seed, a.jobs)
+        tables.append(table)
+        heads += pairs(table)
+        print(f"{a.preset} {a.steps} steps seed {seed}: {time.perf_counter() - t0:.0f} s wall, "
+              f"{table['sim_wall_s'].sum():.0f} s simulating the table's rows", flush=True)
+    stem = f"{a.preset}_{a.steps}steps"
+    pd.concat(tables)[[*KEEP, "preset", "steps", "seed"]].to_csv(a.out / f"{stem}_rows.csv", index=False)
+    head = pd.DataFrame(heads)
+    head.to_csv(a.out / f"{stem}.csv", index=False)
+    show = head.assign(elastic_h=head["elastic_makespan_s"] / 3600, other_h=head["other_makespan_s"] / 3600)
+    cols = ["seed", "pair", "speedup", "equal_work", "elastic_h", "other_h", "other_config", "elastic_deadline_hit",
+            "other_deadline_hit", "elastic_sched_cuts", "other_sched_cuts", "elastic_preemptions", "other_preemptions"]
+    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 40):
+        print(show[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"wrote {a.out / (stem + '.csv')} and {stem}_rows.csv")
+
+
+if __name__ == "__main__":
+    main()
