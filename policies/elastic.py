@@ -98,7 +98,7 @@ class Elastic:
         self.eta = self.config.eta
 
     def state(self) -> dict:
-        """What a resumed run continues (gyre.real.resume): the finished executions' and groups' records."""
+        """What a resumed real run continues (docs/writing-a-policy.md): the finished executions' and groups' records."""
         return {k: getattr(self, k) for k in ("segs", "ctx", "seg_s", "durations", "group_s", "group_size",
                                               "seen_step", "last_counts", "max_ctx")}
 

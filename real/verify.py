@@ -14,15 +14,20 @@ rewards nor punishes; the run goes on. The log: a `verify` note when a group's s
 rewards and the seconds it took) when it is back, `score_error` (the group, its task and why) when it failed.
 
 Simplifications: `score` must be a pure function of the task and the group (it runs on a copy); the group is
-pickled to the worker once per scoring (a text task's tokenizer travels as its folder's path, gyre.real.chat).
+pickled to the worker once per scoring (a text task's tokenizer travels as its folder's path, gyre.real.chat); a
+user's task class travels with its own module's code (cloudpickle by value), what that module imports must be
+importable on the workers.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import ray
 
 from gyre.real.task_api import ToolError
 from gyre.trajectory import Score
@@ -49,6 +54,9 @@ class Verifier:
 
     def __init__(self, task, tools, log: Callable[[str, dict], None], now: Callable[[], float]) -> None:
         self.task, self.tools, self._log, self._now = task, tools, log, now
+        mod = sys.modules.get(type(task).__module__)
+        if mod is not None and not mod.__name__.startswith("gyre."):  # a user's task travels with its module's code:
+            ray.cloudpickle.register_pickle_by_value(mod)  # a script or test module need not be importable on workers
         self.scores: dict[int, list[Score]] = {}  # group id -> its scores, once back
         self._waits: deque[tuple[list[int], Callable[[list[list[Score]]], None]]] = deque()
 

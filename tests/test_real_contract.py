@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import pytest
 
@@ -67,14 +66,7 @@ class StrictTask(_Strict):
         super().__init__(_Face, "Task")
 
 
-@pytest.fixture
-def by_value(local_ray):
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the tool workers that score cannot import tests/
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-
-
-def test_backend_uses_nothing_but_the_contract(pool, by_value):
+def test_backend_uses_nothing_but_the_contract(pool):
     """A real run of the agent task behind proxies that fail on any other attribute completes and trains, its
     groups scored on the tool workers."""
     cfg = preset_tiny_test()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 
 import pytest
 
@@ -35,14 +34,7 @@ class RemoteOnly(AgentTask):
         return super().score(group)
 
 
-@pytest.fixture
-def by_value(local_ray):
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the tool workers cannot import tests/
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-
-
-def test_groups_are_scored_on_tool_workers_before_their_step_and_a_failed_scoring_is_zero(pool, by_value):
+def test_groups_are_scored_on_tool_workers_before_their_step_and_a_failed_scoring_is_zero(pool):
     """Each group is sent for scoring when its last execution finishes and is scored (off the driver) before its
     train step is enqueued; the group whose verifier raises gets a score_error note naming it and rewards of 0,
     and the run trains every step."""
