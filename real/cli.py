@@ -132,13 +132,13 @@ def run(
     if getattr(task, "vocab_size", 0) > cfg.pool.model.vocab_size:
         fail(f"{config or preset}: pool.model.vocab_size = {cfg.pool.model.vocab_size} is smaller than the task's "
              f"tokenizer ({task.vocab_size} tokens)")
-    if est is not None:  # stated in the run's output once the run is accepted
-        console.print(est.describe(), highlight=False, soft_wrap=True)
-    try:
+    try:  # checks the model folders before any actor starts
         pool = ActorPool.shared(cfg.pool)
     except (ValueError, TimeoutError) as exc:
         fail(str(exc))
         raise
+    if est is not None:  # stated in the run's output once the run is accepted
+        console.print(est.describe(), highlight=False, soft_wrap=True)
     results, failed = [], []
     for p in policy:
         try:  # metrics, TensorBoard files, logs and the exported model stream into `out` (gyre.real.watch)
