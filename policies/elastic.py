@@ -13,12 +13,14 @@ future length. At the start every GPU runs an engine; then at each decision poin
      `boundary_share` of a segment from one, or its finish if its segment is expected to be its last;
      others move at once), then the batch's training time from the estimate;
    - when each live execution finishes: its expected remaining segments given the finished ones, times
-     its own seconds per segment, stretched by the estimate's step time of the engine it ends up on
+     its own seconds per segment (before it has finished one: the finished ones' mean, times its
+     engine's step time at its load over theirs), stretched by the estimate's step time of the engine it ends up on
      over that of its engine now; one no staying engine has room for (KV below `kv_fill` of capacity, a
      slot under the admission limit) is parked and resumes in the next slot a staying execution frees
      (their predicted finishes, in order), or when the step ends and engines restart;
-   - so when each later batch of the groups admitted so far is ready (groups in order of predicted
-     finish), and when the last of them is trained (each batch as long as this one, once it is ready and
+   - so when each later batch of the groups admitted so far is ready (the groups the staleness bound
+     makes due first, then in order of predicted finish; queued executions take finished durations in
+     start order), and when the last of them is trained (each batch as long as this one, once it is ready and
      the trainer free);
    - how many more executions its delays are expected to push past their deadline (each execution's
      budget is observed; the probability from the Kaplan-Meier segment distribution);
@@ -36,8 +38,10 @@ future length. At the start every GPU runs an engine; then at each decision poin
 3. An execution finishes or the pool changes, with no batch ready. Free GPUs start engines if executions
    wait for room, and executions queued on one engine move to engines with room. An engine whose live
    executions have fallen below `load_share` of the most it held, while nothing waits for room, is
-   drained if every one of its executions fits elsewhere (all such engines at once): the tail is
-   consolidated and its GPUs wait free for the next step.
+   drained if every one of its executions fits elsewhere and the drain frees it sooner than their
+   finishes would (a single-turn rollout reaches no boundary: draining it frees nothing sooner and would
+   hold up the next decision; all such engines at once): the tail is consolidated and its GPUs wait free
+   for the next step.
 
 Every threshold is an `ElasticConfig` field with its reason. Simplifications: one drain at a time;
 GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
