@@ -97,6 +97,11 @@ class Elastic:
         self.config = config if config is not None else ElasticConfig(**params)
         self.eta = self.config.eta
 
+    def state(self) -> dict:
+        """What a resumed real run continues (docs/writing-a-policy.md): the finished executions' and groups' records."""
+        return {k: getattr(self, k) for k in ("segs", "ctx", "seg_s", "durations", "group_s", "group_size",
+                                              "seen_step", "last_counts", "max_ctx")}
+
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
         fits = shape.n_gpus >= shape.min_train_gpus + shape.gpus_per_engine

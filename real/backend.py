@@ -2,8 +2,9 @@
 
 The same policy objects that run in the simulator run here unchanged. The driver process owns all
 bookkeeping (GPU roles and owners, engine membership, execution phases, the event log in the schema
-of gyre.metrics); actors do the work: engines generate (gyre.real.engine_torch), the tool server
-sleeps and answers (gyre.real.task), trainer workers train and publish weights (gyre.real.trainer).
+of gyre.metrics); actors do the work: engines generate (gyre.real.engine_torch), tool workers
+run tool calls (gyre.real.tools) and score finished groups (gyre.real.verify), trainer workers train and
+publish weights (gyre.real.trainer).
 
 What is shared with the simulator (observations, preconditions, booking) is gyre.backend.ClusterBase.
 The data-parallel training step is gyre.real.train_step, weight publishing gyre.real.weights, and how
@@ -38,11 +39,13 @@ from gyre.handles import Handle, Process, done_handle
 from gyre.hardware import admission_limit, check_fill
 from gyre.backend import ClusterBase
 from gyre.real import task as T
-from gyre.real.agent import RealExecution, RealGroup
+from gyre.real.execution import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
 from gyre.faults import FaultInjector, parse_faults
 from gyre.real.flow import ExecutionFlow
 from gyre.real.task_api import DEFAULT_TASK, load_task
+from gyre.real.tools import ToolConfig, ToolService
+from gyre.real.verify import Verifier
 from gyre.real.train_step import TrainSteps
 from gyre.real.weights import WeightPublisher
 from gyre.trajectory import AdvantageConfig, group_advantages
@@ -56,8 +59,11 @@ class RealClusterConfig:
     group_size: int = 8
     min_train_gpus: int = 1
     kv_capacity: int = 4096  # tokens per engine
-    task: T.TaskConfig = field(default_factory=T.TaskConfig)
+    task: Any = field(default_factory=T.TaskConfig)  # the task class's config_class (gyre.real.task_api)
     task_class: str = DEFAULT_TASK  # dotted path of the task (gyre.real.task_api.Task)
+    tools: ToolConfig = field(default_factory=ToolConfig)
+    first_task: int = 0  # index of the run's first task in the task sequence (a resumed run continues it)
+    redraw: tuple[int, ...] = ()  # task indexes drawn first, before first_task on (gyre.real.resume: drawn, never trained)
     normalize_std: bool = True
     seed: int = 0
     max_wall_s: float = 1800.0
@@ -90,7 +96,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self.pool = pool
         self.cfg = config
         self.init_books(pool.cfg.n_gpus)
-        self.task = load_task(config.task_class, config.task, config.seed)
+        self.task = load_task(config.task_class, config.task, config.seed, check=False)
         self._pending: dict[Any, tuple[int, Callable[[Any, BaseException | None], None]]] = {}
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
@@ -113,6 +119,10 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self._weights, ack = pool.trainers[0].publish.remote(base)
         ray.get(ack)  # the snapshot itself stays in the object store, out of the driver's process
         self.injector = FaultInjector(parse_faults(config.faults), config.seed)
+        self.tools = ToolService(config.tools, pool.tools, self._submit, self._call_after,
+                                 log=lambda kind, info: self._log(("note", self.now, kind, info)))
+        self.verifier = Verifier(self.task, self.tools, lambda kind, info: self._log(("note", self.now, kind, info)),
+                                 lambda: self.now)  # a group is scored on the tool workers once it finishes
         self._estimate = self._load_estimate(config, pool.cfg.gpus_per_engine)
         self._t0 = time.perf_counter()
 
@@ -171,8 +181,9 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     # ------------------------------------------------------------------ verbs
     def next_group(self) -> RealGroup:
-        gid = len(self.groups)
-        grp = self.task.new_group(gid, len(self.executions), self.cfg.group_size)
+        gid, redraw = len(self.groups), self.cfg.redraw
+        index = redraw[gid] if gid < len(redraw) else self.cfg.first_task + gid - len(redraw)
+        grp = RealGroup(gid, index, self.task.new_group(index, self.cfg.group_size), len(self.executions))
         self._book_group(grp)
         return grp
 
@@ -181,7 +192,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         eid = self._next_engine
         self._next_engine += 1
         v = self._version
-        limit = admission_limit(self.cfg.kv_capacity, self.cfg.task.context_limit, self.cfg.admission_fill)
+        limit = admission_limit(self.cfg.kv_capacity, self.task.max_context, self.cfg.admission_fill)
         eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity, limit)
         self._place_engine(eng)
         h = Handle(f"start_engine{eid}")
@@ -251,31 +262,35 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
     def train(self, gpus: Sequence[int], groups: Sequence[RealGroup]) -> Handle:
         gpus = self._check_train(gpus, groups)
         v = self._version
-        batch, rewards, signal = [], [], 0
-        adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
-        for g in groups:
-            outs = self.task.score(g)
-            rewards += [o.reward for o in outs]
-            adv = group_advantages(outs, adv_cfg)
-            signal += bool(np.any(adv != 0))
-            batch.append((g.recorder.tree.preorder(), adv))
         self._book_trained(groups, v)
         self._hold_for_training(gpus)
         self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)
         h = Handle(f"train{v}")
-        t0 = self.now
+        adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
 
-        def end(stats) -> None:
-            self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
-            self._step_done(gpus, stats["tokens"])
-            for e in self._engines.values():  # they load this version before they are ready again
-                if e.state == "restarting":
-                    e._version = self._version
-            self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
-                                                   "groups_with_signal": signal, "version": self._version}))
-            self._deferred.append((h, self._version))
+        def scored(scores) -> None:  # every group's scores are back (gyre.real.verify): the step is enqueued
+            batch, rewards, signal = [], [], 0
+            for g, outs in zip(groups, scores):
+                rewards += [o.reward for o in outs]
+                adv = group_advantages(outs, adv_cfg)
+                signal += bool(np.any(adv != 0))
+                batch.append((g.env.recorder.tree.preorder(), adv))
+            self._log(("note", self.now, "train_batch", {"version": v + 1, "groups": [g.id for g in groups]}))
+            t0 = self.now
 
-        self._enqueue_step(gpus, ray.put(batch), end)
+            def end(stats) -> None:
+                self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
+                self._step_done(gpus, stats["tokens"])
+                for e in self._engines.values():  # they load this version before they are ready again
+                    if e.state == "restarting":
+                        e._version = self._version
+                self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
+                                                       "groups_with_signal": signal, "version": self._version}))
+                self._deferred.append((h, self._version))
+
+            self._enqueue_step(gpus, ray.put(batch), end)
+
+        self.verifier.when(groups, scored)
         return h
 
     def sync(self, engines: Sequence[RealEngine]) -> Handle:
@@ -327,9 +342,13 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         return self._record
 
     # ------------------------------------------------------------------ running
-    def run(self, policy, steps: int, on_tick: Callable[[RealCluster], None] | None = None) -> Process:
-        """Run `policy` until it returns; raise its error, a deadlock or a wall-clock overrun."""
+    def run(self, policy, steps: int, on_tick: Callable[[RealCluster], None] | None = None,
+            on_start: Callable[[RealCluster], None] | None = None) -> Process:
+        """Run `policy` until it returns; raise its error, a deadlock or a wall-clock overrun. `on_start` is
+        called once the policy has set itself up (it waits on its first handle), before the loop turns."""
         proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
+        if on_start is not None:
+            on_start(self)
         if self._estimate is not None:  # what the policy may read, in the run's log
             self.note("cost_estimate", **self._estimate.as_dict(), source=self._estimate.source)
         self.injector.start(steps * self.cfg.groups_per_step * self.cfg.group_size)

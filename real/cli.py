@@ -88,7 +88,7 @@ def run(
     from gyre.cluster import ClusterError
     from gyre.policies import UnknownPolicy, check_params, policy_class
     from gyre.faults import fault_summary
-    from gyre.real.pool import ActorPool
+    from gyre.real.pool import ActorPool, ensure_model_dir
     from gyre.real.runner import run_real, write_outputs
     from gyre.real.task_api import TaskError, load_task
 
@@ -120,10 +120,18 @@ def run(
             read_checkpoint(cfg.cluster.checkpoint, trained_model(cfg.pool), mmap=True)
         except CheckpointError as exc:
             fail(str(exc))
+    try:  # a tiny model folder (and its tokenizer) written on first use: a text task may read its tokenizer there
+        ensure_model_dir(cfg.pool)
+    except ValueError as exc:
+        fail(f"{config or preset}: {exc}")
     try:
-        load_task(cfg.cluster.task_class, cfg.cluster.task, cfg.cluster.seed)
+        task = load_task(cfg.cluster.task_class, cfg.cluster.task, cfg.cluster.seed)
     except TaskError as exc:
         fail(f"{config or preset}: cluster.task_class: {exc}")
+        raise
+    if getattr(task, "vocab_size", 0) > cfg.pool.model.vocab_size:
+        fail(f"{config or preset}: pool.model.vocab_size = {cfg.pool.model.vocab_size} is smaller than the task's "
+             f"tokenizer ({task.vocab_size} tokens)")
     try:  # checks the model folders before any actor starts
         pool = ActorPool.shared(cfg.pool)
     except (ValueError, TimeoutError) as exc:
@@ -133,13 +141,9 @@ def run(
         console.print(est.describe(), highlight=False, soft_wrap=True)
     results, failed = [], []
     for p in policy:
-        def tick(c, last=[-1]):  # noqa: B006 - per-policy progress line
-            if c.version != last[0]:
-                last[0] = c.version
-                console.print(f"{p}: version {c.version}/{cfg.steps} at {c.now:.1f}s", highlight=False)
-
-        try:
-            results.append(run_real(cfg, p, pool=pool, on_tick=tick))
+        try:  # metrics, TensorBoard files, logs and the exported model stream into `out` (gyre.real.watch)
+            results.append(run_real(cfg, p, pool=pool, out=out,
+                                    print_fn=lambda line: console.print(line, highlight=False)))
         except ClusterError as exc:  # the other policies still run and are written
             failed.append(f"{p}: {exc}")
     if not results:

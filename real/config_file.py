@@ -15,6 +15,7 @@ from pathlib import Path
 from gyre.config import ConfigError, replace_fields
 from gyre.nn.hf_llama import check_hf_llama, config_mismatch
 from gyre.real.config import RealConfigError, RealRunConfig, get_preset
+from gyre.real.task_api import TaskError, task_class
 
 
 def _apply(base: RealRunConfig, data: dict, where: str) -> RealRunConfig:
@@ -22,6 +23,25 @@ def _apply(base: RealRunConfig, data: dict, where: str) -> RealRunConfig:
         return replace_fields(base, data, where)
     except ConfigError as exc:
         raise RealConfigError(str(exc)) from None
+
+
+def _task_config(base: RealRunConfig, cluster: dict, p: Path) -> RealRunConfig:
+    """`base` whose [cluster.task] is the default config of the task [cluster] task_class names (its
+    config_class), so the table sets the fields that task declares and no others."""
+    path = cluster.get("task_class")
+    if path is None:
+        return base
+    try:
+        cls = task_class(str(path))
+    except TaskError as exc:
+        raise RealConfigError(f"{p}: cluster.task_class: {exc}") from None
+    if isinstance(base.cluster.task, cls.config_class):
+        return base
+    try:
+        task = cls.config_class()
+    except (TypeError, ValueError) as exc:
+        raise RealConfigError(f"{p}: cluster.task: {cls.config_class.__name__}: {exc}") from None
+    return dataclasses.replace(base, cluster=dataclasses.replace(base.cluster, task=task))
 
 
 def load_config(path: str | Path) -> RealRunConfig:
@@ -32,6 +52,7 @@ def load_config(path: str | Path) -> RealRunConfig:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise RealConfigError(f"{p}: {exc}") from None
     base = get_preset(data.pop("preset", "tiny-cpu"))
+    base = _task_config(base, data.get("cluster") or {}, p)
     init = (data.get("pool") or {}).get("init_checkpoint")
     if not init:
         return _apply(base, data, str(p))

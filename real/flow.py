@@ -1,7 +1,7 @@
 """How executions flow through engines on the real backend: requests out, results booked, faults survived.
 
 What it models: each live execution is a loop of requests (a segment to its engine, a call to the tool
-server) whose results advance its agent state machine (gyre.real.agent). Booking a result may start the
+service, gyre.real.tools) whose results advance its episode (gyre.real.execution). Booking a result may start the
 next request, finish the execution, move it at a tool-call boundary (a migration: the target re-prefills
 its context), or, when the engine actor died, move it to another engine from its last tool-call boundary
 (the segment in flight is regenerated; nothing of it was recorded) while a replacement actor starts on the
@@ -24,14 +24,15 @@ import ray
 
 from gyre.backend import PARK
 from gyre.cluster import ClusterError, Phase
-from gyre.real.agent import Done, RealExecution, Tool
+from gyre.real.execution import RealExecution
+from gyre.real.task_api import Done, Tool
 from gyre.real.engine_view import RealEngine
 
 
 class ExecutionFlow:
     # --- the execution loop: issue a request, book its result ---
     def _drain_queue(self, eng: RealEngine) -> None:
-        while eng.queue and eng.ready and eng.fits(len(eng.queue[0].group.spec.prompt)):
+        while eng.queue and eng.ready and eng.fits(eng.queue[0].group.prompt_tokens):
             ex = eng.queue.popleft()
             action = ex.start(self.now)
             self._log(("start", self.now, ex.id, eng.id))
@@ -53,7 +54,7 @@ class ExecutionFlow:
                 self._do_migrate(ex)
             self._busy(eng)
             ex.tool_t0 = self.now
-            self._submit(self.pool.tools.call.remote(action.call), lambda out, err: self._on_tool(ex, req, out, err))
+            self.tools.call(action.call, lambda out: self._on_tool(ex, req, out))
             return
         if ex.migrate_to is not None:  # between segments: a boundary
             self._do_migrate(ex)
@@ -89,9 +90,7 @@ class ExecutionFlow:
         self._issue(ex, action)
         self._busy(eng)
 
-    def _on_tool(self, ex, req, out, err) -> None:
-        if err is not None:
-            raise err
+    def _on_tool(self, ex, req, out) -> None:
         if req != ex.req:
             return
         ex.segs[-1]["tool_s"] = self.now - ex.tool_t0
@@ -107,6 +106,8 @@ class ExecutionFlow:
         self._log(("finish", self.now, ex.id, end, ex.generated))
         self._log(("note", self.now, "reward", {"exec": ex.id, "group": ex.group_id, "reward": ex.reward,
                                                  "truncated": truncated, "turns": ex.turns}))
+        if ex.group.done:  # its last episode: the group is scored on the tool workers, beside the rollouts
+            self.verifier.start(ex.group)
         self._deferred.append((ex.handle, ex))
         if ex.migrate_handle is not None:
             self._deferred.append((ex.migrate_handle, False))

@@ -19,12 +19,13 @@ only in its model (`model_dir`, `init_checkpoint`) or trainer and torch-engine s
 (`set_model`). A killed engine
 actor is replaced by `respawn` (a new member for the collective groups: `GroupBook.forget`).
 
-Simplifications: the tool server is one asyncio actor with high concurrency; trainer worker 0 serves the
+Simplifications: tool workers are kept here but managed by gyre.real.tools.ToolService; trainer worker 0 serves the
 TCPStore of the collective groups (workers live as long as the pool).
 """
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -37,7 +38,6 @@ from gyre.nn.hf_llama import check_hf_llama, config_mismatch
 from gyre.nn.model import TinyLlamaConfig
 from gyre.real.collective import CollectiveConfig, GroupBook
 from gyre.real.engine_torch import TorchEngine, TorchEngineConfig
-from gyre.real.task import ToolServer
 from gyre.real.trainer import Trainer, TrainerConfig
 
 
@@ -57,6 +57,9 @@ class PoolConfig:
     # yet, the run first writes a tiny random-init model of that family there (vocabulary: model.vocab_size; no
     # download; a CPU demo)
     tiny_model: str = ""
+    # with tiny_model: a tokenizer folder (e.g. configs/tiny_chat) copied into model_dir beside the tiny model, so
+    # the folder holds its own tokenizer and chat template (a text task's model_dir may then name it)
+    tiny_tokenizer: str = ""
     model: TinyLlamaConfig = field(default_factory=TinyLlamaConfig)
     engine_config: TorchEngineConfig = field(default_factory=TorchEngineConfig)
     trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
@@ -101,7 +104,8 @@ def serve_dtype(cfg: PoolConfig) -> str:
 
 
 def ensure_model_dir(cfg: PoolConfig) -> None:
-    """Write the tiny random-init model `tiny_model` names into `model_dir` unless a folder is there already."""
+    """Write the tiny random-init model `tiny_model` names into `model_dir` (with the tokenizer of `tiny_tokenizer`)
+    unless a folder is there already."""
     if not cfg.tiny_model:
         return
     if not cfg.model_dir:
@@ -109,10 +113,18 @@ def ensure_model_dir(cfg: PoolConfig) -> None:
     if not Path(cfg.model_dir).exists():
         from gyre.nn.hf_folder import write_tiny_model
 
+        from gyre.real.export import TOKENIZER_FILES
+
+        tok = [Path(cfg.tiny_tokenizer) / f for f in TOKENIZER_FILES] if cfg.tiny_tokenizer else []
+        if cfg.tiny_tokenizer and not any(f.is_file() for f in tok):
+            raise ValueError(f"PoolConfig.tiny_tokenizer = {cfg.tiny_tokenizer!r}: no tokenizer files there")
         try:
             write_tiny_model(cfg.model_dir, cfg.tiny_model, vocab_size=cfg.model.vocab_size)
         except ModelFolderError as exc:
             raise ValueError(f"PoolConfig.tiny_model: {exc}") from None
+        for f in tok:
+            if f.is_file():
+                shutil.copyfile(f, Path(cfg.model_dir) / f.name)
 
 
 def check_models(cfg: PoolConfig) -> None:
@@ -146,6 +158,7 @@ def _retargetable(have: PoolConfig, want: PoolConfig) -> bool:
     """Whether a pool of `have` can run `want` by rebuilding its models only (same shape; a vLLM engine serves
     one folder for life)."""
     same = replace(have, init_checkpoint=want.init_checkpoint, model_dir=want.model_dir, tiny_model=want.tiny_model,
+                   tiny_tokenizer=want.tiny_tokenizer,
                    trainer_config=want.trainer_config, engine_config=want.engine_config) == want
     return same and (want.engine == "torch" or served_model(have) == served_model(want))
 
@@ -210,7 +223,7 @@ class ActorPool:
         self._worker = ray.remote(num_cpus=0, num_gpus=worker_gpus, concurrency_groups={"sync": 4},
                                   max_restarts=0)(Trainer)
         self.trainers = [self._spawn_trainer(g) for g in range(cfg.n_gpus)]  # one data-parallel worker per GPU
-        self.tools = ray.remote(num_cpus=0, max_concurrency=10000)(ToolServer).remote()
+        self.tools: list = []  # tool worker actors (gyre.real.tools), started by the first run's ToolService
         self._devices = [ray.get([t.gpu_ids.remote() for t in self.trainers[s * k:(s + 1) * k]])
                          for s in range(cfg.n_gpus // k)] if k > 1 else []
         for slot in range(cfg.n_gpus // k):  # start every engine process now, in parallel
@@ -220,7 +233,7 @@ class ActorPool:
         store = ray.get(self.serve_store())
         self.book = GroupBook(store, cfg.collective, ray.get(self.trainers[0].layout.remote()))
         ray.get([e.ping.remote() for e in self._engines.values()] + [t.ping.remote() for t in self.trainers]
-                + [self.tools.ping.remote()])
+                )
 
     def _spawn_trainer(self, g: int):
         cfg = self.cfg
@@ -323,6 +336,6 @@ class ActorPool:
         return dead
 
     def shutdown(self) -> None:
-        for a in [*self._engines.values(), *self.trainers, self.tools]:
+        for a in [*self._engines.values(), *self.trainers, *self.tools]:
             ray.kill(a)
         remove_placement_group(self.pg)

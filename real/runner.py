@@ -7,7 +7,9 @@ utilization_<policy>.parquet, role_timeline.png, utilization.png) and, for repla
 `trace_<policy>.jsonl` (gyre.real.trace_export), `profile_<policy>.json` (measured engine step, prefill,
 train, sync and role-switch times), `executions_<policy>.csv`, `learning_<policy>.csv` (reward vs step and
 wall time) and `log_<policy>.jsonl` (the raw event log). summary.csv also says what the run survived
-(gyre.faults.fault_summary, counted from the log).
+(gyre.faults.fault_summary, counted from the log). While it runs, `run_real(out=...)` streams metrics and keeps
+logs there (gyre.real.watch) and at its end exports the trained model (gyre.real.export); a checkpointed run
+resumes its trainer, its task sequence and its policy's state (gyre.real.resume).
 
 Simplifications: one policy per run; the actor pool is created on first use and may be passed in to
 reuse warm actors across runs (tests, benchmarks).
@@ -31,7 +33,10 @@ from gyre.real.backend import RealCluster
 from gyre.real.config import RealConfigError, RealRunConfig
 from gyre.faults import fault_summary
 from gyre.real.pool import ActorPool
+from gyre.real.export import export_run
 from gyre.real.trace_export import trace_groups, trace_workload
+from gyre.real.resume import RunState, restore_policy, resume_state, resumed_config, saved_policy_state
+from gyre.real.watch import RunWatch, write_partial
 
 
 @dataclass
@@ -71,8 +76,13 @@ class RealResult:
 
 
 def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = None, on_tick=None,
-             steps: int | None = None) -> RealResult:
-    """Run `policy` (a registered name, dotted path or object) for `steps` (default cfg.steps)."""
+             steps: int | None = None, out: str | Path | None = None, print_fn=None) -> RealResult:
+    """Run `policy` (a registered name, dotted path or object) for `steps` (default cfg.steps).
+
+    With a `checkpoint` whose run state exists (`<checkpoint>.run.json`), the run resumes (gyre.real.resume): the
+    trainer from the checkpoint, the task sequence (drawn but untrained tasks first) and the policy's state. With `out`, the run
+    is watched (gyre.real.watch: metrics per step, TensorBoard, progress through `print_fn`, Ray logs), a failed
+    run leaves its log and error there, and a finished one its trained model as a Hugging Face folder (model/)."""
     from gyre.policies import make_policy
 
     if isinstance(policy, str):
@@ -84,13 +94,32 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
         differ = [f.name for f in dataclasses.fields(cfg.pool) if getattr(pool.cfg, f.name) != getattr(cfg.pool, f.name)]
         raise RealConfigError(f"run_real: the pool was built for a different [pool] config ({', '.join(differ)} "
                               f"differ); pass pool=ActorPool.shared(cfg.pool)")
+    ckpt = cfg.cluster.checkpoint
+    state = resume_state(ckpt)
+    cfg = dataclasses.replace(cfg, cluster=resumed_config(cfg.cluster, state))
+    saved = saved_policy_state(ckpt) if state is not None else None
     cluster = RealCluster(pool=pool, config=cfg.cluster)
+    n = steps or cfg.steps
+    watch = RunWatch(out, name, n, print_fn=print_fn, resume=state is not None) if out is not None else None
+    own = [t for t in (ckpt and RunState(ckpt, pol, name).tick, watch and watch.tick) if t]
+    ticks = own + ([on_tick] if on_tick else [])
     t0 = time.perf_counter()
     try:
-        cluster.run(pol, steps or cfg.steps, on_tick=on_tick)
+        cluster.run(pol, n, on_tick=lambda c: [t(c) for t in ticks],
+                    on_start=(lambda c: restore_policy(pol, name, saved, c)) if state is not None else None)
+        for t in own:
+            t(cluster)  # the last step's records
+    except BaseException as exc:
+        if out is not None:
+            write_partial(out, name, cluster.log, exc)
+        raise
     finally:
         profile = cluster.close()
+        if watch is not None:
+            watch.finish()
     wall = time.perf_counter() - t0
+    if out is not None:
+        export_run(cluster, Path(out) / "model" / name)
     metrics = compute_metrics(cluster.log, n_gpus=cfg.pool.n_gpus, policy=name)
     return RealResult(name, cfg, cluster.log, metrics, profile, wall, cluster)
 

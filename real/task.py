@@ -17,7 +17,7 @@ reached (partial credit 0.1 if s is in its context). A random model almost never
 (LOOKUP, then ANSWER s) is a copy a 2-layer model learns in a few hundred rollouts.
 
 Simplifications: one tool; the secret is a hash of (task seed, key), so tools are pure functions;
-tool latency is drawn by the driver from a seeded generator and slept by the tool server.
+tool latency is drawn by the driver from a seeded generator and slept by a tool worker (gyre.real.tools).
 """
 
 from __future__ import annotations
@@ -106,6 +106,11 @@ class ToolCall:
     def run(self) -> list[int]:
         return run_tool(self)
 
+    async def arun(self) -> list[int]:
+        """On a tool worker: wait the planned latency, then answer."""
+        await asyncio.sleep(self.latency_s)
+        return run_tool(self)
+
 
 def plan_lookup(task: TaskSpec, cfg: TaskConfig, rng: np.random.Generator) -> ToolCall:
     if rng.random() < cfg.slow_tool_p:
@@ -122,19 +127,6 @@ def run_tool(call: ToolCall) -> list[int]:
     if call.fails:
         return [ERR, SEP]
     return [RES, digit(secret_of(call.task_seed, call.key)), SEP]
-
-
-class ToolServer:
-    """Runs tool calls concurrently (an asyncio Ray actor): sleeps the planned latency, returns tokens.
-
-    Any task's calls go through it: a call is an object with `latency_s` and `run()` (gyre.real.task_api)."""
-
-    async def call(self, call) -> list[int]:
-        await asyncio.sleep(call.latency_s)
-        return call.run()
-
-    def ping(self) -> bool:
-        return True
 
 
 def parse_action(tokens: list[int]) -> tuple[str, int | None]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from gyre.real import task as T
 from gyre.real.backend import RealCluster
 
 if TYPE_CHECKING:
@@ -32,11 +33,11 @@ def trace_groups(cluster: RealCluster):
             kv = [s["kv"] for s in x.segs]
             specs.append(ExecutionSpec(
                 exec_id=x.id, group_id=g.id, task_id=g.task_id, step=g.id // cluster.cfg.groups_per_step,
-                prompt=len(g.spec.prompt), gen=gen, kv=kv,
+                prompt=g.prompt_tokens, gen=gen, kv=kv,
                 tool_s=[float(s.get("tool_s", 0.0)) for s in x.segs[:-1]],
                 tool_out=[max(0, kv[i + 1] - kv[i] - gen[i]) for i in range(n - 1)],
-                branches=[(i, k) for i, k in x.branch_marks if i < n], capped=x.turns >= cluster.cfg.task.max_turns,
-                deadline_s=cluster.cfg.task.deadline_s,
+                branches=[(i, k) for i, k in x.branch_marks if i < n], capped=x.end == 1,
+                deadline_s=getattr(cluster.cfg.task, "deadline_s", float("inf")),
             ))
             outcomes[x.id] = Outcome(version=x.first_version, deadline_hit=bool(x.truncated), reward=x.reward,
                                      start_s=x.started_at, end_s=x.finished_at)
@@ -51,6 +52,8 @@ def trace_workload(cfg: RealRunConfig):
     from gyre.workload import LogNormal, WorkloadConfig
 
     t = cfg.cluster.task
+    if not isinstance(t, T.TaskConfig):  # another task: the toy's shape with its batch, for the header only
+        t = T.TaskConfig()
     return WorkloadConfig(
         name="real-agent-task", groups_per_step=cfg.cluster.groups_per_step, group_size=cfg.cluster.group_size,
         prompt_tokens=LogNormal(median=3, p99_ratio=1.0), turns=LogNormal(median=3, p99_ratio=2.0),

@@ -155,3 +155,31 @@ def test_the_issue_run_layout_resolves(tmp_path):
     (tmp_path / "x" / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(RunError, match="'enable_expert_parallel' must be true or false"):
         read_run(tmp_path / "x")
+
+
+# LLMServingSim's cluster config.json (bench/examples/<gpu>/<model>/config.json), one instance of two, trimmed
+CLUSTER = {"num_nodes": 1, "nodes": [{"num_instances": 2, "instances": [
+    {"model_name": "Qwen/Qwen3-30B-A3B-Instruct-2507", "hardware": "RTXPRO6000", "num_npus": 1, "tp_size": 1,
+     "ep_size": 2, "dp_group": "A", "pd_type": None}]}]}
+
+
+def test_the_public_run_layout_resolves(applied):
+    """A run laid out as LLMServingSim publishes it (`<model>/vllm/`, vLLM 0.28 engine_kwargs with a null
+    max_model_len, the cluster config.json one level up) reads without flags; with an id no preset knows, that
+    cluster config.json beside the run is one line saying it is not a causal-LM config, exit 2."""
+    run = write_run(applied / "Qwen3-30B-A3B-Instruct-2507" / "vllm", n=6)
+    (run.parent / "config.json").write_text(json.dumps(CLUSTER))
+    (run.parent / "e.json").write_text((applied / "e.json").read_text())
+    kw = {**META["engine_kwargs"], "data_parallel_size": 2, "enable_expert_parallel": True, "max_model_len": None,
+          "load_format": "auto", "skip_tokenizer_init": False, "enforce_eager": False}
+    _meta(run, model="Qwen/Qwen3-30B-A3B-Instruct-2507", engine_kwargs=kw, vllm_version="0.28.0",
+          hardware={"device_count": 2, "device_name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"})
+    got = read_run(run)
+    assert (got.model_cfg.name, got.gpu_cfg.name, got.engine.data_parallel) == ("moe-30b-a3b", "rtxpro6000", 2), got
+    r, out = _cli(run)
+    assert r.exit_code == 0, out
+    (run / "config.json").write_text(json.dumps(CLUSTER))
+    _meta(run, model="deepseek-ai/DeepSeek-V3.2-Exp-16L64E")
+    r, out = _cli(run)
+    assert r.exit_code == 2 and "vllm/config.json: field 'architectures'" in out, out
+    assert "not a causal-LM config" in out and "--model NAME" in out and "Traceback" not in r.output, out

@@ -74,15 +74,55 @@ def test_engine_killed_mid_run_loses_no_execution(pool):
     assert pool.respawns >= 1, "the dead engine was not replaced"
 
 
-def test_checkpoint_resume_continues_versions(pool, tmp_path):
-    """A run that checkpoints every step resumes from the saved trainer version."""
+class Killed(RuntimeError):
+    """Stands for the run being killed."""
+
+
+def test_a_killed_elastic_run_resumes_its_trainer_tasks_and_policy_state(pool, tmp_path):
+    """Elastic killed after a checkpointed step with groups drawn but untrained: rerun, the trainer continues its
+    version, those tasks are drawn again first (same indexes), and elastic's records of finished groups are
+    restored as the checkpointed step left them."""
+    import copy
+
+    from gyre.policies.elastic import Elastic
+    from gyre.real.resume import resume_state, saved_policy_state
+
     ck = str(tmp_path / "trainer.pt")
-    cfg = dataclasses.replace(CFG, cluster=dataclasses.replace(CFG.cluster, checkpoint=ck))
-    r1 = run_real(cfg, "colocate", pool=pool)
-    assert r1.cluster.base_version == 0, "a fresh run starts at version 0"
-    r2 = run_real(cfg, "colocate", pool=pool, steps=1)
-    assert r2.cluster.base_version == CFG.steps, f"resumed at {r2.cluster.base_version}, expected {CFG.steps}"
-    assert r2.cluster.trainer_version == CFG.steps + 1, "trainer version after the resumed step"
+    cfg = dataclasses.replace(CFG, steps=4, cluster=dataclasses.replace(CFG.cluster, checkpoint=ck))
+    pol, seen = Elastic(), {}
+
+    def kill(c) -> None:
+        trained = {x[3] for x in c.log if x[0] == "trained"}
+        called = {x[4] for x in c.log if x[0] == "trained"}  # versions trained on: every call booked as a step
+        untrained = [g.task_id for g in c.groups.values() if g.id not in trained]
+        if c.version >= 2 and len(called) == c.version and untrained:
+            seen.update(version=c.version, untrained=untrained, drawn=max(g.task_id for g in c.groups.values()),
+                        state=copy.deepcopy(pol.state()))
+            raise Killed("killed after a checkpointed step")
+
+    with pytest.raises(Killed):
+        run_real(cfg, pol, pool=pool, on_tick=kill)
+    assert seen, "never killed"
+    saved = saved_policy_state(ck)["state"]
+    assert saved["group_s"], f"no finished group recorded in the saved state {saved}"
+    for k, v in saved.items():  # records only grow: what the checkpointed step saw is what the policy held then
+        held = seen["state"][k]
+        assert (v == held[: len(v)]) if isinstance(v, list) else k in ("max_ctx", "last_counts", "seen_step", "group_size"), \
+            f"saved {k} = {v}, the policy held {held} at the kill"
+    pol2, got = Elastic(), []
+    r2 = run_real(cfg, pol2, pool=pool, steps=1, on_tick=lambda c: got or got.append(copy.deepcopy(pol2.state())))
+    assert r2.cluster.base_version == seen["version"], f"resumed at {r2.cluster.base_version}, killed at {seen}"
+    assert r2.cluster.trainer_version == seen["version"] + 1, "trainer version after the resumed step"
+    assert got[0] == saved, f"restored {got[0]}, saved {saved}"
+    assert [x[3] for x in r2.log if x[0] == "note" and x[2] == "policy_state"] == [
+        {"policy": "elastic", "restored": True, "saved_by": "elastic"}], "policy_state note"
+    tasks = [g.task_id for g in sorted(r2.cluster.groups.values(), key=lambda g: g.id)]
+    k = min(len(tasks), len(seen["untrained"]))
+    assert tasks[:k] == seen["untrained"][:k], f"resumed run drew {tasks}; untrained at the kill {seen['untrained']}"
+    assert tasks[k:] == list(range(seen["drawn"] + 1, seen["drawn"] + 1 + len(tasks) - k)), f"then {tasks[k:]}"
+    state = resume_state(ck)
+    assert state["next_task"] == max(seen["drawn"], *tasks) + 1, f"run state after the resume {state}"
+    assert state["redraw"] == seen["untrained"][len(tasks):], f"run state after the resume {state}"
 
 
 def test_outputs_have_the_simulator_formats(pool, tmp_path):
@@ -266,14 +306,17 @@ def test_a_policy_given_by_dotted_path_runs_for_real(pool):
 class ConstantReward:
     """A user's task: the built-in agent task with every execution rewarded 1.0 (so no group has signal)."""
 
+    from gyre.real.task import TaskConfig as config_class
+
     def __init__(self, config, seed: int) -> None:
         from gyre.real.agent import AgentTask
 
         self.inner = AgentTask(config, seed)
         self.stop = self.inner.stop
+        self.max_context = self.inner.max_context
 
-    def new_group(self, group_id: int, first_exec_id: int, size: int):
-        return self.inner.new_group(group_id, first_exec_id, size)
+    def new_group(self, index: int, size: int):
+        return self.inner.new_group(index, size)
 
     def score(self, group):
         return [dataclasses.replace(s, reward=1.0) for s in self.inner.score(group)]

@@ -11,7 +11,8 @@ torch = pytest.importorskip("torch")
 
 from gyre.nn.model import TinyLlamaConfig  # noqa: E402
 from gyre.real import task as T  # noqa: E402
-from gyre.real.agent import Done, Generate, RealGroup, Tool  # noqa: E402
+from gyre.real.agent import AgentTask  # noqa: E402
+from gyre.real.task_api import Done, Generate, Tool  # noqa: E402
 from gyre.real.engine_torch import TorchEngine  # noqa: E402
 from gyre.real.trainer import Trainer, TrainerConfig  # noqa: E402
 
@@ -19,7 +20,9 @@ CFG = T.TaskConfig(fail_p=0.0, slow_tool_p=0.0)
 
 
 def group(cfg=CFG, size=1, seed=0):
-    return RealGroup(0, T.make_task(0, np.random.default_rng(seed)), size, 0, cfg, seed)
+    g = AgentTask(cfg, seed).new_group(0, size)
+    g.executions = g.episodes
+    return g
 
 
 def test_lookup_then_answer_earns_full_reward():
@@ -28,7 +31,7 @@ def test_lookup_then_answer_earns_full_reward():
     ex = g.executions[0]
     s = g.spec.secret
     req = ex.start(0.0)
-    assert isinstance(req, Generate) and req.context == g.spec.prompt, f"first request {req}"
+    assert isinstance(req, Generate) and req.context == g.prompt, f"first request {req}"
     req = ex.on_generated([T.LOOKUP, T.SEP], [-1.0, -1.0], 0, 0.1)
     assert isinstance(req, Tool) and req.call.name == "lookup", f"expected a tool call, got {req}"
     out = T.run_tool(req.call)
@@ -36,7 +39,7 @@ def test_lookup_then_answer_earns_full_reward():
     req = ex.on_tool(out, 0.2)
     assert isinstance(req, Generate) and req.context[-3:] == out, f"tool output not in context: {req}"
     done = ex.on_generated([T.ANSWER, T.digit(s), T.SEP], [-1.0] * 3, 0, 0.3)
-    assert done == Done(truncated=False) and ex.reward == 1.0, f"{done}, reward {ex.reward}"
+    assert done == Done(truncated=False, reward=1.0) and ex.reward == 1.0, f"{done}, reward {ex.reward}"
     assert ex.cursor.status == "finished" and ex.turns == 2, f"status {ex.cursor.status}, turns {ex.turns}"
 
 
@@ -49,7 +52,7 @@ def test_failed_tool_call_retries_from_before_the_call():
     req = ex.on_generated([T.LOOKUP, T.SEP], [-1.0, -1.0], 0, 0.1)
     req = ex.on_tool([T.ERR, T.SEP], 0.2)
     assert isinstance(req, Generate) and len(req.context) == before, f"context not rolled back: {req.context}"
-    assert ex.retries == 1 and ("retry" in [k for _, k in ex.branch_marks]), f"no retry recorded: {ex.branch_marks}"
+    assert ex.retries == 1 and ("retry" in ex.branch_marks), f"no retry recorded: {ex.branch_marks}"
     assert len(g.recorder.tree.branch_leaf) == 1, "the abandoned attempt must be kept as a branch"
 
 
@@ -59,11 +62,11 @@ def test_delegate_runs_a_subagent_whose_result_returns_to_the_parent():
     ex = g.executions[0]
     ex.start(0.0)
     req = ex.on_generated([T.DELEGATE, T.SEP], [-1.0, -1.0], 0, 0.1)
-    assert isinstance(req, Generate) and req.seq != str(ex.id) and req.context[-1] == T.SUB, f"sub request {req}"
+    assert isinstance(req, Generate) and req.seq != "main" and req.context[-1] == T.SUB, f"sub request {req}"
     req = ex.on_generated([T.LOOKUP, T.SEP], [-1.0, -1.0], 0, 0.2)
     assert isinstance(req, Tool), f"sub-agent lookup should call the tool, got {req}"
     req = ex.on_tool(T.run_tool(req.call), 0.3)
-    assert isinstance(req, Generate) and req.seq == str(ex.id), f"parent should resume, got {req}"
+    assert isinstance(req, Generate) and req.seq == "main", f"parent should resume, got {req}"
     assert T.seen_secret(ex.ctx, g.spec.secret), "the sub-agent's result must reach the parent's context"
 
 
@@ -74,7 +77,7 @@ def test_turn_cap_ends_capped_not_deadline():
     ex.start(0.0)
     req = ex.on_generated([T.LOOKUP, T.SEP], [-1.0, -1.0], 0, 0.1)
     done = ex.on_tool(T.run_tool(req.call), 0.2)
-    assert done == Done(truncated=True, end=1), f"expected a turn-cap truncation (finish code 1), got {done}"
+    assert done == Done(truncated=True, end=1, reward=0.1), f"expected a turn-cap truncation (finish code 1), got {done}"
 
 
 def test_context_past_the_limit_is_compacted():
@@ -85,7 +88,7 @@ def test_context_past_the_limit_is_compacted():
     ex.start(0.0)
     for i in range(3):
         req = ex.on_generated([T.DIGIT0, T.SEP], [-1.0, -1.0], 0, 0.1 * i)
-    assert ("compact" in [k for _, k in ex.branch_marks]), f"no compaction: {ex.branch_marks}"
+    assert ("compact" in ex.branch_marks), f"no compaction: {ex.branch_marks}"
     assert req.context[:2] == [T.BOS, T.SUM] and len(req.context) <= 8, f"compacted context {req.context}"
     assert ex.cursor.contexts == 2, f"recorder contexts {ex.cursor.contexts}"
 
@@ -97,7 +100,7 @@ def test_deadline_truncates_with_partial_credit():
     ex.start(0.0)
     req = ex.on_generated([T.LOOKUP, T.SEP], [-1.0, -1.0], 0, 0.1)
     done = ex.on_tool(T.run_tool(req.call), CFG.deadline_s + 1)
-    assert done == Done(truncated=True, end=2), f"expected a deadline truncation (finish code 2), got {done}"
+    assert done == Done(truncated=True, end=2, reward=CFG.partial_seen), f"expected a deadline truncation (finish code 2), got {done}"
     assert ex.reward == CFG.partial_seen and ex.cursor.status == "truncated", f"reward {ex.reward}"
 
 
@@ -150,7 +153,7 @@ def test_trainer_step_raises_good_samples_probability():
     for ex, toks in ((good, [T.LOOKUP, T.SEP]), (bad, [T.DIGIT0, T.SEP])):
         ex.start(0.0)
         ex.on_generated(toks, [float(np.log(1 / T.VOCAB_SIZE))] * 2, 0, 0.0)
-    ids = torch.tensor([g.spec.prompt])
+    ids = torch.tensor([g.prompt])
     before = torch.log_softmax(tr.model(ids, torch.arange(3)[None])[0, -1], -1)[T.LOOKUP].item()
     tree = g.recorder.tree
     for ex in g.executions:

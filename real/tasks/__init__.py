@@ -1,0 +1,1 @@
+"""Built-in tasks of the real backend beyond the toy agent task (gyre.real.agent)."""
