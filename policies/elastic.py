@@ -104,7 +104,7 @@ class Elastic:
 
     def state(self) -> dict:
         """What a resumed real run continues (docs/writing-a-policy.md): the finished executions' and groups' records."""
-        return {k: getattr(self, k) for k in ("segs", "ctx", "seg_s", "durations", "group_s", "group_size",
+        return {k: getattr(self, k) for k in ("segs", "ctx", "seg_s", "started_durations", "group_s", "group_size",
                                               "seen_step", "last_counts", "max_ctx")}
 
     @staticmethod
