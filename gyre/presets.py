@@ -36,8 +36,8 @@ derived from xlong-swe by the paper's statements and public constants, nothing t
   32 x (0.9 x 141 GB - 2 GB) - 2.4 TB = 1.597 TB, which at 2 x 23 full layers x 2 KV heads x 256 x 1 B =
   23,552 B per token is 67.8M KV tokens; each sequence holding KV also holds 69 linear layers x
   (128 x 128 x 128 recurrent + 3 x 24,576 conv) x 2 B = 300 MB of state (12,720 KV tokens' worth), so
-  67.8M / (700K + 12.7K) = 95 typical rollouts fit at their end, 63 at a full window: with the hybrid
-  model the engine is no longer KV-scarce (the GQA stand-in's 192 KiB per token gave 8.1M tokens: 11 and 8;
+  67.8M / (700K + 12.7K) = 95 typical rollouts fit at their end, 63 at a full window: the hybrid
+  model's engine is not KV-scarce (the GQA stand-in's 192 KiB per token gives 8.1M tokens: 11 and 8;
   the regime map's architecture axis compares both).
 - length growth: turns grow 3x over the 48 steps ((1 + drift)^47 = 3). That rollouts lengthen
   steadily as RL training proceeds is DeepSeek-R1-Zero's Fig. 3 (arXiv 2501.12948: mean response

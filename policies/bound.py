@@ -72,7 +72,7 @@ class _PerExec:
     min_ctx: float  # the smallest context a decode token has
 
 
-def _per_exec(execs, costs: Costs) -> _PerExec:
+def per_exec(execs, costs: Costs) -> _PerExec:
     n = len(execs)
     gen, seg_of = _flat([e.gen for e in execs], n)
     kv, _ = _flat([e.kv for e in execs], n)
@@ -117,7 +117,7 @@ def group_solo_s(groups: list[GroupSpec], costs: Costs) -> np.ndarray:
     if not groups:
         return np.zeros(0)
     sizes = np.fromiter((len(g.executions) for g in groups), np.int64, len(groups))
-    return _group_max(_per_exec([e for g in groups for e in g.executions], costs).solo, sizes)
+    return _group_max(per_exec([e for g in groups for e in g.executions], costs).solo, sizes)
 
 
 def rollout_gpu_s_min(p: _PerExec, costs: Costs) -> float:
@@ -144,7 +144,7 @@ def lower_bound(groups: list[GroupSpec], costs: Costs, n_gpus: int, groups_per_s
     execs = [e for g in groups for e in g.executions]
     if not execs:
         return Bound(work_s=0.0, critical_path_s=0.0, rollout_gpu_s=0.0, train_gpu_s=0.0, eta=eta)
-    p = _per_exec(execs, costs)
+    p = per_exec(execs, costs)
     sizes = np.fromiter((len(g.executions) for g in groups), np.int64, len(groups))
     rollout = rollout_gpu_s_min(p, costs)
     # training GPU-seconds per group: the shared prompt once, then every execution's own tokens

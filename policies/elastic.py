@@ -104,7 +104,7 @@ class Elastic:
 
     def state(self) -> dict:
         """What a resumed real run continues (docs/writing-a-policy.md): the finished executions' and groups' records."""
-        return {k: getattr(self, k) for k in ("segs", "ctx", "seg_s", "started_durations", "group_s", "group_size",
+        return {k: getattr(self, k) for k in ("segs", "ctx", "seg_s", "started_durations", "group_size",
                                               "seen_step", "last_counts", "max_ctx")}
 
     @staticmethod
@@ -133,7 +133,6 @@ class Elastic:
         # the lengths independent of them (in finish order the first are the shortest, and cycling those
         # over a batch's queued executions would predict its last finish far too soon)
         self.started_durations: list[tuple[float, int, float]] = []
-        self.group_s: list[float] = []  # each finished group's first start to last finish
         self.group_of: dict[int, int] = {}  # execution id -> group id
         self.group_size = 1  # executions per group (as the groups admitted show)
         self.seen_step = [0.0, 0]  # sum and count of the mean engine step time sampled at finishes
@@ -157,8 +156,6 @@ class Elastic:
 
         def watched(group, handles):
             watch(group, handles)
-            starts: list[float] = []
-            left = [len(handles)]
             self.group_size = len(group.executions)
             for x in group.executions:
                 self.group_of[x.id] = group.id
@@ -175,10 +172,6 @@ class Elastic:
                 self.ctx.append(0.5 * x.trajectory_tokens)
                 self.seg_s.append((self.cluster.now - t0) / segs)
                 bisect.insort(self.started_durations, (t0, x.id, self.cluster.now - t0))
-                starts.append(t0)
-                left[0] -= 1
-                if left[0] == 0:
-                    self.group_s.append(self.cluster.now - min(starts))
 
             for h in handles:
                 h.on_done(one)
@@ -199,8 +192,7 @@ class Elastic:
 
     def _history(self) -> History:
         mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-        return History(segments=tuple(sorted(self.segs)), seg_s=mean(self.seg_s), group_s=mean(self.group_s),
-                       group_durations=tuple(self.group_s), ctx=mean(self.ctx),
+        return History(segments=tuple(sorted(self.segs)), seg_s=mean(self.seg_s), ctx=mean(self.ctx),
                        live_done=tuple(x.turns_done for x in self.cluster.live()))
 
     # ------------------------------------------------------------------ 1. a batch is ready

@@ -27,7 +27,8 @@ in policies/elastic.py's docstring.
 
 Simplifications: a migrant's re-prefill time is not charged; an execution decodes all of its time (a
 slowdown of its engine delays it in full) and its engine's load stays as the moves leave it (others
-finishing would speed it up again); a group not yet admitted takes `History.group_s` from now.
+finishing would speed it up again); the executions of a group not yet admitted take the finished ones'
+durations, in start order.
 """
 
 from __future__ import annotations
@@ -45,8 +46,6 @@ class History:
 
     segments: tuple[int, ...] = ()  # segments of each finished execution, sorted
     seg_s: float = 0.0  # mean seconds per segment over finished executions
-    group_s: float = 0.0  # mean seconds from a group's first start to its last finish
-    group_durations: tuple[float, ...] = ()  # each finished group's seconds, in finish order
     ctx: float = 0.0  # mean context over a finished execution's life: half its trajectory tokens (it grows ~linearly)
     live_done: tuple[int, ...] = ()  # segments each live execution has completed (it has more to come)
 

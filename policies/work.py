@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gyre.hardware import Costs
-from gyre.policies.bound import _per_exec  # the bound's per-execution solo latency
+from gyre.policies.bound import per_exec  # the bound's per-execution solo latency
 from gyre.workload import GroupSpec
 
 END_DEADLINE = 2  # the finish record's end field: 0 done, 1 capped, 2 deadline (gyre.metrics)
@@ -28,7 +28,7 @@ def scheduler_cuts(log: Iterable[tuple], groups: list[GroupSpec], costs: Costs) 
     """{"sched_cuts": executions cut by their deadline that would have finished within it alone,
     "sched_cut_tokens_lost": the tokens they did not decode} over the executions of `groups`."""
     execs = [e for g in groups for e in g.executions]
-    solo = _per_exec(execs, costs).solo if execs else []
+    solo = per_exec(execs, costs).solo if execs else []
     spec = {e.exec_id: (e, float(s)) for e, s in zip(execs, solo)}
     last: dict[int, tuple] = {}
     for r in log:

@@ -104,7 +104,7 @@ def test_a_killed_elastic_run_resumes_its_trainer_tasks_and_policy_state(pool, t
         run_real(cfg, pol, pool=pool, on_tick=kill)
     assert seen, "never killed"
     saved = saved_policy_state(ck)["state"]
-    assert saved["group_s"], f"no finished group recorded in the saved state {saved}"
+    assert saved["started_durations"], f"no finished execution recorded in the saved state {saved}"
     for k, v in saved.items():  # records only grow: what the checkpointed step saw is what the policy held then
         held = seen["state"][k]
         assert (v == held[: len(v)]) if isinstance(v, list) else k in ("max_ctx", "last_counts", "seen_step", "group_size"), \

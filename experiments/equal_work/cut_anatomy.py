@@ -20,7 +20,7 @@ import numpy as np
 
 from gyre.config import override
 from gyre.hardware import admission_limit
-from gyre.policies.bound import _per_exec
+from gyre.policies.bound import per_exec
 from gyre.presets import get_preset
 from gyre.sim import engine as sim_engine
 from gyre.sim.runner import simulate
@@ -79,7 +79,7 @@ def main() -> None:
         undo()
     costs, log = res.costs, res.log
     execs = [e for g in res.groups for e in g.executions]
-    solo = _per_exec(execs, costs).solo
+    solo = per_exec(execs, costs).solo
     spec = {e.exec_id: (e, float(s)) for e, s in zip(execs, solo)}
     drawn, group_of = {}, {e.exec_id: e.group_id for e in execs}
     start, fin, where = {}, {}, defaultdict(list)  # where: (t, engine or None)
