@@ -97,12 +97,14 @@ def test_a_killed_elastic_run_resumes_its_trainer_tasks_and_policy_state(pool, t
         untrained = [g.task_id for g in c.groups.values() if g.id not in trained]
         if c.version >= 2 and len(called) == c.version and untrained:
             seen.update(version=c.version, untrained=untrained, drawn=max(g.task_id for g in c.groups.values()),
+                        base=c.base_version,
                         state=copy.deepcopy(pol.state()))
             raise Killed("killed after a checkpointed step")
 
     with pytest.raises(Killed):
         run_real(cfg, pol, pool=pool, on_tick=kill)
     assert seen, "never killed"
+    assert seen["base"] == 0, "a fresh run starts at version 0"
     saved = saved_policy_state(ck)["state"]
     assert saved["started_durations"], f"no finished execution recorded in the saved state {saved}"
     for k, v in saved.items():  # records only grow: what the checkpointed step saw is what the policy held then
