@@ -2,8 +2,11 @@
 
 Each GPU-second of [0, makespan] lands in exactly one term (GPU-seconds):
 
-- `rollout_decoding`: a rollout engine with at least one sequence decoding (the log's "busy" records), less
-  the two shares carved out of it below;
+- `rollout_decoding`: a rollout engine with at least one sequence decoding (the log's "busy" records) while it
+  holds at least half of `full_at` executions (all of the time when `full_at` is not given), less the two
+  shares carved out of it below;
+- `rollout_thin`: the same while it holds fewer than half of `full_at` (the admission limit): a thinning tail
+  decoding at a fraction of a full engine's throughput;
 - `weight_sync`: a rollout engine paused for a weight sync (each "sync" record ends a pause of `sync_s`);
 - `kv_reprefill`: re-prefill of contexts that KV pressure freed (the "preempt" records' GPU-seconds, the
   cost model's price of recomputing them, charged at the preemption; carved out of `rollout_decoding`,
@@ -31,7 +34,7 @@ from collections import defaultdict
 from gyre.cluster import Role
 from gyre.metrics import by_kind
 
-TERMS = ("rollout_decoding", "weight_sync", "kv_reprefill", "rollout_waiting", "rollout_empty", "train",
+TERMS = ("rollout_decoding", "rollout_thin", "weight_sync", "kv_reprefill", "rollout_waiting", "rollout_empty", "train",
          "switching", "idle")
 _ROLE_TERM = {int(Role.IDLE): "idle", int(Role.TRAIN): "train", int(Role.SWITCHING): "switching"}
 
@@ -91,9 +94,10 @@ def _engine_events(kinds: dict[str, list[tuple]], sync_s: float) -> dict[int, li
     return ev
 
 
-def decompose(log: list[tuple], n_gpus: int, sync_s: float) -> dict[str, float]:
+def decompose(log: list[tuple], n_gpus: int, sync_s: float, full_at: int = 0) -> dict[str, float]:
     """GPU-seconds per term of TERMS (module docstring) over [0, makespan], makespan = the last step's end;
-    `sync_s` is the run's weight-sync pause (Costs.sync_s)."""
+    `sync_s` is the run's weight-sync pause (Costs.sync_s), `full_at` the executions a full engine holds
+    (the admission limit; 0: no engine counts as thin)."""
     kinds = by_kind(log)
     steps = kinds.get("step", [])
     makespan = max((r[1] for r in steps), default=0.0)
@@ -108,7 +112,8 @@ def decompose(log: list[tuple], n_gpus: int, sync_s: float) -> dict[str, float]:
         for t, what, d in events.get(eid, []) + [(end, "end", 0)]:
             t = min(max(t, up), end)
             if t > t0:
-                term = ("weight_sync" if pause > 0 else "rollout_decoding" if busy > 0
+                term = ("weight_sync" if pause > 0
+                        else ("rollout_thin" if 2 * members < full_at else "rollout_decoding") if busy > 0
                         else "rollout_waiting" if members > 0 else "rollout_empty")
                 out[term] += (t - t0) * k
                 t0 = t
@@ -119,7 +124,7 @@ def decompose(log: list[tuple], n_gpus: int, sync_s: float) -> dict[str, float]:
             elif what == "pause":
                 pause += d
     rollout = roles.get(int(Role.ROLLOUT), 0.0)
-    swept = out["rollout_decoding"] + out["weight_sync"] + out["rollout_waiting"] + out["rollout_empty"]
+    swept = sum(out[k] for k in ("rollout_decoding", "rollout_thin", "weight_sync", "rollout_waiting", "rollout_empty"))
     if abs(swept - rollout) > 1e-6 * max(1.0, n_gpus * makespan):
         raise ValueError(f"rollout GPU-seconds {rollout:.6g} from the role records, {swept:.6g} inside engine "
                          "lives: the log has rollout time outside one engine life (injected faults?)")

@@ -1,0 +1,79 @@
+"""The physics behind a regime-map cell, from the cost model and the workload alone (no simulation).
+
+For one cell's RunConfig (run.py's `cell_config`): what an engine holds (KV tokens, the admission limit of
+executions at the cell's window, a hybrid model's per-sequence state), and one training step's batch (the
+first step's groups as the workload draws them) priced both ways:
+
+- training: `Costs.train_time` of the batch's tokens and attention context sum (as the simulator charges a
+  step) on the trainer's minimum GPUs and on all N;
+- rollout throughput: engine-seconds to decode every generated token with the engine full (the admission
+  limit's sequences at the batch's token-weighted mean context, `Costs.step_time`), plus every tool output's
+  prefill at its least cost per token (`Costs.min_prefill_s_per_token`), spread over the engines of N - the
+  trainer minimum GPUs (async's largest rollout side) and of all N (colocate);
+- rollout latency (the tail): a group is done when its slowest execution is; over the step's groups, the
+  median of that slowest execution's decode alone on an engine (`Costs.decode_s_per_token`) plus its tool
+  seconds, and the same at a full engine's pace, capped at its deadline: no split of GPUs makes a typical
+  group finish sooner than the first figure.
+
+Assumes the first step's groups stand for the run's (growth lengthens later steps) and the engine pace of a
+full engine (real engines run partly empty in the tail, which only lengthens rollout).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gyre.hardware import admission_limit, group_train_attention_ctx
+from gyre.workload import sample_group
+
+
+def _step_groups(cfg):
+    w = cfg.workload
+    return [sample_group(w, g, 0, cfg.seed) for g in range(w.groups_per_step)]
+
+
+def cell_physics(cfg) -> dict[str, float]:
+    """The figures of the module docstring for one cell (seconds, tokens, counts)."""
+    c = cfg.costs()
+    n_gpus, window = cfg.cluster.gpus, cfg.workload.context_window
+    limit = admission_limit(c.kv_capacity_tokens, window, c.admission_fill, c.state_tokens)
+    if c.max_num_seqs:
+        limit = min(limit, c.max_num_seqs)
+    groups = _step_groups(cfg)
+    execs = [e for g in groups for e in g.executions]
+    tokens = sum(g.executions[0].prompt + sum(e.tokens - e.prompt for e in g.executions) for g in groups)
+    attn = sum(group_train_attention_ctx(g.executions) for g in groups)
+    gen = np.concatenate([np.asarray(e.gen, float) for e in execs])
+    mid = np.concatenate([np.asarray(e.kv, float) + np.asarray(e.gen, float) / 2 for e in execs])
+    mean_ctx = float((gen * mid).sum() / gen.sum())
+    full_step = c.step_time(limit, limit * mean_ctx)  # one token of every sequence of a full engine
+    decode_engine_s = float(gen.sum()) * full_step / limit
+    out_tok = np.concatenate([np.asarray(e.tool_out, float) for e in execs if e.tool_out] or [np.zeros(0)])
+    out_at = np.concatenate([np.asarray(e.kv[1:], float) - np.asarray(e.tool_out, float)
+                             for e in execs if e.tool_out] or [np.zeros(0)])
+    prefill_engine_s = float((out_tok * c.min_prefill_s_per_token(out_at)).sum())
+    def alone(e) -> float:  # decode alone + tools, capped at the deadline
+        pace = c.decode_s_per_token(np.add(e.kv, np.divide(e.gen, 2)))
+        return min(e.deadline_s, float(np.dot(e.gen, pace)) + sum(e.tool_s))
+
+    def full(e) -> float:  # decode at a full engine's pace + tools, capped at the deadline
+        return min(e.deadline_s, sum(g * c.step_time(limit, limit * (k + g / 2)) for g, k in zip(e.gen, e.kv))
+                   + sum(e.tool_s))
+
+    tail_alone = float(np.median([max(map(alone, g.executions)) for g in groups]))
+    tail_full = float(np.median([max(map(full, g.executions)) for g in groups]))
+    engines_free = (n_gpus - c.min_train_gpus) // c.engine_gpus
+    engines_all = n_gpus // c.engine_gpus
+    rollout_engine_s = decode_engine_s + prefill_engine_s
+    return {
+        "engine_gpus": c.engine_gpus, "kv_tokens_per_engine": c.kv_capacity_tokens, "state_tokens": c.state_tokens,
+        "execs_per_engine": limit, "executions_per_step": len(execs),
+        "engines_for_a_step": -(-len(execs) // limit), "trainer_min": c.min_train_gpus,
+        "step_tokens": tokens, "mean_decode_ctx": mean_ctx,
+        "train_s_at_min": c.train_time(tokens, c.min_train_gpus, attn),
+        "train_s_at_N": c.train_time(tokens, n_gpus, attn),
+        "rollout_engine_s": rollout_engine_s, "prefill_share": prefill_engine_s / rollout_engine_s,
+        "rollout_s_on_N_minus_min": rollout_engine_s / max(engines_free, 1),
+        "rollout_s_on_N": rollout_engine_s / engines_all, "group_tail_alone_s": tail_alone,
+        "group_tail_full_engine_s": tail_full,
+    }
