@@ -34,8 +34,8 @@ from collections import defaultdict
 from gyre.cluster import Role
 from gyre.metrics import by_kind
 
-TERMS = ("rollout_decoding", "rollout_thin", "weight_sync", "kv_reprefill", "rollout_waiting", "rollout_empty", "train",
-         "switching", "idle")
+TERMS = ("rollout_decoding", "rollout_thin", "weight_sync", "kv_reprefill", "rollout_waiting", "rollout_empty",
+         "train", "switching", "idle")
 _ROLE_TERM = {int(Role.IDLE): "idle", int(Role.TRAIN): "train", int(Role.SWITCHING): "switching"}
 
 
@@ -124,7 +124,7 @@ def decompose(log: list[tuple], n_gpus: int, sync_s: float, full_at: int = 0) ->
             elif what == "pause":
                 pause += d
     rollout = roles.get(int(Role.ROLLOUT), 0.0)
-    swept = sum(out[k] for k in ("rollout_decoding", "rollout_thin", "weight_sync", "rollout_waiting", "rollout_empty"))
+    swept = sum(out[k] for k in TERMS if k not in ("kv_reprefill", *_ROLE_TERM.values()))
     if abs(swept - rollout) > 1e-6 * max(1.0, n_gpus * makespan):
         raise ValueError(f"rollout GPU-seconds {rollout:.6g} from the role records, {swept:.6g} inside engine "
                          "lives: the log has rollout time outside one engine life (injected faults?)")

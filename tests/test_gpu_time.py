@@ -29,8 +29,8 @@ def test_colocate_hand_timeline_terms():
     c.run(make_policy("colocate"), steps=1)
     got = decompose(c.log, 2, sync_s=1.0)
     # switching: wake + sync 0-3 s, sleep 6-7 s, onload 7-7.5 s on both GPUs = 2 x 4.5; train 7.5-10.25 s x 2
-    want = {"rollout_decoding": 1.5 + 3.0, "rollout_thin": 0.0, "weight_sync": 0.0, "kv_reprefill": 0.0, "rollout_waiting": 1.0,
-            "rollout_empty": 0.5, "train": 5.5, "switching": 9.0, "idle": 0.0}
+    want = {"rollout_decoding": 1.5 + 3.0, "rollout_thin": 0.0, "weight_sync": 0.0, "kv_reprefill": 0.0,
+            "rollout_waiting": 1.0, "rollout_empty": 0.5, "train": 5.5, "switching": 9.0, "idle": 0.0}
     assert got == pytest.approx(want, abs=1e-9), got
     assert _total(got) == pytest.approx(2 * 10.25, abs=1e-9), "terms do not add up to GPUs x makespan"
     # each engine holds one execution: thin when a full engine holds 4 (1 < 4 / 2), not when it holds 2
@@ -50,8 +50,8 @@ def test_async_hand_timeline_sync_and_idle():
     # GPU 0: wake + sync 0-3 s, decoding 3-5 s, empty 5-8.5 s, sync 8.5-9.5 s, empty 9.5-12.5 s (the sync ending
     # at 13.5 s lies after the last step). GPU 1: idle 0-5 s, onload 5-5.5 s, train 5.5-8.5 s (300 tokens x
     # 0.01 s), idle 8.5-9.5 s (the second group is trained after the sync), train 9.5-12.5 s.
-    want = {"rollout_decoding": 2.0, "rollout_thin": 0.0, "weight_sync": 1.0, "kv_reprefill": 0.0, "rollout_waiting": 0.0,
-            "rollout_empty": 3.5 + 3.0, "train": 6.0, "switching": 3.0 + 0.5, "idle": 5.0 + 1.0}
+    want = {"rollout_decoding": 2.0, "rollout_thin": 0.0, "weight_sync": 1.0, "kv_reprefill": 0.0,
+            "rollout_waiting": 0.0, "rollout_empty": 3.5 + 3.0, "train": 6.0, "switching": 3.0 + 0.5, "idle": 5.0 + 1.0}
     assert got == pytest.approx(want, abs=1e-9), got
     assert _total(got) == pytest.approx(2 * 12.5, abs=1e-9), "terms do not add up to GPUs x makespan"
 
@@ -65,7 +65,8 @@ def _tight(cfg, util: float):
 def test_kv_pressure_run_adds_up(policy):
     """A run whose contexts overflow KV: the terms add up to GPUs x makespan, the re-prefill term is the log's
     preemption GPU-seconds, and the role terms equal gyre.metrics' role accounting."""
-    cfg = override(tiny_config(gpus=4, seed=1, groups_per_step=10, group_size=4), **{"workload.deadline_s": float("inf")})
+    cfg = tiny_config(gpus=4, seed=1, groups_per_step=10, group_size=4)
+    cfg = override(cfg, **{"workload.deadline_s": float("inf")})
     cfg = _tight(cfg, 0.1256)
     r = simulate(cfg, policy, {} if policy == "colocate" else {"eta": 2})
     got = decompose(r.log, cfg.cluster.gpus, r.costs.sync_s, full_at=4)
@@ -76,13 +77,13 @@ def test_kv_pressure_run_adds_up(policy):
     gs = r.metrics.gpu_seconds
     for term in ("train", "switching", "idle"):
         assert got[term] == pytest.approx(gs[term], abs=1e-6), (term, got[term], gs[term])
-    rollout = sum(got[k] for k in ("rollout_decoding", "rollout_thin", "weight_sync", "kv_reprefill", "rollout_waiting", "rollout_empty"))
+    rollout = sum(got[k] for k in TERMS if k not in ("train", "switching", "idle"))
     assert rollout == pytest.approx(gs["rollout_busy"] + gs["rollout_idle"], abs=1e-6), (rollout, gs)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), gpus=st.sampled_from([4, 6, 8]), policy=st.sampled_from(["colocate", "async", "elastic"]),
-       eta=st.integers(0, 3))
+@given(seed=st.integers(0, 10_000), gpus=st.sampled_from([4, 6, 8]),
+       policy=st.sampled_from(["colocate", "async", "elastic"]), eta=st.integers(0, 3))
 def test_terms_add_up_on_random_runs(seed, gpus, policy, eta):
     """On random tiny runs under every policy each term is >= 0 and the terms add up to GPUs x makespan."""
     cfg = tiny_config(gpus=gpus, seed=seed, steps=2)

@@ -35,7 +35,8 @@ from gyre.sim.runner import simulate  # noqa: E402
 from gyre.sim.workers import process_pool  # noqa: E402
 
 CELL = ["arch", "window", "gpus", "growth", "training"]
-LABELS = {"rollout_decoding": "rollout: decoding", "rollout_thin": "rollout: decoding, engine under half its admission limit", "weight_sync": "rollout: weight sync",
+LABELS = {"rollout_decoding": "rollout: decoding",
+          "rollout_thin": "rollout: decoding, engine under half its admission limit", "weight_sync": "rollout: weight sync",
           "kv_reprefill": "rollout: KV re-prefill", "rollout_waiting": "rollout: none decoding (tools, prefill)",
           "rollout_empty": "rollout: engine empty (tail)", "train": "train", "switching": "role switches",
           "idle": "idle (trainer waits for a batch)"}
