@@ -3,8 +3,8 @@
 For every cell of a regime map already run (`run.py ... --name MAP`, whose CSV names each cell's equal-work
 async split and its pilot split), re-run colocate, async at the map's hindsight split (the fastest at equal
 work), async at the pilot's split when it differs, and elastic, all at the map's eta and steps (the simulator
-is deterministic: the makespans equal the map's, which this checks), and split each run's N x makespan into
-gyre.gpu_time's terms. Elastic's gain over a baseline B is then N x (T_B - T_elastic) = sum over terms of
+is deterministic: the makespans equal the map's, which this checks; --plot-only redraws from the CSV), and
+split each run's N x makespan into gyre.gpu_time's terms. Elastic's gain over a baseline B is then N x (T_B - T_elastic) = sum over terms of
 (term_B - term_elastic): the terms that shrink are where the gain comes from.
 
 Writes results/explain_<MAP>.csv (one row per cell, policy and term: GPU-hours, share of N x makespan),
@@ -36,7 +36,8 @@ from gyre.sim.workers import process_pool  # noqa: E402
 
 CELL = ["arch", "window", "gpus", "growth", "training"]
 LABELS = {"rollout_decoding": "rollout: decoding",
-          "rollout_thin": "rollout: decoding, engine under half its admission limit", "weight_sync": "rollout: weight sync",
+          "rollout_thin": "rollout: decoding, engine under half its admission limit",
+          "weight_sync": "rollout: weight sync",
           "kv_reprefill": "rollout: KV re-prefill", "rollout_waiting": "rollout: none decoding (tools, prefill)",
           "rollout_empty": "rollout: engine empty (tail)", "train": "train", "switching": "role switches",
           "idle": "idle (trainer waits for a batch)"}
@@ -112,8 +113,8 @@ def figure(terms: pd.DataFrame, phys: pd.DataFrame, arch: str, path: Path) -> No
         ph = phys[(phys.arch == arch) & (phys.window == cell[0]) & (phys.gpus == cell[1])].iloc[0]
         ax.set_title(f"{cell[1]} GPUs, window {cell[0] // 1024}K, growth {cell[2]}, {cell[3]} training: "
                      f"{ph.execs_per_engine} executions/engine, train {ph.train_s_at_min / 3600:.2f} h/step on "
-                     f"{ph.trainer_min}, rollout {ph.rollout_s_on_N_minus_min / 3600:.2f} h/step on the rest, "
-                     f"group tail {ph.group_tail_alone_s / 3600:.2f} h", fontsize=8)
+                     f"{ph.trainer_min}, rollout {ph.rollout_s_on_N_minus_min / 3600:.2f} h/step on the rest "
+                     f"(balanced R {ph.balanced_R:.0f}), group tail {ph.group_tail_alone_s / 3600:.2f} h", fontsize=8)
         ax.set_xlim(0, max(left) * 1.12)
     axes[-1, 0].set_xlabel("GPU-hours (thousands) = GPUs x makespan, split by what the GPUs did")
     handles, labels = axes[0, 0].get_legend_handles_labels()
@@ -137,12 +138,12 @@ def main() -> None:
     if "arch" not in m:
         ap.error(f"--map: {src} has no arch column (made before the architecture axis)")
     out = OUT / f"explain_{a.map}"
+    phys = pd.DataFrame([{**{c: getattr(row, c) for c in CELL}, **cell_physics(_cell_cfg(row, int(row.steps)))}
+                         for row in m.itertuples()])  # the cost model only: seconds, redone every time
     if a.plot_only:
-        terms, phys = pd.read_csv(f"{out}.csv"), pd.read_csv(f"{out}_physics.csv")
+        terms = pd.read_csv(f"{out}.csv")
     else:
         t0 = time.perf_counter()
-        phys = pd.DataFrame([{**{c: getattr(row, c) for c in CELL}, **cell_physics(_cell_cfg(row, int(row.steps)))}
-                             for row in m.itertuples()])
         jobs = jobs_for(m)
         with process_pool(a.jobs) as pool:
             res = list(pool.map(_run, jobs))
@@ -155,14 +156,18 @@ def main() -> None:
                              "sched_cuts": cuts, **cnt, "term": term, "gpu_h": terms[term] / 3600,
                              "share": terms[term] / (n * span)})
         terms = pd.DataFrame(rows)
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-        terms["commit"] = phys["commit"] = commit
+        def git(*args: str) -> str:
+            here = Path(__file__).parent
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=here).stdout.strip()
+
+        commit = git("rev-parse", "--short", "HEAD")
+        terms["commit"] = commit
+        terms["policies_commit"] = git("log", "-1", "--format=%h", "--", "policies")  # the last change to elastic
         terms.to_csv(f"{out}.csv", index=False)
-        phys.to_csv(f"{out}_physics.csv", index=False)
         gains(terms).to_csv(f"{out}_gain.csv", index=False)
         print(f"{len(jobs)} runs in {time.perf_counter() - t0:.0f} s with {a.jobs} workers (commit {commit})")
         _check_against_map(terms, m)
+    phys.to_csv(f"{out}_physics.csv", index=False)
     for arch in dict.fromkeys(terms.arch):
         figure(terms, phys, arch, Path(f"{out}_{arch}.png"))
     g = gains(terms)

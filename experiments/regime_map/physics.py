@@ -10,6 +10,10 @@ first step's groups as the workload draws them) priced both ways:
   limit's sequences at the batch's token-weighted mean context, `Costs.step_time`), plus every tool output's
   prefill at its least cost per token (`Costs.min_prefill_s_per_token`), spread over the engines of N - the
   trainer minimum GPUs (async's largest rollout side) and of all N (colocate);
+- the balance of the two in GPU-seconds per step (training on the minimum is linear in GPUs, so its
+  GPU-seconds do not depend on the trainer's size): the split R that makes a fixed split's two sides take
+  equally long, N x rollout / (rollout + training), and the work-conserving step time (rollout + training) / N
+  that no allocation beats on throughput;
 - rollout latency (the tail): a group is done when its slowest execution is; over the step's groups, the
   median of that slowest execution's decode alone on an engine (`Costs.decode_s_per_token`) plus its tool
   seconds, and the same at a full engine's pace, capped at its deadline: no split of GPUs makes a typical
@@ -65,6 +69,8 @@ def cell_physics(cfg) -> dict[str, float]:
     engines_free = (n_gpus - c.min_train_gpus) // c.engine_gpus
     engines_all = n_gpus // c.engine_gpus
     rollout_engine_s = decode_engine_s + prefill_engine_s
+    roll_gpu_s = rollout_engine_s * c.engine_gpus
+    train_gpu_s = c.train_time(tokens, c.min_train_gpus, attn) * c.min_train_gpus
     return {
         "engine_gpus": c.engine_gpus, "kv_tokens_per_engine": c.kv_capacity_tokens, "state_tokens": c.state_tokens,
         "execs_per_engine": limit, "executions_per_step": len(execs),
@@ -74,6 +80,8 @@ def cell_physics(cfg) -> dict[str, float]:
         "train_s_at_N": c.train_time(tokens, n_gpus, attn),
         "rollout_engine_s": rollout_engine_s, "prefill_share": prefill_engine_s / rollout_engine_s,
         "rollout_s_on_N_minus_min": rollout_engine_s / max(engines_free, 1),
-        "rollout_s_on_N": rollout_engine_s / engines_all, "group_tail_alone_s": tail_alone,
+        "rollout_s_on_N": rollout_engine_s / engines_all, "rollout_gpu_h": roll_gpu_s / 3600,
+        "train_gpu_h": train_gpu_s / 3600, "balanced_R": n_gpus * roll_gpu_s / (roll_gpu_s + train_gpu_s),
+        "work_step_s": (roll_gpu_s + train_gpu_s) / n_gpus, "group_tail_alone_s": tail_alone,
         "group_tail_full_engine_s": tail_full,
     }
