@@ -4,8 +4,9 @@ For every cell of a regime map already run (`run.py ... --name MAP`, whose CSV n
 async split and its pilot split), re-run colocate, async at the map's hindsight split (the fastest at equal
 work), async at the pilot's split when it differs, and elastic, all at the map's eta and steps (the simulator
 is deterministic: the makespans equal the map's, which this checks; --plot-only redraws from the CSV), and
-split each run's N x makespan into gyre.gpu_time's terms. Elastic's gain over a baseline B is then N x (T_B - T_elastic) = sum over terms of
-(term_B - term_elastic): the terms that shrink are where the gain comes from.
+split each run's N x makespan into gyre.gpu_time's terms. Elastic's gain over a baseline B is then
+N x (T_B - T_elastic) = sum over terms of (term_B - term_elastic): the terms that shrink are where the gain
+comes from.
 
 Writes results/explain_<MAP>.csv (one row per cell, policy and term: GPU-hours, share of N x makespan),
 results/explain_<MAP>_gain.csv (per cell and baseline: each term's GPU-hours saved by elastic and its share
