@@ -16,7 +16,9 @@ Each GPU-second of [0, makespan] lands in exactly one term (GPU-seconds):
 - `rollout_empty`: a rollout engine holding no execution (waiting for the tail elsewhere, or for work);
 - `train`: GPUs training a step;
 - `switching`: role switches (engine wake + weight load, engine sleep, trainer onload);
-- `idle`: GPUs in no role (a trainer waiting for its batch, or GPUs no policy placed).
+- `idle_first_batch`: GPUs in no role before the first training step starts (a trainer waiting for its first
+  batch, which no policy can train sooner than the first groups finish);
+- `idle`: GPUs in no role after that (a trainer waiting for its next batch, or GPUs no policy placed).
 
 The role terms come from the "role" records (gyre.pool); the four rollout terms from a sweep over each
 engine's records between its "engine_up" and the first role change of its GPUs away from rollout: busy
@@ -35,22 +37,32 @@ from gyre.cluster import Role
 from gyre.metrics import by_kind
 
 TERMS = ("rollout_decoding", "rollout_thin", "weight_sync", "kv_reprefill", "rollout_waiting", "rollout_empty",
-         "train", "switching", "idle")
+         "train", "switching", "idle_first_batch", "idle")
 _ROLE_TERM = {int(Role.IDLE): "idle", int(Role.TRAIN): "train", int(Role.SWITCHING): "switching"}
 
 
-def _role_seconds(roles: list[tuple], n_gpus: int, makespan: float) -> dict[int, float]:
-    """GPU-seconds per role over [0, makespan]; every GPU starts idle."""
+def _role_seconds(roles: list[tuple], n_gpus: int, makespan: float) -> tuple[dict[int, float], float]:
+    """GPU-seconds per role over [0, makespan] (every GPU starts idle), and the idle ones before the first
+    GPU starts training."""
+    first = min((t for _, t, _, r in roles if r == int(Role.TRAIN)), default=makespan)
     role, since = [int(Role.IDLE)] * n_gpus, [0.0] * n_gpus
     out: dict[int, float] = defaultdict(float)
+    early = 0.0
+
+    def close(g: int, t: float) -> None:
+        nonlocal early
+        out[role[g]] += t - since[g]
+        if role[g] == int(Role.IDLE):
+            early += max(0.0, min(t, first) - since[g])
+
     for _, t, gpus, r in roles:
         t = min(t, makespan)
         for g in gpus:
-            out[role[g]] += t - since[g]
+            close(g, t)
             role[g], since[g] = r, t
     for g in range(n_gpus):
-        out[role[g]] += makespan - since[g]
-    return out
+        close(g, makespan)
+    return out, early
 
 
 def _engine_lives(log: list[tuple], makespan: float) -> dict[int, tuple[float, float, int]]:
@@ -101,10 +113,11 @@ def decompose(log: list[tuple], n_gpus: int, sync_s: float, full_at: int = 0) ->
     kinds = by_kind(log)
     steps = kinds.get("step", [])
     makespan = max((r[1] for r in steps), default=0.0)
-    roles = _role_seconds(kinds.get("role", []), n_gpus, makespan)
+    roles, early = _role_seconds(kinds.get("role", []), n_gpus, makespan)
     out = dict.fromkeys(TERMS, 0.0)
     for r, term in _ROLE_TERM.items():
         out[term] = roles.get(r, 0.0)
+    out["idle_first_batch"], out["idle"] = early, out["idle"] - early
     events = _engine_events(kinds, sync_s)
     for eid, (up, end, k) in _engine_lives(log, makespan).items():
         busy = members = pause = 0
@@ -124,7 +137,7 @@ def decompose(log: list[tuple], n_gpus: int, sync_s: float, full_at: int = 0) ->
             elif what == "pause":
                 pause += d
     rollout = roles.get(int(Role.ROLLOUT), 0.0)
-    swept = sum(out[k] for k in TERMS if k not in ("kv_reprefill", *_ROLE_TERM.values()))
+    swept = sum(out[k] for k in TERMS if k not in ("kv_reprefill", "idle_first_batch", *_ROLE_TERM.values()))
     if abs(swept - rollout) > 1e-6 * max(1.0, n_gpus * makespan):
         raise ValueError(f"rollout GPU-seconds {rollout:.6g} from the role records, {swept:.6g} inside engine "
                          "lives: the log has rollout time outside one engine life (injected faults?)")

@@ -30,7 +30,8 @@ def test_colocate_hand_timeline_terms():
     got = decompose(c.log, 2, sync_s=1.0)
     # switching: wake + sync 0-3 s, sleep 6-7 s, onload 7-7.5 s on both GPUs = 2 x 4.5; train 7.5-10.25 s x 2
     want = {"rollout_decoding": 1.5 + 3.0, "rollout_thin": 0.0, "weight_sync": 0.0, "kv_reprefill": 0.0,
-            "rollout_waiting": 1.0, "rollout_empty": 0.5, "train": 5.5, "switching": 9.0, "idle": 0.0}
+            "rollout_waiting": 1.0, "rollout_empty": 0.5, "train": 5.5, "switching": 9.0, "idle_first_batch": 0.0,
+            "idle": 0.0}
     assert got == pytest.approx(want, abs=1e-9), got
     assert _total(got) == pytest.approx(2 * 10.25, abs=1e-9), "terms do not add up to GPUs x makespan"
     # each engine holds one execution: thin when a full engine holds 4 (1 < 4 / 2), not when it holds 2
@@ -51,7 +52,8 @@ def test_async_hand_timeline_sync_and_idle():
     # at 13.5 s lies after the last step). GPU 1: idle 0-5 s, onload 5-5.5 s, train 5.5-8.5 s (300 tokens x
     # 0.01 s), idle 8.5-9.5 s (the second group is trained after the sync), train 9.5-12.5 s.
     want = {"rollout_decoding": 2.0, "rollout_thin": 0.0, "weight_sync": 1.0, "kv_reprefill": 0.0,
-            "rollout_waiting": 0.0, "rollout_empty": 3.5 + 3.0, "train": 6.0, "switching": 3.0 + 0.5, "idle": 5.0 + 1.0}
+            "rollout_waiting": 0.0, "rollout_empty": 3.5 + 3.0, "train": 6.0, "switching": 3.0 + 0.5,
+            "idle_first_batch": 5.0, "idle": 1.0}
     assert got == pytest.approx(want, abs=1e-9), got
     assert _total(got) == pytest.approx(2 * 12.5, abs=1e-9), "terms do not add up to GPUs x makespan"
 
@@ -75,9 +77,10 @@ def test_kv_pressure_run_adds_up(policy):
     assert preempt > 0 or policy == "elastic", f"{policy} never preempted: the scenario lost its KV pressure"
     assert got["kv_reprefill"] == pytest.approx(min(preempt, got["kv_reprefill"] + got["rollout_decoding"])), got
     gs = r.metrics.gpu_seconds
+    got_idle = dict(got, idle=got["idle"] + got["idle_first_batch"])
     for term in ("train", "switching", "idle"):
-        assert got[term] == pytest.approx(gs[term], abs=1e-6), (term, got[term], gs[term])
-    rollout = sum(got[k] for k in TERMS if k not in ("train", "switching", "idle"))
+        assert got_idle[term] == pytest.approx(gs[term], abs=1e-6), (term, got_idle[term], gs[term])
+    rollout = sum(got[k] for k in TERMS if k not in ("train", "switching", "idle", "idle_first_batch"))
     assert rollout == pytest.approx(gs["rollout_busy"] + gs["rollout_idle"], abs=1e-6), (rollout, gs)
 
 

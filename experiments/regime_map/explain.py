@@ -41,10 +41,11 @@ LABELS = {"rollout_decoding": "rollout: decoding",
           "weight_sync": "rollout: weight sync",
           "kv_reprefill": "rollout: KV re-prefill", "rollout_waiting": "rollout: none decoding (tools, prefill)",
           "rollout_empty": "rollout: engine empty (tail)", "train": "train", "switching": "role switches",
-          "idle": "idle (trainer waits for a batch)"}
+          "idle_first_batch": "idle before the first step (trainer waits for its first batch)",
+          "idle": "idle after it (trainer waits for a batch)"}
 COLORS = {"rollout_decoding": "#2b7bba", "rollout_thin": "#807dba", "weight_sync": "#9ecae1", "kv_reprefill": "#e6550d",
           "rollout_waiting": "#6baed6", "rollout_empty": "#c6dbef", "train": "#31a354", "switching": "#fdae6b",
-          "idle": "#bdbdbd"}
+          "idle_first_batch": "#969696", "idle": "#d9d9d9"}
 
 
 def _cell_cfg(row, steps: int):
