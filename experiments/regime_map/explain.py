@@ -91,6 +91,35 @@ def gains(terms: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+GROUPS = {"decoding (full + thin)": ("rollout_decoding", "rollout_thin"), "engines empty": ("rollout_empty",),
+          "none decoding": ("rollout_waiting",), "idle, first batch": ("idle_first_batch",), "idle, later": ("idle",),
+          "sync, switches, re-prefill": ("weight_sync", "switching", "kv_reprefill"), "train": ("train",)}
+
+
+def markdown(terms: pd.DataFrame, phys: pd.DataFrame, m: pd.DataFrame) -> str:
+    """The README's tables: the physics per cell, and elastic's GPU-hours saved per group of terms."""
+    lines = ["| arch | GPUs | KV tokens / engine | executions / engine | train GPU-h / step | rollout GPU-h / step "
+             "| balanced R | work-conserving step (h) | group tail alone (h) |", "|" + "---|" * 9]
+    for p in phys.itertuples():
+        lines.append(f"| {p.arch} | {p.gpus:,} | {p.kv_tokens_per_engine / 1e6:.1f}M | {p.execs_per_engine} | "
+                     f"{p.train_gpu_h:,.0f} | {p.rollout_gpu_h:,.0f} | {p.balanced_R:.0f} | {p.work_step_s / 3600:.2f} "
+                     f"| {p.group_tail_alone_s / 3600:.2f} |")
+    lines += ["", "| arch | window | GPUs | growth | training | baseline (R) | baseline h | elastic h | speedup | "
+              "GPU-h saved | " + " | ".join(GROUPS) + " | sched cuts baseline / elastic |",
+              "|" + "---|" * (11 + len(GROUPS))]
+    g = gains(terms)
+    span = terms.groupby(CELL + ["policy"], sort=False)[["makespan_s", "sched_cuts", "rollout_gpus"]].first()
+    for (key, base), d in g.groupby([g[CELL].apply(tuple, axis=1), "baseline"], sort=False):
+        saved = d.set_index("term")["saved_gpu_h"]
+        b, e = span.loc[(*key, base)], span.loc[(*key, "elastic")]
+        r = f" ({int(b.rollout_gpus)})" if b.rollout_gpus else ""
+        cells = " | ".join(f"{sum(saved[t] for t in ts):,.0f}" for ts in GROUPS.values())
+        lines.append(f"| {key[0]} | {key[1] // 1024}K | {key[2]:,} | {key[3]} | {key[4]} | {base}{r} | "
+                     f"{b.makespan_s / 3600:.2f} | {e.makespan_s / 3600:.2f} | {d.speedup.iloc[0]:.3f}x | "
+                     f"{saved.sum():,.0f} | {cells} | {int(b.sched_cuts)} / {int(e.sched_cuts)} |")
+    return "\n".join(lines)
+
+
 def figure(terms: pd.DataFrame, phys: pd.DataFrame, arch: str, path: Path) -> None:
     import matplotlib
 
@@ -132,6 +161,8 @@ def main() -> None:
     ap.add_argument("--map", required=True, help="results/<MAP>.csv of run.py: the cells and their async splits")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--plot-only", action="store_true", help="redraw the figures from the CSVs")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print the README's tables (with --plot-only: from the CSVs)")
     a = ap.parse_args()
     src = OUT / f"{a.map}.csv"
     if not src.exists():
@@ -172,6 +203,9 @@ def main() -> None:
     phys.to_csv(f"{out}_physics.csv", index=False)
     for arch in dict.fromkeys(terms.arch):
         figure(terms, phys, arch, Path(f"{out}_{arch}.png"))
+    if a.markdown:
+        print(markdown(terms, phys, m))
+        return
     g = gains(terms)
     print(g[g.saved_gpu_h.abs() > 0].pivot_table(index=CELL + ["baseline", "speedup"], columns="term",
                                                  values="saved_gpu_h", sort=False).round(0).to_string())
