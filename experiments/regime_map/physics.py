@@ -21,11 +21,19 @@ first step's groups as the workload draws them) priced both ways:
 
 Assumes the first step's groups stand for the run's (growth lengthens later steps) and the engine pace of a
 full engine (real engines run partly empty in the tail, which only lengthens rollout).
+
+python experiments/regime_map/physics.py [--cells core] [--arch hybrid,gqa,mla]  ->  results/physics_<cells>.csv
+and a markdown table on stdout (seconds of CPU: nothing is simulated).
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
+from pathlib import Path
+
 import numpy as np
+import pandas as pd
 
 from gyre.hardware import admission_limit, group_train_attention_ctx
 from gyre.workload import sample_group
@@ -85,3 +93,35 @@ def cell_physics(cfg) -> dict[str, float]:
         "work_step_s": (roll_gpu_s + train_gpu_s) / n_gpus, "group_tail_alone_s": tail_alone,
         "group_tail_full_engine_s": tail_full,
     }
+
+
+def main() -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from run import ARCHS, OUT, cell_config, cell_list
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cells", choices=["core", "all", "1m", "one"], default="core")
+    ap.add_argument("--arch", default="hybrid,gqa,mla")
+    a = ap.parse_args()
+    archs = a.arch.split(",")
+    if not set(archs) <= set(ARCHS):
+        ap.error(f"--arch: unknown {sorted(set(archs) - set(ARCHS))}; known: {', '.join(ARCHS)}")
+    rows = []
+    for w, n, growth, heavy, arch in cell_list(a.cells, archs):
+        rows.append({"arch": arch, "window": w, "gpus": n, "growth": "3x" if growth else "none",
+                     "training": "heavy" if heavy else "light",
+                     **cell_physics(cell_config(w, n, growth, heavy, arch, steps=6))})
+    df = pd.DataFrame(rows)
+    OUT.mkdir(parents=True, exist_ok=True)
+    df.to_csv(OUT / f"physics_{a.cells}.csv", index=False)
+    print("| arch | window | GPUs | growth | training | executions / engine | train GPU-h / step "
+          "| rollout GPU-h / step | balanced R | work-conserving step (h) | group tail alone (h) |")
+    print("|" + "---|" * 11)
+    for p in df.itertuples():
+        print(f"| {p.arch} | {p.window // 1024}K | {p.gpus:,} | {p.growth} | {p.training} | {p.execs_per_engine} | "
+              f"{p.train_gpu_h:,.0f} | {p.rollout_gpu_h:,.0f} | {p.balanced_R:.0f} | {p.work_step_s / 3600:.2f} | "
+              f"{p.group_tail_alone_s / 3600:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -60,6 +60,20 @@ def cell_config(window: int, gpus: int, growth: bool, heavy: bool, arch: str, st
     return override(replace(base, workload=w, cluster=cluster), **{"cluster.gpus": gpus, "steps": steps})
 
 
+def cell_list(name: str, archs: list[str]) -> list[tuple]:
+    """The cells of `--cells name` (main's help), each (window, gpus, growth, heavy, arch), per architecture."""
+    cells = [(w, n, True, True) for w in WINDOWS for n in CLUSTERS]
+    if name == "all":
+        cells = list(itertools.product(WINDOWS, CLUSTERS, (False, True), (False, True)))
+    elif name == "1m":
+        cells = [(1 << 20, n, True, True) for n in CLUSTERS]
+    elif name == "one":
+        cells = [(1 << 20, 1024, True, True)]
+    elif name == "core":
+        cells += [(1 << 20, n, g, h) for n in (640, 1024) for g, h in ((False, True), (True, False))]
+    return [(*c, arch) for arch in archs for c in cells]
+
+
 def _run(job):
     cell, cfg, policy, params = job
     r = simulate(cfg, policy, params)
@@ -92,16 +106,7 @@ def main() -> None:
     if a.plot_only:
         heatmap(pd.read_csv(OUT / f"{a.name}.csv"), OUT / f"{a.name}.png")
         return
-    cells = [(w, n, True, True) for w in WINDOWS for n in CLUSTERS]
-    if a.cells == "all":
-        cells = list(itertools.product(WINDOWS, CLUSTERS, (False, True), (False, True)))
-    elif a.cells == "1m":
-        cells = [(1 << 20, n, True, True) for n in CLUSTERS]
-    elif a.cells == "one":
-        cells = [(1 << 20, 1024, True, True)]
-    elif a.cells == "core":
-        cells += [(1 << 20, n, g, h) for n in (640, 1024) for g, h in ((False, True), (True, False))]
-    cells = [(*c, arch) for arch in archs for c in cells]
+    cells = cell_list(a.cells, archs)
     t0 = time.perf_counter()
     pilot_steps = max(1, a.steps // 6)
     jobs, meta = [], {}
