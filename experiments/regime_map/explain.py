@@ -37,11 +37,11 @@ from gyre.sim.workers import process_pool  # noqa: E402
 
 CELL = ["arch", "window", "gpus", "growth", "training"]
 LABELS = {"rollout_decoding": "rollout: decoding",
-          "rollout_thin": "rollout: decoding, engine under half its admission limit",
+          "rollout_thin": "rollout: decoding, engine < half full",
           "weight_sync": "rollout: weight sync",
           "kv_reprefill": "rollout: KV re-prefill", "rollout_waiting": "rollout: none decoding (tools, prefill)",
           "rollout_empty": "rollout: engine empty (tail)", "train": "train", "switching": "role switches",
-          "idle_first_batch": "idle before the first step (trainer waits for its first batch)",
+          "idle_first_batch": "idle before the first step (first batch)",
           "idle": "idle after it (trainer waits for a batch)"}
 COLORS = {"rollout_decoding": "#2b7bba", "rollout_thin": "#807dba", "weight_sync": "#9ecae1", "kv_reprefill": "#e6550d",
           "rollout_waiting": "#6baed6", "rollout_empty": "#c6dbef", "train": "#31a354", "switching": "#fdae6b",
@@ -128,7 +128,7 @@ def figure(terms: pd.DataFrame, phys: pd.DataFrame, arch: str, path: Path) -> No
 
     d = terms[terms.arch == arch]
     cells = list(d.groupby(CELL[1:], sort=False).groups)
-    fig, axes = plt.subplots(len(cells), 1, figsize=(10, 1.6 + 1.5 * len(cells)), squeeze=False)
+    fig, axes = plt.subplots(len(cells), 1, figsize=(11, 1.8 + 1.5 * len(cells)), squeeze=False)
     for ax, cell in zip(axes[:, 0], cells):
         c = d[(d[CELL[1:]] == pd.Series(cell, index=CELL[1:])).all(axis=1)]
         pols = list(dict.fromkeys(c.policy))
@@ -150,8 +150,8 @@ def figure(terms: pd.DataFrame, phys: pd.DataFrame, arch: str, path: Path) -> No
     axes[-1, 0].set_xlabel("GPU-hours (thousands) = GPUs x makespan, split by what the GPUs did")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.suptitle(f"where the GPU-time goes, {arch} ({int(d.steps.iloc[0])} steps)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.09 + 0.02 * (3 - len(cells)), 1, 1))
-    fig.legend(handles, labels, fontsize=7, ncol=5, loc="lower center")
+    fig.tight_layout(rect=(0, 0.1 + 0.03 * (3 - len(cells)), 1, 1))
+    fig.legend(handles, labels, fontsize=7, ncol=4, loc="lower center")
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
