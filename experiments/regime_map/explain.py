@@ -104,9 +104,8 @@ def markdown(terms: pd.DataFrame, phys: pd.DataFrame, m: pd.DataFrame) -> str:
         lines.append(f"| {p.arch} | {p.gpus:,} | {p.kv_tokens_per_engine / 1e6:.1f}M | {p.execs_per_engine} | "
                      f"{p.train_gpu_h:,.0f} | {p.rollout_gpu_h:,.0f} | {p.balanced_R:.0f} | {p.work_step_s / 3600:.2f} "
                      f"| {p.group_tail_alone_s / 3600:.2f} |")
-    lines += ["", "| arch | window | GPUs | growth | training | baseline (R) | baseline h | elastic h | speedup | "
-              "GPU-h saved | " + " | ".join(GROUPS) + " | sched cuts baseline / elastic |",
-              "|" + "---|" * (11 + len(GROUPS))]
+    lines += ["", "| arch | cell | GPUs | baseline (R) | baseline h | elastic h | speedup | GPU-h saved | "
+              + " | ".join(GROUPS) + " | sched cuts baseline / elastic |", "|" + "---|" * (9 + len(GROUPS))]
     g = gains(terms)
     span = terms.groupby(CELL + ["policy"], sort=False)[["makespan_s", "sched_cuts", "rollout_gpus"]].first()
     for (key, base), d in g.groupby([g[CELL].apply(tuple, axis=1), "baseline"], sort=False):
@@ -114,7 +113,7 @@ def markdown(terms: pd.DataFrame, phys: pd.DataFrame, m: pd.DataFrame) -> str:
         b, e = span.loc[(*key, base)], span.loc[(*key, "elastic")]
         r = f" ({int(b.rollout_gpus)})" if b.rollout_gpus else ""
         cells = " | ".join(f"{sum(saved[t] for t in ts):,.0f}" for ts in GROUPS.values())
-        lines.append(f"| {key[0]} | {key[1] // 1024}K | {key[2]:,} | {key[3]} | {key[4]} | {base}{r} | "
+        lines.append(f"| {key[0]} | {key[1] // 1024}K, {key[3]}, {key[4]} | {key[2]:,} | {base}{r} | "
                      f"{b.makespan_s / 3600:.2f} | {e.makespan_s / 3600:.2f} | {d.speedup.iloc[0]:.3f}x | "
                      f"{saved.sum():,.0f} | {cells} | {int(b.sched_cuts)} / {int(e.sched_cuts)} |")
     return "\n".join(lines)
