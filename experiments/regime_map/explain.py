@@ -194,7 +194,7 @@ def main() -> None:
 
         commit = git("rev-parse", "--short", "HEAD")
         terms["commit"] = commit
-        terms["policies_commit"] = git("log", "-1", "--format=%h", "--", "policies")  # the last change to elastic
+        terms["policies_commit"] = git("log", "-1", "--format=%h", "--", ":/policies")  # the last change to elastic
         terms.to_csv(f"{out}.csv", index=False)
         gains(terms).to_csv(f"{out}_gain.csv", index=False)
         print(f"{len(jobs)} runs in {time.perf_counter() - t0:.0f} s with {a.jobs} workers (commit {commit})")
