@@ -3,7 +3,7 @@
 Nothing here reads an engine's or an execution's own counters. Two reconstructions:
 
 - `staleness`: the version each engine serves over time (the trainer's version when it came up, then each
-  of its syncs, in log order), so the version that generated an execution's oldest token is bounded by what
+  of its syncs and restarts after a fault, in log order), so the version that generated an execution's oldest token is bounded by what
   its engine served at its "start" record and at every engine it was later moved to ("migrate", "resume").
   Where prefill is free an execution decodes at the instant it starts, so its first token's version is
   exactly what its engine served then (`exact=True`).
@@ -47,6 +47,8 @@ def staleness(log: list[tuple]) -> Staleness:
             served[r[2]] = version
         elif kind == "sync":
             served[r[2]] = r[3]
+        elif kind == "note" and r[2] == "engine_restarted":  # a killed engine is back, serving the latest weights
+            served[r[3]["engine"]] = r[3]["version"]
         elif kind == "start" and r[2] not in out.start_v:
             out.start_v[r[2]] = out.low_v[r[2]] = served[r[3]]
         elif kind in ("migrate", "resume"):

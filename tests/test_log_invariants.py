@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,6 +47,7 @@ def _run(policy: str, eta: int, groups: list[GroupSpec], gpus: int, gps: int, st
     return c, (eta if takes(policy, "eta") else 0)
 
 
+@pytest.mark.invariants
 @SLOW_OK
 @given(seed=st.integers(0, 2**32 - 1), policy=st.sampled_from(POLICIES), eta=st.integers(0, 2),
        gpus=st.integers(2, 4), gps=st.integers(1, 2), size=st.integers(2, 3))
@@ -61,6 +63,7 @@ def test_staleness_rebuilt_from_the_log_is_what_the_run_records(seed, policy, et
     check_staleness(c.log, bound, exact=True)
 
 
+@pytest.mark.invariants
 @SLOW_OK
 @given(seed=st.integers(0, 2**32 - 1), policy=st.sampled_from(POLICIES), eta=st.integers(0, 2),
        gpus=st.integers(2, 4), gps=st.integers(1, 2), size=st.integers(2, 4))
@@ -96,7 +99,8 @@ def test_kv_rebuilt_from_the_log_sees_a_full_engine():
     assert abs(peak - 5000) <= 1e-3, f"the log's peak is {peak}, not the 5,000-token capacity"
 
 
-@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.invariants
+@SLOW_OK
 @given(seed=st.integers(0, 10**6), policy=st.sampled_from(POLICIES), eta=st.integers(0, 2),
        gpus=st.sampled_from([4, 6]), math=st.booleans())
 def test_checked_path_equals_fast_path(seed, policy, eta, gpus, math):
