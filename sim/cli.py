@@ -108,6 +108,8 @@ def compare(
     engine: cli_engine.EngineOpt = None,
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
+    ray: Annotated[Optional[str], typer.Option(
+        "--ray", help="run the configurations as Ray tasks: 'auto' (a local Ray cluster) or a cluster address")] = None,
 ) -> None:
     """Run every registered policy on the same workload and seed, each tuned (async also on a pilot)."""
     from gyre.sim.compare import tune, tuned_table, write_outputs
@@ -116,8 +118,12 @@ def compare(
                                               checkpoint_every=checkpoint_every), engine)
     report_infeasible(cfg, policy)
     with progress_bar() as prog:
-        task = prog.add_task(f"tuning on {cfg.name}", total=None)
-        tuned = tune(cfg, policy, on_done=lambda c, r: prog.advance(task))
+        task = prog.add_task(f"tuning on {cfg.name}" + (f" (Ray: {ray})" if ray else ""), total=None)
+        try:
+            tuned = tune(cfg, policy, on_done=lambda c, r: prog.advance(task), ray=ray)
+        except ConnectionError as exc:  # no Ray cluster at that address
+            fail(f"--ray {ray}: {exc}")
+            raise
     best, table, sweep = tuned_table(tuned)
     paths = write_outputs(out, cfg, best, table, sweep)
     print_table(table, f"{cfg.name}: {cfg.cluster.gpus} GPUs, {cfg.steps} steps, seed {cfg.seed}")
