@@ -19,6 +19,7 @@ from gyre.policies import REGISTRY, UnknownPolicy, check_params, policy_class, t
 from gyre.presets import DEFAULT_PRESET, MODELS, PRESETS, get_preset
 from gyre.sim import cli_engine, cli_traces
 from gyre.sim.cli_console import console, fail, print_table, progress_bar, report_infeasible
+from gyre.sim.sweep import RAY_HELP
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulator: compare RL scheduling policies.")
 
@@ -108,8 +109,7 @@ def compare(
     engine: cli_engine.EngineOpt = None,
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
-    ray: Annotated[Optional[str], typer.Option(
-        "--ray", help="run the configurations as Ray tasks: 'auto' (a local Ray cluster) or a cluster address")] = None,
+    ray: Annotated[Optional[str], typer.Option("--ray", help=RAY_HELP)] = None,
 ) -> None:
     """Run every registered policy on the same workload and seed, each tuned (async also on a pilot)."""
     from gyre.sim.compare import tune, tuned_table, write_outputs

@@ -29,6 +29,7 @@ from typing import Any
 from gyre.sim.workers import process_pool
 
 OnDone = Callable[[int, Any], None]
+RAY_HELP = "run the configurations as Ray tasks: 'auto' (a local Ray cluster) or a Ray cluster's address"
 
 
 def run_map(fn: Callable[[Any], Any], args: Sequence[Any], *, workers: int | None = None, ray: str | None = None,
@@ -92,13 +93,14 @@ def _on_ray(fn: Callable[[Any], Any], args: list[Any], address: str, workers: in
             ray.shutdown()
 
 
-def progress_lines(total: int, label: str = "configs", stream=None) -> OnDone:
-    """An on_done that prints `label: k/total done (s elapsed)` as each run finishes (the experiments' runners)."""
+def progress_lines(total: int | None, label: str = "configs", stream=None) -> OnDone:
+    """An on_done that prints `label: k/total done (s elapsed)` as each run finishes (the experiments' runners;
+    `total` None: a search whose size is not known ahead, `label: k done`)."""
     t0, done = time.perf_counter(), [0]
 
     def report(_i: int, _result: Any) -> None:
         done[0] += 1
-        print(f"{label}: {done[0]}/{total} done ({time.perf_counter() - t0:.0f} s)", file=stream or sys.stderr,
-              flush=True)
+        of = f"/{total}" if total is not None else ""
+        print(f"{label}: {done[0]}{of} done ({time.perf_counter() - t0:.0f} s)", file=stream or sys.stderr, flush=True)
 
     return report
