@@ -27,6 +27,7 @@ def _summary(tuned) -> list[dict]:
     return rows + sweep.drop(columns=[c for c in sweep.columns if "wall" in c]).to_dict("records")
 
 
+@pytest.mark.xdist_group("ray")  # with the other local-Ray tests, in one worker
 def test_compare_on_ray_equals_the_local_pool(local_ray):
     """A tiny comparison (every policy tuned over its grid) run as Ray tasks gives the summary and sweep rows, the
     settings tried with their makespans and each best run's event log of the same comparison in two local worker
@@ -47,6 +48,7 @@ def test_compare_on_ray_equals_the_local_pool(local_ray):
     assert len(done) >= 3 and "colocate" in done, f"progress saw {done}"
 
 
+@pytest.mark.xdist_group("ray")  # with the other local-Ray tests, in one worker
 def test_interrupting_a_ray_sweep_cancels_its_tasks(local_ray, tmp_path):
     """An interrupt while a Ray sweep runs (raised here from the progress callback, as Ctrl-C would be) cancels the
     tasks still queued or running: none of them runs to its end."""
