@@ -8,7 +8,7 @@ here as each run finishes, in the order they finish (a progress bar, a log line)
 - `ray=None`: `workers` processes (gyre.sim.workers.process_pool, which end with this one), or this process
   when `workers` is 1.
 - `ray="auto"`: the Ray session this process already has, or else a local Ray cluster started for the sweep
-  (with `workers` CPUs, default all) and shut down after it; `ray=ADDRESS`: that cluster (`ray.init(address=...)`,
+  (with `workers` CPUs, default the CPUs Ray detects) and shut down after it; `ray=ADDRESS`: that cluster (`ray.init(address=...)`,
   e.g. "ray://head:10001" or "head:6379"). Each run is one Ray task of one CPU. The cluster's workers must
   import gyre (installed on every node, or shipped by the cluster's runtime environment); a function defined
   in a script (`__main__`) travels by value.
@@ -67,7 +67,7 @@ def _on_ray(fn: Callable[[Any], Any], args: list[Any], address: str, workers: in
     started = not ray.is_initialized()
     if started:
         if address == "auto":  # a local cluster for this sweep alone (not "auto"'s attach-to-a-running-one)
-            ray.init(num_cpus=workers or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)  # None: the CPUs Ray sees
         else:
             ray.init(address=address, log_to_driver=False)
     try:
