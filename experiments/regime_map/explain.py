@@ -33,7 +33,7 @@ from run import ETA, OUT, cell_config  # noqa: E402
 from gyre.gpu_time import TERMS, counts, decompose  # noqa: E402
 from gyre.hardware import admission_limit  # noqa: E402
 from gyre.sim.runner import simulate  # noqa: E402
-from gyre.sim.workers import process_pool  # noqa: E402
+from gyre.sim.sweep import RAY_HELP, progress_lines, run_map  # noqa: E402
 
 CELL = ["arch", "window", "gpus", "growth", "training"]
 LABELS = {"rollout_decoding": "rollout: decoding",
@@ -159,6 +159,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--map", required=True, help="results/<MAP>.csv of run.py: the cells and their async splits")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--ray", default=None, help=RAY_HELP)
     ap.add_argument("--plot-only", action="store_true", help="redraw the figures from the CSVs")
     ap.add_argument("--markdown", action="store_true",
                     help="print the README's tables (with --plot-only: from the CSVs)")
@@ -177,8 +178,7 @@ def main() -> None:
     else:
         t0 = time.perf_counter()
         jobs = jobs_for(m)
-        with process_pool(a.jobs) as pool:
-            res = list(pool.map(_run, jobs))
+        res = run_map(_run, jobs, workers=a.jobs, ray=a.ray, on_done=progress_lines(len(jobs), "runs"))
         rows = []
         for key, label, r_gpus, span, cuts, terms, cnt, steps in res:
             n = key[2]
