@@ -99,6 +99,7 @@ def main() -> None:
                          "window (1M, growth, heavy) on each cluster; one: the preset's own cell (1M, 1,024)")
     ap.add_argument("--arch", default="hybrid",
                     help=f"comma-separated architectures, each a copy of the cells: {', '.join(ARCHS)}")
+    ap.add_argument("--gpus", default="", help="comma-separated cluster sizes: only the cells on these (default: all)")
     ap.add_argument("--name", default="map", help="results/<name>.csv and .png")
     a = ap.parse_args()
     archs = a.arch.split(",")
@@ -108,6 +109,11 @@ def main() -> None:
         heatmap(pd.read_csv(OUT / f"{a.name}.csv"), OUT / f"{a.name}.png")
         return
     cells = cell_list(a.cells, archs)
+    if a.gpus:
+        keep = {int(g) for g in a.gpus.split(",")}
+        cells = [c for c in cells if c[1] in keep]
+        if not cells:
+            ap.error(f"--gpus {a.gpus}: no cell of --cells {a.cells} has that cluster size; sizes: {CLUSTERS}")
     t0 = time.perf_counter()
     pilot_steps = max(1, a.steps // 6)
     jobs, meta = [], {}
