@@ -25,8 +25,9 @@ engine's records between its "engine_up" and the first role change of its GPUs a
 flags, membership (admit, migrate, park, resume, finish), sync pauses. The two are independent, so their sum
 equals N x makespan only if every rollout GPU-second lies inside exactly one engine's life
 (`decompose` checks it and raises ValueError otherwise: a log from a run with injected faults, whose engines
-go back to rollout after a crash without a new "engine_up", is not split). Migrations and parks are counted, not priced: the log carries no
-re-prefill cost for them (their re-prefill is in `rollout_waiting` / `rollout_decoding`).
+go back to rollout after a crash without a new "engine_up", is not split). Migrations and parks are counted,
+not priced: the log carries no re-prefill cost for them (their re-prefill is in `rollout_waiting` /
+`rollout_decoding`).
 """
 
 from __future__ import annotations
