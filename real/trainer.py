@@ -39,6 +39,7 @@ from gyre.nn.hf_causal import build_model, model_identity
 from gyre.nn.hf_llama import config_mismatch, load_hf_llama
 from gyre.nn.model import TinyLlamaConfig
 from gyre.real import collective as C
+from gyre.real.fsdp import gather_state, local_numel, whole
 from gyre.trajectory import PackConfig, build_packs
 from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss, micro_batches
 
@@ -73,11 +74,17 @@ class TrainerConfig:
     micro_batch_tokens: int = 4096
     logprob_chunk: int = 1024  # trained rows per log-softmax chunk (full-vocabulary logits never for a whole pack)
     attention: str = "sdpa"  # "sdpa": boolean ancestor mask; "flex": FlexAttention BlockMask (CUDA only)
+    # "dp": every rank of a step holds the whole model and AdamW state (replicas, gradients all-reduced);
+    # "fsdp": FSDP2 over the step's ranks (gyre.real.fsdp), re-sharded whenever the step's ranks change
+    sharding: str = "dp"
+    offload: bool = True  # fsdp on CUDA: shards, gradients and AdamW state in host memory (CPUOffloadPolicy)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"TrainerConfig.dtype = {self.dtype!r}: expected 'float32' or 'bfloat16' (float16 "
                              f"would need loss scaling)")
+        if self.sharding not in ("dp", "fsdp"):
+            raise ValueError(f"TrainerConfig.sharding = {self.sharding!r}: expected 'dp' or 'fsdp'")
         if self.attention not in ("sdpa", "flex"):
             raise ValueError(f"TrainerConfig.attention = {self.attention!r}: expected 'sdpa' or 'flex'")
         if self.attention == "flex" and self.device == "cpu":
@@ -116,8 +123,7 @@ class Trainer:
         """Fresh weights for a new run: a model folder's, or drawn from `seed` (TinyLlama), or `init_checkpoint`'s
         (cast to fp32); returns the version (0)."""
         torch.manual_seed(seed)
-        model = build_model(self.model_config, seed=seed, attn="flex_attention" if self.cfg.attention == "flex"
-                            else "sdpa", grad_checkpointing=self.cfg.grad_checkpointing)
+        model = self._new_model(seed)
         if self.init_checkpoint:
             cfg, state = load_hf_llama(self.init_checkpoint)
             bad = config_mismatch(self.model_config, cfg)
@@ -125,11 +131,19 @@ class Trainer:
                 raise ValueError(f"init_checkpoint {self.init_checkpoint}: the trainer's model has {bad}")
             model.load_state_dict(state)
         self.model = model.to(self.device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        self.opt = self._new_opt(self.model.parameters())
+        self._group, self._full = None, None  # fsdp: see _place
         self.version = 0
         self._published: dict[int, dict[str, torch.Tensor]] = {}
         self._publish()
         return self.version
+
+    def _new_model(self, seed: int = 0) -> torch.nn.Module:
+        return build_model(self.model_config, seed=seed, attn="flex_attention" if self.cfg.attention == "flex"
+                           else "sdpa", grad_checkpointing=self.cfg.grad_checkpointing)
+
+    def _new_opt(self, params) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
 
     def set_model(self, model: ModelSource, init_checkpoint: str = "", config: TrainerConfig | None = None,
                   serve_dtype: str | None = None) -> int:
@@ -145,20 +159,63 @@ class Trainer:
         return self.reset(0)
 
     def _publish(self) -> None:
+        """Snapshot this version in the serving dtype (a sharded rank without the whole state publishes none)."""
+        serving = self.model.serving_state()
+        if self._group is not None:
+            if self._full is None:
+                return
+            serving = {k: self._full["model"][k] for k in serving}
         self._published[self.version] = {k: v.detach().to("cpu", self.serve_dtype, copy=True)
-                                         for k, v in self.model.serving_state().items()}
+                                         for k, v in serving.items()}
         for v in sorted(self._published)[:-KEEP_PUBLISHED]:
             del self._published[v]
 
     def get_state(self) -> list:
         """[object ref of model + optimizer state and version]: what a worker that missed steps loads."""
-        return [ray.put({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "version": self.version})]
+        return [ray.put({**self._whole(), "version": self.version})]
+
+    def _whole(self) -> dict:
+        """{"model", "opt"}: the whole training state (a replica's own, or the gathered state of a sharded rank 0)."""
+        if self._group is None:
+            return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
+        if self._full is None:
+            raise RuntimeError(f"trainer: this worker holds only its shard of group {self._group}, not the whole "
+                               f"state (ask the worker of record)")
+        return self._full
 
     def _set_state(self, state: dict) -> None:
+        if self._group is not None:  # sharded: back to a whole model to load into
+            self.model, self._group, self._full = self._new_model().to(self.device), None, None
+            self.opt = self._new_opt(self.model.parameters())
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["opt"])
         self.version = int(state["version"])
         self._publish()
+
+    def _place(self, dp: dict | None) -> None:
+        """fsdp: make the model the step's layout: sharded over the step's group (`dp`, size > 1), else whole.
+        The same group as the last step keeps its shards; any other re-shards from the whole state this worker
+        holds (its own, the gathered state it keeps as rank 0, or the state of record it was sent)."""
+        name = dp["name"] if dp is not None and dp["size"] > 1 else None
+        if name is not None and name == self._group:
+            return
+        state = self._whole()
+        model = self._new_model()
+        model.load_state_dict(state["model"])
+        model = model.to(self.device)
+        if name is None:
+            self.model, self.opt = model, self._new_opt(model.parameters())
+            self.opt.load_state_dict(state["opt"])
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            from gyre.real.fsdp import shard_model, shard_state
+
+            self._fsdp_pg = self.dp.default_group(dp, f"v{self.version}")  # every member is at this version
+            mesh = init_device_mesh(self.device.type, (dp["size"],))
+            model = shard_model(model, mesh, offload=self.cfg.offload and self.device.type == "cuda", sum_grads=True)
+            self.model, self.opt = model, shard_state(model, state["opt"], self._new_opt)
+        self._group, self._full = name, None
 
     def layout(self) -> C.Layout:
         return C.layout_of(self._published[self.version])
@@ -183,6 +240,8 @@ class Trainer:
         t0 = time.perf_counter()
         if state is not None:
             self._set_state(state)
+        if self.cfg.sharding == "fsdp":
+            self._place(dp)
         packed, packs, pg = self._shard(batch, dp)
         t_pack = time.perf_counter() - t0
         params = list(self.model.parameters())
@@ -190,17 +249,19 @@ class Trainer:
         ref, epochs, drift = None, 0, 0.0
         for epoch in range(self.cfg.epochs):
             logps: list[torch.Tensor] | None = [] if self.cfg.max_drift > 0 else None
-            loss = self._backward(packs, pg, mismatch if epoch == 0 else None, logps)
+            loss = self._backward(packs, pg, mismatch if epoch == 0 else None, logps, pad=packed.packs[0])
             if epoch == 0:
                 ref = logps
             elif logps is not None:
                 drift = self._drift(ref, logps, pg)
                 if drift > self.cfg.max_drift:
                     break  # moved far enough: this epoch's gradient is not applied
-            gnorm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+            gnorm = float(whole(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)))
             self.opt.step()
             epochs += 1
         self.version += 1
+        if self._group is not None:  # sharded: rank 0 (the worker of record) gathers the whole new state
+            self._full = gather_state(self.model, self.opt, keep=dp["rank"] == 0)
         self._publish()
         if save_to:
             self.save(save_to)
@@ -211,14 +272,18 @@ class Trainer:
             # mean |log p(version before the step) - log p(sampling engine)| over trained tokens: ~0 on-policy
             "logp_mismatch": float(mismatch[0] / mismatch[1]) if mismatch[1] > 0 else 0.0,
             "epochs": epochs, "drift": drift,  # epochs applied; mean |log p change| at the last check (0: none)
+            # fsdp: the group whose shard is all this worker holds (None: it holds the whole state)
+            "shard_of": self._group if self._full is None else None, "local_params": local_numel(self.model),
             "pack_s": t_pack, "train_s": time.perf_counter() - t0,
         }
 
     def gradient(self, batch: list[tuple[object, np.ndarray]], dp: dict | None = None) -> dict[str, torch.Tensor]:
         """The batch's loss gradient at the current weights (summed over the group of `dp`), on CPU; no step."""
-        _, packs, pg = self._shard(batch, dp)
-        self._backward(packs, pg)
-        return {n: p.grad.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
+        if self.cfg.sharding == "fsdp":
+            self._place(dp)
+        packed, packs, pg = self._shard(batch, dp)
+        self._backward(packs, pg, pad=packed.packs[0])
+        return {n: whole(p.grad).detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
 
     def _shard(self, batch, dp: dict | None):
         """(the batch's packs, this rank's packs, the step's group or None)."""
@@ -229,7 +294,7 @@ class Trainer:
         if dp is None or dp["size"] == 1:
             return packed, packed.packs, None
         mine = shard_packs([p.size for p in packed.packs], dp["size"])[dp["rank"]]
-        return packed, [packed.packs[i] for i in mine], self.dp.group(dp)
+        return packed, [packed.packs[i] for i in mine], self._fsdp_pg if self._group else self.dp.group(dp)
 
     def _drift(self, ref: list[torch.Tensor], cur: list[torch.Tensor], pg) -> float:
         """Mean |log p now - log p at the step's start| over the batch's trained tokens (summed over `pg`)."""
@@ -241,28 +306,36 @@ class Trainer:
             C.allreduce_sum(pg, [acc])
         return float(acc[0] / acc[1]) if acc[1] > 0 else 0.0
 
-    def _backward(self, packs: list, pg, mismatch: torch.Tensor | None = None, logps: list | None = None
-                  ) -> torch.Tensor:
+    def _backward(self, packs: list, pg, mismatch: torch.Tensor | None = None, logps: list | None = None,
+                  pad=None) -> torch.Tensor:
         """Gradient of the packs' loss into .grad, summed over `pg` (the batch's gradient); returns the loss.
         `mismatch` (zeros [2]): set to the batch's (sum |log-ratio to the sampler|, rows) (see pack_rows_loss);
-        `logps`: gets this rank's per-pack log-probs of the trained tokens appended."""
+        `logps`: gets this rank's per-pack log-probs of the trained tokens appended. Sharded, every rank runs
+        as many micro-batches as the busiest (each pass is a collective): the missing ones are `pad` (any pack)
+        with zero weight."""
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         cfg = LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip, logprob_chunk=self.cfg.logprob_chunk)
         loss = torch.zeros(1, device=self.device)
         bf16 = self.cfg.dtype == "bfloat16"
-        for mb in micro_batches(packs, self.cfg.micro_batch_tokens):  # gradients accumulate in fp32 .grad
+        mbs = [(mb, 1.0) for mb in micro_batches(packs, self.cfg.micro_batch_tokens)]
+        if self._group is not None:
+            n = torch.tensor([len(mbs)], device=self.device)
+            C.allreduce_max(pg, n)
+            mbs += [([pad], 0.0)] * (int(n) - len(mbs))
+        for mb, weight in mbs:  # gradients accumulate in fp32 .grad
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
                 part = micro_batch_loss(self.model, concat_packs(mb), cfg, use_flex=self.cfg.attention == "flex",
-                                        device=self.device, mismatch=mismatch, logps=logps)
-            part.backward()
-            loss += part.detach().float()
+                                        device=self.device, mismatch=mismatch if weight else None,
+                                        logps=logps if weight else None)
+            (part * weight).backward()
+            loss += weight * part.detach().float()
         for p in self.model.parameters():  # no trained rows here: a zero gradient to sum with the others'
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if pg is not None:  # sum the shards: the batch's gradient and loss (and the mismatch counts)
-            extra = [loss] + ([mismatch] if mismatch is not None else [])
-            C.allreduce_sum(pg, [p.grad for p in self.model.parameters()] + extra)
+        if pg is not None:  # sum the shards: the batch's gradient (sharded: the reduce-scatter did) and loss
+            grads = [] if self._group is not None else [p.grad for p in self.model.parameters()]
+            C.allreduce_sum(pg, grads + [loss] + ([mismatch] if mismatch is not None else []))
         return loss
 
     # --- publishing (the "sync" concurrency group: runs while a step trains) ---
