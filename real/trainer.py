@@ -1,32 +1,40 @@
-"""The trainer: data-parallel PyTorch workers that train TinyLlama on packed trajectory trees.
+"""The trainer: PyTorch workers, data-parallel replicas or FSDP2 shards, that train on packed trajectory trees.
 
 What it models: one policy-gradient step per call. The driver sends each group's prefix tree (its DFS
 preorder) and per-execution advantages; every worker of the step packs the whole batch with
 gyre.trajectory.build_packs (deterministic) and takes its shard of the packs (`shard_packs`: largest first
 onto the least-loaded rank). Pack loss weights are batch-global, so the batch loss is the sum of the
 shards' losses: each rank backpropagates its shard, the gradients (and the loss) are summed over the
-step's group with one all-reduce (gyre.real.collective), the norm is clipped and every rank makes the same
-AdamW step, `epochs` times: version v -> v + 1. The ranks keep identical replicas; rank 0 is the worker of
-record (it snapshots the weights it publishes and writes the checkpoint). A worker that missed steps
-catches up from the worker of record (`get_state` -> `train(state=...)`) before it trains again. A run
-starts from random weights (`reset(seed)`), or from a Llama model directory (`init_checkpoint`: config.json
-+ safetensors, gyre.nn.hf_llama), e.g. the one a vLLM engine serves, so trainer and engines agree at version 0.
+step's group (gyre.real.collective), the norm is clipped and AdamW steps, `epochs` times: version v -> v + 1.
+Rank 0 is the worker of record (it snapshots the weights it publishes and writes the checkpoint). A worker
+that missed steps catches up from the worker of record (`get_state` -> `train(state=...)`) before it trains
+again. A run starts from random weights (`reset(seed)`), a model folder's, or a Llama model directory's
+(`init_checkpoint`), e.g. the one a vLLM engine serves, so trainer and engines agree at version 0.
+
+`TrainerConfig.sharding`: "dp" keeps the ranks identical replicas (one all-reduce of the gradients). "fsdp"
+shards parameters, gradients and AdamW state over the step's ranks (gyre.real.fsdp: reduce-scattered
+gradients, summed; on CUDA the shards live in host memory, so the GPUs hold only layers in flight and are
+free to serve between steps). A step's ranks change whenever the policy re-places the trainer, so the
+worker keeps its shards only while the next step has the same group; at the end of every sharded step
+rank 0 gathers the whole state (fp32 weights and AdamW state) to its host, and a step on other ranks
+re-shards from it (`_place`: the process's default group re-formed, each rank slicing its rows). Every rank
+of a sharded step runs as many micro-batches as the busiest (each pass is a collective).
 
 Weights leave a worker two ways (`RealClusterConfig.weight_sync`): `weights(version)` returns the CPU
 snapshot of a published version for the Ray object store, or `send_weights(spec, version)` broadcasts it to
 engines over a standalone group. Both run in the "sync" concurrency group and read snapshots, so they never
-wait for, nor see half of, a step running meanwhile. `save`/`load` checkpoint model, optimizer and version:
-tensors, numbers and plain dicts, read back as data only (`read_checkpoint`), so a checkpoint cannot run code.
+wait for, nor see half of, a step running meanwhile. `save`/`load` checkpoint model, optimizer and version,
+read back as data only (gyre.real.checkpoint).
 
-Simplifications: data parallelism only (no tensor or pipeline parallelism, every rank holds the whole
-model and optimizer); `epochs` optimizer steps per batch; gradient norm clipped at 1; the last 3 published
+Simplifications: no tensor or pipeline parallelism; under fsdp bf16 is autocast over all-gathered fp32
+parameters (no bf16 all-gather) and rank 0 gathers the optimizer state every step, not only when the
+ranks change; `epochs` optimizer steps per batch; gradient norm clipped at 1; the last 2 published
 versions are kept.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +47,7 @@ from gyre.nn.hf_causal import build_model, model_identity
 from gyre.nn.hf_llama import config_mismatch, load_hf_llama
 from gyre.nn.model import TinyLlamaConfig
 from gyre.real import collective as C
+from gyre.real.checkpoint import CheckpointError, read_checkpoint  # noqa: F401 (CheckpointError: re-exported)
 from gyre.real.fsdp import gather_state, local_numel, whole
 from gyre.trajectory import PackConfig, build_packs
 from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss, micro_batches
@@ -47,7 +56,6 @@ from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss
 # latest step ended (its request can arrive after the new version is published)
 KEEP_PUBLISHED = 2
 ModelSource = TinyLlamaConfig | str  # gyre's TinyLlama (random init) or a model folder (gyre.nn.hf_folder)
-CHECKPOINT_KEYS = ("model", "opt", "version", "model_config")  # what `save` writes
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -378,35 +386,3 @@ class Trainer:
         """Take model, optimizer and version from a checkpoint `save` wrote (read as data only: read_checkpoint)."""
         self._set_state(read_checkpoint(path, self.model_config, map_location=self.device))
         return self.version
-
-
-class CheckpointError(ValueError):
-    """A trainer checkpoint refused: it needs more than data to load, cannot be read, or is of another model."""
-
-
-def read_checkpoint(path: str | Path, model_config: ModelSource, *, map_location: str | torch.device = "cpu",
-                    mmap: bool = False) -> dict:
-    """The state a trainer checkpoint holds (model, opt, version, model_config), unpickled as data only: tensors,
-    numbers, strings and plain containers. A file that needs anything more (a pickled class or callable) is
-    refused before any of it runs; `mmap`: map the tensors instead of reading them (a cheap check)."""
-    try:
-        state = torch.load(path, weights_only=True, map_location=map_location, mmap=mmap)
-    except pickle.UnpicklingError as exc:  # the data-only unpickler stopped: say at what
-        tail = str(exc).partition("WeightsUnpickler error:")[2]
-        why = next((ln.strip() for ln in tail.splitlines() if ln.strip()), "").partition(" was not an allowed")[0]
-        if "global" in why:  # a class or callable: something that runs code
-            raise CheckpointError(f"checkpoint {path}: refused, it needs more than tensors, numbers and plain "
-                                  f"containers to load ({why}); load only checkpoints a gyre trainer wrote") from None
-        raise CheckpointError(f"checkpoint {path}: cannot be read as a torch checkpoint ({why or 'unpickling failed'})"
-                              ) from None
-    except Exception as exc:  # torch.load's failures on a file that is not a checkpoint are many kinds
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise CheckpointError(f"checkpoint {path}: cannot be read as a torch checkpoint "
-                              f"({type(exc).__name__}: {msg[:200]})") from None
-    missing = [k for k in CHECKPOINT_KEYS if k not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
-    if missing:
-        raise CheckpointError(f"checkpoint {path}: not a gyre trainer checkpoint (no {', '.join(missing)})")
-    if state["model_config"] != model_identity(model_config):
-        raise CheckpointError(f"checkpoint {path} is for model {state['model_config']}, not "
-                              f"{model_identity(model_config)}")
-    return state
