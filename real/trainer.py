@@ -377,8 +377,7 @@ class Trainer:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_suffix(".tmp")
-        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "version": self.version,
-                    "model_config": model_identity(self.model_config)}, tmp)
+        torch.save({**self._whole(), "version": self.version, "model_config": model_identity(self.model_config)}, tmp)
         os.replace(tmp, p)  # atomic: a crash never leaves a half-written checkpoint
         return str(p)
 

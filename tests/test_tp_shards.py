@@ -56,7 +56,8 @@ def _tensor_parallel(ranks, spec, x, ids):
     for r, w in enumerate(ranks):
         qkv = x @ w[p + "self_attn.qkv_proj.weight"].T + w[p + "self_attn.qkv_proj.bias"]
         q, k, v = qkv.split([nq, nkv, nkv], -1)
-        attn = attn + _attention(q.view(T, -1, HD), k.view(T, -1, HD), v.view(T, -1, HD)) @ w[p + "self_attn.o_proj.weight"].T
+        heads = _attention(q.view(T, -1, HD), k.view(T, -1, HD), v.view(T, -1, HD))
+        attn = attn + heads @ w[p + "self_attn.o_proj.weight"].T
         gate, up = (x @ w[p + "mlp.gate_up_proj.weight"].T).chunk(2, -1)
         mlp = mlp + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
         e = w["model.embed_tokens.weight"]
