@@ -164,10 +164,12 @@ class Comm:
             self.groups[spec["name"]] = pg
             return pg
 
-    def default_group(self, spec: dict, tag: str):
+    def default_group(self, spec: dict):
         """This process's default torch.distributed group, made afresh as the group of `spec` (FSDP2 shards
-        over the default group); the previous one is destroyed. `tag` (the same on every member) makes the
-        rendezvous unique to this forming of the group."""
+        over the default group); the previous one is destroyed. The same members may form it again and again
+        (every re-shard does): each member counts itself in on the store, and the k-th forming (counts
+        k*size+1 .. (k+1)*size, as each member joins one forming before it can join the next) meets under
+        its own prefix."""
         import torch.distributed as dist
 
         with self._lock:
@@ -175,7 +177,9 @@ class Comm:
                 self.drop(name)
             if dist.is_initialized():
                 dist.destroy_process_group()
-            store = PrefixStore(f"gyre/{spec['name']}/{tag}/", self._client(spec))
+            client = self._client(spec)
+            k = (client.add(f"gyre/{spec['name']}/formings", 1) - 1) // spec["size"]
+            store = PrefixStore(f"gyre/{spec['name']}/{k}/", client)
             dist.init_process_group(spec["backend"], store=store, rank=spec["rank"], world_size=spec["size"],
                                     timeout=timedelta(seconds=spec["timeout_s"]), pg_options=_options(spec))
             return dist.distributed_c10d._get_default_group()

@@ -219,7 +219,7 @@ class Trainer:
 
             from gyre.real.fsdp import shard_model, shard_state
 
-            self._fsdp_pg = self.dp.default_group(dp, f"v{self.version}")  # every member is at this version
+            self._fsdp_pg = self.dp.default_group(dp)
             mesh = init_device_mesh(self.device.type, (dp["size"],))
             model = shard_model(model, mesh, offload=self.cfg.offload and self.device.type == "cuda", sum_grads=True)
             self.model, self.opt = model, shard_state(model, state["opt"], self._new_opt)
