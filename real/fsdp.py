@@ -8,8 +8,9 @@ it runs (all-gathered, in `param_dtype`), gradients are reduce-scattered in `red
 serve as engines.
 
 Moving between groups (gyre.real.trainer re-shards whenever a step's ranks change): `gather_state` collects
-the whole training state (fp32 weights and AdamW state) onto one rank's host, `shard_state` builds the
-sharded model and optimizer of a new group from it, each rank slicing its own rows (no communication).
+the whole training state (fp32 weights and AdamW state) onto one rank's host; a new group's ranks each
+build the whole model from it and `shard_model` keeps their rows, and `shard_state` gives the optimizer its
+rows of the whole AdamW state (no communication: every rank holds the same whole state).
 `full_state(model)` gathers the serving state dict (one host copy, in the serving dtype), what a sync sends.
 
 Assumes: the default process group is the group of the mesh (torch's DeviceMesh and DTensor read it); every
@@ -21,7 +22,7 @@ parameter for a DTensor in place), so AdamW's per-index state carries over.
 from __future__ import annotations
 
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 
 
 def shard_model(model: torch.nn.Module, mesh, *, param_dtype: torch.dtype | None = None,
@@ -98,12 +99,26 @@ def shard_state(model: torch.nn.Module, opt_state: dict, make_opt) -> torch.opti
     state = {}
     for i, entry in opt_state["state"].items():
         p = params[int(i)]
-        state[i] = {k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
-                    if isinstance(v, torch.Tensor) and isinstance(p, DTensor) and v.shape == p.shape else v
-                    for k, v in entry.items()}
+        state[i] = {k: _rows_of(v, p) if isinstance(v, torch.Tensor) and isinstance(p, DTensor) and v.shape == p.shape
+                    else v for k, v in entry.items()}
     opt = make_opt(params)
     opt.load_state_dict({"state": state, "param_groups": opt_state["param_groups"]})
     return opt
+
+
+def _rows_of(full: torch.Tensor, p: DTensor) -> DTensor:
+    """This rank's rows of `full` as a DTensor laid out as parameter `p` (dim-0 chunks, as FSDP2 cuts), on the
+    device `p`'s shard lives on (the host under CPU offload)."""
+    local = p.to_local()
+    mine = full.chunk(p.device_mesh.size(), dim=0)
+    rank = p.device_mesh.get_local_rank()
+    rows = mine[rank] if rank < len(mine) else full[:0]
+    if rows.shape != local.shape:
+        raise ValueError(f"shard_state: rows {tuple(rows.shape)} of {tuple(full.shape)}, the shard holds "
+                         f"{tuple(local.shape)}")
+    # a copy: a view would keep the whole tensor alive
+    return DTensor.from_local(rows.to(local.device, local.dtype, copy=True), p.device_mesh, p.placements,
+                              run_check=False, shape=p.shape, stride=p.stride())
 
 
 def local_numel(model: torch.nn.Module) -> int:

@@ -42,13 +42,14 @@ from pathlib import Path
 import numpy as np
 import ray
 import torch
+from torch.distributed.device_mesh import init_device_mesh
 
 from gyre.nn.hf_causal import build_model, model_identity
 from gyre.nn.hf_llama import config_mismatch, load_hf_llama
 from gyre.nn.model import TinyLlamaConfig
 from gyre.real import collective as C
 from gyre.real.checkpoint import CheckpointError, read_checkpoint  # noqa: F401 (CheckpointError: re-exported)
-from gyre.real.fsdp import gather_state, local_numel, whole
+from gyre.real.fsdp import gather_state, local_numel, shard_model, shard_state, whole
 from gyre.trajectory import PackConfig, build_packs
 from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss, micro_batches
 
@@ -205,20 +206,16 @@ class Trainer:
         The same group as the last step keeps its shards; any other re-shards from the whole state this worker
         holds (its own, the gathered state it keeps as rank 0, or the state of record it was sent)."""
         name = dp["name"] if dp is not None and dp["size"] > 1 else None
-        if name is not None and name == self._group:
+        if name == self._group:  # the same shards, or a whole model again
             return
         state = self._whole()
         model = self._new_model()
         model.load_state_dict(state["model"])
-        model = model.to(self.device)
         if name is None:
-            self.model, self.opt = model, self._new_opt(model.parameters())
+            self.model = model.to(self.device)
+            self.opt = self._new_opt(self.model.parameters())
             self.opt.load_state_dict(state["opt"])
-        else:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            from gyre.real.fsdp import shard_model, shard_state
-
+        else:  # built on the host: fully_shard moves one layer at a time to the device and keeps its rows
             self._fsdp_pg = self.dp.default_group(dp)
             mesh = init_device_mesh(self.device.type, (dp["size"],))
             model = shard_model(model, mesh, offload=self.cfg.offload and self.device.type == "cuda", sum_grads=True)
