@@ -93,3 +93,16 @@ def _check(cfg, tc, policy, notes, ckpt, run) -> None:
         f"run {run}: the checkpoint holds the published weights, whole"
     moments = [s["exp_avg"].shape for s in saved["opt"]["state"].values()]
     assert moments == [p.shape for p in ref.model.parameters()], f"run {run}: AdamW state not whole: {moments[:3]}"
+
+
+def test_an_unknown_sharding_is_one_line_naming_the_file_and_field(tmp_path):
+    """`sharding = "zero3"` in a run's TOML: a RealConfigError naming the file, the table and both choices."""
+    from gyre.real.config import RealConfigError
+    from gyre.real.config_file import load_config
+
+    bad = tmp_path / "run.toml"
+    bad.write_text('preset = "tiny-test"\n[pool.trainer_config]\nsharding = "zero3"\n')
+    with pytest.raises(RealConfigError) as exc:
+        load_config(bad)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(bad) in msg and "pool.trainer_config" in msg and "'dp' or 'fsdp'" in msg, msg
