@@ -5,8 +5,7 @@ executions showed) and of the cluster's cost estimate (gyre.estimate), never of 
 side effects, so it is unit-tested on plain stand-ins. The rule these functions implement is stated once,
 in policies/elastic.py's docstring.
 
-- `History`: what finished executions showed: their segment counts and seconds per segment, and how long
-  a group took from its first start to its last finish.
+- `History` (policies.elastic_history): what finished executions showed, and the live ones' progress.
 - `remaining_s`: a live execution's expected remaining time: its expected remaining segments (the mean,
   over finished executions longer than it so far, of their segments beyond its own; none longer: its
   segments so far times `unseen_residual`) times its own observed seconds per segment.
@@ -38,68 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gyre.cluster import EngineView, ExecutionView, Phase
-
-
-@dataclass(frozen=True)
-class History:
-    """What finished executions showed (observations only), and the live ones' progress as censored data."""
-
-    segments: tuple[int, ...] = ()  # segments of each finished execution, sorted
-    seg_s: float = 0.0  # mean seconds per segment over finished executions
-    ctx: float = 0.0  # mean context over a finished execution's life: half its trajectory tokens (it grows ~linearly)
-    live_done: tuple[int, ...] = ()  # segments each live execution has completed (it has more to come)
-
-    def survival(self) -> list[float]:
-        """Kaplan-Meier P(segments > k) for k = 0 .. the largest observation: finished executions are events
-        at their segment counts, live ones censored at what they have done (so the long ones, which finish
-        last, are not missing from the estimate)."""
-        top = max(self.segments[-1] if self.segments else 0, max(self.live_done, default=0))
-        ends = [0] * (top + 2)
-        cens = [0] * (top + 2)
-        for t in self.segments:
-            ends[t] += 1
-        for d in self.live_done:
-            cens[d] += 1
-        at_risk = len(self.segments) + len(self.live_done)
-        s, out = 1.0, []
-        for k in range(top + 1):
-            if at_risk > 0 and ends[k]:
-                s *= 1.0 - ends[k] / at_risk
-            at_risk -= ends[k] + cens[k]
-            out.append(s)
-        return out
-
-    def p_more(self, done: int, k: float, unseen_residual: float) -> float:
-        """P(segments > k | segments > done), k >= done (module docstring's tail past the observations)."""
-        sv = self.survival()
-        top = len(sv) - 1
-
-        def s_at(t: float) -> float:
-            if t <= top:
-                return sv[int(t)]
-            return sv[top] * (max(top, 1) / t) ** (1.0 + 1.0 / unseen_residual)
-
-        base = s_at(done)
-        return s_at(k) / base if base > 0 else 1.0
-
-    def residual_segments(self, done: int, unseen_residual: float) -> float:
-        """Expected segments still to come (the current one included) for an execution `done` segments in:
-        sum over k >= done of P(segments > k) / P(segments > done); past the largest observation the
-        tail still alive is expected to last `unseen_residual` times its age."""
-        surv = self.__dict__.get("_surv")
-        if surv is None:
-            sv = self.survival()
-            suffix = [0.0] * (len(sv) + 1)
-            for k in range(len(sv) - 1, -1, -1):
-                suffix[k] = suffix[k + 1] + sv[k]
-            surv = (sv, suffix)
-            object.__setattr__(self, "_surv", surv)
-        sv, suffix = surv
-        top = len(sv) - 1
-        if done > top or sv[done] <= 0:
-            return unseen_residual * max(done, 1)
-        tail = sv[top] * unseen_residual * max(top, 1)
-        return (suffix[done] + tail) / sv[done]
+from gyre.policies.elastic_history import History
 
 
 def cut_p(x: ExecutionView, hist: History, now: float, unseen_residual: float, delay: float = 0.0,
