@@ -57,7 +57,7 @@ from gyre.estimate import batch_counts
 from gyre.handles import Handle, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
-from gyre.policies.elastic_history import History, Records
+from gyre.policies.elastic_history import History, Records, drawn_remaining_s
 from gyre.policies.elastic_plan import Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate, plan_drain, remaining_s
 from gyre.policies.elastic_pool import EnginePool
 
@@ -167,13 +167,18 @@ class Elastic:
         return cluster.free_gpus()
 
     def _predict(self, hist: History):
-        """Each live execution's predicted finish (absolute) and wait for its next tool-call boundary."""
+        """Each live execution's predicted finish (absolute: its remaining time drawn at its quantile level,
+        policies.elastic_history) and wait for its next tool-call boundary."""
         c, now = self.config, self.cluster.now
         finish, waits = {}, {}
         load = self._loads()
-        for x in self.cluster.live():
+        live = self.cluster.live()
+        spread = self.records.spread(live, now, c.unseen_residual)
+        for x in live:
             f = load.get(x.engine_id, 1.0)
-            rem = remaining_s(x, hist, now, c.unseen_residual, f)
+            rem = drawn_remaining_s(x, hist, spread, now, c.unseen_residual, f)
+            if rem is None:
+                rem = remaining_s(x, hist, now, c.unseen_residual, f)
             finish[x.id] = now + rem
             waits[x.id] = boundary_wait_s(x, hist, now, rem, c.boundary_share, c.unseen_residual, f)
         return finish, waits
@@ -254,7 +259,8 @@ class Elastic:
     # ------------------------------------------------------------------ 2. a step ends
     def _after_step(self):
         if self.cluster.version < self.steps:
-            yield from self.pool.grow(sync=True, engines=self._engines_to_start())
+            self.pool.start(self._engines_to_start())  # the next step need not wait for them
+            yield from self.pool.grow(sync=True, engines=0)
 
     def _engines_to_start(self) -> int:
         """How many engines to start on the free GPUs (policies.elastic_plan.choose_grow)."""

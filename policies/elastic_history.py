@@ -15,8 +15,11 @@ remaining time is that quantile of its conditional distribution given what it ha
 - before that (a single-turn rollout has nothing else), its duration from the Kaplan-Meier distribution of
   durations, finished ones events and live ones censored at their ages, conditional on its age
   (`Spread.remaining`), times its engine's step time now over the one the durations were measured at.
-Past the largest observation the tail is a Pareto of index 1 + 1 / `unseen_residual` (its mean residual
-life is `unseen_residual` times its age), in both distributions.
+A level that falls past the largest observation (the tail no execution has yet shown) takes the tail's
+mean instead, in both distributions: a Pareto of index 1 + 1 / `unseen_residual`, whose mean residual life
+is `unseen_residual` times the age it is reached at (its extreme quantiles would put a batch's last finish
+at ten times the longest seen when most executions are still running, as at the first step, while a
+generation cap bounds a single-turn rollout).
 
 Simplifications: a duration measured at one engine load is rescaled to another by the ratio of engine
 step times (a decoding sequence gains one token per step); ties in durations are events in input order.
@@ -39,11 +42,6 @@ def level(execution_id: int) -> float:
     per run, the same for every candidate the controller compares), in (0, 1), even over consecutive ids."""
     u = (execution_id * GOLDEN + 0.5 * GOLDEN) % 1.0
     return min(max(u, 1e-6), 1.0 - 1e-6)
-
-
-def _pareto_time(top: float, s_top: float, target: float, unseen_residual: float) -> float:
-    """Where a Pareto tail of index 1 + 1 / unseen_residual, at s_top at `top`, falls to `target`."""
-    return max(top, 1e-12) * (s_top / target) ** (1.0 / (1.0 + 1.0 / unseen_residual))
 
 
 @dataclass(frozen=True)
@@ -126,8 +124,7 @@ class History:
                 else:
                     lo = mid + 1
             return lo - done
-        t = _pareto_time(max(top, 1), sv[top], target, unseen_residual) if sv[top] > 0 else top + 1
-        return max(1, math.ceil(t) - done)
+        return max(1, math.ceil((1.0 + unseen_residual) * max(top, done, 1)) - done)  # the tail's mean
 
 
 class Spread:
@@ -167,10 +164,7 @@ class Spread:
         i = bisect.bisect_left(self.neg_s, -target, lo=bisect.bisect_right(self.times, age))
         if i < len(self.times):
             return self.times[i] - age
-        top, s_top = self.times[-1], -self.neg_s[-1]
-        if s_top <= 0:
-            return max(top - age, 0.0)
-        return max(_pareto_time(max(top, age), min(s_top, base), target, self.r) - age, 0.0)
+        return (1.0 + self.r) * max(self.times[-1], age) - age  # the tail's mean
 
 
 class Records:
@@ -229,3 +223,18 @@ class Records:
     def spread(self, live: Sequence[ExecutionView], now: float, unseen_residual: float) -> Spread:
         ages = [now - x.started_at for x in live if x.started_at is not None]
         return Spread((d for _, _, d in self.started_durations), ages, unseen_residual)
+
+
+def drawn_remaining_s(x: ExecutionView, hist: History, spread: Spread, now: float, unseen_residual: float,
+                      load: float = 1.0) -> float | None:
+    """A live execution's remaining seconds at its quantile level (`level`; the module docstring): once it
+    has finished a segment, drawn remaining segments at its own pace; before that, its drawn duration
+    given its age, times `load` (its engine's step time now over the one the durations were measured at).
+    None when nothing has finished yet (no spread to draw from)."""
+    u = level(x.id)
+    if x.turns_done >= 1 and x.started_at is not None:
+        return hist.draw_segments(x.turns_done, u, unseen_residual) * (now - x.started_at) / x.turns_done
+    if not spread:
+        return None
+    age = now - x.started_at if x.started_at is not None else 0.0
+    return spread.remaining(age, u) * load

@@ -47,20 +47,36 @@ class EnginePool:
         return len(self.queue) > 0 or any(e.n_queued for e in self.ready())
 
     def grow(self, sync: bool = True, engines: int | None = None):
-        """Start `engines` engines (None: as many as the free GPUs hold) on the free GPUs; sync stale engines."""
+        """Start `engines` engines (None: as many as the free GPUs hold) on the free GPUs and sync stale
+        engines; yields until all serve."""
+        cluster = self.cluster
+        stale = [e for e in self.engines if e.ready and e.version < cluster.version] if sync else []
+        waits = self._start(engines)
+        n = len(waits)
+        if stale:
+            waits.append(cluster.sync(stale))
+        if not waits:
+            return
+        done = yield all_of(waits)
+        self._joined(done[:n])
+
+    def start(self, engines: int) -> None:
+        """Start `engines` engines on the free GPUs now, without waiting for them: they join the pool once
+        they serve (the trainer need not wait for engines its GPUs do not hold)."""
+        waits = self._start(engines)
+        if waits:
+            all_of(waits).on_done(lambda h: self._joined(h.value) if h.error is None else None)
+
+    def _start(self, engines: int | None) -> list[Handle]:
         cluster = self.cluster
         slots = engine_slots(sorted(cluster.free_gpus()), cluster.gpus_per_engine)
         slots = slots if engines is None else slots[:engines]
-        stale = [e for e in self.engines if e.ready and e.version < cluster.version] if sync else []
         if slots:
             cluster.note("elastic_grow", engines=len(slots))
-        if not slots and not stale:
-            return
-        waits = [cluster.start_engine(s) for s in slots]
-        if stale:
-            waits.append(cluster.sync(stale))
-        done = yield all_of(waits)
-        self.engines.extend(done[: len(slots)])
+        return [cluster.start_engine(s) for s in slots]
+
+    def _joined(self, engines: Sequence[EngineView]) -> None:
+        self.engines.extend(engines)
         self.queue.pump()
         self.load.fire()
 
