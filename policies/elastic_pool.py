@@ -31,7 +31,19 @@ class EnginePool:
         self.peak: dict[int, int] = {}  # engine id -> the most live executions it held
         self.draining: Handle | None = None  # the one drain (or lend) in flight
         self.load = Signal()  # an execution finished, or the pool changed
-        self.queue = AdmissionQueue(cluster, self.ready)
+        self.starting = 0  # engines started and not yet serving
+        self.queue = AdmissionQueue(cluster, self.ready, limit=self.share)
+
+    def share(self, e: EngineView) -> int:
+        """While engines are starting, a ready engine is handed no more than an even share of the work
+        (live and waiting executions) over the ready and starting engines: an execution waits the start
+        (seconds) rather than crowd an engine whose every step it would slow for its whole life (a decoding
+        sequence gains one token per step, and a step's time grows with the sequences it runs)."""
+        if not self.starting:
+            return e.admit_limit
+        ready = self.ready()
+        work = sum(x.n_live for x in ready) + len(self.queue)
+        return max(1, -(-work // (len(ready) + self.starting)))
 
     def ready(self) -> list[EngineView]:
         """The engines executions may be admitted to."""
@@ -65,7 +77,13 @@ class EnginePool:
         they serve (the trainer need not wait for engines its GPUs do not hold)."""
         waits = self._start(engines)
         if waits:
-            all_of(waits).on_done(lambda h: self._joined(h.value) if h.error is None else None)
+            self.starting += len(waits)
+
+            def joined(h: Handle) -> None:
+                self.starting -= len(waits)
+                self._joined(h.value if h.error is None else [])
+
+            all_of(waits).on_done(joined)
 
     def _start(self, engines: int | None) -> list[Handle]:
         cluster = self.cluster
