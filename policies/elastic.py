@@ -2,7 +2,7 @@
 
 Generation never stops and admission is async's (policies.common.train_loop: the Batcher keeps
 staleness <= eta). The controller observes the engines' load, the live executions' progress, what
-finished executions showed (their segments and seconds per segment: policies.elastic_plan.History) and
+finished executions showed (their segments, seconds per segment and durations: policies.elastic_history) and
 the cluster's cost estimate (gyre.estimate: a training step's seconds on g GPUs, an engine's decode
 throughput at n sequences, KV capacity, engine size, the trainer's memory minimum). It never sees a
 future length. At the start every GPU runs an engine; then at each decision point it does one thing:
@@ -12,10 +12,12 @@ future length. At the start every GPU runs an engine; then at each decision poin
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
      `boundary_share` of a segment from one, or its finish if its segment is expected to be its last;
      others move at once), then the batch's training time from the estimate;
-   - when each live execution finishes: its expected remaining segments given the finished ones, times
-     its own seconds per segment (before it has finished one: the finished ones' mean, times its
-     engine's step time at its load over theirs), stretched by the estimate's step time of the engine it ends up on
-     over that of its engine now; one no staying engine has room for (KV below `kv_fill` of capacity, a
+   - when each live execution finishes: its remaining time drawn at its own fixed quantile level from its
+     conditional spread (policies.elastic_history: remaining segments from the Kaplan-Meier segment
+     distribution at its own seconds per segment; before it has finished one, its duration from the
+     Kaplan-Meier durations given its age, times its engine's step time at its load over theirs), so a
+     batch is predicted ready at its last finish, not at its executions' mean; stretched by the
+     estimate's step time of the engine it ends up on over that of its engine now; one no staying engine has room for (KV below `kv_fill` of capacity, a
      slot under the admission limit) is parked and resumes in the next slot a staying execution frees
      (their predicted finishes, in order), or when the step ends and engines restart;
    - so when each later batch of the groups admitted so far is ready (the groups the staleness bound
@@ -24,7 +26,8 @@ future length. At the start every GPU runs an engine; then at each decision poin
      the trainer free);
    - how many more executions its delays are expected to push past their deadline (each execution's
      budget is observed; the probability from the Kaplan-Meier segment distribution);
-   and, among the sizes expected to cut at most `cut_share` of a step's executions more than the
+   and, among the sizes whose plan parks no execution past the deadline it would meet unparked (if any
+   size's does not) and expected to cut at most `cut_share` of a step's executions more than the
    least-cutting one (a cut is lost work, never a speed-up), train on the one that trains that last
    group soonest (ties: the sooner step end, then the larger trainer). Its engines are drained: executions
    migrate at their next tool-call boundary, never aborted; those with no room are parked there and
@@ -34,7 +37,9 @@ future length. At the start every GPU runs an engine; then at each decision poin
    bound lets in next) take engine slots as they free, each taking what finished executions took,
    scaled by the estimate's step time at the load that many engines carry; the GPUs left free train the
    next steps; the count whose last pending group is trained soonest wins (ties: fewer). With no engine
-   ready, every freed GPU starts one. Engines serving old weights sync.
+   ready, every freed GPU starts one. Engines serving old weights sync; the started ones join the pool
+   once they serve, and the next step does not wait for them. While they start, a ready engine is handed
+   at most an even share of the work over the ready and starting engines (policies.elastic_pool).
 3. An execution finishes or the pool changes, with no batch ready. Free GPUs start engines if executions
    wait for room, and executions queued on one engine move to engines with room. An engine whose live
    executions have fallen below `load_share` of the most it held, while nothing waits for room, is
@@ -42,6 +47,13 @@ future length. At the start every GPU runs an engine; then at each decision poin
    finishes would (a single-turn rollout reaches no boundary: draining it frees nothing sooner and would
    hold up the next decision; all such engines at once): the tail is consolidated and its GPUs wait free
    for the next step.
+
+Per-engine concurrency, at every admission: an engine is handed no more executions than the most at
+which each of its live executions is still predicted to meet its deadline (policies.elastic_plan.
+deadline_cap: its predicted remaining time at the engine's load now, scaled by the estimate's step time
+at n sequences; one that misses even alone sets no cap), within its admission limit; a drain's migrants
+are placed within the admission limit alone (parked, a migrant's deadline clock runs; moved, it only
+slows).
 
 Every threshold is an `ElasticConfig` field with its reason. Simplifications: one drain at a time;
 GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
@@ -58,7 +70,8 @@ from gyre.handles import Handle, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
 from gyre.policies.elastic_history import History, Records, drawn_remaining_s
-from gyre.policies.elastic_plan import Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate, plan_drain, remaining_s
+from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, deadline_cap, evaluate,
+                                        plan_drain, remaining_s)
 from gyre.policies.elastic_pool import EnginePool
 
 
@@ -125,6 +138,8 @@ class Elastic:
         self.steps = steps
         self.records = Records()
         self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share)
+        self.pool.cap = self._cap
+        self._caps: tuple[float, dict[int, int]] = (-1.0, {})  # (when, engine id -> cap) for the instant
         self.gathering = False  # a batch's GPUs are being gathered
         order = OrderedAdmission(cluster, steps, self.config)
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order, on_finish=self._finished)
@@ -141,6 +156,30 @@ class Elastic:
         self.pool.load.fire()
         if h.error is None:
             self.records.finished(h.value, len(group.executions), self.cluster.now)
+
+    def _cap(self, e: EngineView) -> int:
+        """Per-engine concurrency (module docstring, 3): the most executions `e` may hold with each of its
+        live executions still predicted to meet its deadline (policies.elastic_plan.deadline_cap), from its
+        predicted remaining time at the engine's load now and the estimate's step time at n sequences."""
+        now = self.cluster.now
+        if self._caps[0] != now:
+            self._caps = (now, {})
+        caps = self._caps[1]
+        if e.id not in caps:
+            c, hist = self.config, self._hist_now()
+            load = self._loads()
+            mine = [x for x in self.cluster.live() if x.engine_id == e.id and x.deadline_at < float("inf")]
+            rem = [(remaining_s(x, hist, now, c.unseen_residual, load.get(e.id, 1.0)), x.deadline_at) for x in mine]
+            per = e.kv_used / max(e.n_live, 1)
+            caps[e.id] = deadline_cap(rem, now, lambda n: self.est.step_s(n, n * per), e.n_live, e.admit_limit)
+        return caps[e.id]
+
+    def _hist_now(self) -> History:
+        """The History at this instant (built once per instant for the caps)."""
+        h = self.__dict__.get("_hist_at")
+        if h is None or h[0] != self.cluster.now or h[1] != len(self.records.segs):
+            h = self._hist_at = (self.cluster.now, len(self.records.segs), self._history())
+        return h[2]
 
     def _history(self) -> History:
         return self.records.history(self.cluster.live())
@@ -241,7 +280,7 @@ class Elastic:
 
         cands = []
         for k in range(len(ready)):
-            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.queue.room)
+            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.drain_room)
             if len(plan.victims) < k:
                 break
             g = free + len(plan.gpus)

@@ -244,6 +244,7 @@ class Candidate:
     last_end: float  # the last batch of the groups admitted so far trained
     train_s: float
     cuts: float = 0.0  # executions the plan's delays are expected to push past their deadline
+    park_breaks: int = 0  # parked executions predicted to meet their deadline unparked and to miss it parked
 
     @property
     def key(self) -> tuple[float, float, int]:
@@ -326,11 +327,44 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     ends = [now if g in finished else group_end.get(g, now) for g in pending]
     ready = batch_ready_times(ends, n_next, due)[0] if n_next > 0 and ends else now
     last = last_batch_end(end, ends, n_next, train_s, due) if n_next > 0 and ends else end
-    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts)
+    breaks = sum(1 for x in plan.parks if finish[x.id] <= x.deadline_at < t_of[x.id])
+    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts,
+                     park_breaks=breaks)
 
 
 def choose(candidates: Sequence[Candidate], cut_tolerance: float = 0.0) -> Candidate:
-    """Among the candidates expected to cut at most `cut_tolerance` executions more than the least-cutting
-    one, the one training every admitted group soonest (ties: sooner step end, then larger)."""
+    """Among the candidates that park no execution past the deadline it would otherwise meet (when any
+    does not: a parked execution's deadline clock runs while it waits) and are expected to cut at most
+    `cut_tolerance` executions more than the least-cutting one, the one training every admitted group
+    soonest (ties: sooner step end, then larger)."""
+    safe = [c for c in candidates if not c.park_breaks]
+    candidates = safe or candidates
     least = min(c.cuts for c in candidates)
     return min((c for c in candidates if c.cuts <= least + cut_tolerance + 1e-12), key=lambda c: c.key)
+
+
+def deadline_cap(remaining: Sequence[tuple[float, float]], now: float, step_s: Callable[[int], float],
+                 n_now: int, limit: int) -> int:
+    """The most executions an engine may hold so that every one of its live executions still meets its
+    deadline: `remaining` holds each one's (predicted remaining seconds at the engine's load now, n_now
+    sequences; its deadline), and at n sequences that time scales by step_s(n) / step_s(n_now) (a
+    decoding sequence gains one token per step). One that misses its deadline even alone on the engine
+    is past help and sets no cap. Returns the largest n in [1, limit] that keeps the rest (limit if none
+    is at risk); step_s is non-decreasing in n, so the answer is found by bisection."""
+    base = step_s(max(n_now, 1))
+    if base <= 0:
+        return limit
+    alone = step_s(1) / base
+    slack = [(deadline - now) / rem for rem, deadline in remaining
+             if rem > 0 and deadline < float("inf") and now + rem * alone <= deadline]
+    if not slack:
+        return limit
+    most = min(slack) * base  # the longest step time every one of them can afford
+    lo, hi = 1, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if step_s(mid) <= most:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

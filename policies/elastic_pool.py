@@ -32,7 +32,18 @@ class EnginePool:
         self.draining: Handle | None = None  # the one drain (or lend) in flight
         self.load = Signal()  # an execution finished, or the pool changed
         self.starting = 0  # engines started and not yet serving
-        self.queue = AdmissionQueue(cluster, self.ready, limit=self.share)
+        self.cap: Callable[[EngineView], int] | None = None  # the controller's own per-engine cap, if any
+        self.queue = AdmissionQueue(cluster, self.ready, limit=self.limit)
+
+    def drain_room(self, e: EngineView) -> int:
+        """Migrants `e` may still take in a drain: its admission limit, not the admission caps (a migrant
+        left without room is parked, its deadline clock running, which a slower engine beats)."""
+        return e.admit_limit - e.n_live - self.queue.incoming.get(e.id, 0)
+
+    def limit(self, e: EngineView) -> int:
+        """The executions `e` may hold: its even `share` while engines start, within the controller's `cap`."""
+        n = self.share(e)
+        return n if self.cap is None else min(n, self.cap(e))
 
     def share(self, e: EngineView) -> int:
         """While engines are starting, a ready engine is handed no more than an even share of the work
@@ -172,7 +183,7 @@ class EnginePool:
         if not thin:
             return
         for k in range(len(thin), 0, -1):
-            plan = plan_drain(ready, live, k, kv_fill=self.kv_fill, slots=self.queue.room)
+            plan = plan_drain(ready, live, k, kv_fill=self.kv_fill, slots=self.drain_room)
             if not plan.parks and all(e.id in thin for e in plan.victims):
                 self.draining = self.cluster.spawn(self.drain(plan, "consolidate"), "elastic-consolidate")
                 return

@@ -416,3 +416,13 @@ def test_elastic_beats_the_fixed_split_under_kv_pressure():
     el = end(simulate(cfg, "elastic", {"eta": 1}))
     fixed = {g: end(simulate(cfg, "async", {"eta": 1, "rollout_gpus": g})) for g in (1, 2)}
     assert el < min(fixed.values()), f"elastic {el:.1f} s, fixed splits {fixed}"
+
+
+def test_choose_avoids_parking_past_a_deadline():
+    """A candidate that parks an execution past the deadline it would meet unparked is not chosen while
+    another parks none, even if it trains sooner."""
+    plan = DrainPlan((), (), ())
+    fast = Candidate(gpus=3, plan=plan, step_end=1.0, next_ready=1.0, last_end=5.0, train_s=1.0, park_breaks=1)
+    slow = Candidate(gpus=1, plan=plan, step_end=2.0, next_ready=2.0, last_end=9.0, train_s=2.0)
+    assert choose([fast, slow]) is slow, "the plan that parks past a deadline is passed over"
+    assert choose([fast]) is fast, "with no other, it stands"

@@ -1,13 +1,16 @@
-"""The elastic controller's records and the spread it draws remaining times from, on hand-computed cases."""
+"""The elastic controller's records and the spread it draws remaining times from, and its per-engine deadline
+cap, on hand-computed cases."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
 
 from gyre.cluster import Phase
 from gyre.policies.elastic_history import History, Spread, drawn_remaining_s, level
+from gyre.policies.elastic_plan import deadline_cap
 
 
 @dataclass
@@ -93,3 +96,15 @@ def test_a_batch_of_draws_is_ready_at_its_last_finish_not_its_mean():
     assert last >= 990, f"the batch's predicted last finish {last}"
     mean = sum(sp.remaining(0.0, level(i)) for i in range(1000)) / 1000
     assert 480 <= mean <= 520, f"draws keep the mean: {mean}"
+
+
+def test_deadline_cap_by_hand():
+    """Step time 1 + n s; an engine at 4 sequences (step 5 s) holds one execution 50 s from its end and
+    100 s from its deadline: it affords steps of 5 x 100 / 50 = 10 s, so 9 sequences; one that misses even
+    alone sets no cap; none at risk: the limit."""
+    step = lambda n: 1.0 + n  # noqa: E731
+    assert deadline_cap([(50.0, 100.0)], 0.0, step, 4, 60) == 9, "1 + 9 = 10 s per step"
+    assert deadline_cap([(50.0, 100.0), (10.0, 12.0)], 0.0, step, 4, 60) == 5, "the tighter one: 5 x 12 / 10 = 6 s"
+    assert deadline_cap([(500.0, 100.0)], 0.0, step, 4, 60) == 60, "misses even alone (500 x 2 / 5 > 100): no cap"
+    assert deadline_cap([(50.0, math.inf)], 0.0, step, 4, 60) == 60, "no deadline: the limit"
+    assert deadline_cap([(50.0, 100.0)], 0.0, step, 4, 7) == 7, "never above the limit"
