@@ -139,7 +139,7 @@ class Elastic:
         self.records = Records()
         self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share)
         self.pool.cap = self._cap
-        self._caps: tuple[float, dict[int, int]] = (-1.0, {})  # (when, engine id -> cap) for the instant
+        self._caps: tuple = (-1.0, {}, {}, None)  # (when, engine id -> cap, live by engine, History) this instant
         self.gathering = False  # a batch's GPUs are being gathered
         order = OrderedAdmission(cluster, steps, self.config)
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order, on_finish=self._finished)
@@ -158,28 +158,32 @@ class Elastic:
             self.records.finished(h.value, len(group.executions), self.cluster.now)
 
     def _cap(self, e: EngineView) -> int:
-        """Per-engine concurrency (module docstring, 3): the most executions `e` may hold with each of its
-        live executions still predicted to meet its deadline (policies.elastic_plan.deadline_cap), from its
-        predicted remaining time at the engine's load now and the estimate's step time at n sequences."""
+        """Per-engine concurrency (module docstring): the most executions `e` may hold with each of its live
+        executions still predicted to meet its deadline (policies.elastic_plan.deadline_cap), from its
+        predicted remaining time at the engine's load now and the estimate's step time at n sequences.
+        The live executions with a deadline are grouped by engine once per instant."""
         now = self.cluster.now
         if self._caps[0] != now:
-            self._caps = (now, {})
-        caps = self._caps[1]
+            by_engine: dict[int, list] = {}
+            for x in self.cluster.live():
+                if x.deadline_at < float("inf"):
+                    by_engine.setdefault(x.engine_id, []).append(x)
+            self._caps = (now, {}, by_engine, None)
+        _, caps, by_engine, hist = self._caps
         if e.id not in caps:
-            c, hist = self.config, self._hist_now()
-            load = self._loads()
-            mine = [x for x in self.cluster.live() if x.engine_id == e.id and x.deadline_at < float("inf")]
-            rem = [(remaining_s(x, hist, now, c.unseen_residual, load.get(e.id, 1.0)), x.deadline_at) for x in mine]
-            per = e.kv_used / max(e.n_live, 1)
-            caps[e.id] = deadline_cap(rem, now, lambda n: self.est.step_s(n, n * per), e.n_live, e.admit_limit)
+            mine = by_engine.get(e.id)
+            if not mine:
+                caps[e.id] = e.admit_limit
+            else:
+                c = self.config
+                if hist is None:
+                    hist = self._history()
+                    self._caps = (now, caps, by_engine, hist)
+                f = self._loads().get(e.id, 1.0)
+                rem = [(remaining_s(x, hist, now, c.unseen_residual, f), x.deadline_at) for x in mine]
+                per = e.kv_used / max(e.n_live, 1)
+                caps[e.id] = deadline_cap(rem, now, lambda n: self.est.step_s(n, n * per), e.n_live, e.admit_limit)
         return caps[e.id]
-
-    def _hist_now(self) -> History:
-        """The History at this instant (built once per instant for the caps)."""
-        h = self.__dict__.get("_hist_at")
-        if h is None or h[0] != self.cluster.now or h[1] != len(self.records.segs):
-            h = self._hist_at = (self.cluster.now, len(self.records.segs), self._history())
-        return h[2]
 
     def _history(self) -> History:
         return self.records.history(self.cluster.live())
