@@ -49,7 +49,7 @@ future length. At the start every GPU runs an engine; then at each decision poin
    for the next step.
 
 Per-engine concurrency, at every admission: an engine is handed no more executions than the most at
-which each of its live executions is still predicted to meet its deadline (policies.elastic_plan.
+which each of its live executions is still predicted to meet its deadline (policies.elastic_pool.
 deadline_cap: its predicted remaining time at the engine's load now, scaled by the estimate's step time
 at n sequences; one that misses even alone sets no cap), within its admission limit; a drain's migrants
 are placed within the admission limit alone (parked, a migrant's deadline clock runs; moved, it only
@@ -70,9 +70,8 @@ from gyre.handles import Handle, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
 from gyre.policies.elastic_history import History, Records, drawn_remaining_s
-from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, deadline_cap, evaluate,
-                                        plan_drain, remaining_s)
-from gyre.policies.elastic_pool import EnginePool
+from gyre.policies.elastic_plan import Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate, plan_drain, remaining_s
+from gyre.policies.elastic_pool import EnginePool, deadline_cap
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +158,7 @@ class Elastic:
 
     def _cap(self, e: EngineView) -> int:
         """Per-engine concurrency (module docstring): the most executions `e` may hold with each of its live
-        executions still predicted to meet its deadline (policies.elastic_plan.deadline_cap), from its
+        executions still predicted to meet its deadline (policies.elastic_pool.deadline_cap), from its
         predicted remaining time at the engine's load now and the estimate's step time at n sequences.
         The live executions with a deadline are grouped by engine once per instant."""
         now = self.cluster.now
@@ -277,6 +276,8 @@ class Elastic:
         scale = self._scale(ready, len(queued), hist)
         load = self._loads()
         group_of = {x.id: x.group_id for x in live}
+        limit = max((e.admit_limit for e in ready), default=1)
+        starting = [now + est.engine_start_s] * (self.pool.starting * limit)  # engines started after the last step
         durations = rec.durations()
 
         def risk(x, delay: float, stretch: float) -> float:
@@ -295,7 +296,7 @@ class Elastic:
                                   waits_s=waits, engines=ready, live=live, group_of=group_of, pending=pending,
                                   finished=set(self.batcher.finished), n_next=self.batcher.gps, queued=queued,
                                   durations=durations, step_s=est.step_s, stop_s=est.engine_stop_s,
-                                  start_s=est.engine_start_s, risk=risk, scale=scale, due=due))
+                                  start_s=est.engine_start_s, risk=risk, scale=scale, due=due, starting=starting))
         tol = c.cut_share * self.batcher.gps * rec.group_size
         return choose(cands, tol) if cands else None
 

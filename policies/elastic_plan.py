@@ -257,7 +257,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
              queued: Sequence[int], durations: Sequence[float], step_s: Callable[[int, float], float],
              stop_s: float = 0.0, start_s: float = 0.0,
              risk: Callable[[ExecutionView, float, float], float] | None = None,
-             scale: Callable[[int], float] = lambda n: 1.0, due: Sequence[int] | None = None) -> Candidate:
+             scale: Callable[[int], float] = lambda n: 1.0, due: Sequence[int] | None = None,
+             starting: Sequence[float] = ()) -> Candidate:
     """The candidate for `plan` (a trainer of `gpus` GPUs; see the module docstring).
 
     `finish`: each live execution's predicted finish (absolute) without reallocation; `waits_s`: each
@@ -269,7 +270,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     probability x is cut if delayed and stretched so (`cut_p`); without it, a cut is a predicted finish
     pushed past the deadline; `scale(n)`: how much longer than the finished ones a job takes with the
     work spread over n engines (the staying ones until the drained ones are back, then all); `due`: each
-    pending group's batch index by the staleness bound (`batch_ready_times`)."""
+    pending group's batch index by the staleness bound (`batch_ready_times`); `starting`: when each slot of
+    the engines being started (not yet in `engines`) is expected to serve."""
     gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
     gather = max([gather] + [waits_s[x.id] for x in plan.parks])
     end = now + gather + (stop_s if plan.victims else 0.0) + train_s
@@ -303,6 +305,7 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
             used[dst] = used.get(dst, 0) + 1
     free_at = list(t_of.values()) + [now] * sum(max(0, limit[e.id] - used.get(e.id, 0)) for e in engines
                                                 if e.id not in vids) + [end + start_s] * sum(limit[i] for i in vids)
+    free_at += list(starting)
     jobs = [finish[xid] - now for xid in parked] + [durations[i % len(durations)] if durations else 0.0
                                                      for i in range(len(queued))]
     n_all, n_stay, back = len(engines), len(engines) - len(vids), end + start_s
@@ -342,29 +345,3 @@ def choose(candidates: Sequence[Candidate], cut_tolerance: float = 0.0) -> Candi
     least = min(c.cuts for c in candidates)
     return min((c for c in candidates if c.cuts <= least + cut_tolerance + 1e-12), key=lambda c: c.key)
 
-
-def deadline_cap(remaining: Sequence[tuple[float, float]], now: float, step_s: Callable[[int], float],
-                 n_now: int, limit: int) -> int:
-    """The most executions an engine may hold so that every one of its live executions still meets its
-    deadline: `remaining` holds each one's (predicted remaining seconds at the engine's load now, n_now
-    sequences; its deadline), and at n sequences that time scales by step_s(n) / step_s(n_now) (a
-    decoding sequence gains one token per step). One that misses its deadline even alone on the engine
-    is past help and sets no cap. Returns the largest n in [1, limit] that keeps the rest (limit if none
-    is at risk); step_s is non-decreasing in n, so the answer is found by bisection."""
-    base = step_s(max(n_now, 1))
-    if base <= 0:
-        return limit
-    alone = step_s(1) / base
-    slack = [(deadline - now) / rem for rem, deadline in remaining
-             if rem > 0 and deadline < float("inf") and now + rem * alone <= deadline]
-    if not slack:
-        return limit
-    most = min(slack) * base  # the longest step time every one of them can afford
-    lo, hi = 1, limit
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if step_s(mid) <= most:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo

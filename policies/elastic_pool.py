@@ -5,6 +5,9 @@
 boundaries or parking and stop them (`drain`, one at a time), and between decisions lend free GPUs to
 executions waiting for room (`lend`), move executions queued on a full engine to engines with room
 (`rebalance`), and drain engines whose load has thinned below `load_share` of their peak (`consolidate`).
+An engine is handed at most an even share of the work while engines start (`share`), and at most what the
+controller's cap allows (`deadline_cap`: the most executions at which each of its live executions is still
+predicted to meet its deadline).
 No execution is ever aborted: a migrant moves at its next tool-call boundary, one with no room anywhere is
 parked (policies.admit_queue) and resumed where room frees.
 
@@ -187,3 +190,30 @@ class EnginePool:
             if not plan.parks and all(e.id in thin for e in plan.victims):
                 self.draining = self.cluster.spawn(self.drain(plan, "consolidate"), "elastic-consolidate")
                 return
+
+
+def deadline_cap(remaining: Sequence[tuple[float, float]], now: float, step_s: Callable[[int], float],
+                 n_now: int, limit: int) -> int:
+    """The most executions an engine may hold so that every one of its live executions still meets its
+    deadline: `remaining` holds each one's (predicted remaining seconds at the engine's load now, n_now
+    sequences; its deadline), and at n sequences that time scales by step_s(n) / step_s(n_now) (a
+    decoding sequence gains one token per step). One that misses its deadline even alone on the engine
+    is past help and sets no cap. Returns the largest n in [1, limit] that keeps the rest (limit if none
+    is at risk); step_s is non-decreasing in n, so the answer is found by bisection."""
+    base = step_s(max(n_now, 1))
+    if base <= 0:
+        return limit
+    alone = step_s(1) / base
+    slack = [(deadline - now) / rem for rem, deadline in remaining
+             if rem > 0 and deadline < float("inf") and now + rem * alone <= deadline]
+    if not slack:
+        return limit
+    most = min(slack) * base  # the longest step time every one of them can afford
+    lo, hi = 1, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if step_s(mid) <= most:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

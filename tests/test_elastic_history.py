@@ -10,7 +10,7 @@ import pytest
 
 from gyre.cluster import Phase
 from gyre.policies.elastic_history import History, Spread, drawn_remaining_s, level
-from gyre.policies.elastic_plan import deadline_cap
+from gyre.policies.elastic_pool import deadline_cap
 
 
 @dataclass
