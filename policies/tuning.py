@@ -132,8 +132,8 @@ def refine_split_and_cap(axis: str, values: Sequence[int], cap_axis: str, caps: 
     split's neighbours in the first pass. Every cap is tried at once (not one halving at a time while the score
     improves) because equal work is judged against the least-cutting run tried: a halving may cut fewer
     rollouts by less than the tolerance each time and still, a few halvings down, make the uncapped runs
-    unequal work. The first pass's runs are sent again with the caps' batch (a comparison reruns nothing
-    it has measured), so all of it is scored against the same least."""
+    unequal work. The caps' batch holds the best split's full-limit run again (a comparison reruns nothing
+    it has measured), so every cap there is scored against the others and the same least."""
     values, caps = sorted(values), sorted(set(caps), reverse=True)
     if not values or not caps:
         return
