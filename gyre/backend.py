@@ -9,7 +9,12 @@ policy note is written here once, so the two backends cannot drift apart.
 Handle completions caused by a backend's own events go to `_deferred` and are released by `_drain`, after
 the event is fully booked: a policy never observes an engine half-way through an update.
 
-Assumes the subclass sets, before use: `_engines` (id -> engine with `.state`, `.gpus`, `.members`),
+An engine's lifecycle is `EngineState`, moved only by `EngineLifecycle.transition` (the one writer of an engine's
+state and of the version it serves) along `TRANSITIONS`: starting -> ready -> stopping -> stopped, and
+ready -> restarting -> ready (or stopping) for an engine whose process died (gyre.faults). Both backends' engines
+are `EngineLifecycle`s.
+
+Assumes the subclass sets, before use: `_engines` (id -> EngineLifecycle with `.gpus`, `.members`),
 `executions` (id -> execution with `.engine`, `.phase`, `.started_at`, `.migrate_to`), `groups`, `log`,
 `gpu_pool` (gyre.pool.GpuPool), `_version` (steps done in this run) and `_next_engine`; `init_books` sets
 them all.
@@ -17,13 +22,63 @@ them all.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Generator, Sequence
 from typing import Any
 
 from gyre.cluster import ClusterError, Phase, Role
-from gyre.handles import Handle, Process
+from gyre.handles import Handle, Process, done_handle
 from gyre.pool import TRAINER, GpuPool
+
+
+class EngineState(str, enum.Enum):
+    STARTING = "starting"  # its GPUs switch to it (waking, loading weights)
+    READY = "ready"  # serving; admits, migrations and syncs go to it
+    RESTARTING = "restarting"  # its process died; a new one comes up with the latest weights
+    STOPPING = "stopping"  # going to sleep; its GPUs switch away
+    STOPPED = "stopped"  # gone from the cluster
+
+
+STARTING, READY, RESTARTING, STOPPING, STOPPED = EngineState
+TRANSITIONS: dict[EngineState, tuple[EngineState, ...]] = {
+    STARTING: (READY, RESTARTING),  # a real engine's actor may die while it wakes
+    READY: (STOPPING, RESTARTING),
+    RESTARTING: (READY,),
+    STOPPING: (STOPPED,),
+    STOPPED: (),
+}
+
+
+class EngineLifecycle:
+    """An engine's state and the version of the weights it serves, each written by one method."""
+
+    __slots__ = ("state", "_version")
+
+    def __init__(self, version: int) -> None:
+        self.state = STARTING
+        self._version = version
+
+    @property
+    def version(self) -> int:
+        """The version it serves; while starting or restarting, the one it will serve once ready."""
+        return self._version
+
+    @property
+    def ready(self) -> bool:
+        return self.state is READY
+
+    def transition(self, to: EngineState, version: int | None = None) -> None:
+        """Move to state `to` (one of TRANSITIONS[state]), serving `version` from now if given."""
+        if to not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"engine {getattr(self, 'id', '?')}: no transition {self.state.value} -> {to.value}")
+        self.state = to
+        if version is not None:
+            self.serve(version)
+
+    def serve(self, version: int) -> None:
+        """From now on it serves (or, not ready, will serve) `version`: the one place a version is set."""
+        self._version = version
 
 
 class _Park:
@@ -39,9 +94,9 @@ PARK = _Park()
 
 
 class ClusterBase:
-    LISTED: tuple[str, ...] = ("starting", "ready")  # engine states engines() reports
-    ACCEPTING: tuple[str, ...] = ("ready",)  # engine states admit() accepts
-    STOPPABLE: tuple[str, ...] = ("ready",)  # engine states stop_engine() accepts
+    LISTED = (STARTING, READY, RESTARTING)  # engine states engines() reports
+    ACCEPTING = (READY, RESTARTING)  # engine states admit() accepts (a restarting engine's wait for it)
+    STOPPABLE = (READY, RESTARTING)  # engine states stop_engine() accepts (carried out once it is back)
 
     def init_books(self, n_gpus: int) -> None:
         """The driver-side bookkeeping both backends keep: engines, groups, executions, GPU roles, the log."""
@@ -111,7 +166,7 @@ class ClusterBase:
         dst = self._engines.get(engine.id)
         if ex is None or ex.engine is None:
             raise ClusterError(f"migrate: execution {execution.id} is not live on an engine")
-        if dst is None or dst.state != "ready":
+        if dst is None or dst.state is not READY:
             raise ClusterError(f"migrate: target engine {engine.id} is not ready")
         if ex.migrate_to is not None:
             raise ClusterError(f"migrate: execution {ex.id} already has a migration pending")
@@ -131,7 +186,7 @@ class ClusterBase:
     @staticmethod
     def _check_sync(engines: Sequence) -> None:
         for e in engines:
-            if e.state != "ready":
+            if e.state is not READY:
                 raise ClusterError(f"sync: engine {e.id} is not ready")
 
     # ------------------------------------------------------------------ booking
@@ -155,7 +210,7 @@ class ClusterBase:
         self._log(("engine_up", self.now, eng.id, eng.gpus))
 
     def _engine_down(self, eng) -> None:
-        eng.state = "stopped"
+        eng.transition(STOPPED)
         self.gpu_pool.hold(eng.gpus, None)
         self.gpu_pool.set_role(eng.gpus, Role.IDLE, self.now)
         self._log(("engine_down", self.now, eng.id))
@@ -182,6 +237,26 @@ class ClusterBase:
         self.gpu_pool.hold(gpus, TRAINER)
 
     # ------------------------------------------------------------------ shared verbs
+    def stop_engine(self, engine) -> Handle:
+        eng = self._check_stop(engine)
+        h = Handle(f"stop_engine{eng.id}")
+        if eng.state is RESTARTING:
+            self._stop_after_restart(eng, h)
+        else:
+            self._stop(eng, h)
+        return h
+
+    def sync(self, engines: Sequence) -> Handle:
+        """Bring `engines` to the latest version; those serving it already, and restarting ones (they come back
+        with the latest), need nothing."""
+        todo = [self._engines[e.id] for e in engines if e.id in self._engines and e.version < self._version]
+        todo = [e for e in todo if e.state is not RESTARTING]
+        if not todo:
+            return done_handle(None, "sync")
+        self._check_sync(todo)
+        v = self._version
+        return self._sync_now(todo, v, Handle(f"sync{v}"))
+
     def migrate(self, execution, engine) -> Handle:
         ex, dst = self._check_migrate(execution, engine)
         h = Handle(f"migrate{ex.id}")
@@ -211,7 +286,7 @@ class ClusterBase:
         dst = self._engines.get(engine.id)
         if ex is None or ex.phase != Phase.PARKED:
             raise ClusterError(f"resume: execution {execution.id} is not parked")
-        if dst is None or dst.state != "ready":
+        if dst is None or dst.state is not READY:
             raise ClusterError(f"resume: engine {engine.id} is not ready")
         self._log(("resume", self.now, ex.id, dst.id))
         self._resume_now(ex, dst)
@@ -240,6 +315,18 @@ class ClusterBase:
     # ------------------------------------------------------------------ what each backend supplies
     def _succeed_after(self, seconds: float, h: Handle) -> None:
         """Complete `h` with None `seconds` from now."""
+        raise NotImplementedError
+
+    def _stop(self, eng, h: Handle) -> None:
+        """Put a ready engine to sleep; `h` completes once it is down."""
+        raise NotImplementedError
+
+    def _stop_after_restart(self, eng, h: Handle) -> None:
+        """A stop asked while `eng` restarts: carry it out (completing `h`) once it is back."""
+        raise NotImplementedError
+
+    def _sync_now(self, engines: list, version: int, h: Handle) -> Handle:
+        """Load `version` on `engines` (ready, behind it); `h` (returned) completes once all serve it."""
         raise NotImplementedError
 
     def _at_boundary(self, ex) -> bool:
