@@ -27,7 +27,7 @@ import math
 from collections.abc import Generator, Sequence
 from typing import Any
 
-from gyre.cluster import ClusterError, Phase, Role
+from gyre.cluster import ClusterError, EngineView, ExecutionView, Phase, Role
 from gyre.handles import Handle, Process, done_handle
 from gyre.pool import TRAINER, GpuPool
 
@@ -128,13 +128,13 @@ class ClusterBase:
     def free_gpus(self) -> list[int]:
         return self.gpu_pool.free()
 
-    def engines(self) -> list:
+    def engines(self) -> list[EngineView]:
         return [e for e in self._engines.values() if e.state in self.LISTED]
 
-    def live(self) -> list:
+    def live(self) -> list[ExecutionView]:
         return [x for e in self._engines.values() for x in e.members.values()]
 
-    def parked(self) -> list:
+    def parked(self) -> list[ExecutionView]:
         return [x for x in self.executions.values() if x.phase == Phase.PARKED]
 
     # ------------------------------------------------------------------ preconditions
@@ -237,7 +237,7 @@ class ClusterBase:
         self.gpu_pool.hold(gpus, TRAINER)
 
     # ------------------------------------------------------------------ shared verbs
-    def stop_engine(self, engine) -> Handle:
+    def stop_engine(self, engine: EngineView) -> Handle:
         eng = self._check_stop(engine)
         h = Handle(f"stop_engine{eng.id}")
         if eng.state is RESTARTING:
@@ -246,7 +246,7 @@ class ClusterBase:
             self._stop(eng, h)
         return h
 
-    def sync(self, engines: Sequence) -> Handle:
+    def sync(self, engines: Sequence[EngineView]) -> Handle:
         """Bring `engines` to the latest version; those serving it already, and restarting ones (they come back
         with the latest), need nothing."""
         todo = [self._engines[e.id] for e in engines if e.id in self._engines and e.version < self._version]
@@ -257,7 +257,7 @@ class ClusterBase:
         v = self._version
         return self._sync_now(todo, v, Handle(f"sync{v}"))
 
-    def migrate(self, execution, engine) -> Handle:
+    def migrate(self, execution: ExecutionView, engine: EngineView) -> Handle:
         ex, dst = self._check_migrate(execution, engine)
         h = Handle(f"migrate{ex.id}")
         if dst is ex.engine:
@@ -267,7 +267,7 @@ class ClusterBase:
             self._migrate_now(ex)
         return h
 
-    def park(self, execution) -> Handle:
+    def park(self, execution: ExecutionView) -> Handle:
         """Take a live execution off its engine at its next tool-call boundary (a migration to nowhere)."""
         ex = self.executions.get(execution.id)
         if ex is None or ex.engine is None:
@@ -280,7 +280,7 @@ class ClusterBase:
             self._migrate_now(ex)
         return h
 
-    def resume(self, execution, engine) -> Handle:
+    def resume(self, execution: ExecutionView, engine: EngineView) -> Handle:
         """A parked execution joins a ready engine, which re-prefills its context."""
         ex = self.executions.get(execution.id)
         dst = self._engines.get(engine.id)

@@ -27,7 +27,7 @@ from gyre.cluster import ClusterError, Phase, Role
 from gyre.config import ConfigError
 from gyre.estimate import CostEstimate, from_costs
 from gyre.gc_pause import no_gc
-from gyre.handles import Handle, Process, done_handle
+from gyre.handles import Handle, Process
 from gyre.hardware import Costs, group_train_attention_ctx
 from gyre.backend import PARK, READY, STOPPING, ClusterBase
 from gyre.pool import TRAINER

@@ -33,7 +33,7 @@ import math
 from typing import TYPE_CHECKING
 
 from gyre.backend import READY, RESTARTING
-from gyre.cluster import ClusterError, Role
+from gyre.cluster import ClusterError, EngineView, Role
 from gyre.faults import KILLS, SYNC_TIMEOUT_S, FaultInjector, parse_faults
 from gyre.handles import Handle
 
@@ -70,7 +70,7 @@ class SimFaults:
     def log(self) -> list[tuple]:
         return self.c.log
 
-    def engines(self) -> list:
+    def engines(self) -> list[EngineView]:
         return self.c.engines()
 
     def note(self, kind: str, **fields) -> None:
