@@ -98,8 +98,10 @@ class ClusterBase:
     ACCEPTING = (READY, RESTARTING)  # engine states admit() accepts (a restarting engine's wait for it)
     STOPPABLE = (READY, RESTARTING)  # engine states stop_engine() accepts (carried out once it is back)
 
-    def init_books(self, n_gpus: int) -> None:
-        """The driver-side bookkeeping both backends keep: engines, groups, executions, GPU roles, the log."""
+    def init_books(self, n_gpus: int, *, gpus_per_engine: int, min_train_gpus: int, groups_per_step: int) -> None:
+        """The driver-side bookkeeping both backends keep: engines, groups, executions, GPU roles, the log; and
+        the cluster's shape (GPUs per engine, the fewest GPUs a step trains on, groups per step)."""
+        self._shape = (gpus_per_engine, min_train_gpus, groups_per_step)
         self._engines: dict[int, Any] = {}
         self._next_engine = 0
         self._version = 0
@@ -117,6 +119,18 @@ class ClusterBase:
     @property
     def n_gpus(self) -> int:
         return self.gpu_pool.n
+
+    @property
+    def gpus_per_engine(self) -> int:
+        return self._shape[0]
+
+    @property
+    def min_train_gpus(self) -> int:
+        return self._shape[1]
+
+    @property
+    def groups_per_step(self) -> int:
+        return self._shape[2]
 
     @property
     def version(self) -> int:
@@ -138,11 +152,13 @@ class ClusterBase:
         return [x for x in self.executions.values() if x.phase == Phase.PARKED]
 
     # ------------------------------------------------------------------ preconditions
-    def _check_start(self, gpus: Sequence[int]) -> tuple[int, ...]:
+    def _check_start(self, gpus: Sequence[int]) -> tuple[tuple[int, ...], int]:
+        """(the GPUs, checked free and as many as an engine takes; the new engine's id)."""
         gpus = self.gpu_pool.check_free(gpus, "start_engine")
         if len(gpus) != self.gpus_per_engine:
             raise ClusterError(f"start_engine: an engine needs {self.gpus_per_engine} GPUs, got {len(gpus)}")
-        return gpus
+        self._next_engine += 1
+        return gpus, self._next_engine - 1
 
     def _check_stop(self, engine) -> Any:
         eng = self._engines.get(engine.id)

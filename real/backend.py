@@ -91,7 +91,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
     def __init__(self, *, pool, config: RealClusterConfig) -> None:
         self.pool = pool
         self.cfg = config
-        self.init_books(pool.cfg.n_gpus)
+        self.init_books(pool.cfg.n_gpus, gpus_per_engine=pool.cfg.gpus_per_engine,
+                        min_train_gpus=config.min_train_gpus, groups_per_step=config.groups_per_step)
         self.task = load_task(config.task_class, config.task, config.seed, check=False)
         self._pending: dict[Any, tuple[int, Callable[[Any, BaseException | None], None]]] = {}
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
@@ -137,18 +138,6 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         return time.perf_counter() - self._t0
 
     @property
-    def gpus_per_engine(self) -> int:
-        return self.pool.cfg.gpus_per_engine
-
-    @property
-    def min_train_gpus(self) -> int:
-        return self.cfg.min_train_gpus
-
-    @property
-    def groups_per_step(self) -> int:
-        return self.cfg.groups_per_step
-
-    @property
     def estimate(self) -> CostEstimate:
         if self._estimate is None:
             raise ClusterError("real backend: no cost estimate (set [cluster] estimate to a calibration file written "
@@ -184,9 +173,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         return grp
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
-        gpus = self._check_start(gpus)
-        eid = self._next_engine
-        self._next_engine += 1
+        gpus, eid = self._check_start(gpus)
         v = self._version
         limit = admission_limit(self.cfg.kv_capacity, self.task.max_context, self.cfg.admission_fill)
         eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity, limit)

@@ -44,7 +44,8 @@ class SimCluster(ClusterBase):
         self.env = simpy.Environment()
         self.costs = costs
         self.source = source
-        self.init_books(n_gpus)
+        self.init_books(n_gpus, gpus_per_engine=costs.engine_gpus, min_train_gpus=costs.min_train_gpus,
+                        groups_per_step=source.config.groups_per_step)
         self._q: list[tuple[float, int, Callable, Any]] = []
         self._seq = itertools.count()
         self._dirty: list[SimEngine] = []  # engines whose next wakeup must be re-planned (SimEngine._touch)
@@ -60,18 +61,6 @@ class SimCluster(ClusterBase):
     @property
     def now(self) -> float:
         return self.env.now
-
-    @property
-    def gpus_per_engine(self) -> int:
-        return self.costs.engine_gpus
-
-    @property
-    def min_train_gpus(self) -> int:
-        return self.costs.min_train_gpus
-
-    @property
-    def groups_per_step(self) -> int:
-        return self.source.config.groups_per_step
 
     @property
     def estimate(self) -> CostEstimate:
@@ -181,9 +170,7 @@ class SimCluster(ClusterBase):
         return grp
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
-        gpus = self._check_start(gpus)
-        eid = self._next_engine
-        self._next_engine += 1
+        gpus, eid = self._check_start(gpus)
         eng = SimEngine(self, eid, gpus, self._version)
         dt = self._switch_in_s(gpus, "engine")
         self._place_engine(eng)
@@ -361,7 +348,7 @@ class SimCluster(ClusterBase):
                 assert self.gpu_pool.owner[g] == e.id, f"GPU {g} owner {self.gpu_pool.owner[g]} != engine {e.id}"
             books = e.kv
             assert books.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
-            assert books.n_dec == len(e._heap), "heap size != decoding count"
+            assert books.n_dec == e.batch_size(), "heap size != decoding count"
             assert books.n_dec + len(e.prefill) <= (self.costs.max_num_seqs or books.n_dec + len(e.prefill)), \
                 f"engine {e.id} runs {books.n_dec + len(e.prefill)} > max_num_seqs {self.costs.max_num_seqs}"
             assert books.mem_fixed >= -1e-6, f"engine {e.id} negative memory"

@@ -162,6 +162,10 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
     def _used(self) -> float:
         return self.kv.used(self.V)
 
+    def batch_size(self) -> int:
+        """Entries of its decode batch (the checked run compares it with its members' phases)."""
+        return len(self._heap)
+
     def replan_pending(self) -> None:
         """Plan the next wakeup if a change asked for it (_touch) since the last plan (SimCluster runs this once
         an event is fully processed)."""

@@ -180,7 +180,7 @@ def test_the_real_backend_meets_every_protocol_member_by_member():
     grp = RealGroup(0, 0, load_task(cfg.task_class, cfg.task, cfg.seed, check=False).new_group(0, cfg.group_size), 0)
     eng = RealEngine(0, (0,), None, 0, 1000, 4)
     books = RealCluster.__new__(RealCluster)  # the driver's books, without actors
-    books.init_books(2)
+    books.init_books(2, gpus_per_engine=1, min_train_gpus=1, groups_per_step=1)
     bad = static_problems(RealCluster, Cluster, books) + static_problems(RealCluster, FaultTarget, books)
     for obj, proto in ((eng, EngineView), (grp, Group), (grp.executions[0], ExecutionView)):
         bad += static_problems(type(obj), proto, obj) + value_problems(obj, proto)
