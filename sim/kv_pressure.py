@@ -1,8 +1,8 @@
 """KV memory pressure on a simulated engine: admission order, preemption by recompute, idle-context eviction.
 
 A mixin of SimEngine (gyre.sim.engine), kept apart because it decides whose KV goes when memory is short (the
-engine's KvLedger, gyre.sim.kv_ledger, carries every change of the books out). vLLM's recompute mode: the most recently admitted execution holding KV is preempted first;
-its KV is freed and it later re-prefills its whole context (its generated tokens are kept). Contexts
+engine's KvLedger, gyre.sim.kv_ledger, carries every change of the books out). vLLM's recompute mode: the most
+recently admitted execution holding KV is preempted first; its KV is freed and it later re-prefills its whole context (its generated tokens are kept). Contexts
 of executions that are not running (in a tool call, or waiting) are an evictable cache. Every
 preemption or eviction is logged ("preempt", t, exec, engine, tokens to recompute, GPU-seconds that
 recomputation costs at the engine's prefill speed).
