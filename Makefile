@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev,real]'
 	touch $(STAMP)
 
-.PHONY: install demo test bench
+.PHONY: install demo test test-deep bench
 install: $(STAMP)
 
 demo: $(STAMP)
@@ -18,6 +18,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=15
+
+# the invariants' property tests (marked `invariants`) at 1,000 random examples each (tests/conftest.py's profiles)
+test-deep: $(STAMP)
+	HYPOTHESIS_PROFILE=deep $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m invariants --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_sim.py

@@ -25,7 +25,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,55 +35,19 @@ from gyre.cluster import ClusterError, Phase, Role
 from gyre.estimate import CostEstimate
 from gyre.estimate import from_file as estimate_from_file
 from gyre.handles import Handle, Process
-from gyre.hardware import admission_limit, check_fill
+from gyre.hardware import admission_limit
 from gyre.backend import READY, RESTARTING, STOPPING, ClusterBase
-from gyre.real import task as T
+from gyre.real.component_config import RealClusterConfig
 from gyre.real.execution import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
 from gyre.faults import FaultInjector, parse_faults
 from gyre.real.flow import ExecutionFlow
-from gyre.real.task_api import DEFAULT_TASK, load_task
-from gyre.real.tools import ToolConfig, ToolService
+from gyre.real.task_api import load_task
+from gyre.real.tools import ToolService
 from gyre.real.verify import Verifier
 from gyre.real.train_step import TrainSteps
 from gyre.real.weights import WeightPublisher
 from gyre.trajectory import AdvantageConfig, group_advantages
-
-WEIGHT_SYNC = ("object_store", "collective")
-
-
-@dataclass(kw_only=True, frozen=True)
-class RealClusterConfig:
-    groups_per_step: int = 4
-    group_size: int = 8
-    min_train_gpus: int = 1
-    kv_capacity: int = 4096  # tokens per engine
-    task: Any = field(default_factory=T.TaskConfig)  # the task class's config_class (gyre.real.task_api)
-    task_class: str = DEFAULT_TASK  # dotted path of the task (gyre.real.task_api.Task)
-    tools: ToolConfig = field(default_factory=ToolConfig)
-    first_task: int = 0  # index of the run's first task in the task sequence (a resumed run continues it)
-    redraw: tuple[int, ...] = ()  # task indexes drawn first, before first_task on (gyre.real.resume: drawn, never trained)
-    normalize_std: bool = True
-    seed: int = 0
-    max_wall_s: float = 1800.0
-    checkpoint: str | None = None  # trainer checkpoint path: saved every `checkpoint_every` steps, resumed from
-    # steps between trainer checkpoints (None: 1 with a `checkpoint` path, else none); without a path they go to a
-    # temporary file, used only to rebuild a lost trainer state (with none, that replays every step of the run)
-    checkpoint_every: int | None = None
-    faults: tuple[str, ...] = ()  # injected faults (gyre.faults), e.g. ("kill-engine@1.5", "random-engines:3")
-    weight_sync: str = "object_store"  # or "collective": a broadcast from the trainer worker of record
-    # the cost estimate policies may read (gyre.estimate): a calibration file (`gyre-real calibrate --estimate-out`);
-    # None: none (a policy that reads it fails with one line)
-    estimate: str | None = None
-    admission_fill: float = 1.0  # share of KV the admission limit commits (gyre.hardware.admission_limit)
-
-    def __post_init__(self) -> None:
-        if self.checkpoint_every is not None and self.checkpoint_every < 0:
-            raise ValueError(f"RealClusterConfig.checkpoint_every must be >= 0, got {self.checkpoint_every}")
-        parse_faults(self.faults)  # a bad spec is a one-line ValueError
-        check_fill(self.admission_fill, "RealClusterConfig.admission_fill")
-        if self.weight_sync not in WEIGHT_SYNC:
-            raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")
 
 
 class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):

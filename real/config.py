@@ -1,7 +1,7 @@
 """A real run's configuration and its named presets.
 
-A real run is a `RealRunConfig`: the actor pool (gyre.real.pool.PoolConfig: GPUs, model, engine and trainer
-settings), the cluster (gyre.real.backend.RealClusterConfig: batch shape, task, weight route) and the
+A real run is a `RealRunConfig`: the actor pool (PoolConfig: GPUs, model, engine and trainer
+settings), the cluster (RealClusterConfig: batch shape, task, weight route), both in gyre.real.component_config and the
 policies' parameters. Presets are plain functions returning one; a variant is a function that edits a base
 preset. A TOML file (gyre.real.config_file) or a CLI flag only overrides fields of a preset, through
 gyre.config.override / replace_fields, the mechanism the simulator's configs use.
@@ -17,10 +17,8 @@ from typing import Any
 from gyre.config import ConfigError
 from gyre.nn.model import TinyLlamaConfig
 from gyre.real import task as T
-from gyre.real.backend import RealClusterConfig
+from gyre.real.component_config import PoolConfig, RealClusterConfig, TrainerConfig
 from gyre.real.engine_torch import TorchEngineConfig
-from gyre.real.pool import PoolConfig
-from gyre.real.trainer import TrainerConfig
 
 
 class RealConfigError(ConfigError):

@@ -26,7 +26,7 @@ TCPStore of the collective groups (workers live as long as the pool).
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import ray
@@ -36,41 +36,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from gyre.nn.hf_folder import ModelFolderError, check_dtype, check_model_folder, spec_mismatch
 from gyre.nn.hf_llama import check_hf_llama, config_mismatch
 from gyre.nn.model import TinyLlamaConfig
-from gyre.real.collective import CollectiveConfig, GroupBook
-from gyre.real.engine_torch import TorchEngine, TorchEngineConfig
-from gyre.real.trainer import Trainer, TrainerConfig
-
-
-@dataclass(kw_only=True, frozen=True)
-class PoolConfig:
-    """Ray address (None: a local Ray with `local_gpus` logical GPUs) and the actors' shape."""
-
-    n_gpus: int = 4
-    gpus_per_engine: int = 1
-    address: str | None = None
-    local_cpus: int = 2
-    engine: str = "torch"  # or "vllm" (gyre.real.engine_vllm)
-    # the trained (and, by the torch engine, served) model: a model folder of any causal LM transformers knows
-    # (config.json + *.safetensors, gyre.nn.hf_folder); "": gyre's TinyLlama of shape `model`, random init
-    model_dir: str = ""
-    # a family of gyre.nn.hf_folder.write_tiny_model ("qwen3", "qwen2", "llama"): when model_dir does not exist
-    # yet, the run first writes a tiny random-init model of that family there (vocabulary: model.vocab_size; no
-    # download; a CPU demo)
-    tiny_model: str = ""
-    # with tiny_model: a tokenizer folder (e.g. configs/tiny_chat) copied into model_dir beside the tiny model, so
-    # the folder holds its own tokenizer and chat template (a text task's model_dir may then name it)
-    tiny_tokenizer: str = ""
-    model: TinyLlamaConfig = field(default_factory=TinyLlamaConfig)
-    engine_config: TorchEngineConfig = field(default_factory=TorchEngineConfig)
-    trainer_config: TrainerConfig = field(default_factory=TrainerConfig)
-    vllm_model: str = ""  # engine == "vllm": the served model folder ("": model_dir); checked to be the trained one
-    # a Llama model directory (config.json + *.safetensors, e.g. vllm_model's): trainer workers start every run
-    # from its weights instead of random ones; `model` must be its config (with_init_checkpoint sets both)
-    init_checkpoint: str = ""
-    vllm_args: tuple[tuple[str, object], ...] = ()  # more gyre.real.engine_vllm.VllmEngineConfig fields
-    pg_timeout_s: float = 60.0
-    engine_gpu_share: float = 0.5  # one GPU per engine: the engine's share of it, the trainer worker has the rest
-    collective: CollectiveConfig = field(default_factory=CollectiveConfig)
+from gyre.real.collective import GroupBook
+from gyre.real.component_config import PoolConfig
+from gyre.real.engine_torch import TorchEngine
+from gyre.real.trainer import Trainer
 
 
 def with_init_checkpoint(cfg: PoolConfig, path: str) -> PoolConfig:

@@ -22,29 +22,12 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 
+from gyre.real.component_config import ToolConfig
 from gyre.real.task_api import ToolError
-
-
-@dataclass(kw_only=True, frozen=True)
-class ToolConfig:
-    workers: int = 2  # tool worker actors
-    max_inflight: int = 64  # calls running at once over all workers
-    timeout_s: float = 60.0  # per attempt
-    retries: int = 1  # further attempts after a timeout or a lost worker
-
-    def __post_init__(self) -> None:
-        for name in ("workers", "max_inflight"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ToolConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"ToolConfig.timeout_s must be > 0, got {self.timeout_s}")
-        if self.retries < 0:
-            raise ValueError(f"ToolConfig.retries must be >= 0, got {self.retries}")
 
 
 class ToolWorker:

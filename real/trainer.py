@@ -28,7 +28,6 @@ from __future__ import annotations
 import os
 import pickle
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +38,7 @@ from gyre.nn.hf_causal import build_model, model_identity
 from gyre.nn.hf_llama import config_mismatch, load_hf_llama
 from gyre.nn.model import TinyLlamaConfig
 from gyre.real import collective as C
+from gyre.real.component_config import TrainerConfig
 from gyre.trajectory import PackConfig, build_packs
 from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss, micro_batches
 
@@ -47,44 +47,6 @@ from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss
 KEEP_PUBLISHED = 2
 ModelSource = TinyLlamaConfig | str  # gyre's TinyLlama (random init) or a model folder (gyre.nn.hf_folder)
 CHECKPOINT_KEYS = ("model", "opt", "version", "model_config")  # what `save` writes
-
-
-@dataclass(kw_only=True, frozen=True)
-class TrainerConfig:
-    lr: float = 3e-3
-    weight_decay: float = 0.0
-    max_pack_tokens: int = 512
-    normalization: str = "sequence"
-    clip: float = 0.2
-    grad_clip: float = 1.0
-    epochs: int = 2  # optimizer steps per batch (PPO-style; the clipped ratio bounds each move)
-    # trust region (PPO's target-KL early stop): before each epoch after the first, if the weights have moved
-    # the batch's log-probs by more than this (mean |change| per trained token since the step began), the
-    # step ends there (0: never)
-    max_drift: float = 0.0
-    threads: int = 1
-    device: str = "cpu"  # "cuda": the worker's Ray GPU (its gradient all-reduce then needs backend "nccl")
-    # compute dtype: "bfloat16" runs forward and backward under torch.autocast; weights, gradients and AdamW
-    # state stay fp32 (the master copy), so the update is the fp32 update of bf16-computed gradients
-    dtype: str = "float32"
-    grad_checkpointing: bool = False  # recompute each decoder layer in the backward instead of keeping activations
-    # tokens per forward/backward: packs are concatenated up to this budget, gradients accumulate over the
-    # micro-batches (0: one pack per micro-batch)
-    micro_batch_tokens: int = 4096
-    logprob_chunk: int = 1024  # trained rows per log-softmax chunk (full-vocabulary logits never for a whole pack)
-    attention: str = "sdpa"  # "sdpa": boolean ancestor mask; "flex": FlexAttention BlockMask (CUDA only)
-
-    def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"TrainerConfig.dtype = {self.dtype!r}: expected 'float32' or 'bfloat16' (float16 "
-                             f"would need loss scaling)")
-        if self.attention not in ("sdpa", "flex"):
-            raise ValueError(f"TrainerConfig.attention = {self.attention!r}: expected 'sdpa' or 'flex'")
-        if self.attention == "flex" and self.device == "cpu":
-            raise ValueError("TrainerConfig.attention = 'flex': FlexAttention has no backward on CPU (use 'sdpa')")
-        if self.micro_batch_tokens < 0 or self.logprob_chunk < 1:
-            raise ValueError(f"TrainerConfig: micro_batch_tokens = {self.micro_batch_tokens} must be >= 0 and "
-                             f"logprob_chunk = {self.logprob_chunk} >= 1")
 
 
 def shard_packs(sizes: list[int], n: int) -> list[list[int]]:

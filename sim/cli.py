@@ -11,23 +11,17 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gyre.config import ConfigError, RunConfig, override
 from gyre.faults import spec_error
-from gyre.policies import REGISTRY, UnknownPolicy, baselines, check_params, policy_class, takes
+from gyre.policies import REGISTRY, UnknownPolicy, check_params, policy_class, takes
 from gyre.presets import DEFAULT_PRESET, MODELS, PRESETS, get_preset
 from gyre.sim import cli_engine, cli_traces
+from gyre.sim.cli_console import console, fail, print_table, progress_bar, report_infeasible
+from gyre.sim.sweep import RAY_HELP
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulator: compare RL scheduling policies.")
-console = Console(width=None if sys.stdout.isatty() else 140)
-
-
-def fail(msg: str) -> None:
-    console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
 
 
 def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | None, eta: int | None = None,
@@ -52,11 +46,6 @@ def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | N
     except (ConfigError, UnknownPolicy) as exc:
         fail(str(exc))
         raise
-
-
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=True)
 
 
 Preset = Annotated[str, typer.Option("--preset", "-p", help="named preset (gyre-sim presets)")]
@@ -89,7 +78,7 @@ def run(
 
     cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every),
                                  engine)
-    with _progress() as prog:
+    with progress_bar() as prog:
         task = prog.add_task(f"{policy} on {cfg.name}", total=cfg.steps)
         try:
             source = None
@@ -105,7 +94,7 @@ def run(
     best = {r.policy: (Candidate(r.policy, cfg.policy_params.get(policy, {})), r)}
     table = comparison_table(best)
     write_outputs(out, cfg, best, table)
-    _print_table(table, f"{policy} on {cfg.workload.name}, {cfg.cluster.model.name} ({cfg.cluster.gpus} GPUs, {cfg.steps} steps)")
+    print_table(table, f"{policy} on {cfg.workload.name}, {cfg.cluster.model.name} ({cfg.cluster.gpus} GPUs, {cfg.steps} steps)")
     console.print(f"wrote {out}/")
 
 
@@ -120,83 +109,26 @@ def compare(
     engine: cli_engine.EngineOpt = None,
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
+    ray: Annotated[Optional[str], typer.Option("--ray", help=RAY_HELP)] = None,
 ) -> None:
     """Run every registered policy on the same workload and seed, each tuned (async also on a pilot)."""
     from gyre.sim.compare import tune, tuned_table, write_outputs
 
     cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy, faults=faults,
                                               checkpoint_every=checkpoint_every), engine)
-    _report_infeasible(cfg, policy)
-    with _progress() as prog:
-        task = prog.add_task(f"tuning on {cfg.name}", total=None)
-        tuned = tune(cfg, policy, on_done=lambda c, r: prog.advance(task))
+    report_infeasible(cfg, policy)
+    with progress_bar() as prog:
+        task = prog.add_task(f"tuning on {cfg.name}" + (f" (Ray: {ray})" if ray else ""), total=None)
+        try:
+            tuned = tune(cfg, policy, on_done=lambda c, r: prog.advance(task), ray=ray)
+        except ConnectionError as exc:  # no Ray cluster at that address
+            fail(f"--ray {ray}: {exc}")
+            raise
     best, table, sweep = tuned_table(tuned)
     paths = write_outputs(out, cfg, best, table, sweep)
-    _print_table(table, f"{cfg.name}: {cfg.cluster.gpus} GPUs, {cfg.steps} steps, seed {cfg.seed}")
+    print_table(table, f"{cfg.name}: {cfg.cluster.gpus} GPUs, {cfg.steps} steps, seed {cfg.seed}")
     console.print(f"wrote {paths['summary']}, {paths['timeline'].name}, {paths['utilization'].name}, "
                   f"{paths['gpu_hours'].name} in {out}/")
-
-
-def _report_infeasible(cfg, policies) -> None:
-    """Say which policies this cluster cannot run (they are left out); fail if that is all of them."""
-    from gyre.policies import REGISTRY
-    from gyre.sim.compare import infeasible
-
-    skip = infeasible(cfg, policies)
-    for name, why in skip.items():
-        console.print(f"skipped {name}: {why}")
-    if skip and len(skip) == len(policies or REGISTRY):
-        fail(f"no policy can run on this cluster ({', '.join(skip)})")
-
-
-def _duration(s: float) -> str:
-    """'2.31 h', '12.4 min' or '41.0 s' (a sub-hour run does not print as 0.00 h)."""
-    return f"{s / 3600:.2f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.1f} s"
-
-
-def _ratio(r, key: str, digits: int = 2) -> str:
-    v = r.get(key, float("nan"))
-    return "-" if v != v else f"{v:.{digits}f}x"  # NaN: that policy was not run
-
-
-def _count(r, key: str) -> str:
-    v = r.get(key, float("nan"))
-    return "-" if v != v else f"{int(v):,}"
-
-
-def _print_table(table, title: str) -> None:
-    t = Table(title=title)
-    bases = baselines()
-    same = [b for b in bases if f"speedup_vs_{b}_same_eta" in table]
-    others = [b for b in bases if b not in same]  # a baseline with no eta (colocate: eta 0)
-    cols = ["policy", "config", "time", *(f"vs {b} @eta" for b in same),
-            *(f"vs {b}" for b in others), "vs best", "equal work", "cut", "sched cut", "tokens", "preempt",
-            "stale"]
-    left = ("policy", "config")
-    width = max(map(len, table["config"]), default=6)
-    for c in cols:
-        t.add_column(c, justify="left" if c in left else "right", no_wrap=c in ("policy", "config"),
-                     min_width=width if c == "config" else None)
-    for _, r in table.iterrows():
-        t.add_row(
-            r["policy"], r["config"], _duration(r["makespan_s"]),
-            *(_ratio(r, f"speedup_vs_{b}_same_eta", 3) for b in same), *(_ratio(r, f"speedup_vs_{b}", 3) for b in others),
-            _ratio(r, "speedup_vs_best", 3), "yes" if r.get("equal_work", True) else "NO",
-            _count(r, "deadline_hit"), _count(r, "sched_cuts"), f"{r['tokens_generated'] / 1e6:.0f}M",
-            _count(r, "preemptions"), str(r["staleness_max"]),
-        )
-    console.print(t)
-    console.print("tuned: " + "; ".join(f"{r['policy']}: {r.get('tuned', '')}" for _, r in table.iterrows()),
-                  highlight=False)
-    n = int(table["executions"].max()) if "executions" in table else 0
-    console.print(f"lower bound: {_duration(table['bound_s'].iloc[0])} (max of GPU-work / N and critical path; "
-                  "each row's vs_bound and vs_eta_bound are in summary.csv); "
-                  "vs <baseline> same eta: speedup over that baseline's best at the row's eta; "
-                  "vs best: over the fastest equal-work baseline tuned with hindsight; "
-                  f"cut: executions cut by their deadline, sched cuts: those that would have finished in time "
-                  f"alone on an idle engine. Equal work: rows ranked only among those whose sched cuts exceed "
-                  f"the least by at most 1% of the run's {n:,} executions; a row marked NO is never the best.",
-                  highlight=False)
 
 
 @app.command()

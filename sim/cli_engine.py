@@ -25,7 +25,7 @@ from gyre.sim.engine_run import Run, RunError, read_run
 
 
 def _fail(exc: Exception) -> None:
-    from gyre.sim.cli import fail
+    from gyre.sim.cli_console import fail
 
     fail(str(exc))
 
@@ -111,7 +111,7 @@ def calibrate_engine_cmd(
     """Fit the engine cost model to a real vLLM run's logs; report held-out errors (or apply --engine's)."""
     from rich.table import Table
 
-    from gyre.sim.cli import console
+    from gyre.sim.cli_console import console
 
     try:
         run = read_run(run_dir, model=model, model_config=model_config, gpu=gpu)
@@ -149,7 +149,7 @@ def calibrate_engine_cmd(
 
 def _write(run: Run, rep: dict[str, Any], out: Path | None, report: Path | None, figures: Path | None,
            fitted: bool) -> None:
-    from gyre.sim.cli import console
+    from gyre.sim.cli_console import console
 
     if out is not None:  # fitted: the fit; with --engine: the applied coefficients and their errors on this run
         public = {k: rep[k] for k in ("calibrated", "uncalibrated", "simulator", "fit_requests", "fit_loss",

@@ -15,13 +15,13 @@ row per eta, `<name>-eta<e>` (its best at that eta, from the runs its search alr
 keeps its row tuned over eta as well, `<name>`, labelled so. `speedup_vs_<baseline>_same_eta` divides
 that baseline's row at the row's own eta by the row's makespan; `speedup_vs_best` divides by the fastest
 equal-work baseline tuned with hindsight. Runs go to worker processes (gyre.sim.workers: they end with
-the comparison), one search round at a time (every policy's next batch together).
+the comparison) or, with `ray`, to Ray tasks (gyre.sim.sweep: the same results), one search round at a time
+(every policy's next batch together).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,7 +35,7 @@ from gyre.outputs import RunOutput
 from gyre.policies import REGISTRY, ClusterShape, baselines, sweep, tuner
 from gyre.policies.tuning import EqualWork, equal_work, fastest_at_equal_work
 from gyre.sim.runner import SimResult, simulate
-from gyre.sim.workers import process_pool
+from gyre.sim.sweep import run_map
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,13 @@ def tune(
     source_factory: Callable[[], Any] | None = None,
     workers: int | None = None,
     on_done: Callable[[Candidate, SimResult], None] | None = None,
+    ray: str | None = None,
 ) -> dict[str, Tuned]:
     """Every policy at its best (its configured params, or tuned by its search), plus pilot-tuned baselines.
 
     Keys are policy names, and `<name>-pilot` for a baseline tuned on the first steps // PILOT_SHARE
-    steps. All searches advance together, one round (every active search's next batch) at a time."""
+    steps. All searches advance together, one round (every active search's next batch) at a time. `ray`
+    ("auto" or a cluster address) runs each round's runs as Ray tasks (gyre.sim.sweep.run_map)."""
     shape = shape_of(cfg)
     pilot_cfg = replace(cfg, steps=max(1, cfg.steps // PILOT_SHARE))
     skip = infeasible(cfg, policies)
@@ -124,7 +126,7 @@ def tune(
     def run_round(jobs: list[tuple[RunConfig, Candidate]]) -> None:
         todo = list({(c.steps, cand.label): (c, cand) for c, cand in jobs if (c.steps, cand.label) not in results}.values())
         if todo:
-            for (c, cand), r in zip(todo, _run_jobs(todo, source_factory, workers, on_done)):
+            for (c, cand), r in zip(todo, _run_jobs(todo, source_factory, workers, on_done, ray)):
                 results[(c.steps, cand.label)] = r
 
     # each search is sent makespans at equal work among its runs at the same eta (its per-eta rows' ranking)
@@ -213,24 +215,11 @@ def _best(tried: list[tuple[RunConfig, Candidate, SimResult]]) -> Candidate:
     return tried[i][1]
 
 
-def _run_jobs(jobs: list[tuple[RunConfig, Candidate]], source_factory, workers, on_done) -> list[SimResult]:
-    workers = workers or min(len(jobs), os.cpu_count() or 1)
+def _run_jobs(jobs: list[tuple[RunConfig, Candidate]], source_factory, workers, on_done,
+              ray: str | None = None) -> list[SimResult]:
     args = [(c, cand, source_factory) for c, cand in jobs]
-    if workers <= 1:
-        results = []
-        for a in args:
-            results.append(_run(a))
-            if on_done:
-                on_done(a[1], results[-1])
-        return results
-    with process_pool(workers) as pool:
-        futures = [pool.submit(_run, a) for a in args]
-        results = []
-        for a, f in zip(args, futures):
-            results.append(f.result())
-            if on_done:
-                on_done(a[1], results[-1])
-    return results
+    done = (lambda i, r: on_done(args[i][1], r)) if on_done else None
+    return run_map(_run, args, workers=workers, ray=ray, on_done=done)
 
 
 def _run(args: tuple[RunConfig, Candidate, Any]) -> SimResult:
@@ -246,8 +235,9 @@ def run_candidates(
     source_factory: Callable[[], Any] | None = None,
     workers: int | None = None,
     on_done: Callable[[Candidate, SimResult], None] | None = None,
+    ray: str | None = None,
 ) -> list[SimResult]:
-    return _run_jobs([(cfg, c) for c in cands], source_factory, workers, on_done)
+    return _run_jobs([(cfg, c) for c in cands], source_factory, workers, on_done, ray)
 
 
 def best_per_policy(cands: list[Candidate], results: list[SimResult]) -> dict[str, tuple[Candidate, SimResult]]:

@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
-from gyre.hardware import engine_roofline
-from gyre.roofline import Coefficients, EngineRoofline, ep_group_step_time
-from gyre.sim.engine_replay import ReplayResult, SchedulerArgs, replay
-from gyre.sim.engine_run import Requests, Run, RunError, read_json
+from gyre.roofline import Coefficients, ep_group_step_time
+from gyre.sim.engine_replay import ReplayResult, replay
+from gyre.sim.engine_run import Requests, Run, RunError, read_json, setup
+from gyre.sim.engine_simcheck import sim_engine_replay, sim_errors
 
 ENGINE_FORMAT = 1
 METRICS = ("e2e_median_rel_err", "e2e_p90_rel_err", "ttft_median_rel_err", "makespan_rel_err")
@@ -44,22 +44,6 @@ METRICS = ("e2e_median_rel_err", "e2e_p90_rel_err", "ttft_median_rel_err", "make
 FITTED = ("eff_bw", "eff_kv", "eff_flops", "step_overhead_s")
 FITTED_TP = FITTED + ("allreduce_s",)  # a tensor- or expert-parallel run also fits the collectives' latency
 APPLIED = FITTED_TP  # what engine.json carries and --engine applies
-
-
-def setup(run: Run, coef: Coefficients) -> tuple[EngineRoofline, SchedulerArgs]:
-    """The step cost and scheduler arguments of the run's own GPU, model and engine arguments."""
-    model, gpu = run.model_cfg, run.gpu_cfg
-    e = run.engine
-    coef = replace(coef, gpu_memory_utilization=e.gpu_memory_utilization)
-    roof = engine_roofline(model, gpu, e.tensor_parallel, coef, e.max_num_batched_tokens,
-                           ep_gpus=e.tensor_parallel * e.data_parallel if e.expert_parallel else 0)
-    blocks = e.kv_blocks if e.kv_blocks is not None else roof.kv_capacity_tokens // e.block_size
-    if blocks <= 0:
-        raise RunError(f"{run.path / 'meta.json'}: {model.name} ({model.infer_weight_bytes / 1e9:.1f} GB of weights) "
-                       f"leaves no KV memory on {e.tensor_parallel} x {gpu.name}")
-    args = SchedulerArgs(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
-                         block_size=e.block_size, kv_blocks=blocks)
-    return roof, args
 
 
 def simulate(run: Run, coef: Coefficients) -> ReplayResult:
@@ -164,8 +148,6 @@ def calibrate_run(run: Run, split: float | None, engine: Coefficients | None = N
         ft = fit(run, train)
         coef = ft.coef
         info = {"fit_requests": len(train), "fit_loss": ft.loss, "fit_evaluations": ft.evaluations, "fitted": ft.names}
-    from gyre.sim.engine_simcheck import sim_engine_replay, sim_errors
-
     cal = simulate(run, coef)
     unc = simulate(run, Coefficients())
     start, finish, _ = sim_engine_replay(run, coef)

@@ -13,6 +13,8 @@ A run directory holds three files (the layout of LLMServingSim's vLLM validation
 - `timeseries.csv` (optional): per second `t`, `running`, `waiting` (and throughputs, KV use).
 
 Every malformed input raises RunError with one line, `file:line: reason` or `file: field: reason`.
+`setup` derives the run's own step cost and scheduler arguments, what both replays of it use (the step
+loop, gyre.sim.engine_calibrate; the simulator's engine, gyre.sim.engine_simcheck).
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gyre.config import ConfigError
-from gyre.hardware import GpuConfig, ModelConfig
+from gyre.hardware import GpuConfig, ModelConfig, engine_roofline
+from gyre.roofline import Coefficients, EngineRoofline
+from gyre.sim.engine_replay import SchedulerArgs
 
 REQUEST_FIELDS = ("input_toks", "output_toks", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
 
@@ -251,3 +255,19 @@ def split_by_arrival(n: int, frac: float) -> tuple[np.ndarray, np.ndarray]:
     k = min(max(1, int(round(n * frac))), n - 1)
     idx = np.arange(n)
     return idx[:k], idx[k:]
+
+
+def setup(run: Run, coef: Coefficients) -> tuple[EngineRoofline, SchedulerArgs]:
+    """The step cost and scheduler arguments of the run's own GPU, model and engine arguments."""
+    model, gpu = run.model_cfg, run.gpu_cfg
+    e = run.engine
+    coef = replace(coef, gpu_memory_utilization=e.gpu_memory_utilization)
+    roof = engine_roofline(model, gpu, e.tensor_parallel, coef, e.max_num_batched_tokens,
+                           ep_gpus=e.tensor_parallel * e.data_parallel if e.expert_parallel else 0)
+    blocks = e.kv_blocks if e.kv_blocks is not None else roof.kv_capacity_tokens // e.block_size
+    if blocks <= 0:
+        raise RunError(f"{run.path / 'meta.json'}: {model.name} ({model.infer_weight_bytes / 1e9:.1f} GB of weights) "
+                       f"leaves no KV memory on {e.tensor_parallel} x {gpu.name}")
+    args = SchedulerArgs(max_num_seqs=e.max_num_seqs, max_num_batched_tokens=e.max_num_batched_tokens,
+                         block_size=e.block_size, kv_blocks=blocks)
+    return roof, args

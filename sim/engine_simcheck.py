@@ -26,9 +26,8 @@ from gyre.handles import all_of
 from gyre.hardware import CostConfig, derive_costs, engine_roofline
 from gyre.roofline import Coefficients
 from gyre.sim.backend import SimCluster
-from gyre.sim.engine_calibrate import setup
 from gyre.sim.engine_replay import DPBalancer
-from gyre.sim.engine_run import Run
+from gyre.sim.engine_run import Run, setup
 from gyre.workload import ExecutionSpec, GroupSpec, ReplaySource
 
 

@@ -7,7 +7,10 @@ import os
 import pytest
 from hypothesis import settings
 
-settings.register_profile("ci", max_examples=25, deadline=None, derandomize=True)
+# Property tests take their example count from the profile (HYPOTHESIS_PROFILE): "ci" (the default) runs 50 fixed
+# examples each, "deep" (`make test-deep`, the invariants only) 1,000 random ones, "dev" 25 random ones.
+settings.register_profile("ci", max_examples=50, deadline=None, derandomize=True)
+settings.register_profile("deep", max_examples=1000, deadline=None)
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 

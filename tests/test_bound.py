@@ -182,7 +182,8 @@ def _groups(draw):
     return groups
 
 
-@settings(max_examples=30, deadline=None)
+@pytest.mark.invariants
+@settings(deadline=None)
 @given(groups=_groups(), gpus=st.sampled_from([4, 6]), eta=st.integers(0, 2), seed=st.integers(0, 1000),
        tight=st.booleans(), request_s=st.sampled_from([0.0, 0.0, 3.0]), hybrid=st.booleans())
 def test_no_policy_beats_the_bound_on_random_traces(groups, gpus, eta, seed, tight, request_s, hybrid):
@@ -279,7 +280,8 @@ def test_roofline_rollout_and_training_work_by_hand():
     assert b.train_gpu_s == pytest.approx((2000 * 6 * P + 12 * L * H * DH * 2e6) / (0.35 * PEAK), rel=1e-9), b
 
 
-@settings(max_examples=15, deadline=None)
+@pytest.mark.invariants
+@settings(deadline=None)
 @given(groups=_groups(), gpus=st.sampled_from([4, 6]))
 def test_rollout_work_is_at_least_the_logged_tokens_at_peak_flops(groups, gpus):
     """The rollout GPU-work term is at least the tokens the run's log records (every execution's generated tokens,

@@ -50,7 +50,7 @@ def test_flag_set_is_frozen():
                          "--workload", "--trace-out", "--engine", "--faults", "--checkpoint-every"}, sorted(run_flags)
     compare_flags = {o for p in cmd.commands["compare"].params for o in p.opts}
     assert compare_flags == {"--preset", "-p", "--gpus", "--steps", "--seed", "--policy", "--out", "-o",
-                             "--engine", "--faults", "--checkpoint-every"}, sorted(compare_flags)
+                             "--engine", "--faults", "--checkpoint-every", "--ray"}, sorted(compare_flags)
 
 
 def test_presets_lists_models_with_kv_and_state_bytes():

@@ -21,6 +21,7 @@ from gyre.presets import get_preset
 from gyre.sim.backend import SimCluster
 from gyre.sim.runner import simulate
 from gyre.workload import ExecutionSpec, GroupSpec, LogNormal, ReplaySource
+from tests.logcheck import check_staleness
 
 
 @dataclass
@@ -295,9 +296,9 @@ def test_thinning_tail_timeline():
 # ---------------------------------------------------------------- properties over seeds
 
 
-def _small(preset: str, seed: int):
+def _small(preset: str, seed: int, steps: int = 3):
     """A small preset: 10 one-GPU engines (training needs 8, so drains move executions), 3 steps."""
-    changes = {"steps": 3, "seed": seed, "workload.groups_per_step": 4, "cluster.gpus": 10}
+    changes = {"steps": steps, "seed": seed, "workload.groups_per_step": 4, "cluster.gpus": 10}
     if preset == "short-math":
         changes["workload.group_size"] = 4
     else:  # xlong-swe's shape, 10x fewer turns, so a run takes a second
@@ -305,9 +306,9 @@ def _small(preset: str, seed: int):
     return override(get_preset(preset), **changes)
 
 
-def _scarce(seed: int):
+def _scarce(seed: int, steps: int = 3):
     """`_small` xlong-swe-small with long tool outputs: contexts fill the two engines' KV, so they queue."""
-    return override(_small("xlong-swe-small", seed), **{"workload.tool_out_tokens": LogNormal(median=4000, p99_ratio=4.0)})
+    return override(_small("xlong-swe-small", seed, steps), **{"workload.tool_out_tokens": LogNormal(median=4000, p99_ratio=4.0)})
 
 
 def _checked_run(cfg, eta, monkeypatch):
@@ -322,12 +323,15 @@ def _checked_run(cfg, eta, monkeypatch):
     return simulate(cfg, "elastic", {"eta": eta}, check=True), phases
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.invariants
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), preset=st.sampled_from(["xlong-swe-small", "short-math", "scarce"]),
        eta=st.sampled_from([0, 1, 2]))
 def test_properties_over_seeds(seed, preset, eta, monkeypatch):
-    """No abort or restart, migrations only off the decode batch, GPUs conserved (checked per event), staleness <= eta."""
-    r, phases = _checked_run(_scarce(seed) if preset == "scarce" else _small(preset, seed), eta, monkeypatch)
+    """No abort or restart, migrations only off the decode batch, GPUs conserved (checked per event), staleness <= eta
+    (rebuilt from the log), over 2 steps."""
+    cfg = _scarce(seed, steps=2) if preset == "scarce" else _small(preset, seed, steps=2)
+    r, phases = _checked_run(cfg, eta, monkeypatch)
     assert all(p != Phase.DECODE for p, _, _ in phases), f"a migration interrupted decoding: {phases}"
     starts = [rec[2] for rec in r.log if rec[0] == "start"]
     finishes = [rec[2] for rec in r.log if rec[0] == "finish"]
@@ -335,8 +339,8 @@ def test_properties_over_seeds(seed, preset, eta, monkeypatch):
     assert sorted(starts) == sorted(finishes), "every started execution finishes exactly once (no abort)"
     trained = [rec for rec in r.log if rec[0] == "trained"]
     assert sorted(t[2] for t in trained) == sorted(finishes), "every execution is trained exactly once"
-    assert max(t[5] for t in trained) <= eta, f"staleness above eta={eta}"
-    assert r.metrics.summary()["steps"] == 3, "all steps done"
+    check_staleness(r.log, eta, exact=False)
+    assert r.metrics.summary()["steps"] == 2, "all steps done"
 
 
 def test_elastic_moves_gpus_and_migrates():

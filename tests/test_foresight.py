@@ -167,9 +167,10 @@ def test_longest_predicted_first_within_each_window_never_past_the_run():
 
 
 # ---------------------------------------------------------------------------- the simulator
+@pytest.mark.invariants
 @given(seed=st.integers(0, 10_000), eta=st.integers(0, 2), lookahead=st.integers(1, 3),
        predictor=st.sampled_from(["history", "history+siblings"]), policy=st.sampled_from(["async", "elastic"]))
-@settings(max_examples=12, deadline=None)
+@settings(deadline=None)
 def test_ordered_admission_loses_nothing_and_keeps_the_bound(seed, eta, lookahead, predictor, policy):
     """With a predictor: every drawn group is trained exactly once (the same groups as drawn order), no
     execution lost or repeated, staleness <= eta, and every token's lag within [0, its execution's staleness]."""
@@ -242,8 +243,9 @@ def test_without_recurring_tasks_a_predictor_degrades_to_drawn_order(policy):
 
 
 # ---------------------------------------------------------------------------- park and resume
+@pytest.mark.invariants
 @given(seed=st.integers(0, 10_000), eta=st.integers(0, 2), period=st.sampled_from([2.0, 10.0, 40.0]))
-@settings(max_examples=10, deadline=None)
+@settings(deadline=None)
 def test_parking_loses_nothing_and_keeps_every_token_within_the_bound(seed, eta, period):
     """Executions parked at random tool-call boundaries and resumed on random engines: every admitted execution
     finishes and is trained exactly once, parks and resumes pair up, staleness <= eta, every token's lag is

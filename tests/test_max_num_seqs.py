@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -46,19 +47,19 @@ def test_one_slot_serializes_in_arrival_order():
                    ("start", 8.0, 2), ("finish", 10.0, 2)], got
 
 
-@settings(max_examples=8, deadline=None)
-@given(seed=st.integers(0, 10_000), cap=st.integers(1, 4), eta=st.integers(0, 2))
-def test_running_never_exceeds_max_num_seqs(seed, cap, eta):
+@pytest.mark.invariants
+@settings(deadline=None)
+@given(seed=st.integers(0, 10_000), cap=st.integers(1, 4), eta=st.integers(0, 2), name=st.sampled_from(sorted(REGISTRY)))
+def test_running_never_exceeds_max_num_seqs(seed, cap, eta, name):
     """Every registered policy on a multi-turn workload of 9 executions per step: after every event each
     engine runs <= max_num_seqs (SimCluster.check_invariants asserts it) and every execution finishes
     exactly once."""
     cfg = override(tiny_config(gpus=8, seed=seed, groups_per_step=3, group_size=3),
                    **{"workload.deadline_s": float("inf"), "cluster.cost.max_num_seqs": cap})
-    for name in REGISTRY:
-        r = simulate(cfg, name, {} if name == "colocate" else {"eta": eta}, check=True)
-        admitted = sorted(rec[2] for rec in r.log if rec[0] == "admit")
-        finished = sorted(rec[2] for rec in r.log if rec[0] == "finish")
-        assert admitted == finished and len(set(finished)) == len(finished), f"{name}: lost or duplicated"
+    r = simulate(cfg, name, {} if name == "colocate" else {"eta": eta}, check=True)
+    admitted = sorted(rec[2] for rec in r.log if rec[0] == "admit")
+    finished = sorted(rec[2] for rec in r.log if rec[0] == "finish")
+    assert admitted == finished and len(set(finished)) == len(finished), f"{name}: lost or duplicated"
 
 
 def test_vllm_default_follows_gpu_memory():

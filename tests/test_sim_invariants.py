@@ -1,15 +1,18 @@
 """Invariants over many random workloads: GPUs conserved at every event (SimCluster.check_invariants runs
-after each one), every admitted execution finishes exactly once, staleness within eta, lower bound holds."""
+after each one), every admitted execution finishes exactly once, staleness within eta (rebuilt from the log:
+tests/logcheck.py), lower bound holds."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from gyre.policies import REGISTRY, takes
 from gyre.sim.runner import simulate
+from tests.logcheck import check_staleness
 from tests.simkit import tiny_config
 
 
@@ -24,22 +27,21 @@ def _check_run(r, eta: int | None) -> None:
     assert all(n == 1 for n in trained.values()), "an execution was trained twice"
     assert set(trained) == set(admitted), "an admitted execution was never trained"
     if eta is not None:
-        worst = max(rec[5] for rec in log if rec[0] == "trained")
-        assert worst <= eta, f"staleness {worst} > eta {eta}"
+        check_staleness(log, eta, exact=False)
     steps = [rec[2] for rec in log if rec[0] == "step"]
     assert steps == list(range(1, r.config.steps + 1)), f"versions out of order: {steps}"
     assert r.makespan_s >= r.bound.makespan_s * (1 - 1e-9), (r.makespan_s, r.bound)
 
 
+@pytest.mark.invariants
 @given(seed=st.integers(0, 10_000), gpus=st.sampled_from([4, 6, 8]), eta=st.integers(0, 3),
-       kind=st.sampled_from(["xlong", "math"]))
-def test_every_policy_keeps_invariants(seed, gpus, eta, kind):
+       kind=st.sampled_from(["xlong", "math"]), name=st.sampled_from(sorted(REGISTRY)))
+def test_every_policy_keeps_invariants(seed, gpus, eta, kind, name):
     """Every registered policy conserves GPUs, loses no execution and respects eta on random workloads."""
     cfg = tiny_config(gpus=gpus, seed=seed, workload_name=kind)
-    for name in REGISTRY:
-        bounded = takes(name, "eta")  # a policy without a staleness bound is on-policy
-        r = simulate(cfg, name, {"eta": eta} if bounded else {}, check=True)
-        _check_run(r, eta if bounded else 0)
+    bounded = takes(name, "eta")  # a policy without a staleness bound is on-policy
+    r = simulate(cfg, name, {"eta": eta} if bounded else {}, check=True)
+    _check_run(r, eta if bounded else 0)
 
 
 def test_same_seed_same_log_and_different_seed_differs():

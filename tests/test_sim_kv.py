@@ -41,17 +41,17 @@ def _check(r) -> None:
     assert s["preemptions"] == sum(1 for x in log if x[0] == "preempt")
 
 
-@settings(max_examples=25, deadline=None)
+@pytest.mark.invariants
+@settings(deadline=None)
 @given(seed=st.integers(0, 10_000), gpus=st.sampled_from([8, 10]), eta=st.integers(0, 2),
-       util=st.floats(0.1256, 0.14), reserve=st.booleans())
-def test_kv_never_overcommits_and_every_execution_completes(seed, gpus, eta, util, reserve):
+       util=st.floats(0.1256, 0.14), reserve=st.booleans(), name=st.sampled_from(sorted(REGISTRY)))
+def test_kv_never_overcommits_and_every_execution_completes(seed, gpus, eta, util, reserve, name):
     """Every registered policy, engines of 9-44K KV tokens and 9 executions of up to ~4K-token contexts each."""
     cfg = override(tiny_config(gpus=gpus, seed=seed, groups_per_step=3, group_size=3),
                    **{"workload.deadline_s": float("inf")})
     cfg = _tight(cfg, util, reserve)
-    for name in REGISTRY:
-        r = simulate(cfg, name, {} if name == "colocate" else {"eta": eta}, check=True)
-        _check(r)
+    r = simulate(cfg, name, {} if name == "colocate" else {"eta": eta}, check=True)
+    _check(r)
 
 
 def _hybrid(cfg):
@@ -62,11 +62,14 @@ def _hybrid(cfg):
     return replace(cfg, cluster=replace(cfg.cluster, model=m))
 
 
-@settings(max_examples=10, deadline=None)
-@given(seed=st.integers(0, 10_000), eta=st.integers(0, 2), util=st.floats(0.1231, 0.1262), reserve=st.booleans())
-@example(seed=0, eta=0, util=0.1231, reserve=True)  # a reserved execution back from its tool call behind a head
-# that could not start until it left: the two waited on each other
-def test_kv_and_states_never_overcommit_on_a_hybrid_model(seed, eta, util, reserve):
+@pytest.mark.invariants
+@settings(deadline=None)
+@given(seed=st.integers(0, 10_000), eta=st.integers(0, 2), util=st.floats(0.1231, 0.1262), reserve=st.booleans(),
+       name=st.sampled_from(sorted(REGISTRY)))
+@example(seed=0, eta=0, util=0.1231, reserve=True, name="colocate")  # a reserved execution back from its tool call
+@example(seed=0, eta=0, util=0.1231, reserve=True, name="async")  # behind a head that could not start until it
+@example(seed=0, eta=0, util=0.1231, reserve=True, name="elastic")  # left: the two waited on each other
+def test_kv_and_states_never_overcommit_on_a_hybrid_model(seed, eta, util, reserve, name):
     """Every registered policy on a hybrid model, engines of 10-44K KV tokens, each sequence holding KV also
     holding a 1,608-token state: KV plus states never exceed an engine (checked after every event from the
     members' own contexts), and every execution still finishes exactly once with all its tokens."""
@@ -74,9 +77,8 @@ def test_kv_and_states_never_overcommit_on_a_hybrid_model(seed, eta, util, reser
                    **{"workload.deadline_s": float("inf")})
     cfg = _tight(_hybrid(cfg), util, reserve)
     assert cfg.costs().state_tokens == 1608.0
-    for name in REGISTRY:
-        r = simulate(cfg, name, {} if name == "colocate" else {"eta": eta}, check=True)
-        _check(r)
+    r = simulate(cfg, name, {} if name == "colocate" else {"eta": eta}, check=True)
+    _check(r)
 
 
 def test_state_counts_against_kv_exact_timeline():

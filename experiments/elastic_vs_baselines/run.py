@@ -27,7 +27,7 @@ from gyre.config import override
 from gyre.presets import get_preset
 from gyre.policies.tuning import fastest_at_equal_work
 from gyre.sim.runner import simulate
-from gyre.sim.workers import process_pool
+from gyre.sim.sweep import RAY_HELP, progress_lines, run_map
 
 HERE = Path(__file__).resolve().parent
 ETAS = (0, 1, 2, 4)
@@ -64,11 +64,8 @@ def async_grid(preset: str) -> list[dict]:
     return [dict(rollout_gpus=r, eta=e) for r in rs for e in ETAS]
 
 
-def run_jobs(jobs, n_jobs: int) -> list[dict]:
-    if n_jobs <= 1:
-        return [run_one(j) for j in jobs]
-    with process_pool(n_jobs) as ex:
-        return list(ex.map(run_one, jobs))
+def run_jobs(jobs, n_jobs: int, ray: str | None = None) -> list[dict]:
+    return run_map(run_one, jobs, workers=n_jobs, ray=ray, on_done=progress_lines(len(jobs), "runs"))
 
 
 def _fastest(runs: pd.DataFrame) -> dict:
@@ -88,6 +85,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--select-steps", type=int, default=12)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--ray", default=None, help=RAY_HELP)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--reuse-selection", action="store_true", help="read {preset}_selection.csv instead of rerunning it")
     a = ap.parse_args()
@@ -99,14 +97,14 @@ def main() -> None:
     if a.reuse_selection:
         sel = pd.read_csv(a.out / f"{a.preset}_selection.csv")
     else:
-        sel = public(run_jobs(sel_jobs, a.jobs))
+        sel = public(run_jobs(sel_jobs, a.jobs, a.ray))
         sel.to_csv(a.out / f"{a.preset}_selection.csv", index=False)
     best = {pol: _fastest(sel[sel.policy == pol]) for pol in ("async", "elastic")}
     print(f"selection done in {time.perf_counter() - t0:.0f}s: {best}", flush=True)
 
     final = [(a.preset, a.steps, "colocate", {}), (a.preset, a.steps, "async", best["async"]),
              (a.preset, a.steps, "elastic", best["elastic"])]
-    rows = run_jobs(final, a.jobs)
+    rows = run_jobs(final, a.jobs, a.ray)
     table = public(rows)
     colo, asy = table.iloc[0], table.iloc[1]
     table["speedup_vs_colocate"] = colo.makespan_s / table.makespan_s

@@ -26,6 +26,7 @@ import pandas as pd
 from gyre.config import override
 from gyre.presets import get_preset
 from gyre.sim.compare import ETAS, tune, tuned_table
+from gyre.sim.sweep import RAY_HELP, progress_lines
 
 HERE = Path(__file__).resolve().parent
 KEEP = ["policy", "config", "eta", "makespan_s", "executions", "completed", "capped", "deadline_hit", "sched_cuts",
@@ -33,10 +34,11 @@ KEEP = ["policy", "config", "eta", "makespan_s", "executions", "completed", "cap
         "staleness_max", "equal_work", "vs_eta_bound", "sim_wall_s"]
 
 
-def compare_table(preset: str, steps: int, seed: int, jobs: int) -> pd.DataFrame:
+def compare_table(preset: str, steps: int, seed: int, jobs: int, ray: str | None = None) -> pd.DataFrame:
     """compare's table (colocate, async and elastic at each eta) for one seed."""
     cfg = override(get_preset(preset), steps=steps, seed=seed).validate()
-    tuned = tune(cfg, ["colocate", "async", "elastic"], pilot=False, workers=jobs)
+    done = progress_lines(None, f"seed {seed}: runs")
+    tuned = tune(cfg, ["colocate", "async", "elastic"], pilot=False, workers=jobs, ray=ray, on_done=lambda c, r: done(0, r))
     _, table, _ = tuned_table(tuned)
     return table.assign(preset=preset, steps=steps, seed=seed)
 
@@ -67,13 +69,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--jobs", type=int, default=1, help="worker processes per seed's comparison")
+    ap.add_argument("--ray", default=None, help=RAY_HELP)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     tables, heads = [], []
     for seed in a.seeds:
         t0 = time.perf_counter()
-        table = compare_table(a.preset, a.steps, seed, a.jobs)
+        table = compare_table(a.preset, a.steps, seed, a.jobs, a.ray)
         tables.append(table)
         heads += pairs(table)
         print(f"{a.preset} {a.steps} steps seed {seed}: {time.perf_counter() - t0:.0f} s wall, "

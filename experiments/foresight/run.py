@@ -35,7 +35,7 @@ from gyre.config import override
 from gyre.presets import get_preset
 from gyre.sim.runner import simulate
 from gyre.workload import ReplaySource
-from gyre.sim.workers import process_pool
+from gyre.sim.sweep import RAY_HELP, progress_lines, run_map
 
 HERE = Path(__file__).resolve().parent
 PREDICTORS = ("history", "history+siblings")
@@ -150,6 +150,7 @@ def main() -> None:
                     "merge them into the existing results CSV")
     ap.add_argument("--figure-only", action="store_true", help="redraw the figure from the results CSV")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--ray", default=None, help=RAY_HELP)
     args = ap.parse_args()
     out = HERE / "results" / f"{args.preset}_foresight.csv"
     if args.figure_only:
@@ -157,11 +158,7 @@ def main() -> None:
         return
     args.scale_oracle |= args.only_scale_oracle
     todo = jobs(args)
-    if args.jobs > 1:
-        with process_pool(args.jobs) as ex:
-            rows = list(ex.map(run_one, todo))
-    else:
-        rows = [run_one(j) for j in todo]
+    rows = run_map(run_one, todo, workers=args.jobs, ray=args.ray, on_done=progress_lines(len(todo)))
     df = pd.DataFrame(rows)
     if args.only_scale_oracle:  # merged into the rows of a full run, which supply the drawn order
         old = pd.read_csv(out)

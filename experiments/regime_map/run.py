@@ -42,7 +42,7 @@ from gyre.policies.common import ClusterShape
 from gyre.policies.tuning import _spread, fastest_at_equal_work
 from gyre.presets import KV_WINDOW, MODELS, get_preset
 from gyre.sim.runner import simulate
-from gyre.sim.workers import process_pool
+from gyre.sim.sweep import RAY_HELP, progress_lines, run_map
 
 OUT = Path(__file__).parent / "results"
 WINDOWS = (1 << 18, 1 << 19, 1 << 20, 1 << 21)
@@ -77,6 +77,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--ray", default=None, help=RAY_HELP)
     ap.add_argument("--plot-only", action="store_true", help="redraw results/map.png from results/map.csv")
     ap.add_argument("--cells", choices=["core", "all", "1m", "one"], default="core",
                     help="core: every window x cluster with growth and heavy training, plus the other two axes "
@@ -116,8 +117,7 @@ def main() -> None:
         jobs += [(cell, cfg, "async", {"eta": ETA, "rollout_gpus": r}) for r in rs]
         if pilot_steps < a.steps:
             jobs += [(cell, replace(cfg, steps=pilot_steps), "async", {"eta": ETA, "rollout_gpus": r}) for r in rs]
-    with process_pool(a.jobs) as pool:
-        res = list(pool.map(_run, jobs))
+    res = run_map(_run, jobs, workers=a.jobs, ray=a.ray, on_done=progress_lines(len(jobs), "runs"))
     rows = []
     for cell in cells:
         cfg, c, rs = meta[cell]

@@ -30,7 +30,7 @@ from gyre.config import override  # noqa: E402
 from gyre.policies import REGISTRY, takes  # noqa: E402
 from gyre.presets import get_preset  # noqa: E402
 from gyre.sim.runner import simulate  # noqa: E402
-from gyre.sim.workers import process_pool  # noqa: E402
+from gyre.sim.sweep import RAY_HELP, progress_lines, run_map  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LEVELS = (  # (label, faults, checkpoint_every)
@@ -65,11 +65,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--eta", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--ray", default=None, help=RAY_HELP)
     a = ap.parse_args()
     jobs = [(p, label, f, every, s, a.steps, a.eta) for p in REGISTRY for label, f, every in LEVELS
             for s in range(a.seeds)]
-    with process_pool(a.jobs) as pool:
-        rows = list(pool.map(one, jobs))
+    rows = run_map(one, jobs, workers=a.jobs, ray=a.ray, on_done=progress_lines(len(jobs), "runs"))
     df = pd.DataFrame(rows)
     base = df[df["faults"] == "none"].set_index(["policy", "seed"])["makespan_s"]
     df["slowdown"] = [m / base[(p, s)] for p, s, m in zip(df["policy"], df["seed"], df["makespan_s"])]

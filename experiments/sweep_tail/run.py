@@ -27,7 +27,7 @@ from gyre.policies import takes
 from gyre.presets import get_preset
 from gyre.sim.runner import simulate
 from gyre.workload import LogNormal
-from gyre.sim.workers import process_pool
+from gyre.sim.sweep import RAY_HELP, progress_lines, run_map
 
 HERE = Path(__file__).resolve().parent
 TAILS = (2.0, 3.5, 5.0, 10.0, 20.0)
@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--eta", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--ray", default=None, help=RAY_HELP)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--cluster", action="store_true", help="only the cluster-size knob (xlong-swe, eta 4)")
     a = ap.parse_args()
@@ -77,8 +78,7 @@ def main() -> None:
     else:
         jobs = [(a.steps, "tail", v, p, a.eta) for v in TAILS for p in POLICIES]
         jobs += [(a.steps, "tool", v, p, a.eta) for v in TOOL_SCALES for p in POLICIES]
-    with process_pool(a.jobs) as ex:
-        df = pd.DataFrame(list(ex.map(run_one, jobs)))
+    df = pd.DataFrame(run_map(run_one, jobs, workers=a.jobs, ray=a.ray, on_done=progress_lines(len(jobs), "runs")))
     wide = df.pivot_table(index=["knob", "value"], columns="policy", values="makespan_s").reset_index()
     wide["elastic_vs_colocate"] = wide["colocate"] / wide["elastic"]
     wide["elastic_vs_async"] = wide["async"] / wide["elastic"]
