@@ -114,7 +114,7 @@ def run(
         fail(f"{config or preset}: {exc}")
     if cfg.cluster.checkpoint and Path(cfg.cluster.checkpoint).exists():  # resumed from: read as data only
         from gyre.real.pool import trained_model
-        from gyre.real.trainer import CheckpointError, read_checkpoint
+        from gyre.real.checkpoint import CheckpointError, read_checkpoint
 
         try:
             read_checkpoint(cfg.cluster.checkpoint, trained_model(cfg.pool), mmap=True)

@@ -2,11 +2,13 @@
 
 What it models: the communication of a run whose membership keeps changing. A training step runs on the
 trainer workers of whichever GPUs the policy gave it; weights go from the trainer worker of record to
-whichever engines are up; a killed engine comes back as a new process. So no process ever joins
-torch.distributed's global default group: every group is a standalone backend (`ProcessGroupGloo` on CPU
-tensors, `ProcessGroupNCCL` on CUDA tensors) built on one `TCPStore` (served by trainer worker 0, listening
-on loopback in a local run and on its node's cluster address otherwise; no authentication) under a prefix
-unique to that group instance, and cached by name in each member process (`Comm`).
+whichever engines are up; a killed engine comes back as a new process. So every group is a standalone
+backend (`ProcessGroupGloo` on CPU tensors, `ProcessGroupNCCL` on CUDA tensors) built on one `TCPStore`
+(served by trainer worker 0, listening on loopback in a local run and on its node's cluster address
+otherwise; no authentication) under a prefix unique to that group instance, and cached by name in each
+member process (`Comm`). One exception: a sharded (FSDP2) trainer's step group must be the process's default
+group (DTensor reads it), so `Comm.default_group` destroys and re-forms that one whenever the step's
+members change.
 
 The driver names groups by membership (`GroupBook`): the same members reuse the same group; an engine's
 respawn is a new member, so it gets fresh groups, and every group that held the dead one is dropped by its
@@ -151,23 +153,46 @@ class Comm:
             pg = self.groups.get(spec["name"])
             if pg is not None:
                 return pg
-            timeout = timedelta(seconds=spec["timeout_s"])
-            if self._store is None or self._store_at != tuple(spec["store"]):  # the store moved: its groups are gone
-                for name in list(self.groups):
-                    self.drop(name)
-                host, port = spec["store"]
-                self._store, self._store_at = TCPStore(host, port, None, False, timeout), tuple(spec["store"])
-            store = PrefixStore(f"gyre/{spec['name']}/", self._store)
+            store = PrefixStore(f"gyre/{spec['name']}/", self._client(spec))
+            opts = _options(spec)
             if spec["backend"] == "nccl":
                 from torch._C._distributed_c10d import ProcessGroupNCCL  # CUDA builds only
 
-                opts = ProcessGroupNCCL.Options()
-                opts._timeout = timeout
                 pg = ProcessGroupNCCL(store, spec["rank"], spec["size"], opts)
             else:
-                pg = ProcessGroupGloo(store, spec["rank"], spec["size"], _gloo_options(spec["store"][0], timeout))
+                pg = ProcessGroupGloo(store, spec["rank"], spec["size"], opts)
             self.groups[spec["name"]] = pg
             return pg
+
+    def default_group(self, spec: dict):
+        """This process's default torch.distributed group, made afresh as the group of `spec` (FSDP2 shards
+        over the default group); the previous one is destroyed. The same members may form it again and again
+        (every re-shard does): each member counts itself in on the store, and the k-th forming (counts
+        k*size+1 .. (k+1)*size, as each member joins one forming before it can join the next) meets under
+        its own prefix."""
+        import torch.distributed as dist
+
+        with self._lock:
+            for name in spec.get("drop", ()):
+                self.drop(name)
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            client = self._client(spec)
+            k = (client.add(f"gyre/{spec['name']}/formings", 1) - 1) // spec["size"]
+            store = PrefixStore(f"gyre/{spec['name']}/{k}/", client)
+            dist.init_process_group(spec["backend"], store=store, rank=spec["rank"], world_size=spec["size"],
+                                    timeout=timedelta(seconds=spec["timeout_s"]), pg_options=_options(spec))
+            return dist.distributed_c10d._get_default_group()
+
+    def _client(self, spec: dict) -> TCPStore:
+        """The connection to the spec's store (a new one when the store moved: the old one's groups are gone)."""
+        if self._store is None or self._store_at != tuple(spec["store"]):
+            for name in list(self.groups):
+                self.drop(name)
+            host, port = spec["store"]
+            self._store = TCPStore(host, port, None, False, timedelta(seconds=spec["timeout_s"]))
+            self._store_at = tuple(spec["store"])
+        return self._store
 
     def receive_weights(self, spec: dict) -> dict[str, torch.Tensor]:
         """The state dict of the broadcast a "sync" `spec` names, received in the spec's turn (`seq`) into
@@ -183,6 +208,18 @@ class Comm:
                 pg.shutdown()
             except RuntimeError:
                 pass  # a peer is already gone
+
+
+def _options(spec: dict):
+    """The options of the group of `spec`: its backend's, with the spec's timeout."""
+    timeout = timedelta(seconds=spec["timeout_s"])
+    if spec["backend"] == "nccl":
+        from torch._C._distributed_c10d import ProcessGroupNCCL  # CUDA builds only
+
+        opts = ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return opts
+    return _gloo_options(spec["store"][0], timeout)
 
 
 def _gloo_options(store_host: str, timeout: timedelta) -> ProcessGroupGloo._Options:
@@ -233,6 +270,15 @@ def allreduce_sum(pg, tensors: list[torch.Tensor]) -> None:
         t.copy_(part.view_as(t))
 
 
+def allreduce_max(pg, t: torch.Tensor) -> None:
+    """The elementwise maximum of `t` over the group, in place."""
+    from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
+
+    opts = AllreduceOptions()
+    opts.reduceOp = ReduceOp.MAX
+    pg.allreduce([t], opts).wait()
+
+
 def plan_broadcast(source_slot: int, target_slots: list[int], backend: str) -> tuple[list[int], list[int]]:
     """(targets served by the collective, targets served by the object store).
 
@@ -276,6 +322,10 @@ class GroupBook:
                 self._seq[m] += 1
             out.append(spec)
         return out
+
+    def name_of(self, members: tuple[str, ...], channel: str) -> str | None:
+        """The name the next `specs(members, channel)` gives (None: a group not formed yet gets a new one)."""
+        return self._names.get((channel, members))
 
     def new_store(self, store: tuple[str, int]) -> None:
         """The store moved (its server died): every group is made afresh on the new one."""

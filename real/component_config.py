@@ -63,11 +63,17 @@ class TrainerConfig:
     micro_batch_tokens: int = 4096
     logprob_chunk: int = 1024  # trained rows per log-softmax chunk (full-vocabulary logits never for a whole pack)
     attention: str = "sdpa"  # "sdpa": boolean ancestor mask; "flex": FlexAttention BlockMask (CUDA only)
+    # "dp": every rank of a step holds the whole model and AdamW state (replicas, gradients all-reduced);
+    # "fsdp": FSDP2 over the step's ranks (gyre.real.fsdp), re-sharded whenever the step's ranks change
+    sharding: str = "dp"
+    offload: bool = True  # fsdp on CUDA: shards, gradients and AdamW state in host memory (CPUOffloadPolicy)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"TrainerConfig.dtype = {self.dtype!r}: expected 'float32' or 'bfloat16' (float16 "
                              f"would need loss scaling)")
+        if self.sharding not in ("dp", "fsdp"):
+            raise ValueError(f"TrainerConfig.sharding = {self.sharding!r}: expected 'dp' or 'fsdp'")
         if self.attention not in ("sdpa", "flex"):
             raise ValueError(f"TrainerConfig.attention = {self.attention!r}: expected 'sdpa' or 'flex'")
         if self.attention == "flex" and self.device == "cpu":

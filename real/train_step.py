@@ -38,6 +38,8 @@ class TrainSteps:
         self._tv = base  # the trainer's version of record
         self._record: int | None = 0  # the trainer worker (= GPU) holding it; None: lost, being rebuilt
         self._held: list[int | None] = [base] * n_workers  # the version each trainer worker holds
+        # a sharded (fsdp) trainer: the step group whose shard is all a worker holds (None: the whole state)
+        self._shard_of: list[str | None] = [None] * n_workers
         self._steps: deque[Step] = deque()  # asked for, in order; the first runs when `_stepping`
         self._stepping = False
         self._recovering = False
@@ -62,7 +64,8 @@ class TrainSteps:
             return
         self._stepping = True
         gpus, batch, end = self._steps[0]
-        stale = [g for g in gpus if self._held[g] != self._tv]
+        group = self.pool.book.name_of(tuple(f"t{g}" for g in gpus), "dp") if len(gpus) > 1 else None
+        stale = [g for g in gpus if self._held[g] != self._tv or self._shard_of[g] not in (None, group)]
         if not stale:
             self._launch_step(gpus, batch, None, set())
             return
@@ -117,12 +120,16 @@ class TrainSteps:
     def _step_ended(self, gpus, batch, ok: dict[int, dict], errors: list[str], died: bool, save: str | None,
                     caught_up: int) -> None:
         self._stepping = False
-        if ok:  # the ranks are replicas: any that finished holds the new version
-            first = min(ok)
+        whole = [r for r in ok if ok[r].get("shard_of") is None]  # (sharded: only rank 0 holds the whole state)
+        if whole:  # replicas: any rank that finished holds the new version
+            first = min(whole)
             stats = {**ok[first], "caught_up": caught_up}
             self._tv, self._record = stats["version"], gpus[first]
             for rank, g in enumerate(gpus):
                 self._held[g] = self._tv if rank in ok else None
+                self._shard_of[g] = ok[rank].get("shard_of") if rank in ok else None
+            if errors and len(gpus) > 1:  # the ranks left out re-form with the others: a fresh group
+                self.pool.book.broken("dp", tuple(f"t{g}" for g in gpus))
             self._batches[self._tv] = batch
             if save and 0 in ok:
                 self._ckpt_version = self._tv
@@ -137,7 +144,7 @@ class TrainSteps:
         if not died:  # no worker was lost meanwhile: a genuine error
             raise ClusterError(f"train: step {self._tv + 1} failed: {'; '.join(errors)}")
         for g in gpus:  # mid-step state: unknown
-            self._held[g] = None
+            self._held[g], self._shard_of[g] = None, None
         if self._record in gpus:
             self._lose_record(self._record)
         self._log(("note", self.now, "step_retry", {"version": self._tv + 1, "gpus": list(gpus), "errors": errors}))
@@ -187,7 +194,7 @@ class TrainSteps:
         self._log(("note", self.now, "trainer_fault", {"worker": gpu, "version": self._tv,
                                                        "in_step": self._stepping, "record": gpu == self._record}))
         self.pool.respawn_trainer(gpu)
-        self._held[gpu] = None
+        self._held[gpu], self._shard_of[gpu] = None, None
         if gpu == 0:  # it served the collective store: the replacement serves a new one
             self._store_pending = True
 
@@ -204,7 +211,7 @@ class TrainSteps:
         self._next_step()
 
     def _lose_record(self, gpu: int) -> None:
-        holders = [g for g, v in enumerate(self._held) if v == self._tv and g != gpu]
+        holders = [g for g, v in enumerate(self._held) if v == self._tv and g != gpu and self._shard_of[g] is None]
         self._record = holders[0] if holders else None
         self._lost_gpu = gpu
 
@@ -245,7 +252,7 @@ class TrainSteps:
                 if left[0] == 0:
                     self._recovering = False
                     self._record = gpu
-                    self._held[gpu] = self._tv
+                    self._held[gpu], self._shard_of[gpu] = self._tv, None
                     self._log(("note", self.now, "trainer_recovered", {
                         "worker": gpu, "version": self._tv, "from_version": start, "replayed": len(replay),
                         "recovery_s": self.now - self._lost_at}))

@@ -1,44 +1,55 @@
-"""The trainer: data-parallel PyTorch workers that train TinyLlama on packed trajectory trees.
+"""The trainer: PyTorch workers, data-parallel replicas or FSDP2 shards, that train on packed trajectory trees.
 
 What it models: one policy-gradient step per call. The driver sends each group's prefix tree (its DFS
 preorder) and per-execution advantages; every worker of the step packs the whole batch with
 gyre.trajectory.build_packs (deterministic) and takes its shard of the packs (`shard_packs`: largest first
 onto the least-loaded rank). Pack loss weights are batch-global, so the batch loss is the sum of the
 shards' losses: each rank backpropagates its shard, the gradients (and the loss) are summed over the
-step's group with one all-reduce (gyre.real.collective), the norm is clipped and every rank makes the same
-AdamW step, `epochs` times: version v -> v + 1. The ranks keep identical replicas; rank 0 is the worker of
-record (it snapshots the weights it publishes and writes the checkpoint). A worker that missed steps
-catches up from the worker of record (`get_state` -> `train(state=...)`) before it trains again. A run
-starts from random weights (`reset(seed)`), or from a Llama model directory (`init_checkpoint`: config.json
-+ safetensors, gyre.nn.hf_llama), e.g. the one a vLLM engine serves, so trainer and engines agree at version 0.
+step's group (gyre.real.collective), the norm is clipped and AdamW steps, `epochs` times: version v -> v + 1.
+Rank 0 is the worker of record (it snapshots the weights it publishes and writes the checkpoint). A worker
+that missed steps catches up from the worker of record (`get_state` -> `train(state=...)`) before it trains
+again. A run starts from random weights (`reset(seed)`), a model folder's, or a Llama model directory's
+(`init_checkpoint`), e.g. the one a vLLM engine serves, so trainer and engines agree at version 0.
+
+`TrainerConfig.sharding`: "dp" keeps the ranks identical replicas (one all-reduce of the gradients). "fsdp"
+shards parameters, gradients and AdamW state over the step's ranks (gyre.real.fsdp: reduce-scattered
+gradients, summed; on CUDA the shards live in host memory, so the GPUs hold only layers in flight and are
+free to serve between steps). A step's ranks change whenever the policy re-places the trainer, so the
+worker keeps its shards only while the next step has the same group; at the end of every sharded step
+rank 0 gathers the whole state (fp32 weights and AdamW state) to its host, and a step on other ranks
+re-shards from it (`_place`: the process's default group re-formed, each rank slicing its rows). Every rank
+of a sharded step runs as many micro-batches as the busiest (each pass is a collective).
 
 Weights leave a worker two ways (`RealClusterConfig.weight_sync`): `weights(version)` returns the CPU
 snapshot of a published version for the Ray object store, or `send_weights(spec, version)` broadcasts it to
 engines over a standalone group. Both run in the "sync" concurrency group and read snapshots, so they never
-wait for, nor see half of, a step running meanwhile. `save`/`load` checkpoint model, optimizer and version:
-tensors, numbers and plain dicts, read back as data only (`read_checkpoint`), so a checkpoint cannot run code.
+wait for, nor see half of, a step running meanwhile. `save`/`load` checkpoint model, optimizer and version,
+read back as data only (gyre.real.checkpoint).
 
-Simplifications: data parallelism only (no tensor or pipeline parallelism, every rank holds the whole
-model and optimizer); `epochs` optimizer steps per batch; gradient norm clipped at 1; the last 3 published
+Simplifications: no tensor or pipeline parallelism; under fsdp bf16 is autocast over all-gathered fp32
+parameters (no bf16 all-gather) and rank 0 gathers the optimizer state every step, not only when the
+ranks change; `epochs` optimizer steps per batch; gradient norm clipped at 1; the last 2 published
 versions are kept.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import time
 from pathlib import Path
 
 import numpy as np
 import ray
 import torch
+from torch.distributed.device_mesh import init_device_mesh
 
 from gyre.nn.hf_causal import build_model, model_identity
 from gyre.nn.hf_llama import config_mismatch, load_hf_llama
 from gyre.nn.model import TinyLlamaConfig
 from gyre.real import collective as C
+from gyre.real.checkpoint import CheckpointError, read_checkpoint  # noqa: F401 (CheckpointError: re-exported)
 from gyre.real.component_config import TrainerConfig
+from gyre.real.fsdp import gather_state, local_numel, shard_model, shard_state, whole
 from gyre.trajectory import PackConfig, build_packs
 from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss, micro_batches
 
@@ -46,7 +57,6 @@ from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss
 # latest step ended (its request can arrive after the new version is published)
 KEEP_PUBLISHED = 2
 ModelSource = TinyLlamaConfig | str  # gyre's TinyLlama (random init) or a model folder (gyre.nn.hf_folder)
-CHECKPOINT_KEYS = ("model", "opt", "version", "model_config")  # what `save` writes
 
 
 def shard_packs(sizes: list[int], n: int) -> list[list[int]]:
@@ -78,8 +88,7 @@ class Trainer:
         """Fresh weights for a new run: a model folder's, or drawn from `seed` (TinyLlama), or `init_checkpoint`'s
         (cast to fp32); returns the version (0)."""
         torch.manual_seed(seed)
-        model = build_model(self.model_config, seed=seed, attn="flex_attention" if self.cfg.attention == "flex"
-                            else "sdpa", grad_checkpointing=self.cfg.grad_checkpointing)
+        model = self._new_model(seed)
         if self.init_checkpoint:
             cfg, state = load_hf_llama(self.init_checkpoint)
             bad = config_mismatch(self.model_config, cfg)
@@ -87,11 +96,19 @@ class Trainer:
                 raise ValueError(f"init_checkpoint {self.init_checkpoint}: the trainer's model has {bad}")
             model.load_state_dict(state)
         self.model = model.to(self.device)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        self.opt = self._new_opt(self.model.parameters())
+        self._group, self._full = None, None  # fsdp: see _place
         self.version = 0
         self._published: dict[int, dict[str, torch.Tensor]] = {}
         self._publish()
         return self.version
+
+    def _new_model(self, seed: int = 0) -> torch.nn.Module:
+        return build_model(self.model_config, seed=seed, attn="flex_attention" if self.cfg.attention == "flex"
+                           else "sdpa", grad_checkpointing=self.cfg.grad_checkpointing)
+
+    def _new_opt(self, params) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
 
     def set_model(self, model: ModelSource, init_checkpoint: str = "", config: TrainerConfig | None = None,
                   serve_dtype: str | None = None) -> int:
@@ -107,20 +124,59 @@ class Trainer:
         return self.reset(0)
 
     def _publish(self) -> None:
+        """Snapshot this version in the serving dtype (a sharded rank without the whole state publishes none)."""
+        serving = self.model.serving_state()
+        if self._group is not None:
+            if self._full is None:
+                return
+            serving = {k: self._full["model"][k] for k in serving}
         self._published[self.version] = {k: v.detach().to("cpu", self.serve_dtype, copy=True)
-                                         for k, v in self.model.serving_state().items()}
+                                         for k, v in serving.items()}
         for v in sorted(self._published)[:-KEEP_PUBLISHED]:
             del self._published[v]
 
     def get_state(self) -> list:
         """[object ref of model + optimizer state and version]: what a worker that missed steps loads."""
-        return [ray.put({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "version": self.version})]
+        return [ray.put({**self._whole(), "version": self.version})]
+
+    def _whole(self) -> dict:
+        """{"model", "opt"}: the whole training state (a replica's own, or the gathered state of a sharded rank 0)."""
+        if self._group is None:
+            return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
+        if self._full is None:
+            raise RuntimeError(f"trainer: this worker holds only its shard of group {self._group}, not the whole "
+                               f"state (ask the worker of record)")
+        return self._full
 
     def _set_state(self, state: dict) -> None:
+        if self._group is not None:  # sharded: back to a whole model to load into
+            self.model, self._group, self._full = self._new_model().to(self.device), None, None
+            self.opt = self._new_opt(self.model.parameters())
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["opt"])
         self.version = int(state["version"])
         self._publish()
+
+    def _place(self, dp: dict | None) -> None:
+        """fsdp: make the model the step's layout: sharded over the step's group (`dp`, size > 1), else whole.
+        The same group as the last step keeps its shards; any other re-shards from the whole state this worker
+        holds (its own, the gathered state it keeps as rank 0, or the state of record it was sent)."""
+        name = dp["name"] if dp is not None and dp["size"] > 1 else None
+        if name == self._group:  # the same shards, or a whole model again
+            return
+        state = self._whole()
+        model = self._new_model()
+        model.load_state_dict(state["model"])
+        if name is None:
+            self.model = model.to(self.device)
+            self.opt = self._new_opt(self.model.parameters())
+            self.opt.load_state_dict(state["opt"])
+        else:  # built on the host: fully_shard moves one layer at a time to the device and keeps its rows
+            self._fsdp_pg = self.dp.default_group(dp)
+            mesh = init_device_mesh(self.device.type, (dp["size"],))
+            model = shard_model(model, mesh, offload=self.cfg.offload and self.device.type == "cuda", sum_grads=True)
+            self.model, self.opt = model, shard_state(model, state["opt"], self._new_opt)
+        self._group, self._full = name, None
 
     def layout(self) -> C.Layout:
         return C.layout_of(self._published[self.version])
@@ -145,6 +201,8 @@ class Trainer:
         t0 = time.perf_counter()
         if state is not None:
             self._set_state(state)
+        if self.cfg.sharding == "fsdp":
+            self._place(dp)
         packed, packs, pg = self._shard(batch, dp)
         t_pack = time.perf_counter() - t0
         params = list(self.model.parameters())
@@ -152,17 +210,19 @@ class Trainer:
         ref, epochs, drift = None, 0, 0.0
         for epoch in range(self.cfg.epochs):
             logps: list[torch.Tensor] | None = [] if self.cfg.max_drift > 0 else None
-            loss = self._backward(packs, pg, mismatch if epoch == 0 else None, logps)
+            loss = self._backward(packs, pg, mismatch if epoch == 0 else None, logps, pad=packed.packs[0])
             if epoch == 0:
                 ref = logps
             elif logps is not None:
                 drift = self._drift(ref, logps, pg)
                 if drift > self.cfg.max_drift:
                     break  # moved far enough: this epoch's gradient is not applied
-            gnorm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip))
+            gnorm = float(whole(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)))
             self.opt.step()
             epochs += 1
         self.version += 1
+        if self._group is not None:  # sharded: rank 0 (the worker of record) gathers the whole new state
+            self._full = gather_state(self.model, self.opt, keep=dp["rank"] == 0)
         self._publish()
         if save_to:
             self.save(save_to)
@@ -173,14 +233,18 @@ class Trainer:
             # mean |log p(version before the step) - log p(sampling engine)| over trained tokens: ~0 on-policy
             "logp_mismatch": float(mismatch[0] / mismatch[1]) if mismatch[1] > 0 else 0.0,
             "epochs": epochs, "drift": drift,  # epochs applied; mean |log p change| at the last check (0: none)
+            # fsdp: the group whose shard is all this worker holds (None: it holds the whole state)
+            "shard_of": self._group if self._full is None else None, "local_params": local_numel(self.model),
             "pack_s": t_pack, "train_s": time.perf_counter() - t0,
         }
 
     def gradient(self, batch: list[tuple[object, np.ndarray]], dp: dict | None = None) -> dict[str, torch.Tensor]:
         """The batch's loss gradient at the current weights (summed over the group of `dp`), on CPU; no step."""
-        _, packs, pg = self._shard(batch, dp)
-        self._backward(packs, pg)
-        return {n: p.grad.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
+        if self.cfg.sharding == "fsdp":
+            self._place(dp)
+        packed, packs, pg = self._shard(batch, dp)
+        self._backward(packs, pg, pad=packed.packs[0])
+        return {n: whole(p.grad).detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
 
     def _shard(self, batch, dp: dict | None):
         """(the batch's packs, this rank's packs, the step's group or None)."""
@@ -191,7 +255,7 @@ class Trainer:
         if dp is None or dp["size"] == 1:
             return packed, packed.packs, None
         mine = shard_packs([p.size for p in packed.packs], dp["size"])[dp["rank"]]
-        return packed, [packed.packs[i] for i in mine], self.dp.group(dp)
+        return packed, [packed.packs[i] for i in mine], self._fsdp_pg if self._group else self.dp.group(dp)
 
     def _drift(self, ref: list[torch.Tensor], cur: list[torch.Tensor], pg) -> float:
         """Mean |log p now - log p at the step's start| over the batch's trained tokens (summed over `pg`)."""
@@ -203,28 +267,36 @@ class Trainer:
             C.allreduce_sum(pg, [acc])
         return float(acc[0] / acc[1]) if acc[1] > 0 else 0.0
 
-    def _backward(self, packs: list, pg, mismatch: torch.Tensor | None = None, logps: list | None = None
-                  ) -> torch.Tensor:
+    def _backward(self, packs: list, pg, mismatch: torch.Tensor | None = None, logps: list | None = None,
+                  pad=None) -> torch.Tensor:
         """Gradient of the packs' loss into .grad, summed over `pg` (the batch's gradient); returns the loss.
         `mismatch` (zeros [2]): set to the batch's (sum |log-ratio to the sampler|, rows) (see pack_rows_loss);
-        `logps`: gets this rank's per-pack log-probs of the trained tokens appended."""
+        `logps`: gets this rank's per-pack log-probs of the trained tokens appended. Sharded, every rank runs
+        as many micro-batches as the busiest (each pass is a collective): the missing ones are `pad` (any pack)
+        with zero weight."""
         self.model.train()
         self.opt.zero_grad(set_to_none=True)
         cfg = LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip, logprob_chunk=self.cfg.logprob_chunk)
         loss = torch.zeros(1, device=self.device)
         bf16 = self.cfg.dtype == "bfloat16"
-        for mb in micro_batches(packs, self.cfg.micro_batch_tokens):  # gradients accumulate in fp32 .grad
+        mbs = [(mb, 1.0) for mb in micro_batches(packs, self.cfg.micro_batch_tokens)]
+        if self._group is not None:
+            n = torch.tensor([len(mbs)], device=self.device)
+            C.allreduce_max(pg, n)
+            mbs += [([pad], 0.0)] * (int(n) - len(mbs))
+        for mb, weight in mbs:  # gradients accumulate in fp32 .grad
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
                 part = micro_batch_loss(self.model, concat_packs(mb), cfg, use_flex=self.cfg.attention == "flex",
-                                        device=self.device, mismatch=mismatch, logps=logps)
-            part.backward()
-            loss += part.detach().float()
+                                        device=self.device, mismatch=mismatch if weight else None,
+                                        logps=logps if weight else None)
+            (part * weight).backward()
+            loss += weight * part.detach().float()
         for p in self.model.parameters():  # no trained rows here: a zero gradient to sum with the others'
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        if pg is not None:  # sum the shards: the batch's gradient and loss (and the mismatch counts)
-            extra = [loss] + ([mismatch] if mismatch is not None else [])
-            C.allreduce_sum(pg, [p.grad for p in self.model.parameters()] + extra)
+        if pg is not None:  # sum the shards: the batch's gradient (sharded: the reduce-scatter did) and loss
+            grads = [] if self._group is not None else [p.grad for p in self.model.parameters()]
+            C.allreduce_sum(pg, grads + [loss] + ([mismatch] if mismatch is not None else []))
         return loss
 
     # --- publishing (the "sync" concurrency group: runs while a step trains) ---
@@ -258,8 +330,7 @@ class Trainer:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_suffix(".tmp")
-        torch.save({"model": self.model.state_dict(), "opt": self.opt.state_dict(), "version": self.version,
-                    "model_config": model_identity(self.model_config)}, tmp)
+        torch.save({**self._whole(), "version": self.version, "model_config": model_identity(self.model_config)}, tmp)
         os.replace(tmp, p)  # atomic: a crash never leaves a half-written checkpoint
         return str(p)
 
@@ -267,35 +338,3 @@ class Trainer:
         """Take model, optimizer and version from a checkpoint `save` wrote (read as data only: read_checkpoint)."""
         self._set_state(read_checkpoint(path, self.model_config, map_location=self.device))
         return self.version
-
-
-class CheckpointError(ValueError):
-    """A trainer checkpoint refused: it needs more than data to load, cannot be read, or is of another model."""
-
-
-def read_checkpoint(path: str | Path, model_config: ModelSource, *, map_location: str | torch.device = "cpu",
-                    mmap: bool = False) -> dict:
-    """The state a trainer checkpoint holds (model, opt, version, model_config), unpickled as data only: tensors,
-    numbers, strings and plain containers. A file that needs anything more (a pickled class or callable) is
-    refused before any of it runs; `mmap`: map the tensors instead of reading them (a cheap check)."""
-    try:
-        state = torch.load(path, weights_only=True, map_location=map_location, mmap=mmap)
-    except pickle.UnpicklingError as exc:  # the data-only unpickler stopped: say at what
-        tail = str(exc).partition("WeightsUnpickler error:")[2]
-        why = next((ln.strip() for ln in tail.splitlines() if ln.strip()), "").partition(" was not an allowed")[0]
-        if "global" in why:  # a class or callable: something that runs code
-            raise CheckpointError(f"checkpoint {path}: refused, it needs more than tensors, numbers and plain "
-                                  f"containers to load ({why}); load only checkpoints a gyre trainer wrote") from None
-        raise CheckpointError(f"checkpoint {path}: cannot be read as a torch checkpoint ({why or 'unpickling failed'})"
-                              ) from None
-    except Exception as exc:  # torch.load's failures on a file that is not a checkpoint are many kinds
-        msg = str(exc).splitlines()[0] if str(exc) else ""
-        raise CheckpointError(f"checkpoint {path}: cannot be read as a torch checkpoint "
-                              f"({type(exc).__name__}: {msg[:200]})") from None
-    missing = [k for k in CHECKPOINT_KEYS if k not in state] if isinstance(state, dict) else list(CHECKPOINT_KEYS)
-    if missing:
-        raise CheckpointError(f"checkpoint {path}: not a gyre trainer checkpoint (no {', '.join(missing)})")
-    if state["model_config"] != model_identity(model_config):
-        raise CheckpointError(f"checkpoint {path} is for model {state['model_config']}, not "
-                              f"{model_identity(model_config)}")
-    return state

@@ -141,6 +141,13 @@ def test_gpu_example_config_runs_on_cpu_at_a_tiny_size(local_ray, tmp_path):
         kv_capacity=4096, task=BASE.cluster.task))
     r = run_real(run, "colocate", pool=ActorPool.shared(run.pool))
     check_run(r, 1)
+    from gyre.nn.hf_causal import build_model
+
+    total = sum(p.numel() for p in build_model(tiny).parameters())
+    steps = [x[3] for x in r.log if x[0] == "note" and x[2] == "train"]
+    # FSDP2 (sharding = "fsdp" as written) over colocate's 4 GPUs: rank 0 holds ~1/4 (rows cut as torch.chunk)
+    assert all(s["ranks"] == 4 and s["local_params"] <= 0.3 * total for s in steps), \
+        f"not sharded 4 ways: {[(s['ranks'], s['local_params'], total) for s in steps]}"
 
 
 def test_bad_model_folder_exits_2_before_anything_starts(tmp_path, qwen3):

