@@ -42,9 +42,12 @@ from gyre.handles import Handle
 class AdmissionQueue:
     """Executions waiting for room on an engine, admitted as room frees."""
 
-    def __init__(self, cluster: Cluster, engines: Sequence[EngineView] | Callable[[], Sequence[EngineView]]) -> None:
-        """`engines`: the engines to admit to, or a function returning them now (a pool that changes)."""
+    def __init__(self, cluster: Cluster, engines: Sequence[EngineView] | Callable[[], Sequence[EngineView]],
+                 limit: Callable[[EngineView], int] | None = None) -> None:
+        """`engines`: the engines to admit to, or a function returning them now (a pool that changes);
+        `limit(e)`: the policy's own cap on the executions `e` holds, within its `admit_limit` (default: that)."""
         self.cluster = cluster
+        self.limit = limit
         self._engines = engines if callable(engines) else (lambda: engines)
         self.waiting: deque[tuple[ExecutionView, Handle]] = deque()  # unstarted, in submission order
         self.held: deque[ExecutionView] = deque()  # parked off an engine, resumed first
@@ -76,7 +79,8 @@ class AdmissionQueue:
 
     def room(self, e: EngineView) -> int:
         """Executions `e` may still be handed."""
-        return e.admit_limit - e.n_live - self.incoming.get(e.id, 0)
+        cap = e.admit_limit if self.limit is None else min(e.admit_limit, self.limit(e))
+        return cap - e.n_live - self.incoming.get(e.id, 0)
 
     def move(self, x: ExecutionView, target: EngineView) -> Handle:
         """Migrate `x` to `target`, counting it there until it arrives (or the move is dropped)."""

@@ -75,12 +75,16 @@ class Signal:
 class Batcher:
     """Tracks groups from admission to training under the staleness bound eta."""
 
-    def __init__(self, cluster: Cluster, steps: int, eta: int, order=None) -> None:
-        """`order` (policies.admission.OrderedAdmission), if given, chooses which group is admitted next."""
+    def __init__(self, cluster: Cluster, steps: int, eta: int, order=None,
+                 on_finish: Callable[[Group, Handle], None] | None = None) -> None:
+        """`order` (policies.admission.OrderedAdmission), if given, chooses which group is admitted next;
+        `on_finish(group, handle)`, if given, is called as each admitted execution finishes (after the
+        Batcher has counted its group finished, if it was the group's last)."""
         if eta < 0:
             raise ValueError(f"eta must be >= 0, got {eta}")
         self.cluster = cluster
         self.order = order
+        self.on_finish = on_finish
         self.steps = steps
         self.eta = eta
         self.gps = cluster.groups_per_step
@@ -124,6 +128,9 @@ class Batcher:
             self.changed.fire()
 
         all_of(handles).on_done(done)
+        if self.on_finish is not None:
+            for h in handles:
+                h.on_done(lambda h, group=group: self.on_finish(group, h))
 
     def next_batch(self) -> list[Group] | None:
         """The batch for the next step (`self.step`), or None if the trainer must wait."""
@@ -170,14 +177,23 @@ def train_loop(cluster: Cluster, steps: int, batcher: Batcher, queue: AdmissionQ
     the group's version.
     Trainer: when the Batcher has a batch, `gather(batch)` yields until the step's GPUs are free and
     returns them; the step trains; `after_step()` yields until the engines serve the new weights. Both
-    sleep on the Batcher's changes and on the handles `wait()` gives (a policy's own wake-ups)."""
+    sleep on the Batcher's changes and on the handles `wait()` gives (a policy's own wake-ups); `wait()`
+    is called once per wake-up: the loop that sleeps second, before anything has fired, sleeps on the
+    handles the first was given (a policy may react to what woke it inside `wait()`)."""
+    last: list = [None, ()]  # the Batcher's change handle and the policy's handles at the last wait()
+
+    def sleep() -> Handle:
+        changed = batcher.changed.wait()
+        if last[0] is not changed or not last[1] or any(h.done for h in last[1]):
+            last[0], last[1] = changed, tuple(wait())
+        return any_of([changed, *last[1]])
 
     def produce() -> Steps:
         while batcher.n_admitted < steps * batcher.gps:
             pool = list(engines())
             version = min((e.version for e in pool), default=cluster.version)
             if not pool or not batcher.can_admit(version):
-                yield any_of([batcher.changed.wait(), *wait()])
+                yield sleep()
                 continue
             g = batcher.admit_group(version)
             batcher.watch(g, queue.submit(g.executions))
@@ -186,7 +202,7 @@ def train_loop(cluster: Cluster, steps: int, batcher: Batcher, queue: AdmissionQ
     while cluster.version < steps:
         batch = batcher.next_batch()
         if batch is None:
-            yield any_of([batcher.changed.wait(), *wait()])
+            yield sleep()
             continue
         batcher.trained(batch)
         gpus = yield from gather(batch)

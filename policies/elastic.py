@@ -2,7 +2,7 @@
 
 Generation never stops and admission is async's (policies.common.train_loop: the Batcher keeps
 staleness <= eta). The controller observes the engines' load, the live executions' progress, what
-finished executions showed (their segments and seconds per segment: policies.elastic_plan.History) and
+finished executions showed (their segments, seconds per segment and durations: policies.elastic_history) and
 the cluster's cost estimate (gyre.estimate: a training step's seconds on g GPUs, an engine's decode
 throughput at n sequences, KV capacity, engine size, the trainer's memory minimum). It never sees a
 future length. At the start every GPU runs an engine; then at each decision point it does one thing:
@@ -12,10 +12,12 @@ future length. At the start every GPU runs an engine; then at each decision poin
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
      `boundary_share` of a segment from one, or its finish if its segment is expected to be its last;
      others move at once), then the batch's training time from the estimate;
-   - when each live execution finishes: its expected remaining segments given the finished ones, times
-     its own seconds per segment (before it has finished one: the finished ones' mean, times its
-     engine's step time at its load over theirs), stretched by the estimate's step time of the engine it ends up on
-     over that of its engine now; one no staying engine has room for (KV below `kv_fill` of capacity, a
+   - when each live execution finishes: its remaining time drawn at its own fixed quantile level from its
+     conditional spread (policies.elastic_history: remaining segments from the Kaplan-Meier segment
+     distribution at its own seconds per segment; before it has finished one, its duration from the
+     Kaplan-Meier durations given its age, times its engine's step time at its load over theirs), so a
+     batch is predicted ready at its last finish, not at its executions' mean; stretched by the
+     estimate's step time of the engine it ends up on over that of its engine now; one no staying engine has room for (KV below `kv_fill` of capacity, a
      slot under the admission limit) is parked and resumes in the next slot a staying execution frees
      (their predicted finishes, in order), or when the step ends and engines restart;
    - so when each later batch of the groups admitted so far is ready (the groups the staleness bound
@@ -24,7 +26,8 @@ future length. At the start every GPU runs an engine; then at each decision poin
      the trainer free);
    - how many more executions its delays are expected to push past their deadline (each execution's
      budget is observed; the probability from the Kaplan-Meier segment distribution);
-   and, among the sizes expected to cut at most `cut_share` of a step's executions more than the
+   and, among the sizes whose plan parks no execution past the deadline it would meet unparked (if any
+   size's does not) and expected to cut at most `cut_share` of a step's executions more than the
    least-cutting one (a cut is lost work, never a speed-up), train on the one that trains that last
    group soonest (ties: the sooner step end, then the larger trainer). Its engines are drained: executions
    migrate at their next tool-call boundary, never aborted; those with no room are parked there and
@@ -34,7 +37,9 @@ future length. At the start every GPU runs an engine; then at each decision poin
    bound lets in next) take engine slots as they free, each taking what finished executions took,
    scaled by the estimate's step time at the load that many engines carry; the GPUs left free train the
    next steps; the count whose last pending group is trained soonest wins (ties: fewer). With no engine
-   ready, every freed GPU starts one. Engines serving old weights sync.
+   ready, every freed GPU starts one. Engines serving old weights sync; the started ones join the pool
+   once they serve, and the next step does not wait for them. While they start, a ready engine is handed
+   at most an even share of the work over the ready and starting engines (policies.elastic_pool).
 3. An execution finishes or the pool changes, with no batch ready. Free GPUs start engines if executions
    wait for room, and executions queued on one engine move to engines with room. An engine whose live
    executions have fallen below `load_share` of the most it held, while nothing waits for room, is
@@ -43,24 +48,30 @@ future length. At the start every GPU runs an engine; then at each decision poin
    hold up the next decision; all such engines at once): the tail is consolidated and its GPUs wait free
    for the next step.
 
+Per-engine concurrency, at every admission: an engine is handed no more executions than the most at
+which each of its live executions is still predicted to meet its deadline (policies.elastic_pool.
+deadline_cap: its predicted remaining time at the engine's load now, scaled by the estimate's step time
+at n sequences; one that misses even alone sets no cap), within its admission limit; a drain's migrants
+are placed within the admission limit alone (parked, a migrant's deadline clock runs; moved, it only
+slows).
+
 Every threshold is an `ElasticConfig` field with its reason. Simplifications: one drain at a time;
 GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass
 
-from gyre.cluster import Cluster, ClusterError, EngineView, Phase
+from gyre.cluster import Cluster, ClusterError, EngineView
 from gyre.estimate import batch_counts
-from gyre.handles import Handle, all_of, any_of
+from gyre.handles import Handle, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
-from gyre.policies.admit_queue import AdmissionQueue
-from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots, train_loop
-from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, boundary_wait_s, choose, choose_grow,
-                                        cut_p, frees_sooner, evaluate, plan_drain, remaining_s)
+from gyre.policies.common import Batcher, ClusterShape, train_loop
+from gyre.policies.elastic_history import History, Records, drawn_remaining_s
+from gyre.policies.elastic_plan import Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate, plan_drain, remaining_s
+from gyre.policies.elastic_pool import EnginePool, deadline_cap
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,11 +112,14 @@ class Elastic:
     def __init__(self, config: ElasticConfig | None = None, **params) -> None:
         self.config = config if config is not None else ElasticConfig(**params)
         self.eta = self.config.eta
+        self.records = Records()
 
     def state(self) -> dict:
-        """What a resumed real run continues (docs/writing-a-policy.md): the finished executions' and groups' records."""
-        return {k: getattr(self, k) for k in ("segs", "ctx", "seg_s", "started_durations", "group_size",
-                                              "seen_step", "last_counts", "max_ctx")}
+        """What a resumed real run continues (docs/writing-a-policy.md): the finished executions' records."""
+        return self.records.state()
+
+    def load_state(self, state: dict) -> None:
+        self.records.load_state(state)
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
@@ -120,110 +134,93 @@ class Elastic:
                                f"the cluster has {n}")
         self.cluster = cluster
         self.est = cluster.estimate
-        self.pool: list[EngineView] = []  # engines that accept admissions (starting or ready)
-        self.peak: dict[int, int] = {}  # engine id -> the most live executions it held
-        self.draining: Handle | None = None  # the one drain in flight
-        self.load = Signal()  # an execution finished, or the pool changed
         self.steps = steps
+        self.records = Records()
+        self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share)
+        self.pool.cap = self._cap
+        self._caps: tuple = (-1.0, {}, {}, None)  # (when, engine id -> cap, live by engine, History) this instant
         self.gathering = False  # a batch's GPUs are being gathered
-        self.segs: list[int] = []  # segments of each finished execution
-        self.ctx: list[float] = []  # its mean context over its life
-        self.seg_s: list[float] = []  # its seconds per segment
-        # its seconds from first run to finish, keyed by (first run, id): kept in start order, a sample of
-        # the lengths independent of them (in finish order the first are the shortest, and cycling those
-        # over a batch's queued executions would predict its last finish far too soon)
-        self.started_durations: list[tuple[float, int, float]] = []
-        self.group_of: dict[int, int] = {}  # execution id -> group id
-        self.group_size = 1  # executions per group (as the groups admitted show)
-        self.seen_step = [0.0, 0]  # sum and count of the mean engine step time sampled at finishes
-        self.last_counts = (0.0, 0.0)
-        self.max_ctx = 0  # the largest context seen on a live execution (what compaction bounds contexts at)  # the last batch's trained tokens and attention sum
         order = OrderedAdmission(cluster, steps, self.config)
-        self.batcher = batcher = Batcher(cluster, steps, self.eta, order)
-        self.queue = AdmissionQueue(cluster, self._admit_to)
-        self._watch_groups(batcher)
-        yield from self._grow(sync=False)  # rollout has the whole pool until there is something to train
-        yield from train_loop(cluster, steps, batcher, self.queue, engines=self._admit_to, gather=self._gather,
+        self.batcher = batcher = Batcher(cluster, steps, self.eta, order, on_finish=self._finished)
+        yield from self.pool.grow(sync=False)  # rollout has the whole pool until there is something to train
+        yield from train_loop(cluster, steps, batcher, self.pool.queue, engines=self.pool.ready, gather=self._gather,
                               after_step=self._after_step, wait=self._react, label="elastic-producer")
         order.report()
 
-    def _admit_to(self) -> list[EngineView]:
-        return [e for e in self.pool if e.ready]
-
-    def _watch_groups(self, batcher: Batcher) -> None:
-        """Record what each finished execution and group showed (the History the predictions use)."""
-        watch = batcher.watch
-
-        def watched(group, handles):
-            watch(group, handles)
-            self.group_size = len(group.executions)
-            for x in group.executions:
-                self.group_of[x.id] = group.id
-
-            def one(h: Handle) -> None:
-                self._sample_load()
-                self.load.fire()
-                if h.error is not None:
-                    return
-                x = h.value
-                segs = x.turns_done + 1
-                t0 = x.started_at if x.started_at is not None else self.cluster.now
-                self.segs.append(segs)
-                self.ctx.append(0.5 * x.trajectory_tokens)
-                self.seg_s.append((self.cluster.now - t0) / segs)
-                bisect.insort(self.started_durations, (t0, x.id, self.cluster.now - t0))
-
-            for h in handles:
-                h.on_done(one)
-
-        batcher.watch = watched
-
-    def _durations(self) -> list[float]:
-        """What finished executions took, in the order they started (see `started_durations`)."""
-        return [d for _, _, d in self.started_durations]
-
-    def _sample_load(self) -> None:
-        """The mean engine step time (the estimate's, at each ready engine's load) as an execution finishes:
-        the load the finished groups' durations were measured at."""
-        ready = [e for e in self.pool if e.ready and e.n_live]
+    def _finished(self, group, h: Handle) -> None:
+        """An execution finished: sample the engines' load and record what it showed."""
+        ready = [e for e in self.pool.engines if e.ready and e.n_live]
         if ready:
-            self.seen_step[0] += sum(self.est.step_s(e.n_live, e.kv_used) for e in ready) / len(ready)
-            self.seen_step[1] += 1
+            self.records.sample_step(sum(self.est.step_s(e.n_live, e.kv_used) for e in ready) / len(ready))
+        self.pool.load.fire()
+        if h.error is None:
+            self.records.finished(h.value, len(group.executions), self.cluster.now)
+
+    def _cap(self, e: EngineView) -> int:
+        """Per-engine concurrency (module docstring): the most executions `e` may hold with each of its live
+        executions still predicted to meet its deadline (policies.elastic_pool.deadline_cap), from its
+        predicted remaining time at the engine's load now and the estimate's step time at n sequences.
+        The live executions with a deadline are grouped by engine once per instant."""
+        now = self.cluster.now
+        if self._caps[0] != now:
+            by_engine: dict[int, list] = {}
+            for x in self.cluster.live():
+                if x.deadline_at < float("inf"):
+                    by_engine.setdefault(x.engine_id, []).append(x)
+            self._caps = (now, {}, by_engine, None)
+        _, caps, by_engine, hist = self._caps
+        if e.id not in caps:
+            mine = by_engine.get(e.id)
+            if not mine:
+                caps[e.id] = e.admit_limit
+            else:
+                c = self.config
+                if hist is None:
+                    hist = self._history()
+                    self._caps = (now, caps, by_engine, hist)
+                f = self._loads().get(e.id, 1.0)
+                rem = [(remaining_s(x, hist, now, c.unseen_residual, f), x.deadline_at) for x in mine]
+                per = e.kv_used / max(e.n_live, 1)
+                caps[e.id] = deadline_cap(rem, now, lambda n: self.est.step_s(n, n * per), e.n_live, e.admit_limit)
+        return caps[e.id]
 
     def _history(self) -> History:
-        mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-        return History(segments=tuple(sorted(self.segs)), seg_s=mean(self.seg_s), ctx=mean(self.ctx),
-                       live_done=tuple(x.turns_done for x in self.cluster.live()))
+        return self.records.history(self.cluster.live())
 
     # ------------------------------------------------------------------ 1. a batch is ready
     def _gather(self, batch):
         """The step's GPUs: the candidate size the rule picks (module docstring, 1), its engines drained."""
-        cluster = self.cluster
+        cluster, pool = self.cluster, self.pool
         self.gathering = True  # the GPUs being freed are the trainer's: no engine starts on them
         while True:
-            while self.draining is not None and not self.draining.done:
-                yield self.draining
+            while not pool.idle:
+                yield pool.draining
             best = self._choose(batch)
             if best is not None:
                 break
             # engines restarting after a fault: no trainer fits until one is back, which takes at least an
             # engine start (and any engine at least a step)
-            yield any_of([self.load.wait(), cluster.timeout(self.est.engine_start_s or self.est.step_s(1, 0))])
-        cluster.note("elastic_train", gpus=best.gpus, engines=len(self.pool) - len(best.plan.victims),
+            yield any_of([pool.load.wait(), cluster.timeout(self.est.engine_start_s or self.est.step_s(1, 0))])
+        cluster.note("elastic_train", gpus=best.gpus, engines=len(pool.engines) - len(best.plan.victims),
                      step_end=round(best.step_end, 3), next_ready=round(best.next_ready, 3))
         if best.plan.victims:
-            yield from self._drain(best.plan, "train")
+            yield from pool.drain(best.plan, "train")
         self.gathering = False
         return cluster.free_gpus()
 
     def _predict(self, hist: History):
-        """Each live execution's predicted finish (absolute) and wait for its next tool-call boundary."""
+        """Each live execution's predicted finish (absolute: its remaining time drawn at its quantile level,
+        policies.elastic_history) and wait for its next tool-call boundary."""
         c, now = self.config, self.cluster.now
         finish, waits = {}, {}
         load = self._loads()
-        for x in self.cluster.live():
+        live = self.cluster.live()
+        spread = self.records.spread(live, now, c.unseen_residual)
+        for x in live:
             f = load.get(x.engine_id, 1.0)
-            rem = remaining_s(x, hist, now, c.unseen_residual, f)
+            rem = drawn_remaining_s(x, hist, spread, now, c.unseen_residual, f)
+            if rem is None:
+                rem = remaining_s(x, hist, now, c.unseen_residual, f)
             finish[x.id] = now + rem
             waits[x.id] = boundary_wait_s(x, hist, now, rem, c.boundary_share, c.unseen_residual, f)
         return finish, waits
@@ -231,10 +228,10 @@ class Elastic:
     def _loads(self) -> dict[int, float]:
         """Each ready engine's step time now (the estimate's, at its load) over the mean one the finished
         executions were measured at (policies.elastic_plan.seg_s)."""
-        seen = self.seen_step[0] / max(self.seen_step[1], 1)
+        seen = self.records.seen
         if seen <= 0:
             return {}
-        return {e.id: self.est.step_s(e.n_live, e.kv_used) / seen for e in self.pool if e.ready and e.n_live}
+        return {e.id: self.est.step_s(e.n_live, e.kv_used) / seen for e in self.pool.engines if e.ready and e.n_live}
 
     def _scale(self, ready: list[EngineView], n_queued: int, hist: History):
         """scale(n): the estimate's engine step time with the live and queued executions spread over n
@@ -242,7 +239,7 @@ class Elastic:
         est = self.est
         limit = max((e.admit_limit for e in ready), default=1)
         n_work = sum(e.n_live for e in ready) + n_queued
-        seen = self.seen_step[0] / max(self.seen_step[1], 1)
+        seen = self.records.seen
 
         def scale(n_engines: int) -> float:
             n = min(n_work, n_engines * limit) / n_engines
@@ -258,36 +255,37 @@ class Elastic:
         b = self.batcher
         pending = [g.id for _, g in b.admitted if g.id not in exclude]
         due = [max(0, a + self.eta - b.step) for a, g in b.admitted if g.id not in exclude]
-        queued = [x.group_id for x, _ in self.queue.waiting]
+        queued = [x.group_id for x, _ in self.pool.queue.waiting]
         new = max(0, min(b.steps * b.gps - b.n_admitted, (self.eta + 1) * b.gps - len(b.admitted)))
         for i in range(new):
             pending.append(-1 - i)
             due.append(self.eta)
-            queued += [-1 - i] * self.group_size
+            queued += [-1 - i] * self.records.group_size
         return pending, queued, due
 
     def _choose(self, batch) -> Candidate | None:
-        cluster, est, c = self.cluster, self.est, self.config
+        cluster, est, c, rec = self.cluster, self.est, self.config, self.records
         now, hist = cluster.now, self._history()
         live = cluster.live()
         finish, waits = self._predict(hist)
-        self.max_ctx = max([self.max_ctx] + [x.context_tokens for x in live])
-        tokens, attn = self.last_counts = batch_counts((x for g in batch for x in g.executions), self.max_ctx or math.inf)
-        in_batch = {g.id for g in batch}
-        pending, queued, due = self._pending(exclude=in_batch)
-        ready = [e for e in self.pool if e.ready]
+        rec.max_ctx = max([rec.max_ctx] + [x.context_tokens for x in live])
+        tokens, attn = rec.last_counts = batch_counts((x for g in batch for x in g.executions), rec.max_ctx or math.inf)
+        pending, queued, due = self._pending(exclude={g.id for g in batch})
+        ready = self.pool.ready()
         free = len(cluster.free_gpus())
-
         scale = self._scale(ready, len(queued), hist)
-
         load = self._loads()
+        group_of = {x.id: x.group_id for x in live}
+        limit = max((e.admit_limit for e in ready), default=1)
+        starting = [now + est.engine_start_s] * (self.pool.starting * limit)  # engines started after the last step
+        durations = rec.durations()
 
         def risk(x, delay: float, stretch: float) -> float:
             return cut_p(x, hist, now, c.unseen_residual, delay, stretch, load.get(x.engine_id, 1.0))
 
         cands = []
         for k in range(len(ready)):
-            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.queue.room)
+            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.drain_room)
             if len(plan.victims) < k:
                 break
             g = free + len(plan.gpus)
@@ -295,38 +293,23 @@ class Elastic:
                 continue
             train = est.train_s(tokens, attn, g) + (est.trainer_start_s if plan.victims else 0.0)
             cands.append(evaluate(plan, gpus=g, now=now, train_s=train, finish=finish,
-                                  waits_s=waits, engines=ready, live=live, group_of=self.group_of, pending=pending,
+                                  waits_s=waits, engines=ready, live=live, group_of=group_of, pending=pending,
                                   finished=set(self.batcher.finished), n_next=self.batcher.gps, queued=queued,
-                                  durations=self._durations(), step_s=est.step_s, stop_s=est.engine_stop_s,
-                                  start_s=est.engine_start_s, risk=risk, scale=scale, due=due))
-        tol = c.cut_share * self.batcher.gps * self.group_size
+                                  durations=durations, step_s=est.step_s, stop_s=est.engine_stop_s,
+                                  start_s=est.engine_start_s, risk=risk, scale=scale, due=due, starting=starting))
+        tol = c.cut_share * self.batcher.gps * rec.group_size
         return choose(cands, tol) if cands else None
-
-    def _drain(self, plan: DrainPlan, why: str):
-        """Empty the plan's engines (moves, parks), then stop them. An execution still on one once its move
-        is done (it was moved back by a fault's restart, or joined meanwhile) is parked."""
-        cluster = self.cluster
-        ids = {e.id for e in plan.victims}
-        self.pool = [e for e in self.pool if e.id not in ids]
-        cluster.note("elastic_drain", why=why, engines=sorted(ids), moves=len(plan.moves), parks=len(plan.parks))
-        yield all_of([self.queue.move(x, t) for x, t in plan.moves] + [self.queue.park(x) for x in plan.parks])
-        left = [x for x in cluster.live() if x.engine_id in ids]
-        while left:
-            yield all_of([self.queue.park(x) for x in left])
-            left = [x for x in cluster.live() if x.engine_id in ids]
-        yield all_of([cluster.stop_engine(e) for e in plan.victims])
-        self.draining = None  # done: whoever wakes on the pool's change may start the next drain
-        self.load.fire()
 
     # ------------------------------------------------------------------ 2. a step ends
     def _after_step(self):
         if self.cluster.version < self.steps:
-            yield from self._grow(sync=True, engines=self._engines_to_start())
+            self.pool.start(self._engines_to_start())  # the next step need not wait for them
+            yield from self.pool.grow(sync=True, engines=0)
 
     def _engines_to_start(self) -> int:
         """How many engines to start on the free GPUs (policies.elastic_plan.choose_grow)."""
         cluster, est, b = self.cluster, self.est, self.batcher
-        ready = [e for e in self.pool if e.ready]
+        ready = self.pool.ready()
         per, free = cluster.gpus_per_engine, len(cluster.free_gpus())
         if not ready:
             return free // per
@@ -334,10 +317,9 @@ class Elastic:
         finish, _ = self._predict(hist)
         ends: dict[int, float] = {}
         for x in cluster.live():
-            gid = self.group_of[x.id]
-            ends[gid] = max(ends.get(gid, now), finish[x.id])
+            ends[x.group_id] = max(ends.get(x.group_id, now), finish[x.id])
         pending, queued, due = self._pending()
-        tokens, attn = self.last_counts
+        tokens, attn = self.records.last_counts
         last = hist.segments[-1] if hist.segments else 1
         drain = hist.seg_s * (1 if last <= 1 else self.config.boundary_share)
         limit = max(e.admit_limit for e in ready)
@@ -345,95 +327,14 @@ class Elastic:
         return choose_grow(now=now, free_gpus=free, per=per, min_train=cluster.min_train_gpus, engines=len(ready),
                            limit=limit, live_free_at=list(finish.values()),
                            unused_slots=sum(max(0, e.admit_limit - e.n_live) for e in ready), live_ends=ends,
-                           pending=pending, finished=set(b.finished), queued=queued, durations=self._durations(),
+                           pending=pending, finished=set(b.finished), queued=queued, durations=self.records.durations(),
                            scale=scale, per_batch=b.gps, train_s=lambda g: est.train_s(tokens, attn, g) + est.trainer_start_s,
                            start_s=est.engine_start_s, drain_s=drain + est.engine_stop_s, due=due)
 
-    def _waiting_for_room(self) -> bool:
-        """Executions wait for room: unstarted or parked in the admission queue, or queued on an engine."""
-        return len(self.queue) > 0 or any(e.n_queued for e in self.pool if e.ready)
-
-    def _grow(self, sync: bool = True, engines: int | None = None):
-        """Start `engines` engines (None: as many as the free GPUs hold) on the free GPUs; sync stale engines."""
-        cluster = self.cluster
-        slots = engine_slots(sorted(cluster.free_gpus()), cluster.gpus_per_engine)
-        slots = slots if engines is None else slots[:engines]
-        stale = [e for e in self.pool if e.ready and e.version < cluster.version] if sync else []
-        if slots:
-            cluster.note("elastic_grow", engines=len(slots))
-        if not slots and not stale:
-            return
-        waits = [cluster.start_engine(s) for s in slots]
-        if stale:
-            waits.append(cluster.sync(stale))
-        done = yield all_of(waits)
-        self.pool.extend(done[: len(slots)])
-        self.queue.pump()
-        self.load.fire()
-
-    # ------------------------------------------------------------------ 3. an execution finishes
+    # ------------------------------------------------------------------ 3. between decisions
     def _react(self) -> list[Handle]:
-        """Between decisions: grow on free GPUs where executions wait for room, rebalance queues, consolidate
-        a thinning engine. Returns the handles the loop also wakes on."""
-        cluster = self.cluster
-        if self.gathering:
-            return [self.load.wait()]
-        idle = self.draining is None or self.draining.done
-        ready = [e for e in self.pool if e.ready]
-        for e in ready:
-            self.peak[e.id] = max(self.peak.get(e.id, 0), e.n_live)
-        if idle and len(ready) == len(self.pool) and self.batcher.next_batch() is None:
-            if self._waiting_for_room():
-                if len(cluster.free_gpus()) >= cluster.gpus_per_engine:
-                    self.draining = cluster.spawn(self._lend(), "elastic-grow")
-                else:
-                    self._rebalance(ready)
-            else:
-                self._consolidate(ready)
-        return [self.load.wait()]
-
-    def _lend(self):
-        yield from self._grow(sync=False)
-        self._rebalance([e for e in self.pool if e.ready])
-        self.draining = None
-        self.load.fire()
-
-    def _rebalance(self, ready: list[EngineView]) -> None:
-        """Executions queued on an engine move to engines that queue nothing and have room (KV below
-        kv_fill after the move, a slot under the admission limit), largest context first."""
-        q, fill = self.queue, self.config.kv_fill
-        room = {e.id: fill * e.kv_capacity - e.kv_used for e in ready if not e.n_queued and q.room(e) > 0}
-        if not room or max(room.values()) <= 0:
-            return
-        full = {e.id for e in ready if e.n_queued}
-        queued = [x for x in self.cluster.live() if x.phase == Phase.QUEUED and x.engine_id in full]
-        by_id = {e.id: e for e in ready}
-        for x in sorted(queued, key=lambda x: (-x.context_tokens, x.id)):
-            tid = max(room, key=lambda i: (room[i], -i))
-            need = max(x.context_tokens, 1)
-            if room[tid] < need:
-                continue
-            room[tid] -= need
-            if q.room(by_id[tid]) <= 1:
-                del room[tid]
-            q.move(x, by_id[tid])
-            if not room:
-                return
-
-    def _consolidate(self, ready: list[EngineView]) -> None:
-        """Drain the engines below load_share of their peak (the thinnest first) whose executions all fit elsewhere
-        and can all move before they would finish (policies.elastic_plan.frees_sooner)."""
-        c = self.config
-        thin = {e.id for e in ready if e.n_live < c.load_share * self.peak.get(e.id, 0)}
-        if not thin or len(ready) < 2:
-            return
-        live = self.cluster.live()
-        finish, waits = self._predict(self._history())
-        thin = {i for i in thin if frees_sooner([x for x in live if x.engine_id == i], finish, waits, self.cluster.now)}
-        if not thin:
-            return
-        for k in range(len(thin), 0, -1):
-            plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.queue.room)
-            if not plan.parks and all(e.id in thin for e in plan.victims):
-                self.draining = self.cluster.spawn(self._drain(plan, "consolidate"), "elastic-consolidate")
-                return
+        """Between decisions (policies.elastic_pool.EnginePool.between_decisions: lend, rebalance,
+        consolidate). Returns the handles the loop also wakes on."""
+        if not self.gathering:
+            self.pool.between_decisions(self.batcher.next_batch() is not None, lambda: self._predict(self._history()))
+        return [self.pool.load.wait()]

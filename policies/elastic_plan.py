@@ -5,8 +5,7 @@ executions showed) and of the cluster's cost estimate (gyre.estimate), never of 
 side effects, so it is unit-tested on plain stand-ins. The rule these functions implement is stated once,
 in policies/elastic.py's docstring.
 
-- `History`: what finished executions showed: their segment counts and seconds per segment, and how long
-  a group took from its first start to its last finish.
+- `History` (policies.elastic_history): what finished executions showed, and the live ones' progress.
 - `remaining_s`: a live execution's expected remaining time: its expected remaining segments (the mean,
   over finished executions longer than it so far, of their segments beyond its own; none longer: its
   segments so far times `unseen_residual`) times its own observed seconds per segment.
@@ -38,68 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gyre.cluster import EngineView, ExecutionView, Phase
-
-
-@dataclass(frozen=True)
-class History:
-    """What finished executions showed (observations only), and the live ones' progress as censored data."""
-
-    segments: tuple[int, ...] = ()  # segments of each finished execution, sorted
-    seg_s: float = 0.0  # mean seconds per segment over finished executions
-    ctx: float = 0.0  # mean context over a finished execution's life: half its trajectory tokens (it grows ~linearly)
-    live_done: tuple[int, ...] = ()  # segments each live execution has completed (it has more to come)
-
-    def survival(self) -> list[float]:
-        """Kaplan-Meier P(segments > k) for k = 0 .. the largest observation: finished executions are events
-        at their segment counts, live ones censored at what they have done (so the long ones, which finish
-        last, are not missing from the estimate)."""
-        top = max(self.segments[-1] if self.segments else 0, max(self.live_done, default=0))
-        ends = [0] * (top + 2)
-        cens = [0] * (top + 2)
-        for t in self.segments:
-            ends[t] += 1
-        for d in self.live_done:
-            cens[d] += 1
-        at_risk = len(self.segments) + len(self.live_done)
-        s, out = 1.0, []
-        for k in range(top + 1):
-            if at_risk > 0 and ends[k]:
-                s *= 1.0 - ends[k] / at_risk
-            at_risk -= ends[k] + cens[k]
-            out.append(s)
-        return out
-
-    def p_more(self, done: int, k: float, unseen_residual: float) -> float:
-        """P(segments > k | segments > done), k >= done (module docstring's tail past the observations)."""
-        sv = self.survival()
-        top = len(sv) - 1
-
-        def s_at(t: float) -> float:
-            if t <= top:
-                return sv[int(t)]
-            return sv[top] * (max(top, 1) / t) ** (1.0 + 1.0 / unseen_residual)
-
-        base = s_at(done)
-        return s_at(k) / base if base > 0 else 1.0
-
-    def residual_segments(self, done: int, unseen_residual: float) -> float:
-        """Expected segments still to come (the current one included) for an execution `done` segments in:
-        sum over k >= done of P(segments > k) / P(segments > done); past the largest observation the
-        tail still alive is expected to last `unseen_residual` times its age."""
-        surv = self.__dict__.get("_surv")
-        if surv is None:
-            sv = self.survival()
-            suffix = [0.0] * (len(sv) + 1)
-            for k in range(len(sv) - 1, -1, -1):
-                suffix[k] = suffix[k + 1] + sv[k]
-            surv = (sv, suffix)
-            object.__setattr__(self, "_surv", surv)
-        sv, suffix = surv
-        top = len(sv) - 1
-        if done > top or sv[done] <= 0:
-            return unseen_residual * max(done, 1)
-        tail = sv[top] * unseen_residual * max(top, 1)
-        return (suffix[done] + tail) / sv[done]
+from gyre.policies.elastic_history import History
 
 
 def cut_p(x: ExecutionView, hist: History, now: float, unseen_residual: float, delay: float = 0.0,
@@ -306,6 +244,7 @@ class Candidate:
     last_end: float  # the last batch of the groups admitted so far trained
     train_s: float
     cuts: float = 0.0  # executions the plan's delays are expected to push past their deadline
+    park_breaks: int = 0  # parked executions predicted to meet their deadline unparked and to miss it parked
 
     @property
     def key(self) -> tuple[float, float, int]:
@@ -318,7 +257,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
              queued: Sequence[int], durations: Sequence[float], step_s: Callable[[int, float], float],
              stop_s: float = 0.0, start_s: float = 0.0,
              risk: Callable[[ExecutionView, float, float], float] | None = None,
-             scale: Callable[[int], float] = lambda n: 1.0, due: Sequence[int] | None = None) -> Candidate:
+             scale: Callable[[int], float] = lambda n: 1.0, due: Sequence[int] | None = None,
+             starting: Sequence[float] = ()) -> Candidate:
     """The candidate for `plan` (a trainer of `gpus` GPUs; see the module docstring).
 
     `finish`: each live execution's predicted finish (absolute) without reallocation; `waits_s`: each
@@ -330,7 +270,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     probability x is cut if delayed and stretched so (`cut_p`); without it, a cut is a predicted finish
     pushed past the deadline; `scale(n)`: how much longer than the finished ones a job takes with the
     work spread over n engines (the staying ones until the drained ones are back, then all); `due`: each
-    pending group's batch index by the staleness bound (`batch_ready_times`)."""
+    pending group's batch index by the staleness bound (`batch_ready_times`); `starting`: when each slot of
+    the engines being started (not yet in `engines`) is expected to serve."""
     gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
     gather = max([gather] + [waits_s[x.id] for x in plan.parks])
     end = now + gather + (stop_s if plan.victims else 0.0) + train_s
@@ -364,6 +305,7 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
             used[dst] = used.get(dst, 0) + 1
     free_at = list(t_of.values()) + [now] * sum(max(0, limit[e.id] - used.get(e.id, 0)) for e in engines
                                                 if e.id not in vids) + [end + start_s] * sum(limit[i] for i in vids)
+    free_at += list(starting)
     jobs = [finish[xid] - now for xid in parked] + [durations[i % len(durations)] if durations else 0.0
                                                      for i in range(len(queued))]
     n_all, n_stay, back = len(engines), len(engines) - len(vids), end + start_s
@@ -388,11 +330,18 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     ends = [now if g in finished else group_end.get(g, now) for g in pending]
     ready = batch_ready_times(ends, n_next, due)[0] if n_next > 0 and ends else now
     last = last_batch_end(end, ends, n_next, train_s, due) if n_next > 0 and ends else end
-    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts)
+    breaks = sum(1 for x in plan.parks if finish[x.id] <= x.deadline_at < t_of[x.id])
+    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts,
+                     park_breaks=breaks)
 
 
 def choose(candidates: Sequence[Candidate], cut_tolerance: float = 0.0) -> Candidate:
-    """Among the candidates expected to cut at most `cut_tolerance` executions more than the least-cutting
-    one, the one training every admitted group soonest (ties: sooner step end, then larger)."""
+    """Among the candidates that park no execution past the deadline it would otherwise meet (when any
+    does not: a parked execution's deadline clock runs while it waits) and are expected to cut at most
+    `cut_tolerance` executions more than the least-cutting one, the one training every admitted group
+    soonest (ties: sooner step end, then larger)."""
+    safe = [c for c in candidates if not c.park_breaks]
+    candidates = safe or candidates
     least = min(c.cuts for c in candidates)
     return min((c for c in candidates if c.cuts <= least + cut_tolerance + 1e-12), key=lambda c: c.key)
+

@@ -376,3 +376,57 @@ def test_bad_params_one_line():
             make_policy("elastic", **{knob: 1})
 
 
+
+
+class _Spy(Elastic):
+    """Elastic that records each wait() call (and whether anything fired since the last) and each finish hook call."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.calls: list[tuple[bool, float]] = []
+        self.fins: list[tuple[float, int]] = []
+        self._last = None
+
+    def _react(self):
+        changed = self.batcher.changed.wait()
+        fresh = self._last is None or self._last[0] is not changed or any(h.done for h in self._last[1])
+        hs = super()._react()
+        self._last = (changed, hs)
+        self.calls.append((fresh, self.cluster.now))
+        return hs
+
+    def _finished(self, group, h) -> None:
+        self.fins.append((self.cluster.now, h.value.id))
+        super()._finished(group, h)
+
+
+def test_train_loop_waits_once_per_wake_up_and_hooks_every_finish():
+    """The shared train loop calls the policy's wait() only after something fired (never twice for one
+    wake-up: producer and trainer share it), and its finish hook sees each finish at its logged time."""
+    pol = _Spy(eta=1)
+    r = simulate(_small("short-math", 3), pol)
+    stale = [t for fresh, t in pol.calls if not fresh]
+    assert not stale, f"wait() called again with nothing fired, at {stale[:5]}"
+    assert len(pol.calls) > 10, "the loop slept"
+    logged = sorted((rec[1], rec[2]) for rec in r.log if rec[0] == "finish")
+    assert sorted(pol.fins) == logged, "the hook saw every finish, at its time"
+
+
+def test_elastic_beats_the_fixed_split_under_kv_pressure():
+    """KV-scarce rollout (`_scarce`: engines queue): elastic, which lends the trainer's GPUs to rollout until
+    a batch is ready, ends its last step (from the log) sooner than async at every fixed split."""
+    cfg = _scarce(1)
+    end = lambda r: max(rec[1] for rec in r.log if rec[0] == "step")  # noqa: E731
+    el = end(simulate(cfg, "elastic", {"eta": 1}))
+    fixed = {g: end(simulate(cfg, "async", {"eta": 1, "rollout_gpus": g})) for g in (1, 2)}
+    assert el < min(fixed.values()), f"elastic {el:.1f} s, fixed splits {fixed}"
+
+
+def test_choose_avoids_parking_past_a_deadline():
+    """A candidate that parks an execution past the deadline it would meet unparked is not chosen while
+    another parks none, even if it trains sooner."""
+    plan = DrainPlan((), (), ())
+    fast = Candidate(gpus=3, plan=plan, step_end=1.0, next_ready=1.0, last_end=5.0, train_s=1.0, park_breaks=1)
+    slow = Candidate(gpus=1, plan=plan, step_end=2.0, next_ready=2.0, last_end=9.0, train_s=2.0)
+    assert choose([fast, slow]) is slow, "the plan that parks past a deadline is passed over"
+    assert choose([fast]) is fast, "with no other, it stands"

@@ -60,6 +60,20 @@ def cell_config(window: int, gpus: int, growth: bool, heavy: bool, arch: str, st
     return override(replace(base, workload=w, cluster=cluster), **{"cluster.gpus": gpus, "steps": steps})
 
 
+def cell_list(name: str, archs: list[str]) -> list[tuple]:
+    """The cells of `--cells name` (main's help), each (window, gpus, growth, heavy, arch), per architecture."""
+    cells = [(w, n, True, True) for w in WINDOWS for n in CLUSTERS]
+    if name == "all":
+        cells = list(itertools.product(WINDOWS, CLUSTERS, (False, True), (False, True)))
+    elif name == "1m":
+        cells = [(1 << 20, n, True, True) for n in CLUSTERS]
+    elif name == "one":
+        cells = [(1 << 20, 1024, True, True)]
+    elif name == "core":
+        cells += [(1 << 20, n, g, h) for n in (640, 1024) for g, h in ((False, True), (True, False))]
+    return [(*c, arch) for arch in archs for c in cells]
+
+
 def _run(job):
     cell, cfg, policy, params = job
     r = simulate(cfg, policy, params)
@@ -85,6 +99,7 @@ def main() -> None:
                          "window (1M, growth, heavy) on each cluster; one: the preset's own cell (1M, 1,024)")
     ap.add_argument("--arch", default="hybrid",
                     help=f"comma-separated architectures, each a copy of the cells: {', '.join(ARCHS)}")
+    ap.add_argument("--gpus", default="", help="comma-separated cluster sizes: only the cells on these (default: all)")
     ap.add_argument("--name", default="map", help="results/<name>.csv and .png")
     a = ap.parse_args()
     archs = a.arch.split(",")
@@ -93,16 +108,12 @@ def main() -> None:
     if a.plot_only:
         heatmap(pd.read_csv(OUT / f"{a.name}.csv"), OUT / f"{a.name}.png")
         return
-    cells = [(w, n, True, True) for w in WINDOWS for n in CLUSTERS]
-    if a.cells == "all":
-        cells = list(itertools.product(WINDOWS, CLUSTERS, (False, True), (False, True)))
-    elif a.cells == "1m":
-        cells = [(1 << 20, n, True, True) for n in CLUSTERS]
-    elif a.cells == "one":
-        cells = [(1 << 20, 1024, True, True)]
-    elif a.cells == "core":
-        cells += [(1 << 20, n, g, h) for n in (640, 1024) for g, h in ((False, True), (True, False))]
-    cells = [(*c, arch) for arch in archs for c in cells]
+    cells = cell_list(a.cells, archs)
+    if a.gpus:
+        keep = {int(g) for g in a.gpus.split(",")}
+        cells = [c for c in cells if c[1] in keep]
+        if not cells:
+            ap.error(f"--gpus {a.gpus}: no cell of --cells {a.cells} has that cluster size; sizes: {CLUSTERS}")
     t0 = time.perf_counter()
     pilot_steps = max(1, a.steps // 6)
     jobs, meta = [], {}

@@ -1,0 +1,219 @@
+"""The elastic controller's engines: starting them, draining them, and consolidating a thinning tail.
+
+`EnginePool` holds the engines that accept admissions and carries out what the controller
+(policies.elastic) decides: start engines on free GPUs (`grow`), empty engines by migration at tool-call
+boundaries or parking and stop them (`drain`, one at a time), and between decisions lend free GPUs to
+executions waiting for room (`lend`), move executions queued on a full engine to engines with room
+(`rebalance`), and drain engines whose load has thinned below `load_share` of their peak (`consolidate`).
+An engine is handed at most an even share of the work while engines start (`share`), and at most what the
+controller's cap allows (`deadline_cap`: the most executions at which each of its live executions is still
+predicted to meet its deadline).
+No execution is ever aborted: a migrant moves at its next tool-call boundary, one with no room anywhere is
+parked (policies.admit_queue) and resumed where room frees.
+
+Simplifications: one drain in flight at a time; engines are started and stopped whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gyre.cluster import Cluster, EngineView, Phase
+from gyre.handles import Handle, all_of
+from gyre.policies.admit_queue import AdmissionQueue
+from gyre.policies.common import Signal, engine_slots
+from gyre.policies.elastic_plan import DrainPlan, frees_sooner, plan_drain
+
+
+class EnginePool:
+    def __init__(self, cluster: Cluster, *, kv_fill: float, load_share: float) -> None:
+        self.cluster = cluster
+        self.kv_fill = kv_fill  # a target engine takes migrants up to this share of its KV (ElasticConfig)
+        self.load_share = load_share  # below this share of its peak load an engine is consolidated (ElasticConfig)
+        self.engines: list[EngineView] = []  # engines that accept admissions (starting or ready)
+        self.peak: dict[int, int] = {}  # engine id -> the most live executions it held
+        self.draining: Handle | None = None  # the one drain (or lend) in flight
+        self.load = Signal()  # an execution finished, or the pool changed
+        self.starting = 0  # engines started and not yet serving
+        self.cap: Callable[[EngineView], int] | None = None  # the controller's own per-engine cap, if any
+        self.queue = AdmissionQueue(cluster, self.ready, limit=self.limit)
+
+    def drain_room(self, e: EngineView) -> int:
+        """Migrants `e` may still take in a drain: its admission limit, not the admission caps (a migrant
+        left without room is parked, its deadline clock running, which a slower engine beats)."""
+        return e.admit_limit - e.n_live - self.queue.incoming.get(e.id, 0)
+
+    def limit(self, e: EngineView) -> int:
+        """The executions `e` may hold: its even `share` while engines start, within the controller's `cap`."""
+        n = self.share(e)
+        return n if self.cap is None else min(n, self.cap(e))
+
+    def share(self, e: EngineView) -> int:
+        """While engines are starting, a ready engine is handed no more than an even share of the work
+        (live and waiting executions) over the ready and starting engines: an execution waits the start
+        (seconds) rather than crowd an engine whose every step it would slow for its whole life (a decoding
+        sequence gains one token per step, and a step's time grows with the sequences it runs)."""
+        if not self.starting:
+            return e.admit_limit
+        ready = self.ready()
+        work = sum(x.n_live for x in ready) + len(self.queue)
+        return max(1, -(-work // (len(ready) + self.starting)))
+
+    def ready(self) -> list[EngineView]:
+        """The engines executions may be admitted to."""
+        return [e for e in self.engines if e.ready]
+
+    @property
+    def idle(self) -> bool:
+        """No drain in flight."""
+        return self.draining is None or self.draining.done
+
+    def waiting_for_room(self) -> bool:
+        """Executions wait for room: unstarted or parked in the admission queue, or queued on an engine."""
+        return len(self.queue) > 0 or any(e.n_queued for e in self.ready())
+
+    def grow(self, sync: bool = True, engines: int | None = None):
+        """Start `engines` engines (None: as many as the free GPUs hold) on the free GPUs and sync stale
+        engines; yields until all serve."""
+        cluster = self.cluster
+        stale = [e for e in self.engines if e.ready and e.version < cluster.version] if sync else []
+        waits = self._start(engines)
+        n = len(waits)
+        if stale:
+            waits.append(cluster.sync(stale))
+        if not waits:
+            return
+        done = yield all_of(waits)
+        self._joined(done[:n])
+
+    def start(self, engines: int) -> None:
+        """Start `engines` engines on the free GPUs now, without waiting for them: they join the pool once
+        they serve (the trainer need not wait for engines its GPUs do not hold)."""
+        waits = self._start(engines)
+        if waits:
+            self.starting += len(waits)
+
+            def joined(h: Handle) -> None:
+                self.starting -= len(waits)
+                self._joined(h.value if h.error is None else [])
+
+            all_of(waits).on_done(joined)
+
+    def _start(self, engines: int | None) -> list[Handle]:
+        cluster = self.cluster
+        slots = engine_slots(sorted(cluster.free_gpus()), cluster.gpus_per_engine)
+        slots = slots if engines is None else slots[:engines]
+        if slots:
+            cluster.note("elastic_grow", engines=len(slots))
+        return [cluster.start_engine(s) for s in slots]
+
+    def _joined(self, engines: Sequence[EngineView]) -> None:
+        self.engines.extend(engines)
+        self.queue.pump()
+        self.load.fire()
+
+    def drain(self, plan: DrainPlan, why: str):
+        """Empty the plan's engines (moves, parks), then stop them. An execution still on one once its move
+        is done (it was moved back by a fault's restart, or joined meanwhile) is parked."""
+        cluster = self.cluster
+        ids = {e.id for e in plan.victims}
+        self.engines = [e for e in self.engines if e.id not in ids]
+        cluster.note("elastic_drain", why=why, engines=sorted(ids), moves=len(plan.moves), parks=len(plan.parks))
+        yield all_of([self.queue.move(x, t) for x, t in plan.moves] + [self.queue.park(x) for x in plan.parks])
+        left = [x for x in cluster.live() if x.engine_id in ids]
+        while left:
+            yield all_of([self.queue.park(x) for x in left])
+            left = [x for x in cluster.live() if x.engine_id in ids]
+        yield all_of([cluster.stop_engine(e) for e in plan.victims])
+        self.draining = None  # done: whoever wakes on the pool's change may start the next drain
+        self.load.fire()
+
+    def between_decisions(self, batch_waiting: bool, predict: Callable[[], tuple[dict, dict]]) -> None:
+        """With no batch ready and no drain in flight: lend free GPUs or rebalance queues where executions
+        wait for room, else consolidate a thinning engine (`predict()`: each live execution's predicted
+        finish and wait for its next tool-call boundary)."""
+        ready = self.ready()
+        for e in ready:
+            self.peak[e.id] = max(self.peak.get(e.id, 0), e.n_live)
+        if not self.idle or len(ready) != len(self.engines) or batch_waiting:
+            return
+        if self.waiting_for_room():
+            if len(self.cluster.free_gpus()) >= self.cluster.gpus_per_engine:
+                self.draining = self.cluster.spawn(self._lend(), "elastic-grow")
+            else:
+                self.rebalance(ready)
+        else:
+            self.consolidate(ready, predict)
+
+    def _lend(self):
+        yield from self.grow(sync=False)
+        self.rebalance(self.ready())
+        self.draining = None
+        self.load.fire()
+
+    def rebalance(self, ready: list[EngineView]) -> None:
+        """Executions queued on an engine move to engines that queue nothing and have room (KV below
+        kv_fill after the move, a slot under the admission limit), largest context first."""
+        q, fill = self.queue, self.kv_fill
+        room = {e.id: fill * e.kv_capacity - e.kv_used for e in ready if not e.n_queued and q.room(e) > 0}
+        if not room or max(room.values()) <= 0:
+            return
+        full = {e.id for e in ready if e.n_queued}
+        queued = [x for x in self.cluster.live() if x.phase == Phase.QUEUED and x.engine_id in full]
+        by_id = {e.id: e for e in ready}
+        for x in sorted(queued, key=lambda x: (-x.context_tokens, x.id)):
+            tid = max(room, key=lambda i: (room[i], -i))
+            need = max(x.context_tokens, 1)
+            if room[tid] < need:
+                continue
+            room[tid] -= need
+            if q.room(by_id[tid]) <= 1:
+                del room[tid]
+            q.move(x, by_id[tid])
+            if not room:
+                return
+
+    def consolidate(self, ready: Sequence[EngineView], predict: Callable[[], tuple[dict, dict]]) -> None:
+        """Drain the engines below load_share of their peak (the thinnest first) whose executions all fit
+        elsewhere and can all move before they would finish (policies.elastic_plan.frees_sooner)."""
+        thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0)}
+        if not thin or len(ready) < 2:
+            return
+        live = self.cluster.live()
+        finish, waits = predict()
+        now = self.cluster.now
+        thin = {i for i in thin if frees_sooner([x for x in live if x.engine_id == i], finish, waits, now)}
+        if not thin:
+            return
+        for k in range(len(thin), 0, -1):
+            plan = plan_drain(ready, live, k, kv_fill=self.kv_fill, slots=self.drain_room)
+            if not plan.parks and all(e.id in thin for e in plan.victims):
+                self.draining = self.cluster.spawn(self.drain(plan, "consolidate"), "elastic-consolidate")
+                return
+
+
+def deadline_cap(remaining: Sequence[tuple[float, float]], now: float, step_s: Callable[[int], float],
+                 n_now: int, limit: int) -> int:
+    """The most executions an engine may hold so that every one of its live executions still meets its
+    deadline: `remaining` holds each one's (predicted remaining seconds at the engine's load now, n_now
+    sequences; its deadline), and at n sequences that time scales by step_s(n) / step_s(n_now) (a
+    decoding sequence gains one token per step). One that misses its deadline even alone on the engine
+    is past help and sets no cap. Returns the largest n in [1, limit] that keeps the rest (limit if none
+    is at risk); step_s is non-decreasing in n, so the answer is found by bisection."""
+    base = step_s(max(n_now, 1))
+    if base <= 0:
+        return limit
+    alone = step_s(1) / base
+    slack = [(deadline - now) / rem for rem, deadline in remaining
+             if rem > 0 and deadline < float("inf") and now + rem * alone <= deadline]
+    if not slack:
+        return limit
+    most = min(slack) * base  # the longest step time every one of them can afford
+    lo, hi = 1, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if step_s(mid) <= most:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
