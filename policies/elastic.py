@@ -70,7 +70,8 @@ from gyre.handles import Handle, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
 from gyre.policies.elastic_history import History, Records, drawn_remaining_s
-from gyre.policies.elastic_plan import Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate, plan_drain, remaining_s
+from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate,
+                                       initial_engines, plan_drain, remaining_s)
 from gyre.policies.elastic_pool import EnginePool, deadline_cap
 
 
@@ -142,7 +143,15 @@ class Elastic:
         self.gathering = False  # a batch's GPUs are being gathered
         order = OrderedAdmission(cluster, steps, self.config)
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order, on_finish=self._finished)
-        yield from self.pool.grow(sync=False)  # rollout has the whole pool until there is something to train
+        yield from self.pool.grow(sync=False)  # every GPU starts an engine; the split's surplus stops at once
+        limit = max((e.admit_limit for e in self.pool.ready()), default=1)
+        # an engine at its admission limit: its contexts fit its KV at their largest and about double over
+        # their lives, so on average they fill `kv_fill` of it
+        ctx = self.config.kv_fill * self.est.kv_capacity
+        yield from self.pool.keep(initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
+                                                  step_s=self.est.step_s,
+                                                  train_s_per_token_gpu=self.est.train_s_per_token_gpu))
+        self.pool.reserve = len(cluster.free_gpus())  # the first step's trainer, never lent before it
         yield from train_loop(cluster, steps, batcher, self.pool.queue, engines=self.pool.ready, gather=self._gather,
                               after_step=self._after_step, wait=self._react, label="elastic-producer")
         order.report()
@@ -302,6 +311,7 @@ class Elastic:
 
     # ------------------------------------------------------------------ 2. a step ends
     def _after_step(self):
+        self.pool.reserve = 0  # from here the GPUs to keep free are what choose_grow leaves
         if self.cluster.version < self.steps:
             self.pool.start(self._engines_to_start())  # the next step need not wait for them
             yield from self.pool.grow(sync=True, engines=0)
