@@ -151,7 +151,7 @@ class Elastic:
         yield from self.pool.keep(initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
                                                   step_s=self.est.step_s,
                                                   train_s_per_token_gpu=self.est.train_s_per_token_gpu))
-        self.pool.reserve = len(cluster.free_gpus())  # the first step's trainer, never lent before it
+        self.pool.reserve = len(cluster.free_gpus())  # the first step's trainer: never lent
         yield from train_loop(cluster, steps, batcher, self.pool.queue, engines=self.pool.ready, gather=self._gather,
                               after_step=self._after_step, wait=self._react, label="elastic-producer")
         order.report()
@@ -311,9 +311,12 @@ class Elastic:
 
     # ------------------------------------------------------------------ 2. a step ends
     def _after_step(self):
-        self.pool.reserve = 0  # from here the GPUs to keep free are what choose_grow leaves
+        self.pool.reserve = 0
         if self.cluster.version < self.steps:
-            self.pool.start(self._engines_to_start())  # the next step need not wait for them
+            k = self._engines_to_start()
+            # the GPUs choose_grow leaves free train the next step: lending them would undo its decision
+            self.pool.reserve = len(self.cluster.free_gpus()) - k * self.cluster.gpus_per_engine
+            self.pool.start(k)  # the next step need not wait for them
             yield from self.pool.grow(sync=True, engines=0)
 
     def _engines_to_start(self) -> int:
