@@ -148,10 +148,10 @@ class Elastic:
         # an engine at its admission limit: its contexts fit its KV at their largest and about double over
         # their lives, so on average they fill `kv_fill` of it
         ctx = self.config.kv_fill * self.est.kv_capacity
-        yield from self.pool.keep(initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
-                                                  step_s=self.est.step_s,
-                                                  train_s_per_token_gpu=self.est.train_s_per_token_gpu))
-        self.pool.reserve = len(cluster.free_gpus())  # the first step's trainer: never lent
+        stopped = self.pool.keep(initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
+                                                 step_s=self.est.step_s,
+                                                 train_s_per_token_gpu=self.est.train_s_per_token_gpu))
+        self.pool.reserve = len(cluster.free_gpus()) + stopped  # the first step's trainer: never lent
         yield from train_loop(cluster, steps, batcher, self.pool.queue, engines=self.pool.ready, gather=self._gather,
                               after_step=self._after_step, wait=self._react, label="elastic-producer")
         order.report()

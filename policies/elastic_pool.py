@@ -87,15 +87,19 @@ class EnginePool:
         done = yield all_of(waits)
         self._joined(done[:n])
 
-    def keep(self, engines: int):
+    def keep(self, engines: int) -> int:
         """Stop all but the first `engines` of the ready engines that hold no execution (the split's surplus,
-        before anything is admitted); yields until their GPUs are free."""
-        surplus = [e for e in self.ready() if not e.n_live and not e.n_queued][: max(0, len(self.ready()) - engines)]
+        before anything is admitted), without waiting for them (admission need not wait for their sleep).
+        Returns the GPUs they free."""
+        ready = self.ready()
+        surplus = [e for e in ready if not e.n_live and not e.n_queued][: max(0, len(ready) - engines)]
         if surplus:
             ids = {e.id for e in surplus}
             self.engines = [e for e in self.engines if e.id not in ids]
             self.cluster.note("elastic_split", engines=len(self.engines), stopped=len(surplus))
-            yield all_of([self.cluster.stop_engine(e) for e in surplus])
+            for e in surplus:
+                self.cluster.stop_engine(e)
+        return sum(len(e.gpus) for e in surplus)
 
     def start(self, engines: int) -> None:
         """Start `engines` engines on the free GPUs now, without waiting for them: they join the pool once
