@@ -22,7 +22,10 @@ in policies/elastic.py's docstring.
   each as long as this one), and how many more executions its delays are expected to push past their
   deadline (`cut_p`); `choose` keeps the candidates within a tolerance of the least-cutting one (a cut
   is lost work, never a speed-up) and takes the one that trains the last of them soonest (ties: the
-  sooner step end, then the larger trainer).
+  sooner step end, then the larger trainer). The drained engines' slots come back after the step, so each
+  later batch trained on the candidate's GPUs pays its switch again (the migrants' wait, the stop).
+- `initial_engines`: the start's fixed split, the engine count whose decode rate and the rest's training
+  rate (the estimate's) are most nearly matched.
 
 Simplifications: a migrant's re-prefill time is not charged; an execution decodes all of its time (a
 slowdown of its engine delays it in full) and its engine's load stays as the moves leave it (others
