@@ -9,7 +9,12 @@ policy note is written here once, so the two backends cannot drift apart.
 Handle completions caused by a backend's own events go to `_deferred` and are released by `_drain`, after
 the event is fully booked: a policy never observes an engine half-way through an update.
 
-Assumes the subclass sets, before use: `_engines` (id -> engine with `.state`, `.gpus`, `.members`),
+An engine's lifecycle is `EngineState`, moved only by `EngineLifecycle.transition` (the one writer of an engine's
+state and of the version it serves) along `TRANSITIONS`: starting -> ready -> stopping -> stopped, and
+ready -> restarting -> ready (or stopping) for an engine whose process died (gyre.faults). Both backends' engines
+are `EngineLifecycle`s.
+
+Assumes the subclass sets, before use: `_engines` (id -> EngineLifecycle with `.gpus`, `.members`),
 `executions` (id -> execution with `.engine`, `.phase`, `.started_at`, `.migrate_to`), `groups`, `log`,
 `gpu_pool` (gyre.pool.GpuPool), `_version` (steps done in this run) and `_next_engine`; `init_books` sets
 them all.
@@ -17,13 +22,63 @@ them all.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Generator, Sequence
 from typing import Any
 
-from gyre.cluster import ClusterError, Phase, Role
-from gyre.handles import Handle, Process
+from gyre.cluster import ClusterError, EngineView, ExecutionView, Phase, Role
+from gyre.handles import Handle, Process, done_handle
 from gyre.pool import TRAINER, GpuPool
+
+
+class EngineState(str, enum.Enum):
+    STARTING = "starting"  # its GPUs switch to it (waking, loading weights)
+    READY = "ready"  # serving; admits, migrations and syncs go to it
+    RESTARTING = "restarting"  # its process died; a new one comes up with the latest weights
+    STOPPING = "stopping"  # going to sleep; its GPUs switch away
+    STOPPED = "stopped"  # gone from the cluster
+
+
+STARTING, READY, RESTARTING, STOPPING, STOPPED = EngineState
+TRANSITIONS: dict[EngineState, tuple[EngineState, ...]] = {
+    STARTING: (READY, RESTARTING),  # a real engine's actor may die while it wakes
+    READY: (STOPPING, RESTARTING),
+    RESTARTING: (READY,),
+    STOPPING: (STOPPED,),
+    STOPPED: (),
+}
+
+
+class EngineLifecycle:
+    """An engine's state and the version of the weights it serves, each written by one method."""
+
+    __slots__ = ("state", "_version")
+
+    def __init__(self, version: int) -> None:
+        self.state = STARTING
+        self._version = version
+
+    @property
+    def version(self) -> int:
+        """The version it serves; while starting or restarting, the one it will serve once ready."""
+        return self._version
+
+    @property
+    def ready(self) -> bool:
+        return self.state is READY
+
+    def transition(self, to: EngineState, version: int | None = None) -> None:
+        """Move to state `to` (one of TRANSITIONS[state]), serving `version` from now if given."""
+        if to not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"engine {getattr(self, 'id', '?')}: no transition {self.state.value} -> {to.value}")
+        self.state = to
+        if version is not None:
+            self.serve(version)
+
+    def serve(self, version: int) -> None:
+        """From now on it serves (or, not ready, will serve) `version`: the one place a version is set."""
+        self._version = version
 
 
 class _Park:
@@ -39,12 +94,14 @@ PARK = _Park()
 
 
 class ClusterBase:
-    LISTED: tuple[str, ...] = ("starting", "ready")  # engine states engines() reports
-    ACCEPTING: tuple[str, ...] = ("ready",)  # engine states admit() accepts
-    STOPPABLE: tuple[str, ...] = ("ready",)  # engine states stop_engine() accepts
+    LISTED = (STARTING, READY, RESTARTING)  # engine states engines() reports
+    ACCEPTING = (READY, RESTARTING)  # engine states admit() accepts (a restarting engine's wait for it)
+    STOPPABLE = (READY, RESTARTING)  # engine states stop_engine() accepts (carried out once it is back)
 
-    def init_books(self, n_gpus: int) -> None:
-        """The driver-side bookkeeping both backends keep: engines, groups, executions, GPU roles, the log."""
+    def init_books(self, n_gpus: int, *, gpus_per_engine: int, min_train_gpus: int, groups_per_step: int) -> None:
+        """The driver-side bookkeeping both backends keep: engines, groups, executions, GPU roles, the log; and
+        the cluster's shape (GPUs per engine, the fewest GPUs a step trains on, groups per step)."""
+        self._shape = (gpus_per_engine, min_train_gpus, groups_per_step)
         self._engines: dict[int, Any] = {}
         self._next_engine = 0
         self._version = 0
@@ -64,6 +121,18 @@ class ClusterBase:
         return self.gpu_pool.n
 
     @property
+    def gpus_per_engine(self) -> int:
+        return self._shape[0]
+
+    @property
+    def min_train_gpus(self) -> int:
+        return self._shape[1]
+
+    @property
+    def groups_per_step(self) -> int:
+        return self._shape[2]
+
+    @property
     def version(self) -> int:
         return self._version
 
@@ -73,21 +142,23 @@ class ClusterBase:
     def free_gpus(self) -> list[int]:
         return self.gpu_pool.free()
 
-    def engines(self) -> list:
+    def engines(self) -> list[EngineView]:
         return [e for e in self._engines.values() if e.state in self.LISTED]
 
-    def live(self) -> list:
+    def live(self) -> list[ExecutionView]:
         return [x for e in self._engines.values() for x in e.members.values()]
 
-    def parked(self) -> list:
+    def parked(self) -> list[ExecutionView]:
         return [x for x in self.executions.values() if x.phase == Phase.PARKED]
 
     # ------------------------------------------------------------------ preconditions
-    def _check_start(self, gpus: Sequence[int]) -> tuple[int, ...]:
+    def _check_start(self, gpus: Sequence[int]) -> tuple[tuple[int, ...], int]:
+        """(the GPUs, checked free and as many as an engine takes; the new engine's id)."""
         gpus = self.gpu_pool.check_free(gpus, "start_engine")
         if len(gpus) != self.gpus_per_engine:
             raise ClusterError(f"start_engine: an engine needs {self.gpus_per_engine} GPUs, got {len(gpus)}")
-        return gpus
+        self._next_engine += 1
+        return gpus, self._next_engine - 1
 
     def _check_stop(self, engine) -> Any:
         eng = self._engines.get(engine.id)
@@ -111,7 +182,7 @@ class ClusterBase:
         dst = self._engines.get(engine.id)
         if ex is None or ex.engine is None:
             raise ClusterError(f"migrate: execution {execution.id} is not live on an engine")
-        if dst is None or dst.state != "ready":
+        if dst is None or dst.state is not READY:
             raise ClusterError(f"migrate: target engine {engine.id} is not ready")
         if ex.migrate_to is not None:
             raise ClusterError(f"migrate: execution {ex.id} already has a migration pending")
@@ -131,7 +202,7 @@ class ClusterBase:
     @staticmethod
     def _check_sync(engines: Sequence) -> None:
         for e in engines:
-            if e.state != "ready":
+            if e.state is not READY:
                 raise ClusterError(f"sync: engine {e.id} is not ready")
 
     # ------------------------------------------------------------------ booking
@@ -155,7 +226,7 @@ class ClusterBase:
         self._log(("engine_up", self.now, eng.id, eng.gpus))
 
     def _engine_down(self, eng) -> None:
-        eng.state = "stopped"
+        eng.transition(STOPPED)
         self.gpu_pool.hold(eng.gpus, None)
         self.gpu_pool.set_role(eng.gpus, Role.IDLE, self.now)
         self._log(("engine_down", self.now, eng.id))
@@ -182,7 +253,27 @@ class ClusterBase:
         self.gpu_pool.hold(gpus, TRAINER)
 
     # ------------------------------------------------------------------ shared verbs
-    def migrate(self, execution, engine) -> Handle:
+    def stop_engine(self, engine: EngineView) -> Handle:
+        eng = self._check_stop(engine)
+        h = Handle(f"stop_engine{eng.id}")
+        if eng.state is RESTARTING:
+            self._stop_after_restart(eng, h)
+        else:
+            self._stop(eng, h)
+        return h
+
+    def sync(self, engines: Sequence[EngineView]) -> Handle:
+        """Bring `engines` to the latest version; those serving it already, and restarting ones (they come back
+        with the latest), need nothing."""
+        todo = [self._engines[e.id] for e in engines if e.id in self._engines and e.version < self._version]
+        todo = [e for e in todo if e.state is not RESTARTING]
+        if not todo:
+            return done_handle(None, "sync")
+        self._check_sync(todo)
+        v = self._version
+        return self._sync_now(todo, v, Handle(f"sync{v}"))
+
+    def migrate(self, execution: ExecutionView, engine: EngineView) -> Handle:
         ex, dst = self._check_migrate(execution, engine)
         h = Handle(f"migrate{ex.id}")
         if dst is ex.engine:
@@ -192,7 +283,7 @@ class ClusterBase:
             self._migrate_now(ex)
         return h
 
-    def park(self, execution) -> Handle:
+    def park(self, execution: ExecutionView) -> Handle:
         """Take a live execution off its engine at its next tool-call boundary (a migration to nowhere)."""
         ex = self.executions.get(execution.id)
         if ex is None or ex.engine is None:
@@ -205,13 +296,13 @@ class ClusterBase:
             self._migrate_now(ex)
         return h
 
-    def resume(self, execution, engine) -> Handle:
+    def resume(self, execution: ExecutionView, engine: EngineView) -> Handle:
         """A parked execution joins a ready engine, which re-prefills its context."""
         ex = self.executions.get(execution.id)
         dst = self._engines.get(engine.id)
         if ex is None or ex.phase != Phase.PARKED:
             raise ClusterError(f"resume: execution {execution.id} is not parked")
-        if dst is None or dst.state != "ready":
+        if dst is None or dst.state is not READY:
             raise ClusterError(f"resume: engine {engine.id} is not ready")
         self._log(("resume", self.now, ex.id, dst.id))
         self._resume_now(ex, dst)
@@ -240,6 +331,18 @@ class ClusterBase:
     # ------------------------------------------------------------------ what each backend supplies
     def _succeed_after(self, seconds: float, h: Handle) -> None:
         """Complete `h` with None `seconds` from now."""
+        raise NotImplementedError
+
+    def _stop(self, eng, h: Handle) -> None:
+        """Put a ready engine to sleep; `h` completes once it is down."""
+        raise NotImplementedError
+
+    def _stop_after_restart(self, eng, h: Handle) -> None:
+        """A stop asked while `eng` restarts: carry it out (completing `h`) once it is back."""
+        raise NotImplementedError
+
+    def _sync_now(self, engines: list, version: int, h: Handle) -> Handle:
+        """Load `version` on `engines` (ready, behind it); `h` (returned) completes once all serve it."""
         raise NotImplementedError
 
     def _at_boundary(self, ex) -> bool:

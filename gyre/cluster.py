@@ -48,23 +48,28 @@ class Phase(enum.IntEnum):
 
 @runtime_checkable
 class EngineView(Protocol):
-    id: int
-    gpus: tuple[int, ...]
+    """One inference engine as a policy sees it; both backends give every member the meaning stated here
+    (tests/test_contracts.py checks their members against this Protocol)."""
+
+    id: int  # its engine id, unique in the run
+    gpus: tuple[int, ...]  # the GPUs it holds
 
     @property
-    def version(self) -> int: ...  # policy version of the weights it serves
+    def version(self) -> int: ...  # policy version of the weights it serves (starting, restarting: will serve)
     @property
-    def ready(self) -> bool: ...  # started and not stopping
+    def ready(self) -> bool: ...  # started and not stopping or restarting: it generates, takes syncs and migrations
     @property
     def n_live(self) -> int: ...  # executions it holds (any phase but DONE)
     @property
-    def n_decoding(self) -> int: ...
+    def n_decoding(self) -> int: ...  # executions generating tokens now (phase DECODE); prefills are not counted
     @property
-    def n_queued(self) -> int: ...
+    def n_queued(self) -> int: ...  # executions waiting for its KV memory to start (phase QUEUED)
     @property
-    def kv_used(self) -> float: ...  # tokens resident now
+    def kv_used(self) -> float: ...  # KV tokens its memory holds now: the contexts of the members holding KV
+    # (decoding, prefilling, or cached between turns) and, where the backend models them, a hybrid model's
+    # per-sequence states in KV-token units; never more than kv_capacity
     @property
-    def kv_capacity(self) -> int: ...
+    def kv_capacity(self) -> int: ...  # KV tokens its memory holds at most
     @property
     def admit_limit(self) -> int: ...  # executions it may hold at once (gyre.hardware.admission_limit)
 
@@ -93,12 +98,16 @@ class ExecutionView(Protocol):
     def trajectory_tokens(self) -> int: ...  # prompt, generated and tool-output tokens so far (what training trains)
 
 
+@runtime_checkable
 class Group(Protocol):
     """One task's GRPO group as a policy sees it."""
 
-    id: int
-    task_id: int
-    executions: Sequence[ExecutionView]
+    id: int  # its group id, in issue order
+    task_id: int  # the task its executions attempt
+    executions: Sequence[ExecutionView]  # its rollouts, in id order
+
+    @property
+    def done(self) -> bool: ...  # every execution finished (trainable)
 
 
 @runtime_checkable

@@ -18,9 +18,9 @@ Each fault, when it fires, is a `fault` note in the run's log. `fault_summary` c
 run survived: faults, executions moved, engines and trainer workers respawned, the longest recovery, and
 executions lost or duplicated (counted from the admit/start/finish/trained records, not assumed).
 
-`FaultInjector` decides when and on what each fault fires; a backend carries the fault out through
-`kill_engine(id)`, `kill_trainer(gpu)`, `step_in_flight()`, `worker_of_record()` and, in its `sync`,
-`take_sync_fault`. The real backend calls `tick` from its run loop; the simulator calls it at the moments
+`FaultInjector` decides when and on what each fault fires; a backend carries the fault out through a
+`FaultTarget` (`kill_engine(id)`, `kill_trainer(gpu)`, `step_in_flight()`, `worker_of_record()`, and what it reads
+of the run) and, in its `sync`, `take_sync_fault`. The real backend calls `tick` from its run loop; the simulator calls it at the moments
 `wake_at` names and after each finish.
 
 Simplifications: the real backend injects faults from the driver (ray.kill of an actor, a sync held back or
@@ -34,8 +34,12 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gyre.cluster import EngineView
 
 LAST_PROGRESS = 0.9  # random faults fire before this fraction of the executions finished (+ a gap's share)
 SYNC_TIMEOUT_S = 3.0  # a weight load with no reply after this long is sent again
@@ -97,6 +101,22 @@ def spec_error(specs: tuple[str, ...] | list[str]) -> str | None:
         except FaultSpecError as exc:
             return f"--faults {spec}: {exc}"
     return None
+
+
+@runtime_checkable
+class FaultTarget(Protocol):
+    """What FaultInjector reads of a run and does to it (gyre.real.backend.RealCluster, gyre.sim.faults.SimFaults)."""
+
+    @property
+    def now(self) -> float: ...  # seconds since the run started
+    @property
+    def log(self) -> list[tuple]: ...  # the run's event log (finishes are counted from it)
+    def engines(self) -> list[EngineView]: ...  # the engines listed now; a kill picks a ready one
+    def note(self, kind: str, **fields: Any) -> None: ...  # a "note" record in the log
+    def kill_engine(self, engine_id: int) -> None: ...  # the engine's process dies now
+    def kill_trainer(self, gpu: int) -> None: ...  # the trainer worker on that GPU dies now
+    def step_in_flight(self) -> tuple[int, ...]: ...  # the GPUs of the training step running now (() if none)
+    def worker_of_record(self) -> int | None: ...  # the GPU whose worker holds the latest state (None: lost)
 
 
 class FaultInjector:

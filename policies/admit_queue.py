@@ -2,7 +2,8 @@
 
 The rule: an engine holds at most `EngineView.admit_limit` executions at once, floor(fill x its KV
 capacity / the workload's window), at least 1 (gyre.hardware.admission_limit; `fill` is the config's
-`admission_fill`, default 1). It is the concurrency vLLM reports at start-up for requests of
+`admission_fill`, default 1), or a policy's own lower `cap` (a fixed split's searched per-engine
+concurrency, policies.async_split). It is the concurrency vLLM reports at start-up for requests of
 max_model_len tokens, and the bound a real rollout manager puts on each server (a fixed number of
 concurrent rollouts per engine), derived here from KV instead of tuned per workload. Because so many
 full-window contexts fit together, the admitted set's growth alone never outgrows the engine: the
@@ -43,10 +44,14 @@ class AdmissionQueue:
     """Executions waiting for room on an engine, admitted as room frees."""
 
     def __init__(self, cluster: Cluster, engines: Sequence[EngineView] | Callable[[], Sequence[EngineView]],
-                 limit: Callable[[EngineView], int] | None = None) -> None:
+                 cap: int | None = None, limit: Callable[[EngineView], int] | None = None) -> None:
         """`engines`: the engines to admit to, or a function returning them now (a pool that changes);
-        `limit(e)`: the policy's own cap on the executions `e` holds, within its `admit_limit` (default: that)."""
+        `cap`: a policy's own fixed per-engine limit on executions held, below the engine's `admit_limit`;
+        `limit(e)`: a policy's own cap for engine `e` now (elastic's deadline cap), within both."""
+        if cap is not None and cap < 1:
+            raise ValueError(f"an admission cap must be >= 1, got {cap}")
         self.cluster = cluster
+        self.cap = cap
         self.limit = limit
         self._engines = engines if callable(engines) else (lambda: engines)
         self.waiting: deque[tuple[ExecutionView, Handle]] = deque()  # unstarted, in submission order
@@ -79,8 +84,10 @@ class AdmissionQueue:
 
     def room(self, e: EngineView) -> int:
         """Executions `e` may still be handed."""
-        cap = e.admit_limit if self.limit is None else min(e.admit_limit, self.limit(e))
-        return cap - e.n_live - self.incoming.get(e.id, 0)
+        limit = e.admit_limit if self.cap is None else min(e.admit_limit, self.cap)
+        if self.limit is not None:
+            limit = min(limit, self.limit(e))
+        return limit - e.n_live - self.incoming.get(e.id, 0)
 
     def move(self, x: ExecutionView, target: EngineView) -> Handle:
         """Migrate `x` to `target`, counting it there until it arrives (or the move is dropped)."""

@@ -3,10 +3,25 @@ the trainer takes a batch when one is ready (policies.common.Batcher enforces st
 admission control), then engines receive the new weights in place.
 Executions wait unstarted in one policies.admit_queue.AdmissionQueue until an engine has room.
 
-R defaults to every GPU the trainer does not need. A fair comparison needs async at its best split and
-staleness bound: its grid (`grid`) is every engine multiple R that leaves the trainer its memory minimum,
-times each eta given, and its search (`search`, policies.tuning.refine_axis) finds that grid's best with
-a coarse pass over R at every eta and bisection towards the best R.
+R defaults to every GPU the trainer does not need. `max_running` caps the executions each engine holds
+at once below the engine's own admission limit (gyre.hardware.admission_limit; None: that limit).
+
+A fair comparison needs async at its best split, staleness bound and per-engine concurrency: its grid
+(`grid`) is every engine multiple R that leaves the trainer its memory minimum, times each eta given,
+times each cap in `caps` (the halvings of the engine's admission limit), and its search (`search`,
+policies.tuning.refine_split_and_cap) finds that grid's best at equal work with a coarse pass and
+bisection over R at the full limit, every cap at each eta's best R, and R refined at the cap chosen.
+
+Why a cap among the searched settings: a decode step's time grows with the batch (more distinct experts
+read, more KV), so an engine carrying its whole admission limit runs a long rollout several times slower
+than alone, and past its deadline; fewer per engine trades throughput for the tail, a choice of the same
+kind as R that no rule derived from KV alone settles (experiments/equal_work/README.md, "Where ... cuts
+come from"). Why a policy cap and not the cluster's `admission_fill`: the fill is a property of the
+serving engine shared by every policy in a comparison, while the cap is this policy's own admission
+choice, searched per configuration like R and shown in its label. Why halvings of the admission limit:
+the values follow from the engine (its KV and the workload's window), not from a target ratio or a
+preset, and halving the cap about halves the decode batch, the quantity the step time follows;
+log2(limit) + 1 values keep the search small.
 """
 
 from __future__ import annotations
@@ -18,18 +33,22 @@ from gyre.handles import all_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Batcher, ClusterShape, engine_slots, train_loop
-from gyre.policies.tuning import Search, refine_axis
+from gyre.policies.tuning import Search, halvings, refine_axis, refine_split_and_cap
 
 
 @dataclass(frozen=True, kw_only=True)
 class AsyncConfig(ForesightParams):
     rollout_gpus: int | None = None  # R; None: every GPU the trainer does not need
     eta: int = 1  # staleness bound
+    max_running: int | None = None  # executions an engine holds at once, at most; None: its admission limit
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eta < 0:
             raise ValueError(f"async: eta must be >= 0, got {self.eta}")
+        if self.max_running is not None and (isinstance(self.max_running, bool) or not isinstance(self.max_running, int)
+                                             or self.max_running < 1):
+            raise ValueError(f"async: max_running must be an integer >= 1, got {self.max_running!r}")
 
 
 class AsyncSplit:
@@ -44,7 +63,14 @@ class AsyncSplit:
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
-        return [{"rollout_gpus": r, "eta": e} for r in AsyncSplit.splits(shape) for e in etas]
+        return [{"rollout_gpus": r, "eta": e, **c} for r in AsyncSplit.splits(shape) for e in etas
+                for c in ([{"max_running": k} for k in AsyncSplit.caps(shape)] or [{}])]
+
+    @staticmethod
+    def caps(shape: ClusterShape) -> list[int]:
+        """The per-engine caps searched: the engine's admission limit and its halvings down to 1 (none
+        when the shape does not know the limit)."""
+        return halvings(shape.admit_limit) if shape.admit_limit else []
 
     @staticmethod
     def splits(shape: ClusterShape) -> list[int]:
@@ -54,7 +80,10 @@ class AsyncSplit:
 
     @staticmethod
     def search(shape: ClusterShape, etas: tuple[int, ...]) -> Search:
-        return refine_axis("rollout_gpus", AsyncSplit.splits(shape), etas)
+        caps = AsyncSplit.caps(shape)
+        if not caps:
+            return refine_axis("rollout_gpus", AsyncSplit.splits(shape), etas)
+        return refine_split_and_cap("rollout_gpus", AsyncSplit.splits(shape), "max_running", caps, etas)
 
     def split(self, cluster: Cluster) -> int:
         per, n, need = cluster.gpus_per_engine, cluster.n_gpus, cluster.min_train_gpus
@@ -71,7 +100,7 @@ class AsyncSplit:
         trainer = list(range(r, cluster.n_gpus))
         order = OrderedAdmission(cluster, steps, self.config)
         batcher = Batcher(cluster, steps, self.eta, order)
-        queue = AdmissionQueue(cluster, engines)
+        queue = AdmissionQueue(cluster, engines, cap=self.config.max_running)
 
         def gather(_batch):
             return trainer

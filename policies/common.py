@@ -37,6 +37,7 @@ class ClusterShape:
     n_gpus: int
     gpus_per_engine: int
     min_train_gpus: int
+    admit_limit: int | None = None  # executions an engine is handed at once (gyre.hardware.admission_limit); None: unknown
 
 
 def engine_slots(gpus: Sequence[int], per_engine: int) -> list[tuple[int, ...]]:

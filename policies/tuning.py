@@ -11,7 +11,9 @@ the midpoints between its best point so far and that point's nearest tried neigh
 neighbours are adjacent grid points. If the makespan is unimodal in the axis at each eta it finds the
 grid's best in about etas x (coarse + 2 log2(points / coarse)) runs instead of points x etas;
 `tests/test_tuning.py` checks it against the exhaustive grid. Where a curve has several dips it
-returns a local best among the points it tried.
+returns a local best among the points it tried. `refine_split_and_cap` adds a second axis, a fixed
+split's per-engine concurrency cap (its values the `halvings` of the engine's admission limit), by one
+batch of every cap at each eta's best split and a local refinement of the split at the cap chosen.
 
 Searches rank only at equal work: a run whose scheduler-induced cuts (policies.work) exceed the least of
 the runs tried by more than WORK_TOLERANCE of the run's executions did less of the work, so it is never
@@ -72,48 +74,96 @@ def _spread(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
 
 
-def refine_axis(axis: str, values: Sequence[int], etas: Sequence[int], *, coarse: int = 5) -> Search:
-    """Coarse pass over `values` x `etas`, then bisect towards the best point at the best eta."""
-    values = sorted(values)
-    if not values:
-        return
-    tried: dict[tuple[int, int], float] = {}  # (value index, eta) -> makespan
+def _bisect(axis: str, values: list[int], start: dict[int, list[int]], fixed: dict[int, Params]):
+    """At each eta of `start` (eta -> the value indices of a first pass; `fixed`: eta -> the other params
+    held there), run the first pass, then the midpoints between the best point so far and its nearest
+    tried neighbours until they are adjacent. Returns {eta: index of its best value}."""
+    tried: dict[tuple[int, int], float] = {}  # (value index, eta) -> score
 
     def run(batch: list[tuple[int, int]]):
         batch = [b for b in dict.fromkeys(batch) if b not in tried]
         if not batch:
             return
-        makespans = yield [{axis: values[i], "eta": e} for i, e in batch]
-        tried.update(zip(batch, makespans))
+        scores = yield [{axis: values[i], "eta": e, **fixed.get(e, {})} for i, e in batch]
+        tried.update(zip(batch, scores))
 
-    yield from run([(i, e) for e in etas for i in _spread(len(values), coarse)])
+    yield from run([(i, e) for e, at in start.items() for i in at])
     while True:
-        nxt = []
-        for eta in etas:
+        nxt, best = [], {}
+        for eta in start:
             at = sorted(i for i, e in tried if e == eta)
-            bi = min(at, key=lambda i: (tried[(i, eta)], -i))
+            bi = best[eta] = min(at, key=lambda i: (tried[(i, eta)], -i))
             k = at.index(bi)
             if k > 0 and bi - at[k - 1] > 1:
                 nxt.append(((bi + at[k - 1]) // 2, eta))
             if k + 1 < len(at) and at[k + 1] - bi > 1:
                 nxt.append(((bi + at[k + 1] + 1) // 2, eta))
         if not nxt:
-            return
+            return best
         yield from run(nxt)
+
+
+def refine_axis(axis: str, values: Sequence[int], etas: Sequence[int], *, coarse: int = 5) -> Search:
+    """Coarse pass over `values` x `etas`, then bisect towards the best point at each eta."""
+    values = sorted(values)
+    if values:
+        yield from _bisect(axis, values, {e: _spread(len(values), coarse) for e in etas}, {})
+
+
+def _bracket(points: list[int], i: int) -> list[int]:
+    """`i` and its nearest neighbours among `points` (the first pass's indices), one each side."""
+    below, above = [p for p in points if p < i], [p for p in points if p > i]
+    return [*below[-1:], i, *above[:1]]
+
+
+def halvings(limit: int) -> list[int]:
+    """`limit`, then ceil(limit / 2^k) for k = 1, 2, ... down to 1: the per-engine concurrency caps a
+    fixed split searches (each halves the decode batch an engine may carry)."""
+    out = [max(1, limit)]
+    while out[-1] > 1:
+        out.append(-(-limit // 2 ** len(out)))
+    return out
+
+
+def refine_split_and_cap(axis: str, values: Sequence[int], cap_axis: str, caps: Sequence[int],
+                         etas: Sequence[int], *, coarse: int = 5) -> Search:
+    """`refine_axis` over the split at the largest cap; then, at each eta, every cap at that eta's best
+    split in one batch, its best cap kept; then the split refined again at that cap, from the best
+    split's neighbours in the first pass. Every cap is tried at once (not one halving at a time while the score
+    improves) because equal work is judged against the least-cutting run tried: a halving may cut fewer
+    rollouts by less than the tolerance each time and still, a few halvings down, make the uncapped runs
+    unequal work. The caps' batch holds the best split's full-limit run again (a comparison reruns nothing
+    it has measured), so every cap there is scored against the others and the same least."""
+    values, caps = sorted(values), sorted(set(caps), reverse=True)
+    if not values or not caps:
+        return
+    top = {e: {cap_axis: caps[0]} for e in etas}
+    first = _spread(len(values), coarse)
+    best = yield from _bisect(axis, values, {e: first for e in etas}, top)
+    if len(caps) == 1:
+        return
+    batch = [{axis: values[best[e]], "eta": e, cap_axis: c} for e in etas for c in caps]
+    scores = yield batch
+    cap: dict[int, int] = {}  # eta -> its best-scoring cap (a tie to the larger)
+    for _, p in sorted(zip(scores, batch), key=lambda x: (x[0], -x[1][cap_axis])):
+        cap.setdefault(p["eta"], p[cap_axis])
+    at = {e: _bracket(first, best[e]) for e in etas if cap[e] != caps[0]}
+    if at:
+        yield from _bisect(axis, values, at, {e: {cap_axis: cap[e]} for e in at})
 
 
 def drive(search: Search, evaluate, executions: int | None = None) -> list[tuple[Params, float]]:
     """Run a search to its end; `evaluate(batch) -> makespans`, or, given the run's `executions`,
-    `-> [(makespan, sched_cuts)]`, ranked at equal work. Returns every (params, makespan) tried."""
-    out: list[tuple[Params, float]] = []
+    `-> [(makespan, sched_cuts)]`, ranked at equal work. Returns every (params, makespan) tried, once."""
+    out: dict[tuple, tuple[Params, float]] = {}
     work = EqualWork(executions) if executions is not None else None
     try:
         batch = next(search)
         while True:
             measured = list(evaluate(batch))
             makespans = [m[0] for m in measured] if work else measured
-            out += zip(batch, makespans)
+            out.update({tuple(sorted(p.items())): (p, m) for p, m in zip(batch, makespans)})
             batch = search.send(work.scores(makespans, [m[1] for m in measured]) if work else makespans)
     except StopIteration:
         pass
-    return out
+    return list(out.values())

@@ -34,9 +34,9 @@ import ray
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.estimate import CostEstimate
 from gyre.estimate import from_file as estimate_from_file
-from gyre.handles import Handle, Process, done_handle
+from gyre.handles import Handle, Process
 from gyre.hardware import admission_limit
-from gyre.backend import ClusterBase
+from gyre.backend import READY, RESTARTING, STOPPING, ClusterBase
 from gyre.real.component_config import RealClusterConfig
 from gyre.real.execution import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
@@ -51,14 +51,11 @@ from gyre.trajectory import AdvantageConfig, group_advantages
 
 
 class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
-    LISTED = ("starting", "ready", "restarting")
-    ACCEPTING = ("ready", "restarting")
-    STOPPABLE = ("ready", "restarting")
-
     def __init__(self, *, pool, config: RealClusterConfig) -> None:
         self.pool = pool
         self.cfg = config
-        self.init_books(pool.cfg.n_gpus)
+        self.init_books(pool.cfg.n_gpus, gpus_per_engine=pool.cfg.gpus_per_engine,
+                        min_train_gpus=config.min_train_gpus, groups_per_step=config.groups_per_step)
         self.task = load_task(config.task_class, config.task, config.seed, check=False)
         self._pending: dict[Any, tuple[int, Callable[[Any, BaseException | None], None]]] = {}
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
@@ -104,18 +101,6 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         return time.perf_counter() - self._t0
 
     @property
-    def gpus_per_engine(self) -> int:
-        return self.pool.cfg.gpus_per_engine
-
-    @property
-    def min_train_gpus(self) -> int:
-        return self.cfg.min_train_gpus
-
-    @property
-    def groups_per_step(self) -> int:
-        return self.cfg.groups_per_step
-
-    @property
     def estimate(self) -> CostEstimate:
         if self._estimate is None:
             raise ClusterError("real backend: no cost estimate (set [cluster] estimate to a calibration file written "
@@ -151,9 +136,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         return grp
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
-        gpus = self._check_start(gpus)
-        eid = self._next_engine
-        self._next_engine += 1
+        gpus, eid = self._check_start(gpus)
         v = self._version
         limit = admission_limit(self.cfg.kv_capacity, self.task.max_context, self.cfg.admission_fill)
         eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity, limit)
@@ -168,7 +151,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                 return
             if err is not None:
                 raise ClusterError(f"start_engine: engine {eid} on GPUs {gpus} failed: {err}")
-            eng.state = "ready"
+            eng.transition(READY)
             self.profile["wake"].append(self.now - t0)
             self._engine_up(eng)
             self._deferred.append((h, eng))
@@ -177,20 +160,15 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         return h
 
     def _restart_start(self, eng: RealEngine, up) -> None:
-        eng.actor, eng._version = self.pool.respawn(eng.gpus), self._version
+        eng.actor = self.pool.respawn(eng.gpus)
+        eng.serve(self._version)
         self._wake(eng, self._version, up)
 
-    def stop_engine(self, engine: RealEngine) -> Handle:
-        eng = self._check_stop(engine)
-        h = Handle(f"stop_engine{eng.id}")
-        if eng.state == "restarting":
-            eng.stop_after_restart = h
-            return h
-        self._stop(eng, h)
-        return h
+    def _stop_after_restart(self, eng: RealEngine, h: Handle) -> None:
+        eng.stop_after_restart = h
 
     def _stop(self, eng: RealEngine, h: Handle) -> None:
-        eng.state = "stopping"
+        eng.transition(STOPPING)
         self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
         t0 = self.now
 
@@ -245,8 +223,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                 self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
                 self._step_done(gpus, stats["tokens"])
                 for e in self._engines.values():  # they load this version before they are ready again
-                    if e.state == "restarting":
-                        e._version = self._version
+                    if e.state is RESTARTING:
+                        e.serve(self._version)
                 self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
                                                        "groups_with_signal": signal, "version": self._version}))
                 self._deferred.append((h, self._version))
@@ -256,13 +234,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self.verifier.when(groups, scored)
         return h
 
-    def sync(self, engines: Sequence[RealEngine]) -> Handle:
-        todo = [self._engines[e.id] for e in engines if e.id in self._engines and e.version < self._version]
-        todo = [e for e in todo if e.state != "restarting"]  # a restarting engine wakes with the latest
-        if not todo:
-            return done_handle(None, "sync")
-        self._check_sync(todo)
-        v, h, t0, left = self._version, Handle(f"sync{self._version}"), self.now, [len(todo)]
+    def _sync_now(self, todo: list[RealEngine], v: int, h: Handle) -> Handle:
+        t0, left = self.now, [len(todo)]
 
         def one(e: RealEngine):
             actor = e.actor
@@ -273,7 +246,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                 if err is not None:  # it died: its replacement wakes with (or catches up to) the latest
                     self._on_engine_dead(e, actor)
                 else:
-                    e._version = max(e._version, v)
+                    e.serve(max(e.version, v))
                     self._log(("sync", self.now, e.id, v))
                 left[0] -= 1
                 if left[0] == 0:

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 from collections import deque
 
+from gyre.backend import EngineLifecycle
 from gyre.cluster import Phase
 
 
-class RealEngine:
+class RealEngine(EngineLifecycle):
+    """One engine actor as the driver books it (its lifecycle and served version: EngineLifecycle)."""
+
     def __init__(self, engine_id: int, gpus: tuple[int, ...], actor, version: int, kv_capacity: int,
                  admit_limit: int) -> None:
+        super().__init__(version)
         self.id = engine_id
         self.gpus = gpus
         self.actor = actor
-        self._version = version
-        self.state = "starting"  # starting -> ready -> stopping -> stopped; ready -> restarting -> ready
         self.members: dict[int, object] = {}  # execution id -> RealExecution (any phase but DONE)
         self.queue: deque = deque()
         self._kv_capacity = kv_capacity
@@ -32,21 +34,12 @@ class RealEngine:
         self.fault_t = 0.0  # when its actor was last found dead
 
     @property
-    def version(self) -> int:
-        """The served version; while restarting, the version it will serve when ready (the latest)."""
-        return self._version
-
-    @property
-    def ready(self) -> bool:
-        return self.state == "ready"
-
-    @property
     def n_live(self) -> int:
         return len(self.members)
 
     @property
     def n_decoding(self) -> int:
-        return sum(1 for x in self.members.values() if x.phase in (Phase.DECODE, Phase.PREFILL))
+        return sum(1 for x in self.members.values() if x.phase == Phase.DECODE)
 
     @property
     def n_queued(self) -> int:
@@ -70,4 +63,4 @@ class RealEngine:
         return self.kv_used + tokens <= self._kv_capacity
 
     def __repr__(self) -> str:
-        return f"<real engine {self.id} {self.state} gpus={self.gpus} live={self.n_live}>"
+        return f"<real engine {self.id} {self.state.value} gpus={self.gpus} live={self.n_live}>"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import ray
 
-from gyre.backend import PARK
+from gyre.backend import PARK, READY, RESTARTING
 from gyre.cluster import ClusterError, Phase
 from gyre.real.execution import RealExecution
 from gyre.real.task_api import Done, Tool
@@ -171,10 +171,9 @@ class ExecutionFlow:
         self._busy(dst)
 
     def _on_engine_dead(self, eng: RealEngine, actor) -> None:
-        if eng.actor is not actor or eng.state != "ready":
+        if eng.actor is not actor or eng.state is not READY:
             return  # already handled
-        eng.state = "restarting"
-        eng._version = self._version  # it comes back serving at least this version (see _on_respawned)
+        eng.transition(RESTARTING, self._version)  # it comes back serving at least this version (_on_respawned)
         eng.fault_t = self.now
         others = [e for e in self._engines.values() if e.ready and e is not eng]
         self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": sorted(eng.members),
@@ -243,7 +242,7 @@ class ExecutionFlow:
 
             self._publish([eng], lambda e: loaded)
             return
-        eng.state, eng._version = "ready", version
+        eng.transition(READY, version)
         self._log(("note", self.now, "engine_restarted", {"engine": eng.id, "version": version,
                                                            "recovery_s": self.now - eng.fault_t}))
         if eng.stop_after_restart is not None:

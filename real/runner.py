@@ -7,7 +7,8 @@ utilization_<policy>.parquet, role_timeline.png, utilization.png) and, for repla
 `trace_<policy>.jsonl` (gyre.real.trace_export), `profile_<policy>.json` (measured engine step, prefill,
 train, sync and role-switch times), `executions_<policy>.csv`, `learning_<policy>.csv` (reward vs step and
 wall time) and `log_<policy>.jsonl` (the raw event log). summary.csv also says what the run survived
-(gyre.faults.fault_summary, counted from the log). While it runs, `run_real(out=...)` streams metrics and keeps
+(gyre.faults.fault_summary, counted from the log) and the deadline cuts the scheduler may have caused
+(gyre.real.work, an upper bound). While it runs, `run_real(out=...)` streams metrics and keeps
 logs there (gyre.real.watch) and at its end exports the trained model (gyre.real.export); a checkpointed run
 resumes its trainer, its task sequence and its policy's state (gyre.real.resume).
 
@@ -37,6 +38,7 @@ from gyre.real.export import export_run
 from gyre.real.trace_export import trace_groups, trace_workload
 from gyre.real.resume import RunState, restore_policy, resume_state, resumed_config, saved_policy_state
 from gyre.real.watch import RunWatch, write_partial
+from gyre.real.work import scheduler_cuts
 
 
 @dataclass
@@ -121,6 +123,7 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
     if out is not None:
         export_run(cluster, Path(out) / "model" / name)
     metrics = compute_metrics(cluster.log, n_gpus=cfg.pool.n_gpus, policy=name)
+    metrics.extra.update(scheduler_cuts((x for g in cluster.groups.values() for x in g.executions), profile))
     return RealResult(name, cfg, cluster.log, metrics, profile, wall, cluster)
 
 

@@ -27,9 +27,9 @@ from gyre.cluster import ClusterError, Phase, Role
 from gyre.config import ConfigError
 from gyre.estimate import CostEstimate, from_costs
 from gyre.gc_pause import no_gc
-from gyre.handles import Handle, Process, done_handle
+from gyre.handles import Handle, Process
 from gyre.hardware import Costs, group_train_attention_ctx
-from gyre.backend import PARK, ClusterBase
+from gyre.backend import PARK, READY, STOPPING, ClusterBase
 from gyre.pool import TRAINER
 from gyre.sim.engine import SimEngine
 from gyre.sim.execution import SimExecution, SimGroup
@@ -39,19 +39,15 @@ _END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third
 
 
 class SimCluster(ClusterBase):
-    LISTED = ("starting", "ready", "restarting")
-    ACCEPTING = ("ready", "restarting")
-    STOPPABLE = ("ready", "restarting")
-
     def __init__(self, *, n_gpus: int, costs: Costs, source, check: bool = False, faults: tuple[str, ...] = (),
                  seed: int = 0, checkpoint_every: int = 0) -> None:
         self.env = simpy.Environment()
         self.costs = costs
         self.source = source
-        self.init_books(n_gpus)
+        self.init_books(n_gpus, gpus_per_engine=costs.engine_gpus, min_train_gpus=costs.min_train_gpus,
+                        groups_per_step=source.config.groups_per_step)
         self._q: list[tuple[float, int, Callable, Any]] = []
         self._seq = itertools.count()
-        self.fine_queue = (self._q, self._seq)  # what SimEngine pushes its wakeups onto, as schedule() does
         self._dirty: list[SimEngine] = []  # engines whose next wakeup must be re-planned (SimEngine._touch)
         self.trained_groups: list[int] = []  # group ids in the order they were trained
         self.events = 0
@@ -65,18 +61,6 @@ class SimCluster(ClusterBase):
     @property
     def now(self) -> float:
         return self.env.now
-
-    @property
-    def gpus_per_engine(self) -> int:
-        return self.costs.engine_gpus
-
-    @property
-    def min_train_gpus(self) -> int:
-        return self.costs.min_train_gpus
-
-    @property
-    def groups_per_step(self) -> int:
-        return self.source.config.groups_per_step
 
     @property
     def estimate(self) -> CostEstimate:
@@ -95,7 +79,7 @@ class SimCluster(ClusterBase):
         every engine step, training at 100% MFU): utilization = this / (GPUs x makespan)."""
         live = 0.0
         for e in self._engines.values():
-            e._advance(self.now)
+            e.advance(self.now)
             live += e.roof_s * len(e.gpus)
         return self._roof_gpu_s + live
 
@@ -146,20 +130,17 @@ class SimCluster(ClusterBase):
     def _do_migrate(self, ex: SimExecution, t: float) -> None:
         src, dst, h = ex.engine, ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
-        kv = ex.resident
-        src.remove(ex)
+        kv = src.remove(ex)  # the KV it held there, now freed
         if dst is PARK:  # off every engine, KV freed; a running tool call keeps its return time (ready_at)
             ex.phase = Phase.PARKED
-            ex.resident = 0
             self._log(("park", t, ex.id, src.id))
             self._deferred.append((h, True))
             return
         transfer = self.costs.migration == "kv_transfer" and kv > 0
         if transfer:  # the KV (and a hybrid model's state) travels; its context arrives resident if it fits there
-            ex.resident = kv
             moved = (kv + self.costs.state_tokens) * self.costs.kv_transfer_s_per_token
             ex.ready_at = max(ex.ready_at if ex.ready_at is not None else t, t + moved)
-        dst.add_migrated(ex, t, transfer)
+        dst.add_migrated(ex, t, kv if transfer else 0)
         self._log(("migrate", t, ex.id, src.id, dst.id))
         self._deferred.append((h, True))
 
@@ -167,7 +148,7 @@ class SimCluster(ClusterBase):
         t = self.now
         if ex.ready_at is not None and ex.ready_at <= t:  # its tool call returned while parked: it waits to run
             ex.ready_at = None
-        engine.add_migrated(ex, t, False)
+        engine.add_migrated(ex, t)
 
     def _switch_in_s(self, gpus: Sequence[int], to: str) -> float:
         c = self.costs
@@ -189,9 +170,7 @@ class SimCluster(ClusterBase):
         return grp
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
-        gpus = self._check_start(gpus)
-        eid = self._next_engine
-        self._next_engine += 1
+        gpus, eid = self._check_start(gpus)
         eng = SimEngine(self, eid, gpus, self._version)
         dt = self._switch_in_s(gpus, "engine")
         self._place_engine(eng)
@@ -199,8 +178,7 @@ class SimCluster(ClusterBase):
 
         def up() -> None:
             self.gpu_pool.load(gpus, "engine")
-            eng.state = "ready"
-            eng._version = self._version
+            eng.transition(READY, self._version)
             eng.t_last = self.now
             self._engine_up(eng)
             h.succeed(eng)
@@ -208,22 +186,16 @@ class SimCluster(ClusterBase):
         self._after(dt, up)
         return h
 
-    def stop_engine(self, engine: SimEngine) -> Handle:
-        eng = self._check_stop(engine)
-        h = Handle(f"stop_engine{eng.id}")
-        if eng.state == "restarting":
-            self._faults.stop_after_restart(eng, h)
-        else:
-            self._stop(eng, h)
-        return h
+    def _stop_after_restart(self, eng: SimEngine, h: Handle) -> None:
+        self._faults.stop_after_restart(eng, h)
 
     def _stop(self, eng: SimEngine, h: Handle) -> None:
-        eng.state = "stopping"
+        eng.transition(STOPPING)
         self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
 
         def down() -> None:
             self._kv_peak = max(self._kv_peak, eng.kv_peak)
-            eng._advance(self.now)
+            eng.advance(self.now)
             self._roof_gpu_s += eng.roof_s * len(eng.gpus)
             self._engine_down(eng)
             h.succeed(None)
@@ -280,13 +252,7 @@ class SimCluster(ClusterBase):
         begin()
         return h
 
-    def sync(self, engines: Sequence[SimEngine]) -> Handle:
-        todo = [self._engines[e.id] for e in engines if e.version < self._version]
-        if not todo:
-            return done_handle(None, "sync")
-        v = self._version
-        self._check_sync(todo)
-        h = Handle(f"sync{v}")
+    def _sync_now(self, todo: list[SimEngine], v: int, h: Handle) -> Handle:
         if self._faults is not None and self._faults.faulty_sync(todo, v, h):
             return h
         for e in todo:
@@ -372,8 +338,7 @@ class SimCluster(ClusterBase):
     def _flush(self) -> None:
         dirty, self._dirty = self._dirty, []
         for e in dirty:
-            if e._dirty:
-                e._reschedule()
+            e.replan_pending()
 
     def check_invariants(self) -> None:
         """GPUs conserved (one role and at most one owner each); executions in exactly one place."""
@@ -381,23 +346,25 @@ class SimCluster(ClusterBase):
         for e in self._engines.values():
             for g in e.gpus:
                 assert self.gpu_pool.owner[g] == e.id, f"GPU {g} owner {self.gpu_pool.owner[g]} != engine {e.id}"
-            assert e.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
-            assert e.n_dec == len(e._heap), "heap size != decoding count"
-            assert e.n_dec + len(e.prefill) <= (self.costs.max_num_seqs or e.n_dec + len(e.prefill)), \
-                f"engine {e.id} runs {e.n_dec + len(e.prefill)} > max_num_seqs {self.costs.max_num_seqs}"
-            assert e.mem_fixed >= -1e-6, f"engine {e.id} negative memory"
+            books = e.kv
+            assert books.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
+            assert books.n_dec == e.batch_size(), "heap size != decoding count"
+            assert books.n_dec + len(e.prefill) <= (self.costs.max_num_seqs or books.n_dec + len(e.prefill)), \
+                f"engine {e.id} runs {books.n_dec + len(e.prefill)} > max_num_seqs {self.costs.max_num_seqs}"
+            assert books.mem_fixed >= -1e-6, f"engine {e.id} negative memory"
             assert e.kv_used <= self.costs.kv_capacity_tokens * (1 + 1e-12), f"engine {e.id} KV over capacity"
             held = sum(x.resident for x in e.members.values() if x.phase != Phase.DECODE)
-            assert abs(held - e.mem_fixed) <= 1e-6 * (1 + held), f"engine {e.id} KV accounting {held} != {e.mem_fixed}"
+            assert abs(held - books.mem_fixed) <= 1e-6 * (1 + held), f"engine {e.id} KV accounting {held} != {books.mem_fixed}"
             if self.costs.state_tokens:  # counted from the members, not from the engine's sums
                 v = e.V + (self.now - e.t_last) * e.rate
                 kv = sum(x.ctx + v - x.v_start if x.phase == Phase.DECODE else x.resident for x in e.members.values())
                 holders = sum(1 for x in e.members.values() if x.phase == Phase.DECODE or x.resident > 0)
+                assert holders == books.holders, f"engine {e.id} counts {books.holders} state holders, its members {holders}"
                 total = kv + holders * self.costs.state_tokens
                 assert total <= self.costs.kv_capacity_tokens * (1 + 1e-9), \
                     f"engine {e.id} KV {kv:,.0f} + {holders} states over capacity {self.costs.kv_capacity_tokens:,}"
             pending = sum(x.pf_left for x in e.prefill)
-            assert abs(pending - e.pf_pending) <= 1e-6 * (1 + pending), f"engine {e.id} prefill {pending} != {e.pf_pending}"
+            assert abs(pending - books.pf_pending) <= 1e-6 * (1 + pending), f"engine {e.id} prefill {pending} != {books.pf_pending}"
             for x in e.members.values():
                 assert x.engine is e and x.phase != Phase.DONE, f"{x} misplaced"
                 assert x.id not in seen, f"exec {x.id} on two engines"

@@ -60,7 +60,7 @@ def print_table(table, title: str) -> None:
     bases = baselines()
     same = [b for b in bases if f"speedup_vs_{b}_same_eta" in table]
     others = [b for b in bases if b not in same]  # a baseline with no eta (colocate: eta 0)
-    cols = ["policy", "config", "time", *(f"vs {b} @eta" for b in same),
+    cols = ["policy", "config", "per engine", "time", *(f"vs {b} @eta" for b in same),
             *(f"vs {b}" for b in others), "vs best", "equal work", "cut", "sched cut", "tokens", "preempt",
             "stale"]
     left = ("policy", "config")
@@ -70,7 +70,7 @@ def print_table(table, title: str) -> None:
                      min_width=width if c == "config" else None)
     for _, r in table.iterrows():
         t.add_row(
-            r["policy"], r["config"], _duration(r["makespan_s"]),
+            r["policy"], r["config"], _count(r, "engine_limit"), _duration(r["makespan_s"]),
             *(_ratio(r, f"speedup_vs_{b}_same_eta", 3) for b in same), *(_ratio(r, f"speedup_vs_{b}", 3) for b in others),
             _ratio(r, "speedup_vs_best", 3), "yes" if r.get("equal_work", True) else "NO",
             _count(r, "deadline_hit"), _count(r, "sched_cuts"), f"{r['tokens_generated'] / 1e6:.0f}M",

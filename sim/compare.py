@@ -31,6 +31,7 @@ import pandas as pd
 
 from gyre import outputs, plots
 from gyre.config import RunConfig
+from gyre.hardware import admission_limit
 from gyre.outputs import RunOutput
 from gyre.policies import REGISTRY, ClusterShape, baselines, sweep, tuner
 from gyre.policies.tuning import EqualWork, equal_work, fastest_at_equal_work
@@ -55,8 +56,9 @@ PILOT_SHARE = 6  # a pilot runs the first 1/PILOT_SHARE of the steps
 
 def shape_of(cfg: RunConfig) -> ClusterShape:
     costs = cfg.costs()
+    limit = admission_limit(costs.kv_capacity_tokens, cfg.workload.max_context, costs.admission_fill, costs.state_tokens)
     return ClusterShape(n_gpus=cfg.cluster.gpus, gpus_per_engine=costs.engine_gpus,
-                        min_train_gpus=costs.min_train_gpus)
+                        min_train_gpus=costs.min_train_gpus, admit_limit=limit)
 
 
 def infeasible(cfg: RunConfig, policies: list[str] | None = None) -> dict[str, str]:
@@ -143,7 +145,8 @@ def tune(
         for key, batch in pending.items():
             c, name, search = searches[key]
             rs = [results[(c.steps, Candidate(name, p).label)] for p in batch]
-            tried[key] += [(c, Candidate(name, p), r) for p, r in zip(batch, rs)]
+            seen = {cand.label for _, cand, _ in tried[key]}  # a search may send a run again to rescore it
+            tried[key] += [(c, cand, r) for p, r in zip(batch, rs) if (cand := Candidate(name, p)).label not in seen]
             try:
                 nxt[key] = search.send(_scores(work, key, c, batch, rs))
             except StopIteration:
@@ -259,6 +262,7 @@ def comparison_table(best: dict[str, tuple[Candidate, SimResult]], how: dict[str
         s = r.metrics.summary()
         s["policy"] = name
         s["config"] = c.label
+        s["engine_limit"] = c.params.get("max_running") or shape_of(r.config).admit_limit  # executions per engine
         s["tuned"] = (how or {}).get(name, "as configured")
         s["eta"] = c.params.get("eta", r.bound.eta)
         s["bound_s"] = bound

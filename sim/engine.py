@@ -34,7 +34,9 @@ behind a head that cannot start). A context larger than the whole engine is a co
 (SimCluster.admit). `admit_limit` (gyre.hardware.admission_limit of the KV capacity and the workload's
 `max_context`) is reported to policies, which hand the engine no more (policies.admit_queue). KV pressure
 (preemption, eviction) lives in gyre.sim.kv_pressure, and migrations, crashes and weight syncs in
-gyre.sim.engine_moves: both are mixins of SimEngine.
+gyre.sim.engine_moves: both are mixins of SimEngine. The KV counters and each member's resident context are
+written only by the engine's KvLedger (`kv`, gyre.sim.kv_ledger), which all of them call; the engine's
+lifecycle and served version are gyre.backend.EngineLifecycle's.
 
 Costs without a roofline use the linear step a + b n + c K + prefill_s_per_token m; a zero
 prefill_s_per_token makes prefill free (no prefill queue), as in hand-built test scenarios. A nonzero
@@ -51,8 +53,10 @@ from collections import deque
 from heapq import heappush
 from typing import TYPE_CHECKING
 
+from gyre.backend import READY, EngineLifecycle
 from gyre.cluster import Phase
 from gyre.hardware import admission_limit
+from gyre.sim.kv_ledger import KvLedger
 from gyre.sim.engine_moves import EngineMoves
 from gyre.sim.kv_pressure import KvPressure
 
@@ -66,41 +70,34 @@ _FULL = 1.0 - 1e-9  # the KV-full event fires when use reaches this share of cap
 _TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
 
 
-class SimEngine(KvPressure, EngineMoves):
+class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
     # slots: the wakeup reads and writes a few dozen attributes per event, and an instance dict of this many
     # keys would fall off CPython's fast attribute path
     __slots__ = (
-        "cluster", "id", "gpus", "_version", "costs", "state", "members", "queue", "_heap", "_ready", "prefill",
-        "pf_pending", "pf_resident", "_pf_due", "_adm", "V", "t_last", "rate", "pf_rate", "n_dec", "kv_dec_base",
-        "mem_fixed", "reserved", "paused", "epoch", "_free_prefill", "_budget", "_max_seqs", "_reserve", "_kv_cap",
-        "_full", "_req", "_wake_q", "_wake_seq", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq",
+        "cluster", "id", "gpus", "costs", "members", "queue", "_heap", "_ready", "prefill", "kv", "_pf_due", "_adm",
+        "V", "t_last", "rate", "pf_rate", "paused", "epoch", "_free_prefill", "_budget", "_max_seqs", "_reserve",
+        "_kv_cap", "_full", "_req", "_schedule", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq",
         "_dirty", "_st", "_limit",
     )
 
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
+        EngineLifecycle.__init__(self, version)
         self.cluster = cluster
         self.id = engine_id
         self.gpus = gpus
-        self._version = version
         c = self.costs = cluster.costs
-        self.state = "starting"  # starting -> ready -> stopping -> stopped
         self.members: dict[int, SimExecution] = {}  # every execution it holds, any phase
         self.queue: deque[SimExecution] = deque()  # waiting for KV to start its prefill
         self._heap: list[tuple[float, int, SimExecution]] = []  # decoding: (target V, seq, execution)
         self._ready: list[tuple[float, int, SimExecution]] = []  # tool calls: (return time, seq, execution)
         self.prefill: deque[SimExecution] = deque()  # prefill queue; ex.pf_left tokens still to compute
-        self.pf_pending = 0.0  # sum of pf_left over the prefill queue
-        self.pf_resident = 0.0  # KV reserved by the prefill queue (the rest of mem_fixed is idle cache)
+        self.kv = KvLedger(c.state_tokens)  # the KV counters (module docstring)
         self._pf_due = _INF  # when the prefill head is planned to finish
         self._adm: list[tuple[int, SimExecution]] = []  # (admission seq, execution), ascending; stale entries skipped
         self.V = 0.0
         self.t_last = 0.0
         self.rate = 0.0  # dV/dt
         self.pf_rate = 0.0  # prefill tokens per second
-        self.n_dec = 0
-        self.kv_dec_base = 0.0  # sum(ctx - v_start) over decoding executions
-        self.mem_fixed = 0.0  # resident KV of non-decoding members
-        self.reserved = 0.0  # reservation mode: sum of the members' largest contexts
         self.paused = False
         self.epoch = 0  # invalidates stale wakeups
         self._dirty = False  # a re-plan of the next wakeup is pending (_touch)
@@ -112,7 +109,7 @@ class SimEngine(KvPressure, EngineMoves):
         self._st = c.state_tokens  # a KV holder's linear-attention state, in KV tokens (0: none)
         self._full = c.kv_capacity_tokens * _FULL
         self._req = c.request_s
-        self._wake_q, self._wake_seq = cluster.fine_queue  # SimCluster.schedule's heap and tie-breaker
+        self._schedule = cluster.schedule
         self._fire = self.fire
         self._log = cluster.log.append
         self.kv_peak = 0.0
@@ -125,22 +122,14 @@ class SimEngine(KvPressure, EngineMoves):
         self._limit = admission_limit(c.kv_capacity_tokens, cluster.source.config.max_context, c.admission_fill,
                                       c.state_tokens)
 
-    # --- EngineView ---
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def ready(self) -> bool:
-        return self.state == "ready"
-
+    # --- EngineView (version, ready: EngineLifecycle) ---
     @property
     def n_live(self) -> int:
         return len(self.members)
 
     @property
     def n_decoding(self) -> int:
-        return self.n_dec
+        return self.kv.n_dec
 
     @property
     def n_queued(self) -> int:
@@ -156,43 +145,47 @@ class SimEngine(KvPressure, EngineMoves):
 
     @property
     def kv_used(self) -> float:
-        v = self.V + (self.cluster.now - self.t_last) * self.rate
-        return self.mem_fixed + self.kv_dec_base + self.n_dec * v + (self._states() if self._st else 0.0)
-
-    def _states(self) -> float:
-        """The linear-attention states of the members holding KV (decoding, or a resident context)."""
-        return self._st * sum(1 for x in self.members.values() if x.phase == _DECODE or x.resident > 0)
+        return self.kv.used(self.V + (self.cluster.now - self.t_last) * self.rate)
 
     # --- fluid clock ---
-    def _advance(self, t: float) -> None:
+    def advance(self, t: float) -> None:
+        """Bring the token clock, the prefill queue's head and the roofline integral to time t."""
         dt = t - self.t_last
         if dt > 0.0:
             if self.rate:
                 self.V += dt * self.rate
             if self.pf_rate:
-                done = dt * self.pf_rate
-                head = self.prefill[0]
-                head.pf_left = head.pf_left - done if head.pf_left > done else 0.0
-                self.pf_pending = self.pf_pending - done if self.pf_pending > done else 0.0
+                self.kv.prefill_progress(self.prefill[0], dt * self.pf_rate)
             self.roof_s += dt * self._roof
         self.t_last = t
 
     def _used(self) -> float:
-        return self.mem_fixed + self.kv_dec_base + self.n_dec * self.V + (self._states() if self._st else 0.0)
+        return self.kv.used(self.V)
+
+    def batch_size(self) -> int:
+        """Entries of its decode batch (the checked run compares it with its members' phases)."""
+        return len(self._heap)
+
+    def replan_pending(self) -> None:
+        """Plan the next wakeup if a change asked for it (_touch) since the last plan (SimCluster runs this once
+        an event is fully processed)."""
+        if self._dirty:
+            self._reschedule()
 
     def _reschedule(self) -> None:
         """Plan this engine's next wakeup: a segment end, a tool return, the prefill head's end or KV full."""
         self._dirty = False
         self.epoch = ep = self.epoch + 1
-        n = self.n_dec
+        kv = self.kv
+        n = kv.n_dec
         ready = self._ready
         wake = ready[0][0] if ready else _INF
-        dec = self.kv_dec_base + n * self.V  # decode context
-        used = self.mem_fixed + dec + (self._states() if self._st else 0.0)
+        dec = kv.kv_dec_base + n * self.V  # decode context
+        used = kv.mem_fixed + dec + (kv.st * kv.holders if kv.st else 0.0)
         if used > self.kv_peak:
             self.kv_peak = used
         pf = self.prefill
-        pend = self.pf_pending if pf else 0.0  # an empty queue's float residue is 0
+        pend = kv.pf_pending if pf else 0.0  # an empty queue's float residue is 0
         if self.paused or (n == 0 and pend <= 0.0):
             self.rate = self.pf_rate = self._roof = 0.0
             self._pf_due = _INF
@@ -227,13 +220,13 @@ class SimEngine(KvPressure, EngineMoves):
                         wake = t_full if t_full > tl else tl
             else:
                 self.rate = 0.0
-        if wake < _INF:  # SimCluster.schedule(wake, self.fire, ep), inlined: this runs once per event
-            heappush(self._wake_q, (wake, next(self._wake_seq), self._fire, ep))
+        if wake < _INF:
+            self._schedule(wake, self._fire, ep)
 
     def _touch(self, t: float) -> None:
         """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup, once,
         after the current event is fully processed (nothing changes in simulated time meanwhile)."""
-        self._advance(t)
+        self.advance(t)
         if not self._dirty:
             self._dirty = True
             self.cluster.replan(self)
@@ -242,19 +235,10 @@ class SimEngine(KvPressure, EngineMoves):
         """Wakeup: segments that end leave the batch, tool calls return, prefills finish, a full KV preempts."""
         if epoch != self.epoch:
             return
-        dt = t - self.t_last  # _advance(t), inlined: this runs once per fine event
-        if dt > 0.0:
-            if self.rate:
-                self.V += dt * self.rate
-            if self.pf_rate:
-                done = dt * self.pf_rate
-                head = self.prefill[0]
-                head.pf_left = head.pf_left - done if head.pf_left > done else 0.0
-                self.pf_pending = self.pf_pending - done if self.pf_pending > done else 0.0
-            self.roof_s += dt * self._roof
-        self.t_last = t
+        self.advance(t)
         V = self.V
-        used = self.mem_fixed + self.kv_dec_base + self.n_dec * V + (self._states() if self._st else 0.0)
+        kv = self.kv
+        used = kv.used(V)
         if used > self.kv_peak:
             self.kv_peak = used
         heap = self._heap
@@ -263,8 +247,7 @@ class SimEngine(KvPressure, EngineMoves):
             pop, push, ready, seq = heapq.heappop, heapq.heappush, self._ready, self._seq
             while heap and heap[0][0] <= limit:
                 ex = pop(heap)[2]
-                self.n_dec -= 1
-                self.kv_dec_base -= ex.ctx - ex.v_start
+                kv.leave_decode(ex)
                 seg = ex.seg
                 if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done or ex.seg_cred:
                     self._segment_end(ex, t)
@@ -278,13 +261,12 @@ class SimEngine(KvPressure, EngineMoves):
                 nxt = ex.kv[seg + 1]
                 if nxt < ctx:  # the context is rebuilt smaller
                     ctx = nxt - min(ex.tool_out[seg], nxt)
-                ex.resident = ctx
-                self.mem_fixed += ctx
+                kv.cache(ex, ctx)
                 ex.ctx = nxt
                 ex.seg = seg + 1
                 r = ex.ready_at = t + ex.tool_s[seg] + self._req
                 push(ready, (r, next(seq), ex))
-            if self.n_dec == 0:
+            if kv.n_dec == 0:
                 self._log(("busy", t, self.id, 0))
         pf = self.prefill
         if pf:
@@ -293,13 +275,11 @@ class SimEngine(KvPressure, EngineMoves):
                 pf[0].pf_left = 0.0
             while pf and pf[0].pf_left <= _EPS * (pf[0].resident + 1.0):
                 ex = pf.popleft()
-                self.pf_pending -= ex.pf_left
-                self.pf_resident -= ex.resident
-                ex.pf_left = 0.0
+                kv.unprefill(ex)
                 ex.phase = _QUEUED  # out of the prefill queue, not yet decoding
                 self._decode(ex, t)
             if not pf:
-                self.pf_pending = self.pf_resident = 0.0
+                kv.prefill_empty()
         ready = self._ready
         if ready and ready[0][0] <= t:
             queue = self.queue
@@ -312,8 +292,8 @@ class SimEngine(KvPressure, EngineMoves):
                 else:
                     ex.phase = _QUEUED
                     queue.append(ex)
-        n = self.n_dec
-        if n and not self._reserve and self._used() + n > self._full:
+        n = kv.n_dec
+        if n and not self._reserve and kv.used(self.V) + n > self._full:
             self._make_room(t)
         if self.queue:
             self._drain_queue(t)
@@ -321,11 +301,11 @@ class SimEngine(KvPressure, EngineMoves):
 
     # --- execution lifecycle on this engine ---
     def admit(self, ex: SimExecution, t: float) -> None:
-        self._advance(t)
+        """A fresh execution (it holds no KV) joins: it waits for its first request (request_s), or for KV."""
+        self.advance(t)
         ex.engine = self
         ex.phase = _QUEUED
         ex.ctx = ex.kv[0]
-        ex.resident = 0
         self.members[ex.id] = ex
         if self._req:  # its first request is on its way to the engine
             ex.phase = _TOOL
@@ -340,16 +320,17 @@ class SimEngine(KvPressure, EngineMoves):
         """Start the prefill of waiting executions in order while their missing context fits (head-of-line)
         and fewer than max_num_seqs run."""
         queue = self.queue
-        if not queue or self.state != "ready":
+        if not queue or self.state is not READY:
             return
         reserve = self._reserve
+        kv = self.kv
         while queue:
-            if self.n_dec + len(self.prefill) >= self._max_seqs:
+            if kv.n_dec + len(self.prefill) >= self._max_seqs:
                 break
             ex = queue[0]
             need = ex.ctx - ex.resident
             if reserve:
-                if not ex.reserved and self.reserved + ex.max_ctx + self._st > self._full:
+                if not ex.reserved and kv.reserved + ex.max_ctx + self._st > self._full:
                     # an execution behind it that holds a reservation needs no new memory: it goes first
                     # (it may be what the head waits for)
                     ex = next((x for x in queue if x.reserved), None)
@@ -357,8 +338,8 @@ class SimEngine(KvPressure, EngineMoves):
                         break
                     need = ex.ctx - ex.resident
             else:
-                n = self.n_dec  # over = _used() + need (+ its state) + n + 1 - full, leaving a step of headroom
-                over = self._used() + need + (self._st if ex.resident <= 0 else 0.0) + n + 1 - self._full
+                n = kv.n_dec  # over = _used() + need (+ its state) + n + 1 - full, leaving a step of headroom
+                over = kv.used(self.V) + need + (self._st if ex.resident <= 0 else 0.0) + n + 1 - self._full
                 if over > 0:
                     # the KV of executions that are not running (tool calls, waiting) is a cache: evict it,
                     # newest first, if that makes room; otherwise wait for the running ones to free theirs
@@ -370,22 +351,18 @@ class SimEngine(KvPressure, EngineMoves):
             else:
                 queue.remove(ex)
             if reserve and not ex.reserved:
-                ex.reserved = ex.max_ctx + self._st
-                self.reserved += ex.reserved
+                kv.reserve(ex, ex.max_ctx + self._st)
             if ex.started_at is None:
                 ex.started_at = t
                 ex.deadline_at = t + ex.spec.deadline_s
                 self._log(("start", t, ex.id, self.id))
             self._admitted(ex)
-            self.mem_fixed += need
-            ex.resident = ex.ctx
+            kv.load(ex, need)
             if need <= 0 or self._free_prefill:
                 self._decode(ex, t)
             else:
                 ex.phase = _PREFILL
-                ex.pf_left = need
-                self.pf_pending += need
-                self.pf_resident += ex.resident
+                kv.queue_prefill(ex, need)
                 self.prefill.append(ex)
 
     def _decode(self, ex: SimExecution, t: float) -> None:
@@ -394,18 +371,15 @@ class SimEngine(KvPressure, EngineMoves):
             self._drop(ex)
             self.cluster.finish(ex, t, "deadline")
             return
-        self.mem_fixed -= ex.resident
-        ex.resident = 0
         ex.phase = _DECODE
         V = self.V
         ex.v_start = V
         target = V + ex.gen[ex.seg] - ex.seg_done
         if ex.first_version is None or self._version < ex.first_version:
             ex.first_version = self._version
-        if self.n_dec == 0:
+        if self.kv.n_dec == 0:
             self._log(("busy", t, self.id, 1))
-        self.n_dec += 1
-        self.kv_dec_base += ex.ctx - V
+        self.kv.join_decode(ex, V)
         heappush(self._heap, (target, next(self._seq), ex))
 
     def _segment_end(self, ex: SimExecution, t: float) -> None:
@@ -418,8 +392,7 @@ class SimEngine(KvPressure, EngineMoves):
         ex.seg_done = 0
         ctx = ex.kv[seg] + gen  # the context after the segment
         ex.phase = _TOOL
-        ex.resident = ctx
-        self.mem_fixed += ctx
+        self.kv.cache(ex, ctx)
         if seg == ex.last or t >= ex.deadline_at:
             self._drop(ex)
             why = "capped" if seg == ex.last and ex.spec.capped else ("done" if seg == ex.last else "deadline")
@@ -427,9 +400,7 @@ class SimEngine(KvPressure, EngineMoves):
             return
         nxt = ex.kv[seg + 1]
         if nxt < ctx:  # compaction, a retry or a sub-agent's return: the context is rebuilt smaller
-            keep = nxt - min(ex.tool_out[seg], nxt)
-            self.mem_fixed -= ctx - keep
-            ex.resident = keep
+            self.kv.shrink(ex, nxt - min(ex.tool_out[seg], nxt))
         ex.ctx = nxt
         ex.seg = seg + 1
         r = ex.ready_at = t + ex.tool_s[seg] + self._req
@@ -441,24 +412,24 @@ class SimEngine(KvPressure, EngineMoves):
     def _drop(self, ex: SimExecution) -> None:
         """Take ex (not decoding) off this engine and free its KV (and its reservation)."""
         del self.members[ex.id]
+        kv = self.kv
         ph = ex.phase
         if ph == _QUEUED:
             if ex in self.queue:
                 self.queue.remove(ex)
         elif ph == _PREFILL:
-            self.prefill.remove(ex)
-            self.pf_pending -= ex.pf_left
-            self.pf_resident -= ex.resident
-            ex.pf_left = 0.0
-            if not self.prefill:  # no float residue once the queue is empty
-                self.pf_pending = self.pf_resident = 0.0
-        self.mem_fixed -= ex.resident
-        ex.resident = 0
-        if ex.reserved:
-            self.reserved -= ex.reserved
-            ex.reserved = 0
+            self._leave_prefill(ex)
+        kv.free(ex)
+        kv.unreserve(ex)
         ex.adm = -1
         ex.engine = None
 
+    def _leave_prefill(self, ex: SimExecution) -> None:
+        """Take ex out of the prefill queue (not finished: it is dropped or preempted)."""
+        self.prefill.remove(ex)
+        self.kv.unprefill(ex)
+        if not self.prefill:  # no float residue once the queue is empty
+            self.kv.prefill_empty()
+
     def __repr__(self) -> str:
-        return f"<engine {self.id} {self.state} live={self.n_live} dec={self.n_dec}>"
+        return f"<engine {self.id} {self.state.value} live={self.n_live} dec={self.kv.n_dec}>"

@@ -22,33 +22,35 @@ _TOOL, _DECODE, _QUEUED = Phase.TOOL, Phase.DECODE, Phase.QUEUED
 
 
 class EngineMoves:
-    """Needs from the engine: cluster, members, queue, prefill, _heap, _ready, _adm, _seq, V, n_dec,
-    kv_dec_base, mem_fixed, reserved, pf_pending, pf_resident, paused, _version, _full, _log, _advance(),
-    _used(), _drop(), _admitted(), _drain_queue(), _touch(), _reschedule()."""
+    """Needs from the engine: cluster, members, queue, prefill, _heap, _ready, _adm, _seq, V, kv (its KvLedger),
+    paused, _version, _full, _st, _log, advance(), _used(), _drop(), _admitted(), _drain_queue(), _touch(),
+    _reschedule()."""
 
     __slots__ = ()
 
-    def remove(self, ex: SimExecution) -> None:
-        """Take a non-decoding execution off this engine (migration); a pending tool call leaves with it."""
-        self._advance(self.cluster.now)
+    def remove(self, ex: SimExecution) -> int:
+        """Take a non-decoding execution off this engine (migration); a pending tool call leaves with it.
+        Returns the KV tokens it held here (now freed)."""
+        kv = ex.resident
+        self.advance(self.cluster.now)
         if ex.ready_at is not None:
             self._ready = [x for x in self._ready if x[2] is not ex]
             heapq.heapify(self._ready)
         self._drop(ex)
         self._drain_queue(self.cluster.now)
         self._touch(self.cluster.now)
+        return kv
 
-    def add_migrated(self, ex: SimExecution, t: float, kv_fits_free: bool) -> None:
-        """Take an execution that is between turns (or waiting) from another engine. With `kv_fits_free`
-        (its KV was transferred and fits here) its context arrives resident; otherwise it re-prefills."""
-        self._advance(t)
+    def add_migrated(self, ex: SimExecution, t: float, transferred: int = 0) -> None:
+        """Take an execution that is between turns (or waiting) from another engine, or off none (parked, or
+        its engine crashed). `transferred` KV tokens of its context arrive with it: resident if they fit here,
+        otherwise (and with none) it re-prefills."""
+        self.advance(t)
         ex.engine = self
         self.members[ex.id] = ex
-        if kv_fits_free and ex.resident and self._used() + ex.resident + self._st + self.n_dec + 1 <= self._full:
-            self.mem_fixed += ex.resident
+        if transferred and self._used() + transferred + self._st + self.kv.n_dec + 1 <= self._full:
+            self.kv.arrive(ex, transferred)
             self._admitted(ex)
-        else:
-            ex.resident = 0
         if ex.ready_at is not None:
             ex.phase = _TOOL
             heapq.heappush(self._ready, (ex.ready_at, next(self._seq), ex))
@@ -63,8 +65,8 @@ class EngineMoves:
         """The engine's process died at t: every member leaves it, in id order, holding no KV. The unfinished
         part of a segment (decoding, or kept by a preemption) is lost and decoded again (nothing of it was
         recorded); a tool call keeps running. Returns the members, detached, and the decoded tokens lost."""
-        self._advance(t)
-        if self.n_dec:
+        self.advance(t)
+        if self.kv.n_dec:
             self._log(("busy", t, self.id, 0))
         out = sorted(self.members.values(), key=lambda x: x.id)
         lost = 0.0
@@ -73,32 +75,37 @@ class EngineMoves:
             ex.ctx = ex.kv[ex.seg]
             ex.seg_done = 0.0
             ex.phase = _TOOL if ex.ready_at is not None else _QUEUED
-            ex.resident = ex.reserved = 0
             ex.adm = -1
-            ex.pf_left = 0.0
             ex.engine = None
+        self.kv.wipe(out)
         self.members = {}
         self.queue.clear()
         self.prefill.clear()
         self._heap, self._ready, self._adm = [], [], []
-        self.n_dec = 0
-        self.kv_dec_base = self.mem_fixed = self.reserved = self.pf_pending = self.pf_resident = 0.0
         self.paused = False
         self._reschedule()  # nothing left to plan: invalidates the pending wakeup
         return out, lost
 
     # --- weights ---
     def pause(self, t: float) -> None:
-        self._advance(t)
+        """A weight load starts: decoding stops."""
+        self.advance(t)
         self.paused = True
         self._reschedule()
 
     def resume(self, t: float, version: int) -> None:
-        self._advance(t)
-        for _, _, ex in self._heap:  # tokens decoded so far in the current segment were the old version's
+        """The load is done: decoding goes on at `version`; the tokens decoded so far in each current segment
+        were the old version's."""
+        self.advance(t)
+        for _, _, ex in self._heap:
             done = ex.seg_done + self.V - ex.v_start
             ex.vsum += (done - ex.seg_cred) * self._version
             ex.seg_cred = done
         self.paused = False
-        self._version = version
+        self.serve(version)
         self._reschedule()
+
+    def restarted(self, t: float) -> None:
+        """Its process is back (ready): the executions that waited for it start."""
+        self._drain_queue(t)
+        self._touch(t)

@@ -18,7 +18,7 @@ class SimExecution:
         "id", "group_id", "task_id", "spec", "engine", "phase", "seg", "first_version", "started_at",
         "deadline_at", "handle", "v_start", "ctx", "seg_done", "resident", "pf_left", "adm", "reserved",
         "max_ctx", "migrate_to", "migrate_handle", "finished_at", "truncated", "end", "generated", "gen", "kv",
-        "tool_s", "tool_out", "last", "ready_at", "vsum", "seg_cred",
+        "tool_s", "tool_out", "last", "ready_at", "vsum", "seg_cred", "holds",
     )
 
     def __init__(self, spec: ExecutionSpec) -> None:
@@ -36,7 +36,8 @@ class SimExecution:
         self.v_start = 0.0  # the engine's V when it joined the decode batch
         self.ctx = spec.kv[0]  # context when it (re)starts decoding: its segment's start plus tokens done
         self.seg_done = 0.0  # tokens of the current segment decoded before a preemption
-        self.resident = 0  # KV tokens of ctx held on its engine while not decoding
+        self.resident = 0  # KV tokens of ctx held on its engine while not decoding (its KvLedger writes it)
+        self.holds = False  # holds KV on its engine: decoding, or a resident context (its KvLedger's count)
         self.pf_left = 0.0  # tokens still to prefill (in the engine's prefill queue)
         self.adm = -1  # admission sequence number on its engine (preemption picks the largest)
         self.reserved = 0  # KV reserved on its engine (reservation mode)

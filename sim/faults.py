@@ -32,7 +32,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from gyre.cluster import ClusterError, Role
+from gyre.backend import READY, RESTARTING
+from gyre.cluster import ClusterError, EngineView, Role
 from gyre.faults import KILLS, SYNC_TIMEOUT_S, FaultInjector, parse_faults
 from gyre.handles import Handle
 
@@ -69,7 +70,7 @@ class SimFaults:
     def log(self) -> list[tuple]:
         return self.c.log
 
-    def engines(self) -> list:
+    def engines(self) -> list[EngineView]:
         return self.c.engines()
 
     def note(self, kind: str, **fields) -> None:
@@ -112,8 +113,7 @@ class SimFaults:
         if eng is None or not eng.ready:
             raise ClusterError(f"kill_engine: engine {engine_id} is not running")
         execs, lost = eng.wipe(t)
-        eng.state = "restarting"
-        eng._version = c.version  # the version it will serve (see step_ended)
+        eng.transition(RESTARTING, c.version)  # the version it will serve (see step_ended)
         self._killed_at[eng.id] = t
         c.gpu_pool.set_role(eng.gpus, Role.SWITCHING, t)
         others = [e for e in c._engines.values() if e.ready]
@@ -127,23 +127,21 @@ class SimFaults:
                 if to.ready:
                     dst = to
                 c._deferred.append((h, to.ready))
-            dst.add_migrated(ex, t, False)
+            dst.add_migrated(ex, t)
             if dst is not eng:
                 c._log(("migrate", t, ex.id, eng.id, dst.id))
         c._after(c.costs.engine_restart_s, lambda: self._restarted(eng))
 
     def _restarted(self, eng: SimEngine) -> None:
         c, t = self.c, self.c.now
-        eng.state = "ready"
-        eng._version = c.version
+        eng.transition(READY, c.version)
         c.gpu_pool.set_role(eng.gpus, Role.ROLLOUT, t)
         c.note("engine_restarted", engine=eng.id, version=c.version, recovery_s=t - self._killed_at[eng.id])
         h = self._stop_after.pop(eng.id, None)
         if h is not None:
             c._stop(eng, h)
             return
-        eng._drain_queue(t)
-        eng._touch(t)
+        eng.restarted(t)
 
     def stop_after_restart(self, eng: SimEngine, h: Handle) -> None:
         self._stop_after[eng.id] = h
@@ -167,7 +165,7 @@ class SimFaults:
                 h.succeed(None)
 
         def load(e: SimEngine) -> None:
-            if self.lost(e, t0) or e.state != "ready":  # died or stopped meanwhile
+            if self.lost(e, t0) or e.state is not READY:  # died or stopped meanwhile
                 one_done()
                 return
             e.pause(c.now)
@@ -263,5 +261,5 @@ class SimFaults:
         if self.every and v % self.every == 0:
             self.ckpt_version, self.step_s = v, {}
         for e in self.c._engines.values():
-            if e.state == "restarting":
-                e._version = v
+            if e.state is RESTARTING:
+                e.serve(v)

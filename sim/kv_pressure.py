@@ -1,8 +1,8 @@
 """KV memory pressure on a simulated engine: admission order, preemption by recompute, idle-context eviction.
 
-A mixin of SimEngine (gyre.sim.engine), kept apart because it is the one place that takes KV away from
-executions. vLLM's recompute mode: the most recently admitted execution holding KV is preempted first;
-its KV is freed and it later re-prefills its whole context (its generated tokens are kept). Contexts
+A mixin of SimEngine (gyre.sim.engine), kept apart because it decides whose KV goes when memory is short (the
+engine's KvLedger, gyre.sim.kv_ledger, carries every change of the books out). vLLM's recompute mode: the most
+recently admitted execution holding KV is preempted first; its KV is freed and it later re-prefills its whole context (its generated tokens are kept). Contexts
 of executions that are not running (in a tool call, or waiting) are an evictable cache. Every
 preemption or eviction is logged ("preempt", t, exec, engine, tokens to recompute, GPU-seconds that
 recomputation costs at the engine's prefill speed).
@@ -22,8 +22,8 @@ _TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Pha
 
 
 class KvPressure:
-    """Needs from the engine: members, queue, prefill, _heap, _adm, _seq, V, n_dec, kv_dec_base, mem_fixed,
-    pf_pending, pf_resident, gpus, costs, _full, _st, _used(), _log."""
+    """Needs from the engine: members, queue, _heap, _adm, _seq, V, kv (its KvLedger), gpus, costs, _full, _st,
+    _used(), _leave_prefill(), _log."""
 
     __slots__ = ()
 
@@ -47,7 +47,8 @@ class KvPressure:
 
     def _make_room(self, t: float) -> None:
         """KV is full and decodes still grow: preempt the newest holders until one more step fits."""
-        while self.n_dec and self._used() + self.n_dec > self._full:
+        kv = self.kv
+        while kv.n_dec and self._used() + kv.n_dec > self._full:
             ex = self._newest_holder()
             if ex is None:
                 break
@@ -56,33 +57,27 @@ class KvPressure:
     def preempt(self, ex: SimExecution, t: float, requeue: bool = True) -> None:
         """Free ex's KV; it waits at the front of the queue (a running tool call keeps running) and later
         re-prefills its whole context. Its tokens are kept; the recomputation is logged with its GPU-s."""
+        kv = self.kv
         if ex.phase == _DECODE:
             done = self.V - ex.v_start
             self._heap = [x for x in self._heap if x[2] is not ex]
             heapq.heapify(self._heap)
-            self.n_dec -= 1
-            self.kv_dec_base -= ex.ctx - ex.v_start
+            kv.leave_decode(ex)
             ex.seg_done += done
             ex.vsum += (ex.seg_done - ex.seg_cred) * self._version  # decoded so far, at this version
             ex.seg_cred = ex.seg_done
             ex.ctx += done
-            if self.n_dec == 0:
+            if kv.n_dec == 0:
                 self._log(("busy", t, self.id, 0))
             lost = ex.ctx
         else:
             lost = ex.resident
-            self.mem_fixed -= ex.resident
             if ex.phase == _PREFILL:
-                self.prefill.remove(ex)
-                self.pf_pending -= ex.pf_left
-                self.pf_resident -= ex.resident
                 lost -= ex.pf_left
-                ex.pf_left = 0.0
-                if not self.prefill:  # no float residue once the queue is empty
-                    self.pf_pending = self.pf_resident = 0.0
+                self._leave_prefill(ex)
             elif ex.phase == _QUEUED and requeue:
                 self.queue.remove(ex)
-        ex.resident = 0
+            kv.free(ex)
         ex.adm = -1
         gpu_s = self.costs.prefill_time(lost) * len(self.gpus)
         self._log(("preempt", t, ex.id, self.id, lost, gpu_s))
@@ -92,7 +87,7 @@ class KvPressure:
 
     def _idle_kv(self, keep: SimExecution) -> float:
         """KV (with their states) held by members that are not running, but for `keep`: what eviction can free."""
-        idle = self.mem_fixed - self.pf_resident - keep.resident
+        idle = self.kv.mem_fixed - self.kv.pf_resident - keep.resident
         if self._st:
             idle += self._st * sum(1 for x in self.members.values()
                                    if x is not keep and x.resident > 0 and x.phase in (_TOOL, _QUEUED))

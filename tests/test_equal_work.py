@@ -80,3 +80,51 @@ def test_the_split_search_never_picks_a_split_that_cuts_more():
     assert best == 20, f"tried {rs}, chose {best}"
     by_time = drive(refine_axis("rollout_gpus", values, (0,)), lambda b: [x[0] for x in evaluate(b)])
     assert min(by_time, key=lambda x: x[1])[0]["rollout_gpus"] == 32, "by makespan alone the largest split wins"
+
+
+def test_ranking_picks_the_capped_run_over_the_uncapped_one_that_cuts_more():
+    """Two rollouts of 4 x 100 tokens with 0.5 s tools and a 10 s deadline on one engine (decode 0.01 + 0.01 x
+    batch s per token): alone each takes 4 x 2 + 1.5 = 9.5 s; together a turn takes 3 s and both are cut at
+    their deadline, 13 s, after three turns. Async capped at one per engine runs them 3-12.5 and 12.5-22 s,
+    uncut. The uncapped run ends first; the ranking at equal work picks the capped one."""
+    from gyre.policies.tuning import halvings
+
+    g = GroupSpec(group_id=0, task_id=0, step=0, executions=[spec(i, 0, gen=[100] * 4, tool_s=[0.5] * 3, deadline_s=10.0)
+                                                             for i in (0, 1)])
+    runs = {}
+    for cap in halvings(2):
+        sim = cluster([g], n_gpus=2, groups_per_step=1, costs=COSTS)
+        sim.run(make_policy("async", rollout_gpus=1, eta=0, max_running=cap), steps=1)
+        fin = [(round(r[1], 9), r[2], r[3]) for r in sim.log if r[0] == "finish"]
+        runs[cap] = (max(r[1] for r in sim.log), scheduler_cuts(sim.log, [g], COSTS)["sched_cuts"], fin)
+    assert runs[2][2] == [(13.0, 0, 2), (13.0, 1, 2)] and runs[2][1] == 2, runs[2]
+    assert runs[1][2] == [(12.5, 0, 0), (22.0, 1, 0)] and runs[1][1] == 0, runs[1]
+    caps = list(runs)
+    assert runs[2][0] < runs[1][0], "the uncapped run ends first"
+    best = fastest_at_equal_work([runs[c][0] for c in caps], [runs[c][1] for c in caps], 2)
+    assert caps[best] == 1, f"chose cap {caps[best]} of {runs}"
+
+
+def test_the_cap_search_tries_every_halving_and_keeps_the_fastest_at_equal_work():
+    """Through async's split-and-cap search (1,000 executions: 1% = 10): cuts fall by 8 per halving of the
+    cap (never more than the tolerance at one step) and a larger split is faster at every cap. The search
+    tries every cap at the best split, chooses the largest cap within 10 cuts of the least (cap 2, 8 cuts
+    above cap 1's 0), and refines the split there to the largest; the uncapped runs are never the best."""
+    from gyre.policies.tuning import halvings, refine_split_and_cap
+
+    caps = halvings(16)
+    assert caps == [16, 8, 4, 2, 1], caps
+    values = list(range(1, 17))
+
+    def evaluate(batch):
+        return [(1000.0 / p["rollout_gpus"] + 100.0 / p["max_running"], 8 * (len(caps) - 1 - caps.index(p["max_running"])))
+                for p in batch]
+
+    tried = drive(refine_split_and_cap("rollout_gpus", values, "max_running", caps, (0,)), evaluate, executions=1000)
+    ps = [p for p, _ in tried]
+    assert {p["max_running"] for p in ps} == set(caps), "every cap was tried"
+    assert len(ps) == len({tuple(sorted(p.items())) for p in ps}), "each run reported once"
+    measured = evaluate(ps)
+    best = ps[fastest_at_equal_work([m for m, _ in measured], [c for _, c in measured], 1000)]
+    assert best == {"rollout_gpus": 16, "eta": 0, "max_running": 2}, best
+    assert len(ps) < len(values) * len(caps) / 2, f"{len(ps)} runs: the search tried half the grid or more"

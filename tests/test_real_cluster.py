@@ -418,3 +418,23 @@ def test_queued_executions_start_as_room_frees(pool):
             where[x[2]] = x[3]
         elif x[0] == "finish":
             last_finish[where[x[2]]] = x[1]
+
+
+def test_summary_counts_the_deadline_cuts_the_scheduler_may_have_caused(pool, tmp_path):
+    """A 0.3 s budget, below every slow tool call (0.4-1.5 s): summary.csv's sched_cuts is at most the run's
+    deadline cuts less those whose measured tool time alone already reached the budget (the workload's cuts),
+    and its deadline_hit is every cut execution."""
+    import pandas as pd
+
+    task = dataclasses.replace(CFG.cluster.task, deadline_s=0.3)
+    cfg = dataclasses.replace(CFG, cluster=dataclasses.replace(CFG.cluster, task=task))
+    r = run_real(cfg, "async", pool=pool)
+    check_run(r, cfg.steps)
+    row = pd.read_csv(write_outputs(tmp_path, [r])["summary"]).iloc[0]
+    execs = [x for g in r.cluster.groups.values() for x in g.executions]
+    cut = [x for x in execs if x.end == 2]
+    assert cut, "a 0.3 s budget cut nothing"
+    workloads = [x for x in cut if sum(s.get("tool_s", 0.0) for s in x.segs) >= x.deadline_at - x.started_at]
+    assert int(row["deadline_hit"]) == len(cut), (row["deadline_hit"], len(cut))
+    assert 0 <= int(row["sched_cuts"]) <= len(cut) - len(workloads), \
+        f"sched_cuts {row['sched_cuts']} of {len(cut)} cuts, {len(workloads)} of them longer than the budget in tools alone"

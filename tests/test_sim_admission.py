@@ -71,6 +71,40 @@ def test_engine_is_handed_no_more_than_its_limit_and_takes_the_next_as_room_free
     assert max(n for _, n in occupancy(c.log)[0]) == 2, "the log never shows the engine holding more than 2"
 
 
+def test_async_per_engine_cap_admits_one_at_a_time_below_the_engine_limit():
+    """The engine of the test above admits 2 at once; async capped at max_running=1 runs the same four rollouts
+    one after another, each admitted when the one before ends: 3-4, 4-6.5, 6.5-8.5, 8.5-9.5 s."""
+    g = GroupSpec(group_id=0, task_id=0, step=0, executions=[spec(i, 0, gen=[n]) for i, n in
+                                                             enumerate([100, 250, 200, 100])])
+    c = cluster([g], n_gpus=2, groups_per_step=1, costs=replace(ROUND_COSTS, kv_capacity_tokens=1000), window=500)
+    c.run(make_policy("async", rollout_gpus=1, eta=0, max_running=1), steps=1)
+    got = [(r[0], round(r[1], 6), r[2]) for r in c.log if r[0] in ("admit", "finish")]
+    assert got == [("admit", 3.0, 0), ("finish", 4.0, 0), ("admit", 4.0, 1), ("finish", 6.5, 1),
+                   ("admit", 6.5, 2), ("finish", 8.5, 2), ("admit", 8.5, 3), ("finish", 9.5, 3)], got
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), k=st.integers(0, 3), eta=st.integers(0, 2), math=st.booleans())
+def test_every_cap_of_async_grid_is_honoured_from_the_log(seed, k, eta, math):
+    """Random small workloads, async at each per-engine cap its grid holds (the halvings of the engine's
+    admission limit of 8): from the log alone no engine ever holds more executions than the cap, and every
+    execution of the trained groups finishes."""
+    from gyre.policies import sweep
+    from gyre.sim.compare import shape_of
+    from gyre.sim.runner import simulate
+
+    cfg = tiny_config(gpus=4, groups_per_step=4, steps=2, seed=seed, workload_name="math" if math else "xlong")
+    cfg = override(cfg, **{"cluster.cost.admission_fill": 0.0175})  # 33,478 KV tokens / 4,000-token window
+    assert _limit(cfg) == 8 and shape_of(cfg).admit_limit == 8, _limit(cfg)
+    caps = sorted({p["max_running"] for p in sweep("async", shape_of(cfg), (eta,))}, reverse=True)
+    assert caps == [8, 4, 2, 1], caps
+    r = simulate(cfg, "async", {"eta": eta, "rollout_gpus": 2, "max_running": caps[k]}, check=True)
+    held = {e: max(n for _, n in series) for e, series in occupancy(r.log).items()}
+    assert held and max(held.values()) <= caps[k], f"cap {caps[k]}: engines held {held}"
+    must = {x.exec_id for g in r.groups[: cfg.steps * cfg.workload.groups_per_step] for x in g.executions}
+    assert must <= {x[2] for x in r.log if x[0] == "finish"}, "an execution of a trained group never finished"
+
+
 def test_bad_admission_fill_and_deadline_are_config_errors():
     """An admission fill outside (0, 1] and a deadline that is not a positive number are one-line ConfigErrors
     naming the field."""

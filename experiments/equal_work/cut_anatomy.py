@@ -33,7 +33,7 @@ def record_plans():
 
     def wrapped(self):
         orig(self)
-        plans[self.id].append((self.t_last, self.n_dec, 1.0 / self.rate if self.rate else 0.0))
+        plans[self.id].append((self.t_last, self.kv.n_dec, 1.0 / self.rate if self.rate else 0.0))
 
     sim_engine.SimEngine._reschedule = wrapped
     return plans, lambda: setattr(sim_engine.SimEngine, "_reschedule", orig)

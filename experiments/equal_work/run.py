@@ -29,7 +29,7 @@ from gyre.sim.compare import ETAS, tune, tuned_table
 from gyre.sim.sweep import RAY_HELP, progress_lines
 
 HERE = Path(__file__).resolve().parent
-KEEP = ["policy", "config", "eta", "makespan_s", "executions", "completed", "capped", "deadline_hit", "sched_cuts",
+KEEP = ["policy", "config", "eta", "engine_limit", "makespan_s", "executions", "completed", "capped", "deadline_hit", "sched_cuts",
         "sched_cut_tokens_lost", "tokens_generated", "tokens_trained", "preemptions", "preempt_gpu_s",
         "staleness_max", "equal_work", "vs_eta_bound", "sim_wall_s"]
 
@@ -58,7 +58,7 @@ def pairs(table: pd.DataFrame) -> list[dict]:
             "speedup": rb["makespan_s"] / ra["makespan_s"], "equal_work": bool(ra["equal_work"] and rb["equal_work"]),
             "executions": ra["executions"],
             **{f"{side}_{k}": r[k] for side, r in (("elastic", ra), ("other", rb))
-               for k in ("config", "makespan_s", "deadline_hit", "sched_cuts", "tokens_generated", "preemptions")},
+               for k in ("config", "engine_limit", "makespan_s", "deadline_hit", "sched_cuts", "tokens_generated", "preemptions")},
         })
     return out
 
