@@ -100,6 +100,11 @@ class ElasticConfig(ForesightParams):
     # a trainer size may be expected to cut this share of a step's executions more than the least-cutting
     # size: equal work allows 1% of a run's executions (DESIGN.md), one decision per step spends 1% of a step's
     cut_share: float = 0.01
+    # start on the fixed split the estimate balances (`initial_engines`), its trainer GPUs kept free: it
+    # saves the first batch's drain, which waits whole rollouts where they are single-turn (short-math), but
+    # idles the trainer's GPUs for the whole first rollout, which costs the multi-turn xlong-swe-kv more
+    # (its engines' step grows with batch); which one a workload is is unknown before anything finishes
+    start_split: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -155,9 +160,11 @@ class Elastic:
         # an engine at its admission limit: its contexts fit its KV at their largest and about double over
         # their lives, so on average they fill `kv_fill` of it
         ctx = self.config.kv_fill * self.est.kv_capacity
-        stopped = self.pool.keep(initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
-                                                 step_s=self.est.step_s,
-                                                 train_s_per_token_gpu=self.est.train_s_per_token_gpu))
+        split = n // per
+        if self.config.start_split:
+            split = initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
+                                    step_s=self.est.step_s, train_s_per_token_gpu=self.est.train_s_per_token_gpu)
+        stopped = self.pool.keep(split)
         self.pool.reserve = len(cluster.free_gpus()) + stopped  # the first step's trainer: never lent
         yield from train_loop(cluster, steps, batcher, self.pool.queue, engines=self.pool.ready, gather=self._gather,
                               after_step=self._after_step, wait=self._react, label="elastic-producer")
@@ -321,8 +328,15 @@ class Elastic:
         self.pool.reserve = 0
         if self.cluster.version < self.steps:
             k = self._engines_to_start()
-            # the GPUs choose_grow leaves free train the next step: lending them would undo its decision
-            self.pool.reserve = len(self.cluster.free_gpus()) - k * self.cluster.gpus_per_engine
+            # the GPUs choose_grow leaves free train the next step, and are kept free (not lent) where its
+            # prediction covers what lending would serve or a drain could not return them soon: at eta 0 (every
+            # group admitted is in the next batch, which its prediction covers whole) and for single-turn
+            # rollouts (no finished execution ran more than one segment: lent to them, the GPUs come back only
+            # when they finish). Elsewhere executions waiting for room are lent them (a drain returns them
+            # within a segment)
+            segs = self.records.segs
+            keep = self.eta == 0 or (bool(segs) and max(segs) <= 1)
+            self.pool.reserve = len(self.cluster.free_gpus()) - k * self.cluster.gpus_per_engine if keep else 0
             self.pool.start(k)  # the next step need not wait for them
             yield from self.pool.grow(sync=True, engines=0)
 

@@ -263,7 +263,7 @@ def test_trainer_bound_timeline():
     gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(2 * i, i, [5]), _spec(2 * i + 1, i, [7])])
           for i in range(3)]
     c = _cluster(gs, 1.0)
-    c.run(Elastic(eta=1), 3)
+    c.run(Elastic(eta=1, start_split=True), 3)
     t1 = 8 + 1 + 112 / 3
     got = _decisions(c)
     split = [r[3] for r in c.log if r[0] == "note" and r[2] == "elastic_split"]
@@ -280,7 +280,7 @@ def test_rollout_bound_timeline():
     """Long rollouts (3 segments with 3 s tool calls, 6 per group), fast training (1 ms per token): the start
     keeps three engines and one GPU; the first two steps train on that GPU and the engine the tail empties.
 
-    By hand: engines up at 1; three engines (the most beside a trainer of one) decode 15 tokens/s, far
+    By hand: engines up at 1; (start_split) three engines (the most beside a trainer of one) decode 15 tokens/s, far
     below a GPU's 1,000 trained: engine 3 stops at 1. A rollout takes 4 + 3 + 4 + 3 + 4 = 18 steps of 1 s:
     groups 0 and 1 (admitted together) end at 19; engine 1 holds none of group 1 and is consolidated (sleep
     1 s, to 20); step 1 trains 292 tokens on its GPU and the free one after a 1 s onload: 20 + 1 + 0.146 =
@@ -290,11 +290,55 @@ def test_rollout_bound_timeline():
     gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(10 * i + j, i, [4, 4, 4], [3.0, 3.0], [10, 10])
                                                               for j in range(6)]) for i in range(3)]
     c = _cluster(gs, 0.001)
-    c.run(Elastic(eta=1), 3)
+    c.run(Elastic(eta=1, start_split=True), 3)
     got = _decisions(c)
     assert got == [("grow", 0, 4), ("drain:consolidate", 19.0, (1,)), ("train", 20.0, 2), ("step", 21.146, 2),
                    ("train", 21.146, 2), ("step", 21.292, 2), ("drain:consolidate", 39.146, (2,)),
                    ("train", 40.146, 3), ("step", 41.2433, 3)], got
+
+
+def test_trainer_bound_timeline_every_engine_at_start():
+    """Without start_split (every GPU an engine at the start), short rollouts (5 and 7 one-token steps), slow
+    training (1 s per token on one GPU): the first step
+    and every later one train on the largest trainer (3 GPUs), whose GPUs then stay free.
+
+    By hand: engines up at 1 (wake 1 s); group 0 ends at 1 + 7 = 8 (engine 0 emptied at 6 and is
+    consolidated at 6, engine 2 once that drain is done, at 7); the step drains engine 1 (sleep 1 s) and
+    trains 112 tokens on 3 GPUs after a 1 s onload:
+    8 + 1 + 1 + 112 / 3 = 47.33; group 1 ended at 8 too, so step 2 follows at once (no onload: the GPUs kept
+    the trainer's state) and step 3 waits for group 2, admitted at 47.33 onto the one engine (done 54.33)."""
+    gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(2 * i, i, [5]), _spec(2 * i + 1, i, [7])])
+          for i in range(3)]
+    c = _cluster(gs, 1.0)
+    c.run(Elastic(eta=1), 3)
+    t1 = 8 + 1 + 1 + 112 / 3
+    got = _decisions(c)
+    assert got[:6] == [("grow", 0, 4), ("drain:consolidate", 6.0, (0,)), ("drain:consolidate", 7.0, (2,)),
+                       ("train", 8.0, 3), ("drain:train", 8.0, (1,)), ("step", round(t1, 4), 3)], got
+    steps = [d for d in got if d[0] == "step"]
+    assert steps == [("step", round(t1, 4), 3), ("step", round(t1 + 112 / 3, 4), 3),
+                     ("step", round(t1 + 224 / 3, 4), 3)], steps
+    assert not [d for d in got if d[0] == "grow" and d[1] > 0], f"no engine restarts: the rollout needs none {got}"
+
+
+def test_rollout_bound_timeline_every_engine_at_start():
+    """Without start_split, long rollouts (3 segments with 3 s tool calls, 6 per group), fast training (1 ms per
+    token): the
+    first step trains on one GPU beside three engines, as does the next.
+
+    By hand: engines up at 1; a rollout takes 4 + 3 + 4 + 3 + 4 = 18 steps of 1 s: group 0 (and group 1,
+    admitted with it) end at 19; engine 0 holds none of group 1 and is consolidated (sleep 1 s, to 20);
+    step 1 trains 292 tokens on that GPU after a 1 s onload: 20 + 1 + 0.292 = 21.292, step 2 at once on the
+    same GPU: 21.584."""
+    gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(10 * i + j, i, [4, 4, 4], [3.0, 3.0], [10, 10])
+                                                              for j in range(6)]) for i in range(3)]
+    c = _cluster(gs, 0.001)
+    c.run(Elastic(eta=1), 3)
+    got = _decisions(c)
+    assert got[:5] == [("grow", 0, 4), ("drain:consolidate", 19.0, (0,)), ("train", 20.0, 1), ("step", 21.292, 1),
+                       ("train", 21.292, 1)], got
+    assert got[5] == ("step", 21.584, 1), got
+    assert all(d[2] <= 2 for d in got if d[0] == "step"), f"rollout-bound: small trainers {got}"
 
 
 def test_thinning_tail_timeline():
