@@ -5,12 +5,12 @@ staleness <= eta). The controller observes the engines' load, the live execution
 finished executions showed (their segments, seconds per segment and durations: policies.elastic_history) and
 the cluster's cost estimate (gyre.estimate: a training step's seconds on g GPUs, an engine's decode
 throughput at n sequences, KV capacity, engine size, the trainer's memory minimum). It never sees a
-future length. At the start every GPU starts an engine and, before anything is admitted, all but the
-fixed split the estimate balances stop (policies.elastic_plan.initial_engines: the engine count whose
-decode rate at the admission limit, contexts filling `kv_fill` of the KV, and the rest's training rate are
-most nearly matched; every engine at eta 0, where no training overlaps a rollout): the GPUs left are the
-first step's trainer, so where no move pays the run is that fixed split. Then at each decision point it
-does one thing:
+future length. At the start every GPU starts an engine; with `start_split`, before anything is admitted,
+all but the fixed split the estimate balances stop (policies.elastic_plan.initial_engines: the engine
+count whose decode rate at the admission limit, contexts filling `kv_fill` of the KV, and the rest's
+training rate are most nearly matched; every engine at eta 0, where no training overlaps a rollout): the
+GPUs left are the first step's trainer, so where no move pays the run is that fixed split. Then at each
+decision point it does one thing:
 
 1. A batch is ready (the first one too). For each trainer size the free GPUs plus the first k engines of the drain order
    allow (fewest live executions first; at least one engine stays; at least the memory minimum), predict
@@ -44,11 +44,13 @@ does one thing:
    bound lets in next) take engine slots as they free, each taking what finished executions took,
    scaled by the estimate's step time at the load that many engines carry; the GPUs left free train the
    next steps; the count whose last pending group is trained soonest wins (ties: fewer). With no engine
-   ready, every freed GPU starts one; the GPUs left free are the trainer's (never lent, 3.). Engines serving old weights sync; the started ones join the pool
+   ready, every freed GPU starts one; at eta 0 and for single-turn rollouts the GPUs left free are the
+   trainer's (not lent, 3.). Engines serving old weights sync; the started ones join the pool
    once they serve, and the next step does not wait for them. While they start, a ready engine is handed
    at most an even share of the work over the ready and starting engines (policies.elastic_pool).
 3. An execution finishes or the pool changes, with no batch ready. Free GPUs beyond those kept for the
-   trainer (the start's split, then what 2. leaves) start engines if executions wait for room, and executions queued on one engine move to engines with room. An engine whose live
+   trainer (the start's split, then what 2. leaves where it keeps them) start engines if executions wait
+   for room, and executions queued on one engine move to engines with room. An engine whose live
    executions have fallen below `load_share` of the most it held, while nothing waits for room, is
    drained if every one of its executions fits elsewhere and the drain frees it sooner than their
    finishes would (a single-turn rollout reaches no boundary: draining it frees nothing sooner and would
