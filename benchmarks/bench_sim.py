@@ -4,21 +4,39 @@ Prints wall seconds, CPU seconds, events, events/s and simulated-time / wall-tim
 then (unless --headline-only) (a) wall time as the cluster grows from 64 to 4,096 GPUs with executions per GPU held fixed, and
 (b) wall time for 70K / 700K / 7M tokens per rollout with the turn count held fixed: cost must follow
 executions and events, not tokens. Run: `.venv/bin/python benchmarks/bench_sim.py [--quick]`.
+
+`--vs REV` times this checkout's simulator against commit REV's instead, side by side in one run: REV is
+checked out with `git worktree add` (kept in /tmp for the next run), and every measurement is a subprocess
+running one tree's code (benchmarks/behaviour_hashes.py's `use_tree`) on the headline workload, old and new
+alternating per policy and repeat. It prints each pair's wall seconds, events, events/s and the ratio, the
+medians over repeats, the load average, and whether the two trees' event logs are identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
+import subprocess
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 
-from gyre.config import override
-from gyre.presets import MODELS, get_preset
-from gyre.sim.runner import simulate
-from gyre.workload import LogNormal
+HERE = Path(__file__).resolve().parent
+if __name__ == "__main__" and "--root" in sys.argv:  # --one on another checkout: its packages, before gyre's
+    sys.path.insert(0, str(HERE))
+    from behaviour_hashes import use_tree
+
+    use_tree(Path(sys.argv[sys.argv.index("--root") + 1]))
+
+from gyre.config import override  # noqa: E402
+from gyre.presets import MODELS, get_preset  # noqa: E402
+from gyre.sim.runner import simulate  # noqa: E402
+from gyre.workload import LogNormal  # noqa: E402
 
 
 def measure(cfg, policy: str, params: dict | None = None) -> dict:
@@ -34,16 +52,94 @@ def measure(cfg, policy: str, params: dict | None = None) -> dict:
     }
 
 
+def one(policy: str, steps: int) -> dict:
+    """One headline run in this process (--one): its timing, event count and the sha256 of its event log."""
+    params = {"eta": 2} if policy != "colocate" else {}
+    c0 = time.process_time()
+    r = simulate(override(get_preset("xlong-swe"), steps=steps), policy, params)
+    cpu = time.process_time() - c0
+    import gyre
+
+    compiled = getattr(getattr(gyre, "compiled", None), "active", list)()
+    log = hashlib.sha256("\n".join(repr(rec) for rec in r.log).encode()).hexdigest()
+    return {"wall_s": r.wall_s, "cpu_s": cpu, "events": r.events, "log_sha": log, "compiled": len(compiled)}
+
+
+def tree_for(rev: str) -> Path:
+    """A checkout of `rev` (a git worktree in /tmp, made once)."""
+    repo = HERE.parent
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=repo, capture_output=True, text=True, check=True)
+    path = Path(f"/tmp/gyre-bench-{sha.stdout.strip()}")
+    if not (path / "gyre" / "__init__.py").exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=repo, check=True,
+                       capture_output=True)
+    return path
+
+
+def run_tree(root: Path | None, policy: str, steps: int) -> dict:
+    cmd = [sys.executable, str(HERE / "bench_sim.py"), "--one", policy, "--steps", str(steps)]
+    if root is not None:
+        cmd += ["--root", str(root)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def versus(rev: str, policies: list[str], steps: int, repeats: int) -> None:
+    """This checkout against `rev`, alternating old and new, each run in its own process."""
+    old_root = tree_for(rev)
+    load0 = os.getloadavg()
+    print(f"xlong-swe, 1,024 GPUs x {steps} steps; old = {rev} ({old_root}), new = {HERE.parent}; "
+          f"load average {load0[0]:.1f} / {load0[1]:.1f} / {load0[2]:.1f} (1 / 5 / 15 min), {os.cpu_count()} CPUs",
+          flush=True)
+    rows = []
+    for rep in range(repeats):
+        for pol in policies:
+            old = run_tree(old_root, pol, steps)
+            new = run_tree(None, pol, steps)
+            row = {"policy": pol, "repeat": rep, "old_wall_s": old["wall_s"], "new_wall_s": new["wall_s"],
+                   "old_cpu_s": old["cpu_s"], "new_cpu_s": new["cpu_s"], "events": new["events"],
+                   "old_events_per_s": old["events"] / old["wall_s"], "new_events_per_s": new["events"] / new["wall_s"],
+                   "ratio_wall": old["wall_s"] / new["wall_s"], "ratio_cpu": old["cpu_s"] / new["cpu_s"],
+                   "same_events": old["events"] == new["events"], "same_log": old["log_sha"] == new["log_sha"],
+                   "new_compiled_modules": new["compiled"], "new_log_sha": new["log_sha"][:12],
+                   "load_1min": os.getloadavg()[0]}
+            rows.append(row)
+            print(pd.DataFrame([row]).to_string(index=False, float_format=lambda x: f"{x:,.2f}"), flush=True)
+    df = pd.DataFrame(rows)
+    med = df.groupby("policy", sort=False).agg(
+        old_wall_s=("old_wall_s", "median"), new_wall_s=("new_wall_s", "median"), events=("events", "first"),
+        old_events_per_s=("old_events_per_s", "median"), new_events_per_s=("new_events_per_s", "median"),
+        ratio_wall=("ratio_wall", "median"), ratio_cpu=("ratio_cpu", "median"), same_log=("same_log", "all"))
+    print(f"\n== medians over {repeats} repeat(s); load average now {os.getloadavg()[0]:.1f} ==")
+    print(med.to_string(float_format=lambda x: f"{x:,.2f}"))
+    tot_old, tot_new = df["old_wall_s"].sum(), df["new_wall_s"].sum()
+    print(f"all runs: old {tot_old:,.1f} s, new {tot_new:,.1f} s, ratio {tot_old / tot_new:.2f}x; "
+          f"event logs identical: {bool(df['same_log'].all())}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer steps (for a smoke run)")
     ap.add_argument("--policies", default="colocate,async,elastic")
     ap.add_argument("--skip-headline", action="store_true", help="only the scaling tables")
     ap.add_argument("--headline-only", action="store_true", help="only the headline run, no scaling tables")
+    ap.add_argument("--vs", metavar="REV", help="time this checkout against commit REV, side by side")
+    ap.add_argument("--repeats", type=int, default=1, help="with --vs: old/new pairs per policy")
+    ap.add_argument("--steps", type=int, help="with --vs or --one: steps (default 48; --quick 6)")
+    ap.add_argument("--one", metavar="POLICY", help=argparse.SUPPRESS)  # one run, JSON out (--vs's subprocess)
+    ap.add_argument("--root", type=Path, help=argparse.SUPPRESS)  # with --one: that checkout's code
     args = ap.parse_args()
+    steps = args.steps or (6 if args.quick else 48)
+    if args.one:
+        print(json.dumps(one(args.one, steps)))
+        return
+    if args.vs:
+        versus(args.vs, [p for p in args.policies.split(",") if p], steps, args.repeats)
+        return
     pd.set_option("display.width", 200)
     base = get_preset("xlong-swe")
-    steps = 6 if args.quick else 48
     from gyre.policies import REGISTRY
 
     rows = []

@@ -5,7 +5,12 @@ staleness <= eta). The controller observes the engines' load, the live execution
 finished executions showed (their segments, seconds per segment and durations: policies.elastic_history) and
 the cluster's cost estimate (gyre.estimate: a training step's seconds on g GPUs, an engine's decode
 throughput at n sequences, KV capacity, engine size, the trainer's memory minimum). It never sees a
-future length. At the start every GPU runs an engine; then at each decision point it does one thing:
+future length. At the start every GPU starts an engine; with `start_split`, before anything is admitted,
+all but the fixed split the estimate balances stop (policies.elastic_plan.initial_engines: the engine
+count whose decode rate at the admission limit, contexts filling `kv_fill` of the KV, and the rest's
+training rate are most nearly matched; every engine at eta 0, where no training overlaps a rollout): the
+GPUs left are the first step's trainer, so where no move pays the run is that fixed split. Then at each
+decision point it does one thing:
 
 1. A batch is ready (the first one too). For each trainer size the free GPUs plus the first k engines of the drain order
    allow (fewest live executions first; at least one engine stays; at least the memory minimum), predict
@@ -29,7 +34,9 @@ future length. At the start every GPU runs an engine; then at each decision poin
    and, among the sizes whose plan parks no execution past the deadline it would meet unparked (if any
    size's does not) and expected to cut at most `cut_share` of a step's executions more than the
    least-cutting one (a cut is lost work, never a speed-up), train on the one that trains that last
-   group soonest (ties: the sooner step end, then the larger trainer). Its engines are drained: executions
+   group soonest (ties: the sooner step end, then the larger trainer); the drained engines restart for the
+   rollout after the step, so each later batch a candidate trains on its GPUs pays its switch again (the
+   migrants' wait and the engines' stop). Its engines are drained: executions
    migrate at their next tool-call boundary, never aborted; those with no room are parked there and
    resumed where room frees (policies.admit_queue).
 2. A step ends. The number of engines to start on the freed GPUs is predicted the same way
@@ -37,11 +44,13 @@ future length. At the start every GPU runs an engine; then at each decision poin
    bound lets in next) take engine slots as they free, each taking what finished executions took,
    scaled by the estimate's step time at the load that many engines carry; the GPUs left free train the
    next steps; the count whose last pending group is trained soonest wins (ties: fewer). With no engine
-   ready, every freed GPU starts one. Engines serving old weights sync; the started ones join the pool
+   ready, every freed GPU starts one; at eta 0 and for single-turn rollouts the GPUs left free are the
+   trainer's (not lent, 3.). Engines serving old weights sync; the started ones join the pool
    once they serve, and the next step does not wait for them. While they start, a ready engine is handed
    at most an even share of the work over the ready and starting engines (policies.elastic_pool).
-3. An execution finishes or the pool changes, with no batch ready. Free GPUs start engines if executions
-   wait for room, and executions queued on one engine move to engines with room. An engine whose live
+3. An execution finishes or the pool changes, with no batch ready. Free GPUs beyond those kept for the
+   trainer (the start's split, then what 2. leaves where it keeps them) start engines if executions wait
+   for room, and executions queued on one engine move to engines with room. An engine whose live
    executions have fallen below `load_share` of the most it held, while nothing waits for room, is
    drained if every one of its executions fits elsewhere and the drain frees it sooner than their
    finishes would (a single-turn rollout reaches no boundary: draining it frees nothing sooner and would
@@ -70,7 +79,8 @@ from gyre.handles import Handle, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
 from gyre.policies.elastic_history import History, Records, drawn_remaining_s
-from gyre.policies.elastic_plan import Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate, plan_drain, remaining_s
+from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate,
+                                       initial_engines, plan_drain, remaining_s)
 from gyre.policies.elastic_pool import EnginePool, deadline_cap
 
 
@@ -92,6 +102,11 @@ class ElasticConfig(ForesightParams):
     # a trainer size may be expected to cut this share of a step's executions more than the least-cutting
     # size: equal work allows 1% of a run's executions (DESIGN.md), one decision per step spends 1% of a step's
     cut_share: float = 0.01
+    # start on the fixed split the estimate balances (`initial_engines`), its trainer GPUs kept free: it
+    # saves the first batch's drain, which waits whole rollouts where they are single-turn (short-math), but
+    # idles the trainer's GPUs for the whole first rollout, which costs the multi-turn xlong-swe-kv more
+    # (its engines' step grows with batch); which one a workload is is unknown before anything finishes
+    start_split: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -142,7 +157,17 @@ class Elastic:
         self.gathering = False  # a batch's GPUs are being gathered
         order = OrderedAdmission(cluster, steps, self.config)
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order, on_finish=self._finished)
-        yield from self.pool.grow(sync=False)  # rollout has the whole pool until there is something to train
+        yield from self.pool.grow(sync=False)  # every GPU starts an engine; the split's surplus stops at once
+        limit = max((e.admit_limit for e in self.pool.ready()), default=1)
+        # an engine at its admission limit: its contexts fit its KV at their largest and about double over
+        # their lives, so on average they fill `kv_fill` of it
+        ctx = self.config.kv_fill * self.est.kv_capacity
+        split = n // per
+        if self.config.start_split:
+            split = initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
+                                    step_s=self.est.step_s, train_s_per_token_gpu=self.est.train_s_per_token_gpu)
+        stopped = self.pool.keep(split)
+        self.pool.reserve = len(cluster.free_gpus()) + stopped  # the first step's trainer: never lent
         yield from train_loop(cluster, steps, batcher, self.pool.queue, engines=self.pool.ready, gather=self._gather,
                               after_step=self._after_step, wait=self._react, label="elastic-producer")
         order.report()
@@ -302,8 +327,19 @@ class Elastic:
 
     # ------------------------------------------------------------------ 2. a step ends
     def _after_step(self):
+        self.pool.reserve = 0
         if self.cluster.version < self.steps:
-            self.pool.start(self._engines_to_start())  # the next step need not wait for them
+            k = self._engines_to_start()
+            # the GPUs choose_grow leaves free train the next step, and are kept free (not lent) where its
+            # prediction covers what lending would serve or a drain could not return them soon: at eta 0 (every
+            # group admitted is in the next batch, which its prediction covers whole) and for single-turn
+            # rollouts (no finished execution ran more than one segment: lent to them, the GPUs come back only
+            # when they finish). Elsewhere executions waiting for room are lent them (a drain returns them
+            # within a segment)
+            segs = self.records.segs
+            keep = self.eta == 0 or (bool(segs) and max(segs) <= 1)
+            self.pool.reserve = len(self.cluster.free_gpus()) - k * self.cluster.gpus_per_engine if keep else 0
+            self.pool.start(k)  # the next step need not wait for them
             yield from self.pool.grow(sync=True, engines=0)
 
     def _engines_to_start(self) -> int:

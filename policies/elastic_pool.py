@@ -36,6 +36,7 @@ class EnginePool:
         self.load = Signal()  # an execution finished, or the pool changed
         self.starting = 0  # engines started and not yet serving
         self.cap: Callable[[EngineView], int] | None = None  # the controller's own per-engine cap, if any
+        self.reserve = 0  # free GPUs kept for the trainer: never lent to executions waiting for room
         self.queue = AdmissionQueue(cluster, self.ready, limit=self.limit)
 
     def drain_room(self, e: EngineView) -> int:
@@ -85,6 +86,20 @@ class EnginePool:
             return
         done = yield all_of(waits)
         self._joined(done[:n])
+
+    def keep(self, engines: int) -> int:
+        """Stop all but the first `engines` of the ready engines that hold no execution (the split's surplus,
+        before anything is admitted), without waiting for them (admission need not wait for their sleep).
+        Returns the GPUs they free."""
+        ready = self.ready()
+        surplus = [e for e in ready if not e.n_live and not e.n_queued][: max(0, len(ready) - engines)]
+        if surplus:
+            ids = {e.id for e in surplus}
+            self.engines = [e for e in self.engines if e.id not in ids]
+            self.cluster.note("elastic_split", engines=len(self.engines), stopped=len(surplus))
+            for e in surplus:
+                self.cluster.stop_engine(e)
+        return sum(len(e.gpus) for e in surplus)
 
     def start(self, engines: int) -> None:
         """Start `engines` engines on the free GPUs now, without waiting for them: they join the pool once
@@ -138,15 +153,16 @@ class EnginePool:
         if not self.idle or len(ready) != len(self.engines) or batch_waiting:
             return
         if self.waiting_for_room():
-            if len(self.cluster.free_gpus()) >= self.cluster.gpus_per_engine:
-                self.draining = self.cluster.spawn(self._lend(), "elastic-grow")
+            lendable = (len(self.cluster.free_gpus()) - self.reserve) // self.cluster.gpus_per_engine
+            if lendable > 0:
+                self.draining = self.cluster.spawn(self._lend(lendable), "elastic-grow")
             else:
                 self.rebalance(ready)
         else:
             self.consolidate(ready, predict)
 
-    def _lend(self):
-        yield from self.grow(sync=False)
+    def _lend(self, engines: int):
+        yield from self.grow(sync=False, engines=engines)
         self.rebalance(self.ready())
         self.draining = None
         self.load.fire()

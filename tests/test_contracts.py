@@ -68,7 +68,7 @@ def static_problems(cls: type, proto, instance=None) -> list[str]:
                     _norm(_ann(got.fget, "return")) != _norm(_ann(want.fget, "return")):
                 bad.append(f"{where}: returns {_ann(got.fget, 'return')}, the Protocol {_ann(want.fget, 'return')}")
         else:
-            if not inspect.isfunction(got):
+            if not inspect.isroutine(got):  # a function, or a compiled one (gyre.compiled)
                 bad.append(f"{where}: not a method")
                 continue
             ps, pw = inspect.signature(got).parameters, inspect.signature(want).parameters

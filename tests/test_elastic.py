@@ -15,6 +15,7 @@ from gyre.config import override
 from gyre.hardware import Costs
 from gyre.policies.elastic import Elastic
 from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, assign_targets, boundary_wait_s, choose,
+                                       initial_engines,
                                         batch_ready_times, choose_grow, evaluate, frees_sooner, last_batch_end, plan_drain,
                                         remaining_s, run_queue)
 from gyre.presets import get_preset
@@ -158,8 +159,9 @@ def test_evaluate_exact_case():
     # engine 0 goes from 2 to 3 sequences: step 1.2 s -> 1.3 s; its executions' remaining times stretch
     assert cand.next_ready == pytest.approx(100.0 + 12.0 * 1.3 / 1.2), "group 10 ends first"
     # the migrant came from an engine of 1 sequence (1.1 s) to one of 3 (1.3 s): 107.09; group 11 ends with
-    # exec 2 at 132.5; batches of one group: max(125, 113) + 20 = 145, then max(145, 132.5) + 20 = 165
-    assert cand.last_end == pytest.approx(165.0), "two batches of one group after the step"
+    # exec 2 at 132.5; batches of one group, each trained after draining engine 1 again (its 4 s wait and
+    # 1 s stop before 20 s of training): max(125, 113) + 25 = 150, then max(150, 132.5) + 25 = 175
+    assert cand.last_end == pytest.approx(175.0), "two batches of one group after the step, each re-drained"
     assert cand.cuts == 0, "no deadline"
     late = Ex(2, 0, 10, deadline_at=131.0)  # would finish at 130, stretched past 131
     cut = evaluate(plan, gpus=1, now=100.0, train_s=20.0, finish={1: 112.0, 2: 130.0, 3: 106.0},
@@ -236,8 +238,68 @@ def _decisions(c):
     return out
 
 
+def test_initial_engines_balances_decode_and_training():
+    """The start's split: the engine count whose decode rate and the rest's training rate are most nearly
+    matched; every GPU an engine at eta 0."""
+    kw = dict(n_gpus=10, per=2, min_train=2, limit=4, ctx=0.0, step_s=lambda n, ctx: 0.5 + 0.1 * n)
+    # an engine decodes 4 / 0.9 = 4.44 tokens/s; a GPU trains 2: e engines give min(4.44 e, 2 (10 - 2 e)),
+    # 4.44 / 8.89 / 8 / 4 at e = 1..4 (e = 4 leaves the 2-GPU minimum)
+    assert initial_engines(eta=1, train_s_per_token_gpu=0.5, **kw) == 2, "the slower rate is highest at e = 2"
+    assert initial_engines(eta=1, train_s_per_token_gpu=0.01, **kw) == 4, "fast training: the most engines"
+    assert initial_engines(eta=1, train_s_per_token_gpu=100.0, **kw) == 1, "slow training: the fewest"
+    assert initial_engines(eta=0, train_s_per_token_gpu=0.5, **kw) == 5, "eta 0: every GPU an engine"
+
+
 def test_trainer_bound_timeline():
-    """Short rollouts (5 and 7 one-token steps), slow training (1 s per token on one GPU): the first step
+    """Short rollouts (5 and 7 one-token steps), slow training (1 s per token on one GPU): the start keeps
+    one engine and three GPUs for the trainer, on which every step trains with no drain.
+
+    By hand: engines up at 1; one engine decodes its admission limit of 5 sequences at 5 tokens/s and one
+    GPU trains 1 token/s, so one engine (5 against 3 tokens/s) beats two (10 against 2): engines 1-3 stop
+    at 1. Groups 0 and 1 (eta 1) share engine 0 and end at 1 + 7 = 8; step 1 trains 112 tokens on the three
+    free GPUs after a 1 s onload: 8 + 1 + 112 / 3 = 46.33; group 1 ended at 8 too, so step 2 follows at
+    once (no onload: the GPUs kept the trainer's state), and group 2, admitted at 46.33, is done before step
+    2 ends, so step 3 follows at once too."""
+    gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(2 * i, i, [5]), _spec(2 * i + 1, i, [7])])
+          for i in range(3)]
+    c = _cluster(gs, 1.0)
+    c.run(Elastic(eta=1, start_split=True), 3)
+    t1 = 8 + 1 + 112 / 3
+    got = _decisions(c)
+    split = [r[3] for r in c.log if r[0] == "note" and r[2] == "elastic_split"]
+    assert split == [{"engines": 1, "stopped": 3}], f"the split keeps one engine {split}"
+    assert got[:3] == [("grow", 0, 4), ("train", 8.0, 3), ("step", round(t1, 4), 3)], got
+    steps = [d for d in got if d[0] == "step"]
+    assert steps == [("step", round(t1, 4), 3), ("step", round(t1 + 112 / 3, 4), 3),
+                     ("step", round(t1 + 224 / 3, 4), 3)], steps
+    assert not [d for d in got if d[0].startswith("drain") or (d[0] == "grow" and d[1] > 0)], \
+        f"no drain and no engine restarts: the split needs none {got}"
+
+
+def test_rollout_bound_timeline():
+    """Long rollouts (3 segments with 3 s tool calls, 6 per group), fast training (1 ms per token): the start
+    keeps three engines and one GPU; the first two steps train on that GPU and the engine the tail empties.
+
+    By hand: engines up at 1; (start_split) three engines (the most beside a trainer of one) decode 15 tokens/s, far
+    below a GPU's 1,000 trained: engine 3 stops at 1. A rollout takes 4 + 3 + 4 + 3 + 4 = 18 steps of 1 s:
+    groups 0 and 1 (admitted together) end at 19; engine 1 holds none of group 1 and is consolidated (sleep
+    1 s, to 20); step 1 trains 292 tokens on its GPU and the free one after a 1 s onload: 20 + 1 + 0.146 =
+    21.146, step 2 at once on the same GPUs: 21.292. Group 2 (admitted after step 1) ends at 39.146 on
+    engine 2, which is consolidated (to 40.146); the last step, no rollout left, trains on the three free
+    GPUs: 40.146 + 1 + 0.0973 = 41.243."""
+    gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(10 * i + j, i, [4, 4, 4], [3.0, 3.0], [10, 10])
+                                                              for j in range(6)]) for i in range(3)]
+    c = _cluster(gs, 0.001)
+    c.run(Elastic(eta=1, start_split=True), 3)
+    got = _decisions(c)
+    assert got == [("grow", 0, 4), ("drain:consolidate", 19.0, (1,)), ("train", 20.0, 2), ("step", 21.146, 2),
+                   ("train", 21.146, 2), ("step", 21.292, 2), ("drain:consolidate", 39.146, (2,)),
+                   ("train", 40.146, 3), ("step", 41.2433, 3)], got
+
+
+def test_trainer_bound_timeline_every_engine_at_start():
+    """Without start_split (every GPU an engine at the start), short rollouts (5 and 7 one-token steps), slow
+    training (1 s per token on one GPU): the first step
     and every later one train on the largest trainer (3 GPUs), whose GPUs then stay free.
 
     By hand: engines up at 1 (wake 1 s); group 0 ends at 1 + 7 = 8 (engine 0 emptied at 6 and is
@@ -259,8 +321,9 @@ def test_trainer_bound_timeline():
     assert not [d for d in got if d[0] == "grow" and d[1] > 0], f"no engine restarts: the rollout needs none {got}"
 
 
-def test_rollout_bound_timeline():
-    """Long rollouts (3 segments with 3 s tool calls, 6 per group), fast training (1 ms per token): the
+def test_rollout_bound_timeline_every_engine_at_start():
+    """Without start_split, long rollouts (3 segments with 3 s tool calls, 6 per group), fast training (1 ms per
+    token): the
     first step trains on one GPU beside three engines, as does the next.
 
     By hand: engines up at 1; a rollout takes 4 + 3 + 4 + 3 + 4 = 18 steps of 1 s: group 0 (and group 1,
@@ -344,8 +407,9 @@ def test_properties_over_seeds(seed, preset, eta, monkeypatch):
 
 
 def test_elastic_moves_gpus_and_migrates():
-    """GPUs hold both roles during a run, reallocations and migrations are counted."""
-    r = simulate(_scarce(1), "elastic", {"eta": 1}, check=True)
+    """GPUs hold both roles during a run, reallocations and migrations are counted (a seed whose drains move
+    executions: the start's split leaves most seeds none to move)."""
+    r = simulate(_scarce(2), "elastic", {"eta": 4}, check=True)
     s = r.metrics.summary()
     roles = {rec[3] for rec in r.log if rec[0] == "role"}
     assert {int(Role.ROLLOUT), int(Role.TRAIN)} <= roles, f"roles seen: {roles}"
