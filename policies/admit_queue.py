@@ -44,14 +44,10 @@ class AdmissionQueue:
     """Executions waiting for room on an engine, admitted as room frees."""
 
     def __init__(self, cluster: Cluster, engines: Sequence[EngineView] | Callable[[], Sequence[EngineView]],
-                 cap: int | None = None, limit: Callable[[EngineView], int] | None = None) -> None:
+                 limit: Callable[[EngineView], int] | None = None) -> None:
         """`engines`: the engines to admit to, or a function returning them now (a pool that changes);
-        `cap`: a policy's own fixed per-engine limit on executions held, below the engine's `admit_limit`;
-        `limit(e)`: a policy's own cap for engine `e` now (elastic's deadline cap), within both."""
-        if cap is not None and cap < 1:
-            raise ValueError(f"an admission cap must be >= 1, got {cap}")
+        `limit(e)`: the policy's own cap on the executions `e` holds, within its `admit_limit` (default: that)."""
         self.cluster = cluster
-        self.cap = cap
         self.limit = limit
         self._engines = engines if callable(engines) else (lambda: engines)
         self.waiting: deque[tuple[ExecutionView, Handle]] = deque()  # unstarted, in submission order
@@ -84,9 +80,7 @@ class AdmissionQueue:
 
     def room(self, e: EngineView) -> int:
         """Executions `e` may still be handed."""
-        limit = e.admit_limit if self.cap is None else min(e.admit_limit, self.cap)
-        if self.limit is not None:
-            limit = min(limit, self.limit(e))
+        limit = e.admit_limit if self.limit is None else min(e.admit_limit, self.limit(e))
         return limit - e.n_live - self.incoming.get(e.id, 0)
 
     def move(self, x: ExecutionView, target: EngineView) -> Handle:

@@ -100,7 +100,8 @@ class AsyncSplit:
         trainer = list(range(r, cluster.n_gpus))
         order = OrderedAdmission(cluster, steps, self.config)
         batcher = Batcher(cluster, steps, self.eta, order)
-        queue = AdmissionQueue(cluster, engines, cap=self.config.max_running)
+        cap = self.config.max_running
+        queue = AdmissionQueue(cluster, engines, limit=None if cap is None else (lambda e: cap))
 
         def gather(_batch):
             return trainer
