@@ -31,6 +31,7 @@ from gyre.handles import Handle, Process
 from gyre.hardware import Costs, group_train_attention_ctx
 from gyre.backend import PARK, READY, STOPPING, ClusterBase
 from gyre.pool import TRAINER
+from gyre.sim import engine_moves as moves
 from gyre.sim.engine import SimEngine
 from gyre.sim.execution import SimExecution, SimGroup
 from gyre.sim.faults import SimFaults
@@ -130,7 +131,7 @@ class SimCluster(ClusterBase):
     def _do_migrate(self, ex: SimExecution, t: float) -> None:
         src, dst, h = ex.engine, ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
-        kv = src.remove(ex)  # the KV it held there, now freed
+        kv = moves.remove(src, ex)  # the KV it held there, now freed
         if dst is PARK:  # off every engine, KV freed; a running tool call keeps its return time (ready_at)
             ex.phase = Phase.PARKED
             self._log(("park", t, ex.id, src.id))
@@ -140,7 +141,7 @@ class SimCluster(ClusterBase):
         if transfer:  # the KV (and a hybrid model's state) travels; its context arrives resident if it fits there
             moved = (kv + self.costs.state_tokens) * self.costs.kv_transfer_s_per_token
             ex.ready_at = max(ex.ready_at if ex.ready_at is not None else t, t + moved)
-        dst.add_migrated(ex, t, kv if transfer else 0)
+        moves.add_migrated(dst, ex, t, kv if transfer else 0)
         self._log(("migrate", t, ex.id, src.id, dst.id))
         self._deferred.append((h, True))
 
@@ -148,7 +149,7 @@ class SimCluster(ClusterBase):
         t = self.now
         if ex.ready_at is not None and ex.ready_at <= t:  # its tool call returned while parked: it waits to run
             ex.ready_at = None
-        engine.add_migrated(ex, t)
+        moves.add_migrated(engine, ex, t)
 
     def _switch_in_s(self, gpus: Sequence[int], to: str) -> float:
         c = self.costs
@@ -210,7 +211,7 @@ class SimCluster(ClusterBase):
                               f"{self.costs.kv_capacity_tokens:,} KV tokens (a larger model parallelism or GPU is needed)")
         t = self.env._now
         self.log.append(("admit", t, ex.id, eng.id))
-        eng.admit(ex, t)
+        moves.admit(eng, ex, t)
         return ex.handle
 
     def train(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
@@ -256,14 +257,14 @@ class SimCluster(ClusterBase):
         if self._faults is not None and self._faults.faulty_sync(todo, v, h):
             return h
         for e in todo:
-            e.pause(self.now)
+            moves.pause(e, self.now)
         t0 = self.now
 
         def done() -> None:
             for e in todo:
                 if self._faults is not None and self._faults.lost(e, t0):
                     continue  # killed meanwhile: it restarts with the latest weights
-                e.resume(self.now, v)
+                moves.resume(e, self.now, v)
                 self._log(("sync", self.now, e.id, v))
             h.succeed(None)
 
@@ -348,7 +349,7 @@ class SimCluster(ClusterBase):
                 assert self.gpu_pool.owner[g] == e.id, f"GPU {g} owner {self.gpu_pool.owner[g]} != engine {e.id}"
             books = e.kv
             assert books.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
-            assert books.n_dec == e.batch_size(), "heap size != decoding count"
+            assert books.n_dec == len(e.batch), "heap size != decoding count"
             assert books.n_dec + len(e.prefill) <= (self.costs.max_num_seqs or books.n_dec + len(e.prefill)), \
                 f"engine {e.id} runs {books.n_dec + len(e.prefill)} > max_num_seqs {self.costs.max_num_seqs}"
             assert books.mem_fixed >= -1e-6, f"engine {e.id} negative memory"

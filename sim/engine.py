@@ -1,48 +1,33 @@
 """A fluid model of one inference engine (vLLM-like continuous batching, chunked prefill) on k GPUs.
 
-Every decoding sequence advances one token per engine step, so all of them share one virtual token
-clock V (tokens per sequence since the engine started). A step processes the n decodes and, within
-the token budget `max_batched_tokens`, a chunk of the prefill queue (m = min(budget - n, pending)
-tokens at the head's offset); it takes `Costs.step_time(n, K, m, offset)` seconds (gyre.roofline),
-so prefill slows the decodes it shares a step with. Between changes of membership the step time is
-held constant (the fluid model: K and the head's offset are sampled at events): V advances at
-1 / step time and the prefill queue drains, head first, at m / step time tokens per second. Events
-happen only when a segment ends, a tool returns, a prefill finishes, an execution is admitted,
-migrated or preempted, KV fills, or weights sync; cost grows with executions and turns, never tokens.
+Every decoding sequence advances one token per engine step, so all share one virtual token clock V. A step
+processes the n decodes and, within the token budget `max_batched_tokens`, a chunk of the prefill queue
+(m = min(budget - n, pending) tokens at the head's offset); it takes `Costs.step_time(n, K, m, offset)` seconds
+(gyre.roofline), so prefill slows the decodes it shares a step with. Between changes of membership the step
+time is held constant (the fluid model: K and the head's offset are sampled at events): V advances at 1 / step
+time and the prefill queue drains, head first, at m / step time tokens per second. Events happen only when a
+segment ends, a tool returns, a prefill finishes, an execution is admitted, migrated or preempted, KV fills, or
+weights sync; cost grows with executions and turns, never tokens.
 
-An execution on an engine is in one of four places: the wait queue (QUEUED), the prefill queue
-(PREFILL: its missing context is being computed), the decode batch (DECODE) or a tool call (TOOL, a
-timer). Its next turn's context is `ctx`; `resident` of it is in KV; the rest (the tool's output,
-or all of it after a preemption or a re-prefill migration) must be prefilled here before it decodes.
+An execution on an engine is in the wait queue (QUEUED), the prefill queue (PREFILL: its missing context is
+being computed), the decode batch (DECODE) or a tool call (TOOL, a timer). Its next turn's context is `ctx`;
+`resident` of it is in KV; the rest (the tool's output, or all of it after a preemption or a re-prefill
+migration) must be prefilled here before it decodes.
 
-KV memory is a hard limit: KV in use is the resident context of every member plus the growing
-contexts of the decodes, plus, for a hybrid linear-attention model, one fixed state (`Costs.state_tokens`,
-in KV-token units) per member that holds KV (decoding, or with a resident context: a cached context is
-resumable only with the state at its end), and never exceeds capacity. Leaving the wait queue (FIFO, head-of-line, as
-vLLM schedules) reserves the tokens it will prefill. When growth would fill the memory an event
-fires and the engine preempts, as vLLM does in recompute mode, the most recently admitted execution
-holding KV: its KV is freed, it goes to the front of the wait queue (a tool call keeps running) and
-later re-prefills its whole context; its generated tokens are kept. The context of an execution that
-is not running (in a tool call, or waiting) is a cache, like vLLM's prefix cache of a finished request:
-when the head of the wait queue does not fit, such contexts are evicted, newest first, if that makes
-room (each logged as a preemption, since it will be recomputed). At most `max_num_seqs` executions
-run (prefill queue plus decode batch), as in vLLM's scheduler: the wait queue's head starts only while
-fewer run, so a waiting execution starts when a running one leaves (its segment ends, it is preempted
-or dropped). Optional reservation mode admits an execution only if its largest context fits beside the
-others' and never preempts (one that already holds its reservation, back from a tool call, does not wait
-behind a head that cannot start). A context larger than the whole engine is a configuration error
-(SimCluster.admit). `admit_limit` (gyre.hardware.admission_limit of the KV capacity and the workload's
-`max_context`) is reported to policies, which hand the engine no more (policies.admit_queue). KV pressure
-(preemption, eviction) lives in gyre.sim.kv_pressure, and migrations, crashes and weight syncs in
-gyre.sim.engine_moves: both are mixins of SimEngine. The KV counters and each member's resident context are
-written only by the engine's KvLedger (`kv`, gyre.sim.kv_ledger), which all of them call; the engine's
-lifecycle and served version are gyre.backend.EngineLifecycle's.
+KV memory is a hard limit: KV in use is the resident context of every member plus the growing contexts of the
+decodes, plus, for a hybrid linear-attention model, one fixed state (`Costs.state_tokens`, in KV-token units)
+per member that holds KV (decoding, or with a resident context: a cached context is resumable only with the
+state at its end), and never exceeds capacity: when growth would fill it an event fires. The engine's parts:
+its KvPressure (`pressure`, gyre.sim.kv_pressure) decides who starts from the wait queue and whose KV goes
+when memory is short; its KvLedger (`kv`, gyre.sim.kv_ledger) alone writes the KV counters and each member's
+resident context; gyre.sim.engine_moves is what the cluster does to it from outside (admissions, migrations,
+a crash, a weight sync); gyre.backend.EngineLifecycle holds its state and served version. `admit_limit`
+(gyre.hardware.admission_limit of the KV capacity and the workload's `max_context`) is reported to policies,
+which hand the engine no more (policies.admit_queue); a larger context is an error (SimCluster.admit).
 
-Costs without a roofline use the linear step a + b n + c K + prefill_s_per_token m; a zero
-prefill_s_per_token makes prefill free (no prefill queue), as in hand-built test scenarios. A nonzero
-`Costs.request_s` (latency outside the engine, calibrated from a real run) delays each turn's request
-before it reaches the wait queue: on admission and after each tool call the execution waits that long
-as if in a tool call (a timer; it holds no KV beyond its resident context and uses no engine time).
+Costs without a roofline use the linear step a + b n + c K + prefill_s_per_token m (a zero prefill_s_per_token
+makes prefill free, as in hand-built scenarios). A nonzero `Costs.request_s` (latency outside the engine) delays
+each turn's request, on admission and after each tool call, as a timer (no KV beyond its resident context).
 """
 
 from __future__ import annotations
@@ -53,12 +38,11 @@ from collections import deque
 from heapq import heappush
 from typing import TYPE_CHECKING
 
-from gyre.backend import READY, EngineLifecycle
+from gyre.backend import EngineLifecycle
 from gyre.cluster import Phase
 from gyre.hardware import admission_limit
 from gyre.sim.kv_ledger import KvLedger
-from gyre.sim.engine_moves import EngineMoves
-from gyre.sim.kv_pressure import KvPressure
+from gyre.sim.kv_pressure import _FULL, KvPressure
 
 if TYPE_CHECKING:
     from gyre.sim.backend import SimCluster
@@ -66,18 +50,17 @@ if TYPE_CHECKING:
 
 _EPS = 1e-9
 _INF = float("inf")
-_FULL = 1.0 - 1e-9  # the KV-full event fires when use reaches this share of capacity
 _TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
 
 
-class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
+class SimEngine(EngineLifecycle):
     # slots: the wakeup reads and writes a few dozen attributes per event, and an instance dict of this many
     # keys would fall off CPython's fast attribute path
     __slots__ = (
-        "cluster", "id", "gpus", "costs", "members", "queue", "_heap", "_ready", "prefill", "kv", "_pf_due", "_adm",
-        "V", "t_last", "rate", "pf_rate", "paused", "epoch", "_free_prefill", "_budget", "_max_seqs", "_reserve",
-        "_kv_cap", "_full", "_req", "_schedule", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq",
-        "_dirty", "_st", "_limit",
+        "cluster", "id", "gpus", "costs", "members", "queue", "batch", "timers", "prefill", "kv", "pressure",
+        "_pf_due", "V", "t_last", "rate", "pf_rate", "paused", "epoch", "_budget", "_reserve",
+        "kv_capacity", "_full", "_req", "_schedule", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq",
+        "_dirty", "admit_limit", "_finish",
     )
 
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
@@ -88,39 +71,33 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
         c = self.costs = cluster.costs
         self.members: dict[int, SimExecution] = {}  # every execution it holds, any phase
         self.queue: deque[SimExecution] = deque()  # waiting for KV to start its prefill
-        self._heap: list[tuple[float, int, SimExecution]] = []  # decoding: (target V, seq, execution)
-        self._ready: list[tuple[float, int, SimExecution]] = []  # tool calls: (return time, seq, execution)
+        self.batch: list[tuple[float, int, SimExecution]] = []  # decoding, a heap: (target V, seq, execution)
+        self.timers: list[tuple[float, int, SimExecution]] = []  # tool calls, a heap: (return time, seq, execution)
         self.prefill: deque[SimExecution] = deque()  # prefill queue; ex.pf_left tokens still to compute
         self.kv = KvLedger(c.state_tokens)  # the KV counters (module docstring)
+        self.pressure = KvPressure(self)  # who starts, whose KV goes (module docstring)
         self._pf_due = _INF  # when the prefill head is planned to finish
-        self._adm: list[tuple[int, SimExecution]] = []  # (admission seq, execution), ascending; stale entries skipped
-        self.V = 0.0
-        self.t_last = 0.0
-        self.rate = 0.0  # dV/dt
-        self.pf_rate = 0.0  # prefill tokens per second
-        self.paused = False
+        self.V = self.t_last = self.rate = self.pf_rate = 0.0  # token clock, its time, dV/dt, prefill tokens/s
+        self.paused = self._dirty = False  # _dirty: a re-plan of the next wakeup is pending (touch)
         self.epoch = 0  # invalidates stale wakeups
-        self._dirty = False  # a re-plan of the next wakeup is pending (_touch)
-        self._free_prefill = c.roofline is None and c.prefill_s_per_token == 0
         self._budget = c.max_batched_tokens
-        self._max_seqs = c.max_num_seqs if c.max_num_seqs > 0 else _INF
         self._reserve = c.kv_reserve
-        self._kv_cap = c.kv_capacity_tokens
-        self._st = c.state_tokens  # a KV holder's linear-attention state, in KV tokens (0: none)
+        self.kv_capacity: int = c.kv_capacity_tokens  # EngineView
         self._full = c.kv_capacity_tokens * _FULL
         self._req = c.request_s
         self._schedule = cluster.schedule
+        self._finish = cluster.finish
         self._fire = self.fire
         self._log = cluster.log.append
-        self.kv_peak = 0.0
-        self.roof_s = 0.0  # integral of the roofline utilization (ideal / actual step time) over busy time
-        self._roof = 0.0  # that share in the current plan
+        # the largest KV use; the integral of the roofline utilization (ideal / actual step time) over busy
+        # time, and that share in the current plan
+        self.kv_peak = self.roof_s = self._roof = 0.0
         # (step time, its ideal part at hardware peak) of a step: the roofline's, or the linear form's (no ideal)
         self._step2 = c.roofline.stepper() if c.roofline is not None else (
             lambda n, k, m=0.0, p=0.0: (c.step_time(n, k, m, p), 0.0))
         self._seq = itertools.count()
-        self._limit = admission_limit(c.kv_capacity_tokens, cluster.source.config.max_context, c.admission_fill,
-                                      c.state_tokens)
+        self.admit_limit: int = admission_limit(c.kv_capacity_tokens, cluster.source.config.max_context,  # EngineView
+                                                c.admission_fill, c.state_tokens)
 
     # --- EngineView (version, ready: EngineLifecycle) ---
     @property
@@ -134,14 +111,6 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
     @property
     def n_queued(self) -> int:
         return len(self.queue)
-
-    @property
-    def kv_capacity(self) -> int:
-        return self._kv_cap
-
-    @property
-    def admit_limit(self) -> int:
-        return self._limit
 
     @property
     def kv_used(self) -> float:
@@ -159,18 +128,16 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
             self.roof_s += dt * self._roof
         self.t_last = t
 
-    def _used(self) -> float:
-        return self.kv.used(self.V)
-
-    def batch_size(self) -> int:
-        """Entries of its decode batch (the checked run compares it with its members' phases)."""
-        return len(self._heap)
-
     def replan_pending(self) -> None:
-        """Plan the next wakeup if a change asked for it (_touch) since the last plan (SimCluster runs this once
+        """Plan the next wakeup if a change asked for it (touch) since the last plan (SimCluster runs this once
         an event is fully processed)."""
         if self._dirty:
             self._reschedule()
+
+    def replan(self, t: float) -> None:
+        """Plan the next wakeup now, at t (after a weight load starts or ends, or a crash)."""
+        self.advance(t)
+        self._reschedule()
 
     def _reschedule(self) -> None:
         """Plan this engine's next wakeup: a segment end, a tool return, the prefill head's end or KV full."""
@@ -178,7 +145,7 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
         self.epoch = ep = self.epoch + 1
         kv = self.kv
         n = kv.n_dec
-        ready = self._ready
+        ready = self.timers
         wake = ready[0][0] if ready else _INF
         dec = kv.kv_dec_base + n * self.V  # decode context
         used = kv.mem_fixed + dec + (kv.st * kv.holders if kv.st else 0.0)
@@ -210,7 +177,7 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
             self._roof = ideal / step
             if n:
                 self.rate = 1.0 / step
-                dv = self._heap[0][0] - self.V
+                dv = self.batch[0][0] - self.V
                 t_dec = tl + dv * step if dv > 0.0 else tl
                 if t_dec < wake:
                     wake = t_dec
@@ -223,7 +190,7 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
         if wake < _INF:
             self._schedule(wake, self._fire, ep)
 
-    def _touch(self, t: float) -> None:
+    def touch(self, t: float) -> None:
         """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup, once,
         after the current event is fully processed (nothing changes in simulated time meanwhile)."""
         self.advance(t)
@@ -241,10 +208,10 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
         used = kv.used(V)
         if used > self.kv_peak:
             self.kv_peak = used
-        heap = self._heap
+        heap = self.batch
         limit = V + _EPS * (V if V > 1.0 else 1.0)
         if heap and heap[0][0] <= limit:
-            pop, push, ready, seq = heapq.heappop, heapq.heappush, self._ready, self._seq
+            pop, push, ready, seq = heapq.heappop, heapq.heappush, self.timers, self._seq
             while heap and heap[0][0] <= limit:
                 ex = pop(heap)[2]
                 kv.leave_decode(ex)
@@ -277,99 +244,34 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
                 ex = pf.popleft()
                 kv.unprefill(ex)
                 ex.phase = _QUEUED  # out of the prefill queue, not yet decoding
-                self._decode(ex, t)
+                self.decode(ex, t)
             if not pf:
                 kv.prefill_empty()
-        ready = self._ready
+        ready = self.timers
         if ready and ready[0][0] <= t:
             queue = self.queue
             while ready and ready[0][0] <= t:
                 ex = heapq.heappop(ready)[2]
                 ex.ready_at = None
                 if t >= ex.deadline_at:
-                    self._drop(ex)
-                    self.cluster.finish(ex, t, "deadline")
+                    self.drop(ex)
+                    self._finish(ex, t, "deadline")
                 else:
                     ex.phase = _QUEUED
                     queue.append(ex)
         n = kv.n_dec
         if n and not self._reserve and kv.used(self.V) + n > self._full:
-            self._make_room(t)
+            self.pressure.make_room(t)
         if self.queue:
-            self._drain_queue(t)
+            self.pressure.drain(t)
         self._reschedule()
 
-    # --- execution lifecycle on this engine ---
-    def admit(self, ex: SimExecution, t: float) -> None:
-        """A fresh execution (it holds no KV) joins: it waits for its first request (request_s), or for KV."""
-        self.advance(t)
-        ex.engine = self
-        ex.phase = _QUEUED
-        ex.ctx = ex.kv[0]
-        self.members[ex.id] = ex
-        if self._req:  # its first request is on its way to the engine
-            ex.phase = _TOOL
-            r = ex.ready_at = t + self._req
-            heapq.heappush(self._ready, (r, next(self._seq), ex))
-        else:
-            self.queue.append(ex)
-            self._drain_queue(t)
-        self._touch(t)
-
-    def _drain_queue(self, t: float) -> None:
-        """Start the prefill of waiting executions in order while their missing context fits (head-of-line)
-        and fewer than max_num_seqs run."""
-        queue = self.queue
-        if not queue or self.state is not READY:
-            return
-        reserve = self._reserve
-        kv = self.kv
-        while queue:
-            if kv.n_dec + len(self.prefill) >= self._max_seqs:
-                break
-            ex = queue[0]
-            need = ex.ctx - ex.resident
-            if reserve:
-                if not ex.reserved and kv.reserved + ex.max_ctx + self._st > self._full:
-                    # an execution behind it that holds a reservation needs no new memory: it goes first
-                    # (it may be what the head waits for)
-                    ex = next((x for x in queue if x.reserved), None)
-                    if ex is None:
-                        break
-                    need = ex.ctx - ex.resident
-            else:
-                n = kv.n_dec  # over = _used() + need (+ its state) + n + 1 - full, leaving a step of headroom
-                over = kv.used(self.V) + need + (self._st if ex.resident <= 0 else 0.0) + n + 1 - self._full
-                if over > 0:
-                    # the KV of executions that are not running (tool calls, waiting) is a cache: evict it,
-                    # newest first, if that makes room; otherwise wait for the running ones to free theirs
-                    if self._idle_kv(ex) < over:
-                        break
-                    self._evict_idle(over, ex, t)
-            if ex is queue[0]:
-                queue.popleft()
-            else:
-                queue.remove(ex)
-            if reserve and not ex.reserved:
-                kv.reserve(ex, ex.max_ctx + self._st)
-            if ex.started_at is None:
-                ex.started_at = t
-                ex.deadline_at = t + ex.spec.deadline_s
-                self._log(("start", t, ex.id, self.id))
-            self._admitted(ex)
-            kv.load(ex, need)
-            if need <= 0 or self._free_prefill:
-                self._decode(ex, t)
-            else:
-                ex.phase = _PREFILL
-                kv.queue_prefill(ex, need)
-                self.prefill.append(ex)
-
-    def _decode(self, ex: SimExecution, t: float) -> None:
+    # --- an execution's turns on this engine ---
+    def decode(self, ex: SimExecution, t: float) -> None:
         """Its context is all in KV: it joins the decode batch, unless its deadline has passed."""
         if t >= ex.deadline_at:
-            self._drop(ex)
-            self.cluster.finish(ex, t, "deadline")
+            self.drop(ex)
+            self._finish(ex, t, "deadline")
             return
         ex.phase = _DECODE
         V = self.V
@@ -380,7 +282,7 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
         if self.kv.n_dec == 0:
             self._log(("busy", t, self.id, 1))
         self.kv.join_decode(ex, V)
-        heappush(self._heap, (target, next(self._seq), ex))
+        heappush(self.batch, (target, next(self._seq), ex))
 
     def _segment_end(self, ex: SimExecution, t: float) -> None:
         """A decoded segment ends (ex already left the batch): finish, or start its tool call."""
@@ -394,9 +296,9 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
         ex.phase = _TOOL
         self.kv.cache(ex, ctx)
         if seg == ex.last or t >= ex.deadline_at:
-            self._drop(ex)
+            self.drop(ex)
             why = "capped" if seg == ex.last and ex.spec.capped else ("done" if seg == ex.last else "deadline")
-            self.cluster.finish(ex, t, why)
+            self._finish(ex, t, why)
             return
         nxt = ex.kv[seg + 1]
         if nxt < ctx:  # compaction, a retry or a sub-agent's return: the context is rebuilt smaller
@@ -404,32 +306,44 @@ class SimEngine(EngineLifecycle, KvPressure, EngineMoves):
         ex.ctx = nxt
         ex.seg = seg + 1
         r = ex.ready_at = t + ex.tool_s[seg] + self._req
-        heapq.heappush(self._ready, (r, next(self._seq), ex))
+        heapq.heappush(self.timers, (r, next(self._seq), ex))
         if ex.migrate_to is not None:
             self.cluster.migrate_at_boundary(ex, t)
 
     # --- leaving (finished, cut by its deadline, or moving away) ---
-    def _drop(self, ex: SimExecution) -> None:
+    def drop(self, ex: SimExecution) -> None:
         """Take ex (not decoding) off this engine and free its KV (and its reservation)."""
         del self.members[ex.id]
-        kv = self.kv
         ph = ex.phase
         if ph == _QUEUED:
             if ex in self.queue:
                 self.queue.remove(ex)
         elif ph == _PREFILL:
-            self._leave_prefill(ex)
-        kv.free(ex)
-        kv.unreserve(ex)
+            self.leave_prefill(ex)
+        self.kv.free(ex)
+        self.kv.unreserve(ex)
         ex.adm = -1
         ex.engine = None
 
-    def _leave_prefill(self, ex: SimExecution) -> None:
+    def leave_prefill(self, ex: SimExecution) -> None:
         """Take ex out of the prefill queue (not finished: it is dropped or preempted)."""
         self.prefill.remove(ex)
         self.kv.unprefill(ex)
         if not self.prefill:  # no float residue once the queue is empty
             self.kv.prefill_empty()
+
+    # --- the engine's places, for gyre.sim.engine_moves ---
+    def start_timer(self, ex: SimExecution, at: float) -> None:
+        """Its tool call (or request) returns at `at`."""
+        heapq.heappush(self.timers, (at, next(self._seq), ex))
+
+    def clear(self) -> None:
+        """Its process died: no members, nothing queued, decoding or in a tool call (their KV: KvLedger.wipe)."""
+        self.members, self.batch, self.timers = {}, [], []
+        self.queue.clear()
+        self.prefill.clear()
+        self.pressure.forget()
+        self.paused = False
 
     def __repr__(self) -> str:
         return f"<engine {self.id} {self.state.value} live={self.n_live} dec={self.kv.n_dec}>"

@@ -1,11 +1,12 @@
-"""Executions moving on and off a simulated engine, and the engine losing its process or its weights.
+"""What the cluster does to a simulated engine from outside its event loop: executions joining and leaving it,
+the engine losing its process or its weights.
 
-A mixin of SimEngine (gyre.sim.engine), kept apart from the engine's event loop: what the cluster does to
-an engine from outside (gyre.sim.backend): a migration takes a between-turns execution off one engine
-(`remove`) and gives it to another (`add_migrated`: its KV arrives resident if it was transferred and
-fits, otherwise it re-prefills there); a crash loses every member's unfinished segment (`wipe`); a
-weight sync pauses decoding and resumes it at the new version, crediting the tokens decoded so far
-to the old one.
+Plain functions over a gyre.sim.engine.SimEngine, through its public members and methods (its queues, its
+KvLedger `kv` for the books, its KvPressure `pressure` for who starts): an admission gives a fresh execution to
+an engine (`admit`); a migration takes a between-turns execution off one engine (`remove`) and gives it to
+another (`add_migrated`: its KV arrives resident if it was transferred and fits, otherwise it re-prefills there);
+a crash loses every member's unfinished segment (`wipe`); a weight sync pauses decoding and resumes it at the
+new version, crediting the tokens decoded so far to the old one (`pause`, `resume`).
 """
 
 from __future__ import annotations
@@ -16,96 +17,112 @@ from typing import TYPE_CHECKING
 from gyre.cluster import Phase
 
 if TYPE_CHECKING:
+    from gyre.sim.engine import SimEngine
     from gyre.sim.execution import SimExecution
 
 _TOOL, _DECODE, _QUEUED = Phase.TOOL, Phase.DECODE, Phase.QUEUED
 
 
-class EngineMoves:
-    """Needs from the engine: cluster, members, queue, prefill, _heap, _ready, _adm, _seq, V, kv (its KvLedger),
-    paused, _version, _full, _st, _log, advance(), _used(), _drop(), _admitted(), _drain_queue(), _touch(),
-    _reschedule()."""
+def admit(engine: SimEngine, ex: SimExecution, t: float) -> None:
+    """A fresh execution (it holds no KV) joins: it waits for its first request (request_s), or for KV."""
+    engine.advance(t)
+    ex.engine = engine
+    engine.members[ex.id] = ex
+    ex.ctx = ex.kv[0]
+    req = engine.costs.request_s
+    if req:  # its first request is on its way to the engine
+        ex.phase = _TOOL
+        ex.ready_at = t + req
+        engine.start_timer(ex, ex.ready_at)
+    else:
+        ex.phase = _QUEUED
+        engine.queue.append(ex)
+        engine.pressure.drain(t)
+    engine.touch(t)
 
-    __slots__ = ()
 
-    def remove(self, ex: SimExecution) -> int:
-        """Take a non-decoding execution off this engine (migration); a pending tool call leaves with it.
-        Returns the KV tokens it held here (now freed)."""
-        kv = ex.resident
-        self.advance(self.cluster.now)
-        if ex.ready_at is not None:
-            self._ready = [x for x in self._ready if x[2] is not ex]
-            heapq.heapify(self._ready)
-        self._drop(ex)
-        self._drain_queue(self.cluster.now)
-        self._touch(self.cluster.now)
-        return kv
+def remove(engine: SimEngine, ex: SimExecution) -> int:
+    """Take a non-decoding execution off the engine (migration); a pending tool call leaves with it.
+    Returns the KV tokens it held there (now freed)."""
+    kv = ex.resident
+    t = engine.cluster.now
+    engine.advance(t)
+    if ex.ready_at is not None:  # its pending tool call leaves with it
+        engine.timers = [x for x in engine.timers if x[2] is not ex]
+        heapq.heapify(engine.timers)
+    engine.drop(ex)
+    engine.pressure.drain(t)
+    engine.touch(t)
+    return kv
 
-    def add_migrated(self, ex: SimExecution, t: float, transferred: int = 0) -> None:
-        """Take an execution that is between turns (or waiting) from another engine, or off none (parked, or
-        its engine crashed). `transferred` KV tokens of its context arrive with it: resident if they fit here,
-        otherwise (and with none) it re-prefills."""
-        self.advance(t)
-        ex.engine = self
-        self.members[ex.id] = ex
-        if transferred and self._used() + transferred + self._st + self.kv.n_dec + 1 <= self._full:
-            self.kv.arrive(ex, transferred)
-            self._admitted(ex)
-        if ex.ready_at is not None:
-            ex.phase = _TOOL
-            heapq.heappush(self._ready, (ex.ready_at, next(self._seq), ex))
-        else:
-            ex.phase = _QUEUED
-            self.queue.append(ex)
-            self._drain_queue(t)
-        self._touch(t)
 
-    # --- losing the process ---
-    def wipe(self, t: float) -> tuple[list[SimExecution], float]:
-        """The engine's process died at t: every member leaves it, in id order, holding no KV. The unfinished
-        part of a segment (decoding, or kept by a preemption) is lost and decoded again (nothing of it was
-        recorded); a tool call keeps running. Returns the members, detached, and the decoded tokens lost."""
-        self.advance(t)
-        if self.kv.n_dec:
-            self._log(("busy", t, self.id, 0))
-        out = sorted(self.members.values(), key=lambda x: x.id)
-        lost = 0.0
-        for ex in out:
-            lost += ex.seg_done + (self.V - ex.v_start if ex.phase == _DECODE else 0.0)
-            ex.ctx = ex.kv[ex.seg]
-            ex.seg_done = 0.0
-            ex.phase = _TOOL if ex.ready_at is not None else _QUEUED
-            ex.adm = -1
-            ex.engine = None
-        self.kv.wipe(out)
-        self.members = {}
-        self.queue.clear()
-        self.prefill.clear()
-        self._heap, self._ready, self._adm = [], [], []
-        self.paused = False
-        self._reschedule()  # nothing left to plan: invalidates the pending wakeup
-        return out, lost
+def add_migrated(engine: SimEngine, ex: SimExecution, t: float, transferred: int = 0) -> None:
+    """Give the engine an execution that is between turns (or waiting) from another engine, or off none (parked,
+    or its engine crashed). `transferred` KV tokens of its context arrive with it: resident if they fit here,
+    otherwise (and with none) it re-prefills."""
+    engine.advance(t)
+    ex.engine = engine
+    engine.members[ex.id] = ex
+    kv = engine.kv
+    if transferred and kv.used(engine.V) + transferred + engine.costs.state_tokens + kv.n_dec + 1 \
+            <= engine.pressure.full:
+        kv.arrive(ex, transferred)
+        engine.pressure.admitted(ex)
+    if ex.ready_at is not None:
+        ex.phase = _TOOL
+        engine.start_timer(ex, ex.ready_at)
+    else:
+        ex.phase = _QUEUED
+        engine.queue.append(ex)
+        engine.pressure.drain(t)
+    engine.touch(t)
 
-    # --- weights ---
-    def pause(self, t: float) -> None:
-        """A weight load starts: decoding stops."""
-        self.advance(t)
-        self.paused = True
-        self._reschedule()
 
-    def resume(self, t: float, version: int) -> None:
-        """The load is done: decoding goes on at `version`; the tokens decoded so far in each current segment
-        were the old version's."""
-        self.advance(t)
-        for _, _, ex in self._heap:
-            done = ex.seg_done + self.V - ex.v_start
-            ex.vsum += (done - ex.seg_cred) * self._version
-            ex.seg_cred = done
-        self.paused = False
-        self.serve(version)
-        self._reschedule()
+def wipe(engine: SimEngine, t: float) -> tuple[list[SimExecution], float]:
+    """The engine's process died at t: every member leaves it, in id order, holding no KV. The unfinished part
+    of a segment (decoding, or kept by a preemption) is lost and decoded again (nothing of it was recorded); a
+    tool call keeps running. Returns the members, detached, and the decoded tokens lost."""
+    engine.advance(t)
+    if engine.kv.n_dec:
+        engine.cluster.log.append(("busy", t, engine.id, 0))
+    out = sorted(engine.members.values(), key=lambda x: x.id)
+    lost = 0.0
+    V = engine.V
+    for ex in out:
+        lost += ex.seg_done + (V - ex.v_start if ex.phase == _DECODE else 0.0)
+        ex.ctx = ex.kv[ex.seg]
+        ex.seg_done = 0.0
+        ex.phase = _TOOL if ex.ready_at is not None else _QUEUED
+        ex.adm = -1
+        ex.engine = None
+    engine.kv.wipe(out)
+    engine.clear()
+    engine.replan(t)  # nothing left to plan: invalidates the pending wakeup
+    return out, lost
 
-    def restarted(self, t: float) -> None:
-        """Its process is back (ready): the executions that waited for it start."""
-        self._drain_queue(t)
-        self._touch(t)
+
+def pause(engine: SimEngine, t: float) -> None:
+    """A weight load starts: decoding stops."""
+    engine.advance(t)
+    engine.paused = True
+    engine.replan(t)
+
+
+def resume(engine: SimEngine, t: float, version: int) -> None:
+    """The load is done: decoding goes on at `version`; the tokens decoded so far in each current segment were
+    the old version's."""
+    engine.advance(t)
+    V, old = engine.V, engine.version
+    for _, _, ex in engine.batch:
+        done = ex.seg_done + V - ex.v_start
+        ex.vsum += (done - ex.seg_cred) * old
+        ex.seg_cred = done
+    engine.paused = False
+    engine.serve(version)
+    engine.replan(t)
+
+
+def restarted(engine: SimEngine, t: float) -> None:
+    """Its process is back (ready): the executions that waited for it start."""
+    engine.pressure.drain(t)
+    engine.touch(t)

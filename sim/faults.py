@@ -4,7 +4,7 @@ The specs, the moments they fire and their targets are gyre.faults.FaultInjector
 exactly as on the real backend; `tick` runs at the moments it names and after each finish. What each fault
 does, as the real backend does it (its flow, train_step and weights modules):
 
-- kill-engine: the engine's process dies. Its KV and in-flight work are lost (SimEngine.wipe: the unfinished
+- kill-engine: the engine's process dies. Its KV and in-flight work are lost (gyre.sim.engine_moves.wipe: the unfinished
   part of a segment is decoded again; nothing of it was recorded). Its executions move, in id order, each to the
   ready engine then holding the fewest (ties by id), and re-prefill their whole context there (a tool call
   keeps running); with no other engine ready they wait for it. Its GPUs switch for `Costs.engine_restart_s`
@@ -36,6 +36,7 @@ from gyre.backend import READY, RESTARTING
 from gyre.cluster import ClusterError, EngineView, Role
 from gyre.faults import KILLS, SYNC_TIMEOUT_S, FaultInjector, parse_faults
 from gyre.handles import Handle
+from gyre.sim import engine_moves as moves
 
 if TYPE_CHECKING:
     from gyre.sim.backend import SimCluster
@@ -112,7 +113,7 @@ class SimFaults:
         eng = c._engines.get(engine_id)
         if eng is None or not eng.ready:
             raise ClusterError(f"kill_engine: engine {engine_id} is not running")
-        execs, lost = eng.wipe(t)
+        execs, lost = moves.wipe(eng, t)
         eng.transition(RESTARTING, c.version)  # the version it will serve (see step_ended)
         self._killed_at[eng.id] = t
         c.gpu_pool.set_role(eng.gpus, Role.SWITCHING, t)
@@ -127,7 +128,7 @@ class SimFaults:
                 if to.ready:
                     dst = to
                 c._deferred.append((h, to.ready))
-            dst.add_migrated(ex, t)
+            moves.add_migrated(dst, ex, t)
             if dst is not eng:
                 c._log(("migrate", t, ex.id, eng.id, dst.id))
         c._after(c.costs.engine_restart_s, lambda: self._restarted(eng))
@@ -141,7 +142,7 @@ class SimFaults:
         if h is not None:
             c._stop(eng, h)
             return
-        eng.restarted(t)
+        moves.restarted(eng, t)
 
     def stop_after_restart(self, eng: SimEngine, h: Handle) -> None:
         self._stop_after[eng.id] = h
@@ -168,11 +169,11 @@ class SimFaults:
             if self.lost(e, t0) or e.state is not READY:  # died or stopped meanwhile
                 one_done()
                 return
-            e.pause(c.now)
+            moves.pause(e, c.now)
 
             def done() -> None:
                 if not self.lost(e, t0):
-                    e.resume(c.now, v)
+                    moves.resume(e, c.now, v)
                     c._log(("sync", c.now, e.id, v))
                 one_done()
 

@@ -1,54 +1,141 @@
-"""KV memory pressure on a simulated engine: admission order, preemption by recompute, idle-context eviction.
+"""KV memory pressure on a simulated engine: who starts from the wait queue, whose KV is preempted or evicted.
 
-A mixin of SimEngine (gyre.sim.engine), kept apart because it decides whose KV goes when memory is short (the
-engine's KvLedger, gyre.sim.kv_ledger, carries every change of the books out). vLLM's recompute mode: the most
-recently admitted execution holding KV is preempted first; its KV is freed and it later re-prefills its whole context (its generated tokens are kept). Contexts
-of executions that are not running (in a tool call, or waiting) are an evictable cache. Every
-preemption or eviction is logged ("preempt", t, exec, engine, tokens to recompute, GPU-seconds that
+An object the engine (gyre.sim.engine.SimEngine) owns, one per engine: it decides whose KV goes when memory is
+short and keeps the order of admissions that decision follows; the engine's KvLedger (gyre.sim.kv_ledger)
+carries every change of the books out, and the engine's public methods move executions between its queues.
+
+What it models (vLLM's scheduler in recompute mode):
+- Leaving the wait queue (FIFO, head-of-line) reserves the tokens the execution will prefill. At most
+  `max_num_seqs` executions run (prefill queue plus decode batch): the head starts only while fewer run, so a
+  waiting execution starts when a running one leaves (its segment ends, it is preempted or dropped).
+- When growth would fill the memory the engine preempts the most recently admitted execution holding KV: its
+  KV is freed, it goes to the front of the wait queue (a running tool call keeps running) and later
+  re-prefills its whole context; its generated tokens are kept.
+- The context of an execution that is not running (in a tool call, or waiting) is a cache, like vLLM's prefix
+  cache of a finished request: when the head of the wait queue does not fit, such contexts are evicted, newest
+  first, if that makes room (each logged as a preemption, since it will be recomputed).
+- Optional reservation mode admits an execution only if its largest context fits beside the others' and never
+  preempts (one that already holds its reservation, back from a tool call, does not wait behind a head that
+  cannot start).
+Every preemption or eviction is logged ("preempt", t, exec, engine, tokens to recompute, GPU-seconds that
 recomputation costs at the engine's prefill speed).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import TYPE_CHECKING
 
+from gyre.backend import READY
 from gyre.cluster import Phase
 
 if TYPE_CHECKING:
+    from gyre.sim.engine import SimEngine
     from gyre.sim.execution import SimExecution
 
 _TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
+_FULL = 1.0 - 1e-9  # memory counts as full at this share of capacity (the engine's KV-full event fires there)
 
 
 class KvPressure:
-    """Needs from the engine: members, queue, _heap, _adm, _seq, V, kv (its KvLedger), gpus, costs, _full, _st,
-    _used(), _leave_prefill(), _log."""
+    __slots__ = ("engine", "kv", "_adm", "_n", "full", "_st", "_reserve", "_max_seqs", "_log", "_prefill_time",
+                 "_gpus", "_free_prefill")
 
-    __slots__ = ()
+    def __init__(self, engine: SimEngine) -> None:
+        c = engine.costs
+        self.engine = engine
+        self.kv = engine.kv
+        self._adm: list[tuple[int, SimExecution]] = []  # (admission number, execution), ascending; stale skipped
+        self._n = itertools.count()
+        self.full = c.kv_capacity_tokens * _FULL  # KV tokens that count as full
+        self._st = c.state_tokens  # a KV holder's linear-attention state, in KV tokens (0: none)
+        self._reserve = c.kv_reserve
+        self._max_seqs = c.max_num_seqs if c.max_num_seqs > 0 else float("inf")
+        self._log = engine.cluster.log.append
+        self._prefill_time = c.prefill_time
+        self._gpus = len(engine.gpus)
+        self._free_prefill = c.roofline is None and c.prefill_s_per_token == 0  # no prefill queue
 
-    def _admitted(self, ex: SimExecution) -> None:
+    def forget(self) -> None:
+        """The engine lost every member (its process died): no admission is remembered."""
+        self._adm = []
+
+    # --- the wait queue ---
+    def drain(self, t: float) -> None:
+        """Start the prefill of waiting executions in order while their missing context fits (head-of-line)
+        and fewer than max_num_seqs run; one whose context is all resident decodes at once."""
+        e = self.engine
+        queue = e.queue
+        if not queue or e.state is not READY:
+            return
+        reserve, kv, full, st, prefill = self._reserve, self.kv, self.full, self._st, e.prefill
+        while queue:
+            if kv.n_dec + len(prefill) >= self._max_seqs:
+                break
+            ex = queue[0]
+            need = ex.ctx - ex.resident
+            if reserve:
+                if not ex.reserved and kv.reserved + ex.max_ctx + st > full:
+                    # an execution behind it that holds a reservation needs no new memory: it goes first
+                    # (it may be what the head waits for)
+                    ex = next((x for x in queue if x.reserved), None)
+                    if ex is None:
+                        break
+                    need = ex.ctx - ex.resident
+            else:
+                n = kv.n_dec  # over = used + need (+ its state) + n + 1 - full, leaving a step of headroom
+                over = kv.used(e.V) + need + (st if ex.resident <= 0 else 0.0) + n + 1 - full
+                if over > 0:
+                    # the KV of executions that are not running (tool calls, waiting) is a cache: evict it,
+                    # newest first, if that makes room; otherwise wait for the running ones to free theirs
+                    if self._idle_kv(ex) < over:
+                        break
+                    self._evict_idle(over, ex, t)
+            if ex is queue[0]:
+                queue.popleft()
+            else:
+                queue.remove(ex)
+            if reserve and not ex.reserved:
+                kv.reserve(ex, ex.max_ctx + st)
+            if ex.started_at is None:  # its deadline clock starts when it first runs
+                ex.started_at = t
+                ex.deadline_at = t + ex.spec.deadline_s
+                self._log(("start", t, ex.id, e.id))
+            self.admitted(ex)
+            kv.load(ex, need)
+            if need <= 0 or self._free_prefill:
+                e.decode(ex, t)
+            else:
+                ex.phase = _PREFILL
+                kv.queue_prefill(ex, need)
+                prefill.append(ex)
+
+    # --- admission order ---
+    def admitted(self, ex: SimExecution) -> None:
         """Record an admission (preemption takes the newest first); stale records are pruned now and then."""
-        ex.adm = a = next(self._seq)
+        ex.adm = a = next(self._n)
         adm = self._adm
         adm.append((a, ex))
-        if len(adm) > 64 and len(adm) > 4 * len(self.members):
-            self._adm = [(b, x) for b, x in adm if x.engine is self and x.adm == b]
+        if len(adm) > 64 and len(adm) > 4 * len(self.engine.members):
+            e = self.engine
+            self._adm = [(b, x) for b, x in adm if x.engine is e and x.adm == b]
 
     def _newest_holder(self) -> SimExecution | None:
         """The most recently admitted member that holds KV or decodes."""
-        adm = self._adm
+        adm, e = self._adm, self.engine
         while adm:
             a, ex = adm[-1]
-            if ex.engine is self and ex.adm == a and (ex.phase == _DECODE or ex.resident > 0):
+            if ex.engine is e and ex.adm == a and (ex.phase == _DECODE or ex.resident > 0):
                 return ex
             adm.pop()
         return None
 
-    def _make_room(self, t: float) -> None:
+    # --- taking KV away ---
+    def make_room(self, t: float) -> None:
         """KV is full and decodes still grow: preempt the newest holders until one more step fits."""
-        kv = self.kv
-        while kv.n_dec and self._used() + kv.n_dec > self._full:
+        kv, e = self.kv, self.engine
+        while kv.n_dec and kv.used(e.V) + kv.n_dec > self.full:
             ex = self._newest_holder()
             if ex is None:
                 break
@@ -57,48 +144,50 @@ class KvPressure:
     def preempt(self, ex: SimExecution, t: float, requeue: bool = True) -> None:
         """Free ex's KV; it waits at the front of the queue (a running tool call keeps running) and later
         re-prefills its whole context. Its tokens are kept; the recomputation is logged with its GPU-s."""
+        e = self.engine
         kv = self.kv
-        if ex.phase == _DECODE:
-            done = self.V - ex.v_start
-            self._heap = [x for x in self._heap if x[2] is not ex]
-            heapq.heapify(self._heap)
+        if ex.phase == _DECODE:  # it leaves the batch mid-segment: what it decoded is kept, at this version
+            done = e.V - ex.v_start
+            batch = e.batch
+            batch[:] = [x for x in batch if x[2] is not ex]
+            heapq.heapify(batch)
             kv.leave_decode(ex)
             ex.seg_done += done
-            ex.vsum += (ex.seg_done - ex.seg_cred) * self._version  # decoded so far, at this version
+            ex.vsum += (ex.seg_done - ex.seg_cred) * e.version
             ex.seg_cred = ex.seg_done
             ex.ctx += done
             if kv.n_dec == 0:
-                self._log(("busy", t, self.id, 0))
+                self._log(("busy", t, e.id, 0))
             lost = ex.ctx
         else:
             lost = ex.resident
             if ex.phase == _PREFILL:
                 lost -= ex.pf_left
-                self._leave_prefill(ex)
+                e.leave_prefill(ex)
             elif ex.phase == _QUEUED and requeue:
-                self.queue.remove(ex)
+                e.queue.remove(ex)
             kv.free(ex)
         ex.adm = -1
-        gpu_s = self.costs.prefill_time(lost) * len(self.gpus)
-        self._log(("preempt", t, ex.id, self.id, lost, gpu_s))
+        self._log(("preempt", t, ex.id, e.id, lost, self._prefill_time(lost) * self._gpus))
         if ex.phase != _TOOL and requeue:
             ex.phase = _QUEUED
-            self.queue.appendleft(ex)
+            e.queue.appendleft(ex)
 
     def _idle_kv(self, keep: SimExecution) -> float:
         """KV (with their states) held by members that are not running, but for `keep`: what eviction can free."""
         idle = self.kv.mem_fixed - self.kv.pf_resident - keep.resident
         if self._st:
-            idle += self._st * sum(1 for x in self.members.values()
+            idle += self._st * sum(1 for x in self.engine.members.values()
                                    if x is not keep and x.resident > 0 and x.phase in (_TOOL, _QUEUED))
         return idle
 
     def _evict_idle(self, over: float, keep: SimExecution, t: float) -> None:
         """Free at least `over` KV tokens held by executions that are not running (not `keep`), newest first."""
+        e = self.engine
         for a, ex in reversed(self._adm):  # preempt() does not touch the list
             if over <= 0:
                 return
-            if ex.engine is self and ex.adm == a and ex is not keep and ex.resident > 0 \
+            if ex.engine is e and ex.adm == a and ex is not keep and ex.resident > 0 \
                     and ex.phase in (_TOOL, _QUEUED):
                 over -= ex.resident + self._st
                 self.preempt(ex, t, requeue=False)
