@@ -15,6 +15,7 @@ carried out once it is back), as on the real backend. With no faults no code pat
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
@@ -88,6 +89,11 @@ class SimCluster(ClusterBase):
     def schedule(self, t: float, fn: Callable[[float, Any], None], arg: Any) -> None:
         """Call fn(t, arg) at simulated time t (a fine event; ties go in insertion order)."""
         heapq.heappush(self._q, (t, next(self._seq), fn, arg))
+
+    def wakeups(self) -> tuple[Callable[[tuple], None], itertools.count]:
+        """(push, tie-break counter) of the fine-event heap, for an engine's own wakeups: push((t, next(counter),
+        fn, arg)) is schedule(t, fn, arg) without a Python call on the hottest path."""
+        return functools.partial(heapq.heappush, self._q), self._seq
 
     def replan(self, engine: SimEngine) -> None:
         """Re-plan the engine's next wakeup once the current event is fully processed."""

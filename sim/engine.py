@@ -59,7 +59,7 @@ class SimEngine(EngineLifecycle):
     __slots__ = (
         "cluster", "id", "gpus", "costs", "members", "queue", "batch", "timers", "prefill", "kv", "pressure",
         "_pf_due", "V", "t_last", "rate", "pf_rate", "paused", "epoch", "_budget", "_reserve",
-        "kv_capacity", "_full", "_req", "_schedule", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq",
+        "kv_capacity", "_full", "_req", "_push", "_tick", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq",
         "_dirty", "admit_limit", "_finish",
     )
 
@@ -85,7 +85,7 @@ class SimEngine(EngineLifecycle):
         self.kv_capacity: int = c.kv_capacity_tokens  # EngineView
         self._full = c.kv_capacity_tokens * _FULL
         self._req = c.request_s
-        self._schedule = cluster.schedule
+        self._push, self._tick = cluster.wakeups()
         self._finish = cluster.finish
         self._fire = self.fire
         self._log = cluster.log.append
@@ -187,8 +187,8 @@ class SimEngine(EngineLifecycle):
                         wake = t_full if t_full > tl else tl
             else:
                 self.rate = 0.0
-        if wake < _INF:
-            self._schedule(wake, self._fire, ep)
+        if wake < _INF:  # SimCluster.schedule(wake, fire, ep), without the call
+            self._push((wake, next(self._tick), self._fire, ep))
 
     def touch(self, t: float) -> None:
         """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup, once,
@@ -202,10 +202,17 @@ class SimEngine(EngineLifecycle):
         """Wakeup: segments that end leave the batch, tool calls return, prefills finish, a full KV preempts."""
         if epoch != self.epoch:
             return
-        self.advance(t)
-        V = self.V
         kv = self.kv
-        used = kv.used(V)
+        dt = t - self.t_last  # advance(t), inline on the hottest path
+        if dt > 0.0:
+            if self.rate:
+                self.V += dt * self.rate
+            if self.pf_rate:
+                kv.prefill_progress(self.prefill[0], dt * self.pf_rate)
+            self.roof_s += dt * self._roof
+        self.t_last = t
+        V = self.V
+        used = kv.mem_fixed + kv.kv_dec_base + kv.n_dec * V + (kv.st * kv.holders if kv.st else 0.0)  # kv.used(V)
         if used > self.kv_peak:
             self.kv_peak = used
         heap = self.batch
@@ -214,9 +221,9 @@ class SimEngine(EngineLifecycle):
             pop, push, ready, seq = heapq.heappop, heapq.heappush, self.timers, self._seq
             while heap and heap[0][0] <= limit:
                 ex = pop(heap)[2]
-                kv.leave_decode(ex)
                 seg = ex.seg
                 if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done or ex.seg_cred:
+                    kv.leave_decode(ex)
                     self._segment_end(ex, t)
                     continue
                 # a tool-call boundary, the common case (as _segment_end, kept inline)
@@ -228,7 +235,7 @@ class SimEngine(EngineLifecycle):
                 nxt = ex.kv[seg + 1]
                 if nxt < ctx:  # the context is rebuilt smaller
                     ctx = nxt - min(ex.tool_out[seg], nxt)
-                kv.cache(ex, ctx)
+                kv.end_turn(ex, ctx)  # leave_decode, cache
                 ex.ctx = nxt
                 ex.seg = seg + 1
                 r = ex.ready_at = t + ex.tool_s[seg] + self._req
@@ -260,7 +267,8 @@ class SimEngine(EngineLifecycle):
                     ex.phase = _QUEUED
                     queue.append(ex)
         n = kv.n_dec
-        if n and not self._reserve and kv.used(self.V) + n > self._full:
+        if n and not self._reserve and kv.mem_fixed + kv.kv_dec_base + n * self.V + (kv.st * kv.holders if kv.st
+                                                                                     else 0.0) + n > self._full:
             self.pressure.make_room(t)
         if self.queue:
             self.pressure.drain(t)

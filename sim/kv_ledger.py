@@ -55,13 +55,27 @@ class KvLedger:
         ex.resident = 0
         self.n_dec += 1
         self.kv_dec_base += ex.ctx - V
-        self._mark(ex, True)
+        if not ex.holds:  # _mark(ex, True), inline on this hot path
+            ex.holds = True
+            self.holders += 1
 
     def leave_decode(self, ex: SimExecution) -> None:
         """It leaves the decode batch (its segment ended, or it is preempted): its growing context goes."""
         self.n_dec -= 1
         self.kv_dec_base -= ex.ctx - ex.v_start
         self._mark(ex, False)
+
+    def end_turn(self, ex: SimExecution, ctx: int) -> None:
+        """leave_decode, then cache(ex, ctx): its segment ended and `ctx` tokens of its context stay resident
+        between turns (the wakeup's common case, in one call)."""
+        self.n_dec -= 1
+        self.kv_dec_base -= ex.ctx - ex.v_start
+        ex.resident = ctx
+        self.mem_fixed += ctx
+        h = ctx > 0  # _mark(ex, False), then _mark(ex, h)
+        if h != ex.holds:
+            ex.holds = h
+            self.holders += 1 if h else -1
 
     # --- resident contexts ---
     def cache(self, ex: SimExecution, ctx: int) -> None:
@@ -95,6 +109,17 @@ class KvLedger:
         self._mark(ex, False)
 
     # --- the prefill queue ---
+    def load_prefill(self, ex: SimExecution, need: float) -> None:
+        """load, then queue_prefill: it leaves the wait queue to prefill `need` tokens (drain's common case)."""
+        self.mem_fixed += need
+        ex.resident = r = ex.ctx
+        if (r > 0) != ex.holds:  # _mark(ex, r > 0)
+            ex.holds = r > 0
+            self.holders += 1 if r > 0 else -1
+        ex.pf_left = need
+        self.pf_pending += need
+        self.pf_resident += r
+
     def queue_prefill(self, ex: SimExecution, need: float) -> None:
         """It joins the prefill queue with `need` tokens to compute; its resident context is reserved for it."""
         ex.pf_left = need

@@ -103,12 +103,12 @@ class KvPressure:
                 ex.deadline_at = t + ex.spec.deadline_s
                 self._log(("start", t, ex.id, e.id))
             self.admitted(ex)
-            kv.load(ex, need)
             if need <= 0 or self._free_prefill:
+                kv.load(ex, need)
                 e.decode(ex, t)
             else:
                 ex.phase = _PREFILL
-                kv.queue_prefill(ex, need)
+                kv.load_prefill(ex, need)
                 prefill.append(ex)
 
     # --- admission order ---
