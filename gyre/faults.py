@@ -105,7 +105,8 @@ def spec_error(specs: tuple[str, ...] | list[str]) -> str | None:
 
 @runtime_checkable
 class FaultTarget(Protocol):
-    """What FaultInjector reads of a run and does to it (gyre.real.backend.RealCluster, gyre.sim.cluster.faults.SimFaults)."""
+    """What FaultInjector reads of a run and does to it (gyre.real.backend.RealCluster,
+    gyre.sim.cluster.faults.SimFaults)."""
 
     @property
     def now(self) -> float: ...  # seconds since the run started

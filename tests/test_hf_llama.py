@@ -1,4 +1,5 @@
-"""gyre.real.nn.hf_llama: a Llama checkpoint directory (config.json + safetensors) read back as a TinyLlama, no transformers."""
+"""gyre.real.nn.hf_llama: a Llama checkpoint directory (config.json + safetensors) read back as a TinyLlama, no
+transformers."""
 
 from __future__ import annotations
 

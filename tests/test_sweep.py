@@ -1,4 +1,5 @@
-"""Sweeps run anywhere with the same results (gyre.sim.harness.sweep): in this process, a local process pool, or Ray tasks."""
+"""Sweeps run anywhere with the same results (gyre.sim.harness.sweep): in this process, a local process pool, or
+Ray tasks."""
 
 from __future__ import annotations
 

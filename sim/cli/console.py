@@ -1,7 +1,7 @@
 """The console every `gyre-sim` command prints to, its one-line failure, its progress bar and its result table.
 
-Shared by sim/cli/app.py and the command modules it registers (sim/cli/calibrate_engine.py, sim/cli/traces.py), which import
-this module and never the CLI that registers them.
+Shared by sim/cli/app.py and the command modules it registers (sim/cli/calibrate_engine.py, sim/cli/traces.py),
+which import this module and never the CLI that registers them.
 """
 
 from __future__ import annotations
