@@ -18,9 +18,9 @@ KV memory is a hard limit: KV in use is the resident context of every member plu
 decodes, plus, for a hybrid linear-attention model, one fixed state (`Costs.state_tokens`, in KV-token units)
 per member that holds KV (decoding, or with a resident context: a cached context is resumable only with the
 state at its end), and never exceeds capacity: when growth would fill it an event fires. The engine's parts:
-its KvPressure (`pressure`, gyre.sim.kv_pressure) decides who starts from the wait queue and whose KV goes
-when memory is short; its KvLedger (`kv`, gyre.sim.kv_ledger) alone writes the KV counters and each member's
-resident context; gyre.sim.engine_moves is what the cluster does to it from outside (admissions, migrations,
+its KvPressure (`pressure`, gyre.sim.cluster.kv_pressure) decides who starts from the wait queue and whose KV goes
+when memory is short; its KvLedger (`kv`, gyre.sim.cluster.kv_ledger) alone writes the KV counters and each member's
+resident context; gyre.sim.cluster.engine_moves is what the cluster does to it from outside (admissions, migrations,
 a crash, a weight sync); gyre.backend.EngineLifecycle holds its state and served version. `admit_limit`
 (gyre.hardware.admission_limit of the KV capacity and the workload's `max_context`) is reported to policies,
 which hand the engine no more (policies.admit_queue); a larger context is an error (SimCluster.admit).
@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING
 from gyre.backend import EngineLifecycle
 from gyre.cluster import Phase
 from gyre.hardware import admission_limit
-from gyre.sim.kv_ledger import KvLedger
-from gyre.sim.kv_pressure import _FULL, KvPressure
+from gyre.sim.cluster.kv_ledger import KvLedger
+from gyre.sim.cluster.kv_pressure import _FULL, KvPressure
 
 if TYPE_CHECKING:
-    from gyre.sim.backend import SimCluster
-    from gyre.sim.execution import SimExecution
+    from gyre.sim.cluster.backend import SimCluster
+    from gyre.sim.cluster.execution import SimExecution
 
 _EPS = 1e-9
 _INF = float("inf")
@@ -58,9 +58,9 @@ class SimEngine(EngineLifecycle):
     # keys would fall off CPython's fast attribute path
     __slots__ = (
         "cluster", "id", "gpus", "costs", "members", "queue", "batch", "timers", "prefill", "kv", "pressure",
-        "_pf_due", "V", "t_last", "rate", "pf_rate", "paused", "epoch", "_budget", "_reserve",
-        "kv_capacity", "_full", "_req", "_push", "_tick", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq",
-        "_dirty", "admit_limit", "_finish",
+        "_pf_due", "V", "t_last", "rate", "pf_rate", "paused", "epoch", "_budget", "_reserve", "kv_capacity",
+        "_full", "_req", "_push", "_tick", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq", "_dirty",
+        "admit_limit", "_finish",
     )
 
     def __init__(self, cluster: SimCluster, engine_id: int, gpus: tuple[int, ...], version: int) -> None:
@@ -340,7 +340,7 @@ class SimEngine(EngineLifecycle):
         if not self.prefill:  # no float residue once the queue is empty
             self.kv.prefill_empty()
 
-    # --- the engine's places, for gyre.sim.engine_moves ---
+    # --- the engine's places, for gyre.sim.cluster.engine_moves ---
     def start_timer(self, ex: SimExecution, at: float) -> None:
         """Its tool call (or request) returns at `at`."""
         heapq.heappush(self.timers, (at, next(self._seq), ex))

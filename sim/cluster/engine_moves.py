@@ -1,7 +1,7 @@
 """What the cluster does to a simulated engine from outside its event loop: executions joining and leaving it,
 the engine losing its process or its weights.
 
-Plain functions over a gyre.sim.engine.SimEngine, through its public members and methods (its queues, its
+Plain functions over a gyre.sim.cluster.engine.SimEngine, through its public members and methods (its queues, its
 KvLedger `kv` for the books, its KvPressure `pressure` for who starts): an admission gives a fresh execution to
 an engine (`admit`); a migration takes a between-turns execution off one engine (`remove`) and gives it to
 another (`add_migrated`: its KV arrives resident if it was transferred and fits, otherwise it re-prefills there);
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from gyre.cluster import Phase
 
 if TYPE_CHECKING:
-    from gyre.sim.engine import SimEngine
-    from gyre.sim.execution import SimExecution
+    from gyre.sim.cluster.engine import SimEngine
+    from gyre.sim.cluster.execution import SimExecution
 
 _TOOL, _DECODE, _QUEUED = Phase.TOOL, Phase.DECODE, Phase.QUEUED
 

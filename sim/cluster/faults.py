@@ -4,9 +4,9 @@ The specs, the moments they fire and their targets are gyre.faults.FaultInjector
 exactly as on the real backend; `tick` runs at the moments it names and after each finish. What each fault
 does, as the real backend does it (its flow, train_step and weights modules):
 
-- kill-engine: the engine's process dies. Its KV and in-flight work are lost (gyre.sim.engine_moves.wipe: the unfinished
-  part of a segment is decoded again; nothing of it was recorded). Its executions move, in id order, each to the
-  ready engine then holding the fewest (ties by id), and re-prefill their whole context there (a tool call
+- kill-engine: the engine's process dies. Its KV and in-flight work are lost (gyre.sim.cluster.engine_moves.wipe:
+  the unfinished part of a segment is decoded again; nothing of it was recorded). Its executions move, in id
+  order, each to the ready engine then holding the fewest (ties by id), and re-prefill their whole context there (a tool call
   keeps running); with no other engine ready they wait for it. Its GPUs switch for `Costs.engine_restart_s`
   (gyre.hardware: start-up + weight load), then it is ready with the trainer's latest version, which it reports
   while restarting too; a stop asked meanwhile is carried out once it is back.
@@ -36,11 +36,11 @@ from gyre.backend import READY, RESTARTING
 from gyre.cluster import ClusterError, EngineView, Role
 from gyre.faults import KILLS, SYNC_TIMEOUT_S, FaultInjector, parse_faults
 from gyre.handles import Handle
-from gyre.sim import engine_moves as moves
+from gyre.sim.cluster import engine_moves as moves
 
 if TYPE_CHECKING:
-    from gyre.sim.backend import SimCluster
-    from gyre.sim.engine import SimEngine
+    from gyre.sim.cluster.backend import SimCluster
+    from gyre.sim.cluster.engine import SimEngine
 
 
 class SimFaults:

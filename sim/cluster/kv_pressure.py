@@ -1,7 +1,7 @@
 """KV memory pressure on a simulated engine: who starts from the wait queue, whose KV is preempted or evicted.
 
-An object the engine (gyre.sim.engine.SimEngine) owns, one per engine: it decides whose KV goes when memory is
-short and keeps the order of admissions that decision follows; the engine's KvLedger (gyre.sim.kv_ledger)
+An object the engine (gyre.sim.cluster.engine.SimEngine) owns, one per engine: it decides whose KV goes when memory is
+short and keeps the order of admissions that decision follows; the engine's KvLedger (gyre.sim.cluster.kv_ledger)
 carries every change of the books out, and the engine's public methods move executions between its queues.
 
 What it models (vLLM's scheduler in recompute mode):
@@ -31,8 +31,8 @@ from gyre.backend import READY
 from gyre.cluster import Phase
 
 if TYPE_CHECKING:
-    from gyre.sim.engine import SimEngine
-    from gyre.sim.execution import SimExecution
+    from gyre.sim.cluster.engine import SimEngine
+    from gyre.sim.cluster.execution import SimExecution
 
 _TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
 _FULL = 1.0 - 1e-9  # memory counts as full at this share of capacity (the engine's KV-full event fires there)
