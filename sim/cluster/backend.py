@@ -314,7 +314,8 @@ class SimCluster(ClusterBase):
                         env._now = t
                         fn(t, arg)
                         events += 1
-                        if not plain or self._deferred or self._dirty or not q or (simq and q[0][0] > simq[0][0]):
+                        # (SimPy's queue is as it was: a fine event that schedules a coarse one defers a handle)
+                        if not plain or self._deferred or self._dirty or not q or q[0][0] > ts:
                             break
                 elif ts == inf:
                     if proc.error is not None:  # the policy failed: its error, not the deadlock it left

@@ -129,8 +129,7 @@ class SimEngine(EngineLifecycle):
         self.t_last = t
 
     def replan_pending(self) -> None:
-        """Plan the next wakeup if a change asked for it (touch) since the last plan (SimCluster runs this once
-        an event is fully processed)."""
+        """Plan the next wakeup if a change asked for it (touch); SimCluster runs this after each event."""
         if self._dirty:
             self._reschedule()
 
@@ -202,15 +201,8 @@ class SimEngine(EngineLifecycle):
         """Wakeup: segments that end leave the batch, tool calls return, prefills finish, a full KV preempts."""
         if epoch != self.epoch:
             return
+        self.advance(t)
         kv = self.kv
-        dt = t - self.t_last  # advance(t), inline on the hottest path
-        if dt > 0.0:
-            if self.rate:
-                self.V += dt * self.rate
-            if self.pf_rate:
-                kv.prefill_progress(self.prefill[0], dt * self.pf_rate)
-            self.roof_s += dt * self._roof
-        self.t_last = t
         V = self.V
         used = kv.mem_fixed + kv.kv_dec_base + kv.n_dec * V + (kv.st * kv.holders if kv.st else 0.0)  # kv.used(V)
         if used > self.kv_peak:
