@@ -42,7 +42,7 @@ from gyre.backend import EngineLifecycle
 from gyre.cluster import Phase
 from gyre.hardware import admission_limit
 from gyre.sim.cluster.kv_ledger import KvLedger
-from gyre.sim.cluster.kv_pressure import _FULL, KvPressure
+from gyre.sim.cluster.kv_pressure import KvPressure
 
 if TYPE_CHECKING:
     from gyre.sim.cluster.backend import SimCluster
@@ -83,7 +83,7 @@ class SimEngine(EngineLifecycle):
         self._budget = c.max_batched_tokens
         self._reserve = c.kv_reserve
         self.kv_capacity: int = c.kv_capacity_tokens  # EngineView
-        self._full = c.kv_capacity_tokens * _FULL
+        self._full = self.pressure.full  # KV tokens that count as full
         self._req = c.request_s
         self._push, self._tick = cluster.wakeups()
         self._finish = cluster.finish
