@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import sys
 import tempfile
@@ -58,6 +59,16 @@ def use_tree(root: Path) -> None:
     sys.meta_path.insert(0, _TreeFinder)
 
 
+def sim_module(new: str, old: str):
+    """A simulator module by its path since sim/ moved into rooms (gyre.sim.harness.runner), or by its path
+    before (gyre.sim.runner) in an older checkout (--root): chosen by the tree's files, since the installed
+    editable mapping would otherwise find the new path in this checkout."""
+    root = getattr(_TreeFinder, "root", None) or Path(__file__).resolve().parent.parent
+    rel = new.removeprefix("gyre.sim.").replace(".", "/")
+    found = (root / "sim" / f"{rel}.py").exists() or (root / "sim" / rel / "__init__.py").exists()
+    return importlib.import_module(new if found else old)
+
+
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -66,7 +77,7 @@ def compare_hashes(preset: str, steps: int, out: Path) -> dict[str, str]:
     import pandas as pd
     from typer.testing import CliRunner
 
-    from gyre.sim.cli.app import app
+    app = sim_module("gyre.sim.cli.app", "gyre.sim.cli").app
 
     res = CliRunner().invoke(app, ["compare", "--preset", preset, "--steps", str(steps), "--out", str(out)])
     if res.exit_code != 0:
@@ -85,7 +96,7 @@ def faulted_hash(name, preset, gpus, steps, policy, params, faults, every) -> tu
     from gyre.config import override
     from gyre.faults import fault_summary
     from gyre.presets import get_preset
-    from gyre.sim.harness.runner import simulate
+    simulate = sim_module("gyre.sim.harness.runner", "gyre.sim.runner").simulate
 
     cfg = override(get_preset(preset), **{"cluster.gpus": gpus, "steps": steps, "faults": faults,
                                           "checkpoint_every": every})

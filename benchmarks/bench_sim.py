@@ -27,16 +27,17 @@ from pathlib import Path
 import pandas as pd
 
 HERE = Path(__file__).resolve().parent
-if __name__ == "__main__" and "--root" in sys.argv:  # --one on another checkout: its packages, before gyre's
-    sys.path.insert(0, str(HERE))
-    from behaviour_hashes import use_tree
+sys.path.insert(0, str(HERE))
+from behaviour_hashes import sim_module, use_tree  # noqa: E402
 
+if __name__ == "__main__" and "--root" in sys.argv:  # --one on another checkout: its packages, before gyre's
     use_tree(Path(sys.argv[sys.argv.index("--root") + 1]))
 
 from gyre.config import override  # noqa: E402
 from gyre.presets import MODELS, get_preset  # noqa: E402
-from gyre.sim.harness.runner import simulate  # noqa: E402
 from gyre.workload import LogNormal  # noqa: E402
+
+simulate = sim_module("gyre.sim.harness.runner", "gyre.sim.runner").simulate  # this tree's, or --root's
 
 
 def measure(cfg, policy: str, params: dict | None = None) -> dict:
