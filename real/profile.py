@@ -4,7 +4,8 @@ What it measures, before the run's clock starts: one engine (the first engine sl
 trainer's weights (`engine_start_s`), decodes a few tokens for 1, 4 and 16 sequences at once, each at two
 contexts (a quarter of the task's `max_context` and all of it), and is put back to sleep
 (`engine_stop_s`); trainer worker 0 takes one training step on each of two synthetic batches, the run's
-batch shape (groups_per_step groups of group_size executions) at full and at half context. The decode steps
+batch shape (groups_per_step groups of group_size executions) of L and L / 2 tokens per execution, L the
+task's `max_context` or less, so that the larger step trains at most TRAIN_TOKENS tokens. The decode steps
 the engine timed fit the engine step line and the two steps the training rate, with the functions
 `gyre-real calibrate` fits a run's profile with (gyre.estimate.fit_step, fit_train_s_per_token_gpu).
 
@@ -32,6 +33,9 @@ SOURCE = "start-up profile"
 DECODE_SEQUENCES = (1, 4, 16)  # sequences decoding at once: the fit needs >= 3 to separate the step's two terms
 DECODE_TOKENS = 8  # tokens each sequence decodes per round: steps enough for the least squares, seconds in all
 TOKEN_IDS = 8  # synthetic tokens are drawn from ids [0, 8), valid in every vocabulary
+# trained tokens of the profile's larger step at most: a step's fixed cost is spread over this many or more
+# (the tiny presets' steps train ~1-3K), and a long-context task's full-batch step does not make the profile long
+TRAIN_TOKENS = 4096
 
 
 def _contexts(max_context: int) -> tuple[int, int]:
@@ -81,7 +85,8 @@ def profile(pool, *, kv_capacity: int, min_train_gpus: int, max_context: int, gr
     stop_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     train = []
-    for tokens in (max(1, max_context // 2), max_context):
+    full = max(2, min(max_context, TRAIN_TOKENS // (groups * group_size)))
+    for tokens in (full // 2, full):
         batch = ray.put(_train_batch(groups, group_size, tokens, rng))
         t0 = time.perf_counter()
         stats = ray.get(trainer.train.remote(batch))
