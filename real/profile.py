@@ -5,7 +5,8 @@ trainer's weights (`engine_start_s`), decodes a few tokens for 1, 4 and 16 seque
 contexts (a quarter of the task's `max_context` and all of it), and is put back to sleep
 (`engine_stop_s`); trainer worker 0 takes one training step on each of two synthetic batches, the run's
 batch shape (groups_per_step groups of group_size executions) of L and L / 2 tokens per execution, L the
-task's `max_context` or less, so that the larger step trains at most TRAIN_TOKENS tokens. The decode steps
+task's `max_context` or less, so that the larger step trains at most TRAIN_TOKENS tokens and a sequence
+fits the trainer's pack. The decode steps
 the engine timed fit the engine step line and the two steps the training rate, with the functions
 `gyre-real calibrate` fits a run's profile with (gyre.estimate.fit_step, fit_train_s_per_token_gpu).
 
@@ -85,7 +86,8 @@ def profile(pool, *, kv_capacity: int, min_train_gpus: int, max_context: int, gr
     stop_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     train = []
-    full = max(2, min(max_context, TRAIN_TOKENS // (groups * group_size)))
+    pack = pool.cfg.trainer_config.max_pack_tokens - 1  # a sequence fits one pack beside its one-token prompt
+    full = max(2, min(max_context, TRAIN_TOKENS // (groups * group_size), pack))
     for tokens in (full // 2, full):
         batch = ray.put(_train_batch(groups, group_size, tokens, rng))
         t0 = time.perf_counter()
