@@ -56,8 +56,8 @@ def phase(name: str, trace: str, policy: str, steps: int) -> None:
 
         from gyre.config import override
         from gyre.presets import get_preset
-        from gyre.sim.cli_traces import trace_workload
-        from gyre.sim.runner import simulate
+        from gyre.sim.cli.traces import trace_workload
+        from gyre.sim.harness.runner import simulate
         from gyre.workload import ReplaySource
 
         w = trace_workload(tr)

@@ -98,7 +98,7 @@ def simulate_with(costs: Costs, trace, policy: str, steps: int, n_gpus: int, par
     training GPU count."""
     from gyre.metrics import compute_metrics
     from gyre.policies import make_policy
-    from gyre.sim.backend import SimCluster
+    from gyre.sim.cluster.backend import SimCluster
 
     src = TraceSource(trace.groups, trace.workload)
     sim = SimCluster(n_gpus=n_gpus, costs=costs, source=src)

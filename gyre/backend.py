@@ -1,6 +1,6 @@
 """The skeleton every backend shares: observations, verb preconditions, booking records, handle release.
 
-A backend (gyre.sim.backend.SimCluster, gyre.real.backend.RealCluster) subclasses `ClusterBase` and adds
+A backend (gyre.sim.cluster.backend.SimCluster, gyre.real.backend.RealCluster) subclasses `ClusterBase` and adds
 only what differs: how time passes (`now`, `_succeed_after`), what an engine and an execution are, and how
 each verb's work is carried out. Everything a policy observes, every precondition a verb checks, and every
 record the shared event log gets for a group, an engine coming up or going down, a training step and a

@@ -34,7 +34,7 @@ Every simulator constant comes from here and is derived from a model's shape and
 - Weight sync: per-GPU weight shard / inter-node bandwidth + latency.
 - Role switch: engine wake = weight shard / host-to-device bandwidth + fixed (graph capture,
   allocator); trainer on/offload = trainer state shard / host-to-device bandwidth.
-- Restart after a crash (injected faults, gyre.sim.faults): the node survives, so the weights come from its
+- Restart after a crash (injected faults, gyre.sim.cluster.faults): the node survives, so the weights come from its
   page cache over the host-to-device link. Engine: weight shard / host-to-device bandwidth + a process
   start-up of 64 s (imports and engine init 34 s, Dynamo 10 s, graph compilation 13 s, CUDA-graph capture
   7 s: vLLM serving Llama-3.1-8B on L40S with warm caches, tensorfuse.io, "Reducing GPU Cold Start Time

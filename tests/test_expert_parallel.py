@@ -12,9 +12,9 @@ from gyre.config import override
 from gyre.hardware import CostConfig, derive_costs, engine_roofline
 from gyre.presets import GPUS, MODELS, get_preset
 from gyre.roofline import Coefficients, ep_comm_bytes, ep_group_step_time
-from gyre.sim.engine_calibrate import calibrate_run, simulate
-from gyre.sim.engine_replay import DPBalancer, SchedulerArgs, replay
-from gyre.sim.engine_run import read_run
+from gyre.sim.vllm_check.engine_fit import calibrate_run, simulate
+from gyre.sim.vllm_check.vllm_scheduler import DPBalancer, SchedulerArgs, replay
+from gyre.sim.vllm_check.serving_run import read_run
 from tests.test_calibrate_engine import TRUE, write_run
 
 IDEAL = Coefficients(eff_bw=1.0, eff_kv=1.0, eff_flops=1.0, step_overhead_s=0.0, allreduce_s=0.0,
@@ -116,7 +116,7 @@ def test_simulator_runs_an_expert_parallel_engine():
     ep = override(cfg, steps=1, **{"cluster.cost.ep_engines": 2})
     costs = derive_costs(ep.cluster.model, ep.cluster.gpu, ep.cluster.cost)
     assert costs.roofline.expert_parallel and costs.kv_capacity_tokens > base.kv_capacity_tokens
-    from gyre.sim.runner import simulate as sim_run
+    from gyre.sim.harness.runner import simulate as sim_run
 
     res = sim_run(ep, "async")
     assert np.isfinite(res.makespan_s) and res.makespan_s > 0, res.makespan_s

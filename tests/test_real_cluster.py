@@ -144,7 +144,7 @@ def test_outputs_have_the_simulator_formats(pool, tmp_path):
 def test_contract_every_policy_on_both_backends(pool, policy):
     """Every registered policy completes on the simulator and on the real backend."""
     from gyre.presets import get_preset
-    from gyre.sim.runner import simulate
+    from gyre.sim.harness.runner import simulate
 
     sim = simulate(dataclasses.replace(get_preset("xlong-swe-small"), steps=2), policy)
     assert len(sim.metrics.steps) == 2, f"{policy}: simulator did not finish"
@@ -218,8 +218,8 @@ def test_run_starts_from_an_init_checkpoint(pool, tmp_path):
     import numpy as np
     import torch
 
-    from gyre.nn.hf_llama import load_hf_llama, write_hf_llama
-    from gyre.nn.model import TinyLlama
+    from gyre.real.nn.hf_llama import load_hf_llama, write_hf_llama
+    from gyre.real.nn.model import TinyLlama
     from gyre.real.pool import with_init_checkpoint
 
     model = CFG.pool.model

@@ -181,7 +181,7 @@ def test_a_model_folder_run_exports_a_folder_transformers_loads(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gyre.nn.hf_folder import load_model, write_tiny_model
+    from gyre.real.nn.hf_folder import load_model, write_tiny_model
     from gyre.real.export import export_model
     from gyre.real.pool import PoolConfig
 

@@ -14,7 +14,7 @@ Axes (each cell is xlong-swe-kv with these fields replaced; nothing else moves):
   on the Qwen3.5 layout (`moe-2.4t-a95b`), or with full GQA on every layer (`moe-2.4t-a95b-gqa`), or
   with DeepSeek-V3's latent attention (`moe-2.4t-a95b-mla`); each has its own KV per token, state and
   trainer minimum (gyre.presets).
-Per cell: colocate; async at eta 4 tuned by `gyre-sim compare`'s own search (gyre.sim.compare.tune:
+Per cell: colocate; async at eta 4 tuned by `gyre-sim compare`'s own search (gyre.sim.harness.compare.tune:
 AsyncSplit.search, policies.tuning.refine_split_and_cap over every rollout split and the per-engine cap,
 the `halvings` of the engine's admission limit), best kept at equal work (hindsight); async tuned the same
 way on a pilot of the first steps // 6 steps (at least 1) and then run in full; elastic at eta 4. eta 4 is
@@ -43,8 +43,8 @@ import pandas as pd
 from gyre.config import override
 from gyre.hardware import CostConfig
 from gyre.presets import KV_WINDOW, MODELS, get_preset
-from gyre.sim.compare import tune, tuned_table
-from gyre.sim.sweep import RAY_HELP, progress_lines
+from gyre.sim.harness.compare import tune, tuned_table
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines
 
 OUT = Path(__file__).parent / "results"
 WINDOWS = (1 << 18, 1 << 19, 1 << 20, 1 << 21)

@@ -8,7 +8,7 @@ Both queues break ties by insertion order, so a run is a pure function of (confi
 Handle completions caused by fine events are deferred until that event is fully processed, so a
 policy reacting to a finished execution never sees an engine half-way through an update.
 
-Injected faults (`faults`, gyre.faults specs) are carried out by gyre.sim.faults.SimFaults, between events;
+Injected faults (`faults`, gyre.faults specs) are carried out by gyre.sim.cluster.faults.SimFaults, between events;
 a killed engine is listed as "restarting" (not ready; it accepts admissions, which wait for it, and a stop,
 carried out once it is back), as on the real backend. With no faults no code path changes.
 """
@@ -31,9 +31,9 @@ from gyre.handles import Handle, Process
 from gyre.hardware import Costs, group_train_attention_ctx
 from gyre.backend import PARK, READY, STOPPING, ClusterBase
 from gyre.pool import TRAINER
-from gyre.sim.engine import SimEngine
-from gyre.sim.execution import SimExecution, SimGroup
-from gyre.sim.faults import SimFaults
+from gyre.sim.cluster.engine import SimEngine
+from gyre.sim.cluster.execution import SimExecution, SimGroup
+from gyre.sim.cluster.faults import SimFaults
 
 _END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third field (gyre.metrics)
 
@@ -227,7 +227,7 @@ class SimCluster(ClusterBase):
         h = Handle(f"train{v}")
         if onload > 0:
             self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
-        attempt = [0]  # a trainer fault voids the running attempt (gyre.sim.faults)
+        attempt = [0]  # a trainer fault voids the running attempt (gyre.sim.cluster.faults)
 
         def start() -> None:
             self.gpu_pool.load(gpus, "trainer")

@@ -38,8 +38,8 @@ from gyre.faults import KILLS, SYNC_TIMEOUT_S, FaultInjector, parse_faults
 from gyre.handles import Handle
 
 if TYPE_CHECKING:
-    from gyre.sim.backend import SimCluster
-    from gyre.sim.engine import SimEngine
+    from gyre.sim.cluster.backend import SimCluster
+    from gyre.sim.cluster.engine import SimEngine
 
 
 class SimFaults:

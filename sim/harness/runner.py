@@ -13,9 +13,9 @@ from gyre.gc_pause import no_gc
 from gyre.hardware import Costs
 from gyre.metrics import RunMetrics, compute_metrics
 from gyre.policies import make_policy
-from gyre.policies.bound import Bound, lower_bound
-from gyre.policies.work import scheduler_cuts
-from gyre.sim.backend import SimCluster
+from gyre.sim.cluster.bound import Bound, lower_bound
+from gyre.sim.harness.sched_cuts import scheduler_cuts
+from gyre.sim.cluster.backend import SimCluster
 from gyre.workload import GroupSpec, WorkloadSource
 
 

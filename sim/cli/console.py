@@ -1,7 +1,7 @@
 """The console every `gyre-sim` command prints to, its one-line failure, its progress bar and its result table.
 
-Shared by sim/cli.py and the command modules it registers (sim/cli_engine.py, sim/cli_traces.py), which import
-this module and never the CLI that registers them.
+Shared by sim/cli/app.py and the command modules it registers (sim/cli/calibrate_engine.py, sim/cli/traces.py),
+which import this module and never the CLI that registers them.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def progress_bar() -> Progress:
 def report_infeasible(cfg, policies) -> None:
     """Say which policies this cluster cannot run (they are left out); fail if that is all of them."""
     from gyre.policies import REGISTRY
-    from gyre.sim.compare import infeasible
+    from gyre.sim.harness.compare import infeasible
 
     skip = infeasible(cfg, policies)
     for name, why in skip.items():

@@ -8,8 +8,8 @@ reserved KV (`pf_resident`) and tokens still to compute (`pf_pending`) are kept 
 mode the members' largest contexts (`reserved`).
 
 Every change to those counters, and to an execution's `resident`, `pf_left`, `reserved` and `holds`, is one of
-the methods below; the engine's event loop (gyre.sim.engine), KV pressure (gyre.sim.kv_pressure: preemption,
-eviction), migrations and crashes (gyre.sim.engine_moves) call them. Each method does the same float
+the methods below; the engine's event loop (gyre.sim.cluster.engine), KV pressure (gyre.sim.cluster.kv_pressure: preemption,
+eviction), migrations and crashes (gyre.sim.cluster.engine_moves) call them. Each method does the same float
 operations, in the same order, as the code it replaced, so a run's numbers do not move.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gyre.sim.execution import SimExecution
+    from gyre.sim.cluster.execution import SimExecution
 
 
 class KvLedger:

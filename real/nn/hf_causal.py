@@ -9,7 +9,7 @@ trainer share. It offers
   or a FlexAttention BlockMask (with attn_implementation "flex_attention"); position ids are explicit
   (a packed tree's are depths);
 - `forward(...)`: full logits (tests, references);
-- `prefill` / `extend` / `decode_step` on a gyre.nn.model.KVCache: the torch engine's continuous batching.
+- `prefill` / `extend` / `decode_step` on a gyre.real.nn.model.KVCache: the torch engine's continuous batching.
   The cache's tensors become a transformers DynamicCache for one call and are read back after it, so
   right-padded slots stay invalid exactly as in TinyLlama.
 - `serving_state()` / `load_serving_state(state)`: the parameters without the tied head's alias (one
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gyre.nn.model import KVCache, extend_mask
+from gyre.real.nn.model import KVCache, extend_mask
 
 
 class CausalLM(nn.Module):
@@ -122,12 +122,12 @@ class CausalLM(nn.Module):
 def build_model(model, *, seed: int = 0, dtype: str = "float32", device: str = "cpu", attn: str = "sdpa",
                 grad_checkpointing: bool = False):
     """The network a trainer or torch engine runs: `model` is a model folder (str or Path: its weights, through
-    transformers, as a CausalLM) or a gyre.nn.model.TinyLlamaConfig (random init from `seed`).
+    transformers, as a CausalLM) or a gyre.real.nn.model.TinyLlamaConfig (random init from `seed`).
     `grad_checkpointing`: each decoder layer is recomputed in the backward (in training mode)."""
     import numpy as np
 
-    from gyre.nn.hf_folder import check_dtype, load_model
-    from gyre.nn.model import TinyLlama, TinyLlamaConfig
+    from gyre.real.nn.hf_folder import check_dtype, load_model
+    from gyre.real.nn.model import TinyLlama, TinyLlamaConfig
 
     if isinstance(model, TinyLlamaConfig):
         check_dtype(dtype, device)
@@ -144,7 +144,7 @@ def model_identity(model) -> dict:
     """What a checkpoint records of its model: a TinyLlamaConfig's fields, or a model folder's ModelSpec identity."""
     from dataclasses import asdict
 
-    from gyre.nn.hf_folder import check_model_folder
-    from gyre.nn.model import TinyLlamaConfig
+    from gyre.real.nn.hf_folder import check_model_folder
+    from gyre.real.nn.model import TinyLlamaConfig
 
     return asdict(model) if isinstance(model, TinyLlamaConfig) else check_model_folder(model).identity()

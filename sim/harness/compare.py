@@ -14,8 +14,8 @@ Equal staleness: eta is the learning algorithm's choice, so a policy searched ov
 row per eta, `<name>-eta<e>` (its best at that eta, from the runs its search already made); a baseline
 keeps its row tuned over eta as well, `<name>`, labelled so. `speedup_vs_<baseline>_same_eta` divides
 that baseline's row at the row's own eta by the row's makespan; `speedup_vs_best` divides by the fastest
-equal-work baseline tuned with hindsight. Runs go to worker processes (gyre.sim.workers: they end with
-the comparison) or, with `ray`, to Ray tasks (gyre.sim.sweep: the same results), one search round at a time
+equal-work baseline tuned with hindsight. Runs go to worker processes (gyre.sim.harness.workers: they end with
+the comparison) or, with `ray`, to Ray tasks (gyre.sim.harness.sweep: the same results), one search round at a time
 (every policy's next batch together).
 """
 
@@ -35,8 +35,8 @@ from gyre.hardware import admission_limit
 from gyre.outputs import RunOutput
 from gyre.policies import REGISTRY, ClusterShape, baselines, sweep, tuner
 from gyre.policies.tuning import EqualWork, equal_work, fastest_at_equal_work
-from gyre.sim.runner import SimResult, simulate
-from gyre.sim.sweep import run_map
+from gyre.sim.harness.runner import SimResult, simulate
+from gyre.sim.harness.sweep import run_map
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def tune(
 
     Keys are policy names, and `<name>-pilot` for a baseline tuned on the first steps // PILOT_SHARE
     steps. All searches advance together, one round (every active search's next batch) at a time. `ray`
-    ("auto" or a cluster address) runs each round's runs as Ray tasks (gyre.sim.sweep.run_map)."""
+    ("auto" or a cluster address) runs each round's runs as Ray tasks (gyre.sim.harness.sweep.run_map)."""
     shape = shape_of(cfg)
     pilot_cfg = replace(cfg, steps=max(1, cfg.steps // PILOT_SHARE))
     skip = infeasible(cfg, policies)

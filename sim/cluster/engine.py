@@ -33,9 +33,9 @@ others' and never preempts (one that already holds its reservation, back from a 
 behind a head that cannot start). A context larger than the whole engine is a configuration error
 (SimCluster.admit). `admit_limit` (gyre.hardware.admission_limit of the KV capacity and the workload's
 `max_context`) is reported to policies, which hand the engine no more (policies.admit_queue). KV pressure
-(preemption, eviction) lives in gyre.sim.kv_pressure, and migrations, crashes and weight syncs in
-gyre.sim.engine_moves: both are mixins of SimEngine. The KV counters and each member's resident context are
-written only by the engine's KvLedger (`kv`, gyre.sim.kv_ledger), which all of them call; the engine's
+(preemption, eviction) lives in gyre.sim.cluster.kv_pressure, and migrations, crashes and weight syncs in
+gyre.sim.cluster.engine_moves: both are mixins of SimEngine. The KV counters and each member's resident context are
+written only by the engine's KvLedger (`kv`, gyre.sim.cluster.kv_ledger), which all of them call; the engine's
 lifecycle and served version are gyre.backend.EngineLifecycle's.
 
 Costs without a roofline use the linear step a + b n + c K + prefill_s_per_token m; a zero
@@ -56,13 +56,13 @@ from typing import TYPE_CHECKING
 from gyre.backend import READY, EngineLifecycle
 from gyre.cluster import Phase
 from gyre.hardware import admission_limit
-from gyre.sim.kv_ledger import KvLedger
-from gyre.sim.engine_moves import EngineMoves
-from gyre.sim.kv_pressure import KvPressure
+from gyre.sim.cluster.kv_ledger import KvLedger
+from gyre.sim.cluster.engine_moves import EngineMoves
+from gyre.sim.cluster.kv_pressure import KvPressure
 
 if TYPE_CHECKING:
-    from gyre.sim.backend import SimCluster
-    from gyre.sim.execution import SimExecution
+    from gyre.sim.cluster.backend import SimCluster
+    from gyre.sim.cluster.execution import SimExecution
 
 _EPS = 1e-9
 _INF = float("inf")

@@ -1,7 +1,7 @@
 """KV memory pressure on a simulated engine: admission order, preemption by recompute, idle-context eviction.
 
-A mixin of SimEngine (gyre.sim.engine), kept apart because it decides whose KV goes when memory is short (the
-engine's KvLedger, gyre.sim.kv_ledger, carries every change of the books out). vLLM's recompute mode: the most
+A mixin of SimEngine (gyre.sim.cluster.engine), kept apart because it decides whose KV goes when memory is short (the
+engine's KvLedger, gyre.sim.cluster.kv_ledger, carries every change of the books out). vLLM's recompute mode: the most
 recently admitted execution holding KV is preempted first; its KV is freed and it later re-prefills its whole context (its generated tokens are kept). Contexts
 of executions that are not running (in a tool call, or waiting) are an evictable cache. Every
 preemption or eviction is logged ("preempt", t, exec, engine, tokens to recompute, GPU-seconds that
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from gyre.cluster import Phase
 
 if TYPE_CHECKING:
-    from gyre.sim.execution import SimExecution
+    from gyre.sim.cluster.execution import SimExecution
 
 _TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
 

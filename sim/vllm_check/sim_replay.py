@@ -1,7 +1,7 @@
 """Replay a vLLM run's arrivals through the simulator's own engine: the check that `gyre-sim run` is right.
 
-engine_replay models vLLM's scheduler step by step; this runs the same requests through
-gyre.sim.engine.SimEngine, the fluid engine `gyre-sim run` uses (chunked prefill sharing the token
+vllm_scheduler models vLLM's scheduler step by step; this runs the same requests through
+gyre.sim.cluster.engine.SimEngine, the fluid engine `gyre-sim run` uses (chunked prefill sharing the token
 budget, hard KV limit with preemption by recompute, the roofline step time), on a SimCluster of the
 run's data-parallel replicas of `tensor_parallel` GPUs each. Each request is a one-segment execution
 (prompt = input tokens, one segment of output tokens) admitted at its arrival to the
@@ -25,15 +25,15 @@ import numpy as np
 from gyre.handles import all_of
 from gyre.hardware import CostConfig, derive_costs, engine_roofline
 from gyre.roofline import Coefficients
-from gyre.sim.backend import SimCluster
-from gyre.sim.engine_replay import DPBalancer
-from gyre.sim.engine_run import Run, setup
+from gyre.sim.cluster.backend import SimCluster
+from gyre.sim.vllm_check.vllm_scheduler import DPBalancer
+from gyre.sim.vllm_check.serving_run import Run, setup
 from gyre.workload import ExecutionSpec, GroupSpec, ReplaySource
 
 
 class _Arrivals:
     """Start the replicas, then admit each request at its arrival to the replica vLLM's DP load balancer
-    picks (engine_replay.DPBalancer: least 4 x waiting + running, from counts refreshed every 100 ms)."""
+    picks (vllm_scheduler.DPBalancer: least 4 x waiting + running, from counts refreshed every 100 ms)."""
 
     name = "arrivals"
 

@@ -1,7 +1,7 @@
 """Executions moving on and off a simulated engine, and the engine losing its process or its weights.
 
-A mixin of SimEngine (gyre.sim.engine), kept apart from the engine's event loop: what the cluster does to
-an engine from outside (gyre.sim.backend): a migration takes a between-turns execution off one engine
+A mixin of SimEngine (gyre.sim.cluster.engine), kept apart from the engine's event loop: what the cluster does to
+an engine from outside (gyre.sim.cluster.backend): a migration takes a between-turns execution off one engine
 (`remove`) and gives it to another (`add_migrated`: its KV arrives resident if it was transferred and
 fits, otherwise it re-prefills there); a crash loses every member's unfinished segment (`wipe`); a
 weight sync pauses decoding and resumes it at the new version, crediting the tokens decoded so far
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from gyre.cluster import Phase
 
 if TYPE_CHECKING:
-    from gyre.sim.execution import SimExecution
+    from gyre.sim.cluster.execution import SimExecution
 
 _TOOL, _DECODE, _QUEUED = Phase.TOOL, Phase.DECODE, Phase.QUEUED
 

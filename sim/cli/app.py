@@ -17,9 +17,9 @@ from gyre.config import ConfigError, RunConfig, override
 from gyre.faults import spec_error
 from gyre.policies import REGISTRY, UnknownPolicy, check_params, policy_class, takes
 from gyre.presets import DEFAULT_PRESET, MODELS, PRESETS, get_preset
-from gyre.sim import cli_engine, cli_traces
-from gyre.sim.cli_console import console, fail, print_table, progress_bar, report_infeasible
-from gyre.sim.sweep import RAY_HELP
+from gyre.sim.cli import calibrate_engine as cli_engine, traces as cli_traces
+from gyre.sim.cli.console import console, fail, print_table, progress_bar, report_infeasible
+from gyre.sim.harness.sweep import RAY_HELP
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulator: compare RL scheduling policies.")
 
@@ -73,8 +73,8 @@ def run(
     checkpoint_every: CheckpointEvery = None,
 ) -> None:
     """Simulate one policy and write its metrics."""
-    from gyre.sim.compare import Candidate, comparison_table, write_outputs
-    from gyre.sim.runner import simulate
+    from gyre.sim.harness.compare import Candidate, comparison_table, write_outputs
+    from gyre.sim.harness.runner import simulate
 
     cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every),
                                  engine)
@@ -112,7 +112,7 @@ def compare(
     ray: Annotated[Optional[str], typer.Option("--ray", help=RAY_HELP)] = None,
 ) -> None:
     """Run every registered policy on the same workload and seed, each tuned (async also on a pilot)."""
-    from gyre.sim.compare import tune, tuned_table, write_outputs
+    from gyre.sim.harness.compare import tune, tuned_table, write_outputs
 
     cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy, faults=faults,
                                               checkpoint_every=checkpoint_every), engine)

@@ -242,7 +242,7 @@ class TinyLlama(nn.Module):
         self.layers = nn.ModuleList(Block(config, dtype) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps, dtype)
         self.head = None if config.tie_embeddings else nn.Linear(config.dim, config.vocab_size, bias=False, dtype=dtype)
-        self.checkpointing = False  # activation checkpointing of each block in training (gyre.nn.hf_causal.build_model)
+        self.checkpointing = False  # activation checkpointing of each block (gyre.real.nn.hf_causal.build_model)
         self._init_weights(rng)
 
     def _init_weights(self, rng: np.random.Generator) -> None:

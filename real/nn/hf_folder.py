@@ -17,7 +17,7 @@ index), optionally the tokenizer's files. Nothing is downloaded: every read is `
 - `check_dtype(name, device)`: a dtype the device can train or serve in, or one line why not.
 
 Simplifications: one model per folder (no adapters, no remote code: `trust_remote_code` is never set);
-transformers and safetensors are imported lazily, so `import gyre.nn` stays light.
+transformers and safetensors are imported lazily, so `import gyre.real.nn` stays light.
 """
 
 from __future__ import annotations

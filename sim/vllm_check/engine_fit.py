@@ -1,6 +1,6 @@
 """Fit and check the engine step cost against a real vLLM run: errors, fit, engine.json.
 
-The replay (engine_replay) runs every request of the run through the simulator's own step cost
+The replay (vllm_scheduler) runs every request of the run through the simulator's own step cost
 (gyre.roofline.EngineRoofline, built by gyre.hardware.engine_roofline from the run's GPU and model
 presets, its tensor-parallel size and, for an MoE served with enable_expert_parallel, its experts spread
 over all data-parallel replicas' GPUs with the replicas stepping in lockstep). The coefficients fitted (gyre.roofline.Coefficients) are the
@@ -33,9 +33,9 @@ import numpy as np
 from scipy import optimize
 
 from gyre.roofline import Coefficients, ep_group_step_time
-from gyre.sim.engine_replay import ReplayResult, replay
-from gyre.sim.engine_run import Requests, Run, RunError, read_json, setup
-from gyre.sim.engine_simcheck import sim_engine_replay, sim_errors
+from gyre.sim.vllm_check.vllm_scheduler import ReplayResult, replay
+from gyre.sim.vllm_check.serving_run import Requests, Run, RunError, read_json, setup
+from gyre.sim.vllm_check.sim_replay import sim_engine_replay, sim_errors
 
 ENGINE_FORMAT = 1
 METRICS = ("e2e_median_rel_err", "e2e_p90_rel_err", "ttft_median_rel_err", "makespan_rel_err")
@@ -136,8 +136,8 @@ def load_engine(path: Path, base: Coefficients = Coefficients()) -> Coefficients
 def calibrate_run(run: Run, split: float | None, engine: Coefficients | None = None) -> dict[str, Any]:
     """The report: with `engine`, its errors on the whole run under `calibrated`; otherwise a fit on the
     first `split` by arrival and errors on the rest. `uncalibrated` is always the defaults; `simulator`
-    is the simulator's own engine (gyre.sim.engine, engine_simcheck) with the calibrated coefficients."""
-    from gyre.sim.engine_run import split_by_arrival
+    is the simulator's own engine (gyre.sim.cluster.engine, sim_replay) with the calibrated coefficients."""
+    from gyre.sim.vllm_check.serving_run import split_by_arrival
 
     n = len(run.requests)
     if engine is not None:

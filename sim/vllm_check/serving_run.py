@@ -6,7 +6,7 @@ A run directory holds three files (the layout of LLMServingSim's vLLM validation
   `data_parallel_size`, `enable_expert_parallel`, `max_num_seqs`, `max_num_batched_tokens`; optional
   `pipeline_parallel_size`, `dtype`), optionally `kv_cache` (`num_gpu_blocks`, `block_size`,
   `gpu_memory_utilization`) and `hardware.device_name`. The model and GPU presets are resolved from
-  these, a config.json beside the run, or flags (gyre.sim.engine_models).
+  these, a config.json beside the run, or flags (gyre.sim.vllm_check.run_presets).
 - `requests.jsonl`: one request a line: `input_toks`, `output_toks` and the engine's monotonic
   `queued_ts`, `scheduled_ts`, `first_token_ts`, `last_token_ts` (seconds); `arrival_time` (the
   client's wall clock) is not used: replay starts each request at its `queued_ts`.
@@ -14,7 +14,7 @@ A run directory holds three files (the layout of LLMServingSim's vLLM validation
 
 Every malformed input raises RunError with one line, `file:line: reason` or `file: field: reason`.
 `setup` derives the run's own step cost and scheduler arguments, what both replays of it use (the step
-loop, gyre.sim.engine_calibrate; the simulator's engine, gyre.sim.engine_simcheck).
+loop, gyre.sim.vllm_check.engine_fit; the simulator's engine, gyre.sim.vllm_check.sim_replay).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 from gyre.config import ConfigError
 from gyre.hardware import GpuConfig, ModelConfig, engine_roofline
 from gyre.roofline import Coefficients, EngineRoofline
-from gyre.sim.engine_replay import SchedulerArgs
+from gyre.sim.vllm_check.vllm_scheduler import SchedulerArgs
 
 REQUEST_FIELDS = ("input_toks", "output_toks", "queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
 
@@ -230,8 +230,8 @@ def read_timeseries(path: Path) -> dict[str, np.ndarray] | None:
 def read_run(run_dir: Path, *, model: str | None = None, model_config: Path | None = None,
              gpu: str | None = None) -> Run:
     """Read and check a run directory (see the module docstring); `model`, `model_config` and `gpu` are the
-    flags that name the model preset, a Hugging Face config.json and the GPU preset (engine_models)."""
-    from gyre.sim.engine_models import resolve_gpu, resolve_model
+    flags that name the model preset, a Hugging Face config.json and the GPU preset (run_presets)."""
+    from gyre.sim.vllm_check.run_presets import resolve_gpu, resolve_model
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():

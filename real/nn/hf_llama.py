@@ -31,9 +31,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gyre.nn.model import TinyLlamaConfig
+from gyre.real.nn.model import TinyLlamaConfig
 
-_LAYER_NAMES = {  # gyre.nn.model.Block -> transformers LlamaDecoderLayer
+_LAYER_NAMES = {  # gyre.real.nn.model.Block -> transformers LlamaDecoderLayer
     "attn_norm.weight": "input_layernorm.weight",
     "attn.wq.weight": "self_attn.q_proj.weight",
     "attn.wk.weight": "self_attn.k_proj.weight",

@@ -1,6 +1,6 @@
 """`gyre-sim calibrate`, `gyre-sim replay`, and `run --workload/--trace-out`: traces on the command line.
 
-register(app) adds the two commands. `run` (sim/cli.py) calls `calibrated_source` for
+register(app) adds the two commands. `run` (sim/cli/app.py) calls `calibrated_source` for
 `--workload workload.json` (a calibrated workload, gyre.traces.calibrated, instead of the preset's)
 and `write_run_trace` for `--trace-out trace.jsonl` (the finished run as a rollout trace: every
 issued group, in issue order, so replaying it reproduces the run).
@@ -72,7 +72,7 @@ def write_run_trace(result, path: Path, preset: str | None = None) -> int:
 def _fail(exc: Exception) -> None:
     from rich.markup import escape
 
-    from gyre.sim.cli_console import fail
+    from gyre.sim.cli.console import fail
 
     fail(escape(str(exc)))  # a record's text (e.g. "[1, 2]") is not console markup
 
@@ -99,7 +99,7 @@ CheckpointEveryOpt = Annotated[Optional[int], typer.Option(
 
 
 def _load(trace, fmt, skip_bad, group_size, groups_per_step, names: FieldNames, cap=None):
-    from gyre.sim.cli_console import console
+    from gyre.sim.cli.console import console
 
     try:
         g = Grouping(group_size=group_size, groups_per_step=groups_per_step, cap=cap)
@@ -131,7 +131,7 @@ def print_report(r: dict) -> None:
     """The calibration summary: drift decision, tails, and the held-out fit table (or why there is none)."""
     from rich.table import Table
 
-    from gyre.sim.cli_console import console
+    from gyre.sim.cli.console import console
 
     d = r.get("drift", {})
     console.print(f"{r['trace']}: {r['executions']} executions, fitted {r['fitted']}, held out {r['held_out']}; "
@@ -181,7 +181,7 @@ def calibrate_cmd(
     tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns",
 ) -> None:
     """Fit a workload (empirical body + GPD tail + cap mass, difficulty, drift) to a trace; report held-out fit."""
-    from gyre.sim.cli_console import console
+    from gyre.sim.cli.console import console
 
     names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
     tr, _ = _load(trace, fmt, skip_bad, group_size, groups_per_step, names, cap)
@@ -227,8 +227,8 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
     from gyre.config import ConfigError, override
     from gyre.policies import UnknownPolicy, policy_class
     from gyre.presets import DEFAULT_PRESET, get_preset
-    from gyre.sim.cli_console import console, print_table
-    from gyre.sim.compare import candidates, tune, tuned_table, write_outputs
+    from gyre.sim.cli.console import console, print_table
+    from gyre.sim.harness.compare import candidates, tune, tuned_table, write_outputs
 
     from gyre.faults import spec_error
 
@@ -255,10 +255,10 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
             policy_class(p)
         except UnknownPolicy as exc:
             _fail(exc)
-    from gyre.sim.cli_engine import with_engine
+    from gyre.sim.cli.calibrate_engine import with_engine
 
     cfg = with_engine(cfg, engine)
-    from gyre.sim.cli_console import report_infeasible
+    from gyre.sim.cli.console import report_infeasible
 
     report_infeasible(cfg, policy)
     cands = candidates(cfg, policy)

@@ -2,10 +2,10 @@
 
 `run_map(fn, args, workers=..., ray=...)` returns `[fn(a) for a in args]`, in that order, whichever of the three
 runs them, so a comparison's results do not depend on where it ran: each run is a pure function of its config
-(gyre.sim.runner), and what comes back is the very object `fn` returned, pickled. `on_done(i, result)` is called
+(gyre.sim.harness.runner), and what comes back is the very object `fn` returned, pickled. `on_done(i, result)` is called
 here as each run finishes, in the order they finish (a progress bar, a log line).
 
-- `ray=None`: `workers` processes (gyre.sim.workers.process_pool, which end with this one), or this process
+- `ray=None`: `workers` processes (gyre.sim.harness.workers.process_pool, which end with this one), or this process
   when `workers` is 1.
 - `ray="auto"`: the Ray session this process already has, or else a local Ray cluster started for the sweep
   (with `workers` CPUs, default the CPUs Ray detects) and shut down after it; `ray=ADDRESS`: that cluster (`ray.init(address=...)`,
@@ -14,7 +14,7 @@ here as each run finishes, in the order they finish (a progress bar, a log line)
   in a script (`__main__`) travels by value.
 
 An interrupt (Ctrl-C) or any error while the sweep runs cancels what is still queued or running: the pool's
-workers are terminated (gyre.sim.workers), Ray's tasks are cancelled (`ray.cancel(force=True)`), and the error
+workers are terminated (gyre.sim.harness.workers), Ray's tasks are cancelled (`ray.cancel(force=True)`), and the error
 goes on to the caller. Ray is imported only when asked for.
 """
 
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gyre.sim.workers import process_pool
+from gyre.sim.harness.workers import process_pool
 
 OnDone = Callable[[int, Any], None]
 RAY_HELP = "run the configurations as Ray tasks: 'auto' (a local Ray cluster) or a Ray cluster's address"

@@ -20,12 +20,12 @@ from typing import Annotated, Any, Optional
 import numpy as np
 import typer
 
-from gyre.sim.engine_calibrate import METRICS, calibrate_run, coef_dict, engine_json, load_engine
-from gyre.sim.engine_run import Run, RunError, read_run
+from gyre.sim.vllm_check.engine_fit import METRICS, calibrate_run, coef_dict, engine_json, load_engine
+from gyre.sim.vllm_check.serving_run import Run, RunError, read_run
 
 
 def _fail(exc: Exception) -> None:
-    from gyre.sim.cli_console import fail
+    from gyre.sim.cli.console import fail
 
     fail(str(exc))
 
@@ -111,7 +111,7 @@ def calibrate_engine_cmd(
     """Fit the engine cost model to a real vLLM run's logs; report held-out errors (or apply --engine's)."""
     from rich.table import Table
 
-    from gyre.sim.cli_console import console
+    from gyre.sim.cli.console import console
 
     try:
         run = read_run(run_dir, model=model, model_config=model_config, gpu=gpu)
@@ -134,7 +134,7 @@ def calibrate_engine_cmd(
         t.add_row(label, *(f"{rep[name][m]:.1%}" for m in METRICS))
     console.print(t)
     sim = rep["simulator"]
-    console.print(f"the simulator's engine (gyre.sim.engine) with these coefficients: e2e median "
+    console.print(f"the simulator's engine (gyre.sim.cluster.engine) with these coefficients: e2e median "
                   f"{sim['e2e_median_rel_err']:.1%}, p90 {sim['e2e_p90_rel_err']:.1%}, "
                   f"makespan {sim['makespan_rel_err']:.1%}",
                   highlight=False)
@@ -149,7 +149,7 @@ def calibrate_engine_cmd(
 
 def _write(run: Run, rep: dict[str, Any], out: Path | None, report: Path | None, figures: Path | None,
            fitted: bool) -> None:
-    from gyre.sim.cli_console import console
+    from gyre.sim.cli.console import console
 
     if out is not None:  # fitted: the fit; with --engine: the applied coefficients and their errors on this run
         public = {k: rep[k] for k in ("calibrated", "uncalibrated", "simulator", "fit_requests", "fit_loss",

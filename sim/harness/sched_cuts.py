@@ -4,7 +4,7 @@ A comparison counts only at equal work (DESIGN.md, "Comparing policies fairly").
 the workload, so an execution too long to finish within it even alone on an idle engine is cut by any
 policy; one that would have finished alone but was cut anyway was cut by the scheduler (queued,
 thrashed, starved of decode). Which is which comes from the lower bound's solo latency of each execution
-(policies.bound: batch 1, cheapest prefill, its tool time, capped by the deadline): an execution is a
+(sim/cluster/bound.py: batch 1, cheapest prefill, its tool time, capped by the deadline): an execution is a
 scheduler-induced cut when its finish record says it ended at its deadline and its solo latency is below
 that deadline. The tokens it lost are those its spec would have decoded minus those its finish record
 says it did. If an execution finished more than once (a fault re-ran it), its last finish record counts.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gyre.hardware import Costs
-from gyre.policies.bound import per_exec  # the bound's per-execution solo latency
+from gyre.sim.cluster.bound import per_exec  # the bound's per-execution solo latency
 from gyre.workload import GroupSpec
 
 END_DEADLINE = 2  # the finish record's end field: 0 done, 1 capped, 2 deadline (gyre.metrics)
