@@ -22,7 +22,8 @@ the best staleness bound of every sweep this project has run (xlong-swe, xlong-s
 so the map spends its runs on the split and cap. Every row carries its work (deadline cuts,
 scheduler-induced cuts, tokens generated and trained, preemptions) and whether it does equal work
 (policies.tuning: its scheduler-induced cuts within 1% of the cell's executions of the least of the cell's
-rows); `elastic_vs_best` divides by the fastest baseline doing equal work (compare's `speedup_vs_best`).
+rows); `elastic_vs_best` divides by the fastest baseline doing equal work (compare's `speedup_vs_best`), and a
+cell whose elastic row does not do equal work itself says so (`elastic_equal_work`, "unequal work" in the figure).
 
 python experiments/regime_map/run.py [--steps 6] [--jobs 2] [--cells core|all|1m|one] [--arch hybrid,gqa,mla]
     [--name map]  ->  results/<name>.csv, .png (one row per cell), results/<name>_rows.csv (every policy row of
@@ -187,8 +188,13 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     ax.set_yticks(range(len(piv.index)), [f"{w // 1024}K: {fits[w]:.0f}" for w in piv.index])
     ax.set_xlabel(f"cluster GPUs (trainer minimum {tmin} as a share)")
     ax.set_ylabel("window: contexts per engine")
+    # maps written since the cap search mark a cell whose elastic row does not do equal work
+    equal = (core.pivot_table(index="window", columns="gpus", values="elastic_equal_work", aggfunc="min")
+             if "elastic_equal_work" in core else None)
     for i, j in itertools.product(range(piv.shape[0]), range(piv.shape[1])):
-        ax.text(j, i, f"{piv.values[i, j]:.2f}x\n(ceil {ceil.values[i, j]:.2f})", ha="center", va="center", fontsize=8)
+        unequal = equal is not None and not bool(equal.values[i, j])
+        ax.text(j, i, f"{piv.values[i, j]:.2f}x\n(ceil {ceil.values[i, j]:.2f})" + ("\nunequal work" if unequal else ""),
+                ha="center", va="center", fontsize=8)
     arch = f"{core.arch.iloc[0]}, " if "arch" in core else ""
     ax.set_title(f"elastic / best of (colocate, async), {arch}{int(core.steps.iloc[0])} steps, growth 3x, "
                  "heavy training", fontsize=10)
