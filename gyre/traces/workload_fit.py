@@ -1,4 +1,5 @@
-"""Calibration: a trace in, a CalibratedWorkload out, with its fit judged on data held out by time.
+"""A workload fitted to a trace (`gyre-sim calibrate`): a trace in, a CalibratedWorkload out, with its fit judged on
+data held out by time.
 
 The trace's groups are in time (issue) order; the first `split` of its executions (cut at a group
 boundary) are fitted, the rest held out. On the fitted part:
@@ -26,7 +27,7 @@ The held-out part is compared with groups drawn from the calibrated source for t
 (`MODEL_DRAWS` executions at least): per quantity, fit.fit_quality with K = the batch size.
 
 Every token-count distribution is clamped at the context window (no draw exceeds it), the length
-also at its cap; a tail whose GPD shape has no finite mean falls back to the empirical tail (fit.py),
+also at its cap; a tail whose GPD shape has no finite mean falls back to the empirical tail (tail_dist.py),
 and the report says which.
 
 Simplifications: difficulty and drift act on the length only; segments of different executions
@@ -43,7 +44,7 @@ from operator import attrgetter
 import numpy as np
 
 from gyre.traces.calibrated import CalibratedWorkload, sample_quantities
-from gyre.traces.fit import detect_cap, fit_quality, fit_tail_dist
+from gyre.traces.tail_dist import detect_cap, fit_quality, fit_tail_dist
 from gyre.traces.schema import Trace, TraceError
 from gyre.workload import GroupSpec, LogNormal, WorkloadConfig
 
@@ -57,7 +58,7 @@ RECENT_MIN = 50  # executions a window must hold
 
 
 @dataclass(frozen=True, kw_only=True)
-class CalibrateOptions:
+class WorkloadFitOptions:
     split: float = 0.7  # fitted share of executions, by time
     cap: float | None = None  # length cap; None: the trace's max_turns, or a repeated maximum
     k: int | None = None  # the K of "max over K"; None: the batch size
@@ -238,7 +239,7 @@ def split_groups(groups: list[GroupSpec], split: float) -> tuple[list[GroupSpec]
     return groups[:cut], groups[cut:]
 
 
-def calibrate(trace: Trace, opts: CalibrateOptions = CalibrateOptions()) -> CalibratedWorkload:
+def fit_workload(trace: Trace, opts: WorkloadFitOptions = WorkloadFitOptions()) -> CalibratedWorkload:
     """Fit a CalibratedWorkload on the first `split` of the trace; report fit quality on the rest."""
     if not trace.groups:
         raise TraceError(f"{trace.path}: no executions to calibrate from")
@@ -317,7 +318,7 @@ def drift_windows(length: np.ndarray, step: np.ndarray, n: int = 8) -> list[dict
     return rows
 
 
-def model_steps(cw: CalibratedWorkload, test: list[GroupSpec], opts: CalibrateOptions) -> np.ndarray:
+def model_steps(cw: CalibratedWorkload, test: list[GroupSpec], opts: WorkloadFitOptions) -> np.ndarray:
     """The held-out groups' steps, repeated until the draws hold >= model_draws segments and
     >= MIN_MODEL_DRAWS executions (Monte Carlo error well under the held-out data's own)."""
     steps = np.array([g.step for g in test], dtype=float)
@@ -327,7 +328,7 @@ def model_steps(cw: CalibratedWorkload, test: list[GroupSpec], opts: CalibrateOp
     return np.tile(steps, reps)
 
 
-def evaluate(cw: CalibratedWorkload, test: list[GroupSpec], k: int, opts: CalibrateOptions) -> dict[str, dict]:
+def evaluate(cw: CalibratedWorkload, test: list[GroupSpec], k: int, opts: WorkloadFitOptions) -> dict[str, dict]:
     """fit_quality per quantity: the calibrated source's draws vs the held-out groups."""
     model = sample_quantities(cw, model_steps(cw, test, opts), opts.seed)
     held = quantities(test, cw.scale_target)
@@ -339,7 +340,7 @@ def evaluate(cw: CalibratedWorkload, test: list[GroupSpec], k: int, opts: Calibr
     return out
 
 
-def fit_figures(cw: CalibratedWorkload, trace: Trace, folder, opts: CalibrateOptions = CalibrateOptions()) -> list:
+def fit_figures(cw: CalibratedWorkload, trace: Trace, folder, opts: WorkloadFitOptions = WorkloadFitOptions()) -> list:
     """CDF and QQ plots (log scale) of the calibrated draws against the held-out data, one row per quantity."""
     from pathlib import Path
 
