@@ -45,7 +45,8 @@ def parting(model: np.ndarray, test: np.ndarray, top: int = 3) -> list[tuple[flo
 
 def shape_check(tr, cw, key: str) -> None:
     """Where the fit of `key` parts from the data (module docstring)."""
-    from gyre.traces.workload_fit import quantities, recent_groups, split_groups
+    from gyre.traces.heldout import quantities, split_groups
+    from gyre.traces.workload_fit import recent_groups
     from gyre.traces.calibrated import sample_quantities
     from gyre.traces.tail_dist import _ecdf_distances
 

@@ -232,7 +232,8 @@ import gyre.notebook as nb
 from gyre.config import override
 from gyre.presets import get_preset
 from gyre.sim.harness.runner import simulate
-from gyre.traces.workload_fit import WorkloadFitOptions, fit_workload, quantities, split_groups
+from gyre.traces.heldout import quantities, split_groups
+from gyre.traces.workload_fit import WorkloadFitOptions, fit_workload
 from gyre.traces.calibrated import CalibratedSource, load_workload, sample_quantities
 from gyre.traces.readers import Grouping, read_request_csv
 from gyre.workload import ReplaySource

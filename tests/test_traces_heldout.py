@@ -155,7 +155,7 @@ def test_quantities_equal_a_plain_loop():
     import dataclasses
 
     from gyre.presets import xlong_swe
-    from gyre.traces.workload_fit import quantities
+    from gyre.traces.heldout import quantities
     from gyre.workload import WorkloadSource
 
     src = WorkloadSource(dataclasses.replace(xlong_swe(), groups_per_step=2), 7)

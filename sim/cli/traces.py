@@ -20,11 +20,12 @@ from typing import Annotated, Optional
 import typer
 
 from gyre.gc_pause import no_gc
-from gyre.traces.workload_fit import DRIFT_MODES, WorkloadFitOptions, base_config, fit_workload, fit_figures, quantities
 from gyre.traces.calibrated import CalibratedSource, load_workload
 from gyre.traces.formats import FORMATS, FieldNames, load_trace
+from gyre.traces.heldout import fit_figures, quantities
 from gyre.traces.readers import TIME_UNITS, Grouping
 from gyre.traces.schema import Outcome, Trace, TraceError, write_trace
+from gyre.traces.workload_fit import DRIFT_MODES, WorkloadFitOptions, base_config, fit_workload
 from gyre.workload import ReplaySource
 
 def replay_source(path: str, fmt: str, skip_bad: bool, grouping: Grouping, names: FieldNames) -> ReplaySource:
