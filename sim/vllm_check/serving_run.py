@@ -30,7 +30,8 @@ import numpy as np
 
 from gyre.config import ConfigError
 from gyre.jsonl import json_objects
-from gyre.hardware import GpuConfig, ModelConfig, engine_roofline
+from gyre.datasheets import GpuConfig, ModelConfig
+from gyre.hardware import engine_roofline
 from gyre.roofline import Coefficients, EngineRoofline
 from gyre.sim.vllm_check.vllm_scheduler import SchedulerArgs
 
