@@ -125,7 +125,7 @@ class RealClusterConfig:
     task_class: str = DEFAULT_TASK  # dotted path of the task (gyre.real.task_api.Task)
     tools: ToolConfig = field(default_factory=ToolConfig)
     first_task: int = 0  # index of the run's first task in the task sequence (a resumed run continues it)
-    redraw: tuple[int, ...] = ()  # task indexes drawn first, before first_task on (gyre.real.resume: drawn, never trained)
+    redraw: tuple[int, ...] = ()  # drawn first, before first_task on (gyre.real.run_state: drawn, never trained)
     normalize_std: bool = True
     seed: int = 0
     max_wall_s: float = 1800.0

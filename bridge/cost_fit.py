@@ -1,4 +1,5 @@
-"""Sim-to-real: calibrate the simulator's cost model from a real run, then predict other policies.
+"""Sim-to-real (`gyre-real calibrate`): the simulator's cost model fitted to a real run's profile, then other
+policies predicted.
 
 What it models: gyre.hardware.Costs is the simulator's whole cost model. From one real run's profile:
 - decode step time a + b*batch + c*KV tokens: least squares over every engine decode step;
@@ -39,7 +40,7 @@ from gyre.estimate import EstimateError, fit_step, fit_train_s_per_token_gpu
 from gyre.hardware import Costs
 
 
-class CalibrationError(ValueError):
+class CostFitError(ValueError):
     """Missing or unusable run output; the message names the file."""
 
 
@@ -49,7 +50,7 @@ def costs_from_profile(profile: dict, *, engine_gpus: int, kv_capacity: int, tra
         step = fit_step(profile.get("engine_decode"))
         train = fit_train_s_per_token_gpu(profile.get("train"), train_gpus)
     except EstimateError as exc:
-        raise CalibrationError(str(exc)) from None
+        raise CostFitError(str(exc)) from None
     a, b, c = step.a, step.b, step.c
     pre = np.asarray(profile.get("engine_prefill") or [[1, 0.0]], dtype=np.float64).reshape(-1, 2)
     prefill = float(pre[:, 1].sum()) / max(float(pre[:, 0].sum()), 1.0)
@@ -73,7 +74,7 @@ class TraceSource:
 
     def __init__(self, groups, workload) -> None:
         if not groups:
-            raise CalibrationError("trace has no groups")
+            raise CostFitError("trace has no groups")
         self.groups = groups
         self.config = workload
         self.i = 0
@@ -112,14 +113,14 @@ def load_run(run_dir: Path, policy: str):
 
     prof, tr = run_dir / f"profile_{policy}.json", run_dir / f"trace_{policy}.jsonl"
     if not prof.exists() or not tr.exists():
-        raise CalibrationError(f"{run_dir}: no profile/trace for policy {policy!r} (run gyre-real run first)")
+        raise CostFitError(f"{run_dir}: no profile/trace for policy {policy!r} (run gyre-real run first)")
     try:
         return json.loads(prof.read_text()), read_trace(tr)
     except (ValueError, TraceError) as exc:
-        raise CalibrationError(f"{tr}: {exc}") from None
+        raise CostFitError(f"{tr}: {exc}") from None
 
 
-def calibrated_costs(run_dir: str | Path, source: str):
+def fitted_costs(run_dir: str | Path, source: str):
     """The cost model calibrated on `source`'s run in `run_dir`, that run's trace, and its median training GPUs."""
     run_dir = Path(run_dir)
     profile, trace = load_run(run_dir, source)
@@ -146,12 +147,12 @@ def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, t
     `workload`: "source" replays the source run's trace for every prediction; "own" replays each
     predicted policy's own trace (it must have been run). `train_scales`: whether the real trainer's step
     time shrinks with its GPU count (False: the prediction is re-run with the per-token cost at the
-    predicted policy's median training GPU count). `calibrated`: `calibrated_costs(run_dir, source)`, if the
+    predicted policy's median training GPU count). `calibrated`: `fitted_costs(run_dir, source)`, if the
     caller has it already."""
     if workload not in ("source", "own"):
-        raise CalibrationError(f"workload must be 'source' or 'own', not {workload!r}")
+        raise CostFitError(f"workload must be 'source' or 'own', not {workload!r}")
     run_dir = Path(run_dir)
-    costs, trace, src_gpus = calibrated if calibrated is not None else calibrated_costs(run_dir, source)
+    costs, trace, src_gpus = calibrated if calibrated is not None else fitted_costs(run_dir, source)
     run = trace.run
     summary = pd.read_csv(run_dir / "summary.csv").set_index("policy")
     rows = []
