@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from gyre.roofline import Coefficients
-from gyre.sim.vllm_check.engine_fit import calibrate_run, coef_dict, errors, setup, simulate
+from gyre.sim.vllm_check.engine_fit import fit_report, coef_dict, errors, setup, simulate
 from gyre.sim.vllm_check.serving_run import read_run
 
 DATA = Path("/work/shared/data/vllm_timings")
@@ -117,7 +117,7 @@ def main() -> None:
     print(f"# engine calibration against real vLLM runs (data: LLMServingSim, MIT); split {a.split}")
     for name, run in runs.items():
         t = time.time()
-        rep = calibrate_run(run, a.split)
+        rep = fit_report(run, a.split)
         fits[name] = rep["coef"]
         c, u = rep["calibrated"], rep["uncalibrated"]
         ok = (c["e2e_median_rel_err"] <= 0.10, c["makespan_rel_err"] <= 0.05, u["e2e_median_rel_err"] <= 0.25)
@@ -171,7 +171,7 @@ def main() -> None:
             for dst, run in runs.items():
                 if src == dst:
                     continue
-                rep = calibrate_run(run, None, coef)
+                rep = fit_report(run, None, coef)
                 e = rep["calibrated"]
                 same = runs[src].model_cfg.name == run.model_cfg.name and runs[src].gpu_cfg.name != run.gpu_cfg.name
                 cross[f"{src} -> {dst}"] = {**e, "same_model": same}

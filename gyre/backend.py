@@ -16,7 +16,7 @@ are `EngineLifecycle`s.
 
 Assumes the subclass sets, before use: `_engines` (id -> EngineLifecycle with `.gpus`, `.members`),
 `executions` (id -> execution with `.engine`, `.phase`, `.started_at`, `.migrate_to`), `groups`, `log`,
-`gpu_pool` (gyre.pool.GpuPool), `_version` (steps done in this run) and `_next_engine`; `init_books` sets
+`gpu_pool` (gyre.gpu_roles.GpuRoles), `_version` (steps done in this run) and `_next_engine`; `init_books` sets
 them all.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from gyre.cluster import ClusterError, EngineView, ExecutionView, Phase, Role
 from gyre.handles import Handle, Process, done_handle
-from gyre.pool import TRAINER, GpuPool
+from gyre.gpu_roles import TRAINER, GpuRoles
 
 
 class EngineState(str, enum.Enum):
@@ -107,7 +107,7 @@ class ClusterBase:
         self._version = 0
         self._deferred: list[tuple[Handle, Any]] = []
         self.log: list[tuple] = []
-        self.gpu_pool = GpuPool(n_gpus, self.log)
+        self.gpu_pool = GpuRoles(n_gpus, self.log)
         self.groups: dict[int, Any] = {}
         self.executions: dict[int, Any] = {}
 

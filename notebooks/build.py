@@ -232,7 +232,8 @@ import gyre.notebook as nb
 from gyre.config import override
 from gyre.presets import get_preset
 from gyre.sim.harness.runner import simulate
-from gyre.traces.calibrate import CalibrateOptions, calibrate, quantities, split_groups
+from gyre.traces.heldout import quantities, split_groups
+from gyre.traces.workload_fit import WorkloadFitOptions, fit_workload
 from gyre.traces.calibrated import CalibratedSource, load_workload, sample_quantities
 from gyre.traces.readers import Grouping, read_request_csv
 from gyre.workload import ReplaySource
@@ -272,8 +273,8 @@ than the data's own tail (or has no finite mean), the empirical tail is kept ins
 here: requests are not tasks). The fit is judged against many draws from the calibrated workload.
 """),
     ("code", """
-opts = CalibrateOptions(split=0.7, seed=0)
-cw = calibrate(trace, opts)
+opts = WorkloadFitOptions(split=0.7, seed=0)
+cw = fit_workload(trace, opts)
 r = cw.report
 length = cw.dists["length"]
 print(f"fitted {r['fitted']} executions, held out {r['held_out']}; length = {r['scale_target']} tokens, "

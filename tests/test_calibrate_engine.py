@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gyre.roofline import Coefficients
 from gyre.sim.cli.app import app
-from gyre.sim.vllm_check.engine_fit import calibrate_run, errors, load_engine, simulate
+from gyre.sim.vllm_check.engine_fit import fit_report, errors, load_engine, simulate
 from gyre.sim.vllm_check.serving_run import read_run, split_by_arrival
 
 runner = CliRunner()
@@ -67,7 +67,7 @@ def test_errors_match_a_naive_computation(tmp_path):
 def test_fit_recovers_the_model_that_made_the_run(tmp_path):
     """On a run its own model produced, the fit's held-out errors are near zero, and far below the defaults'."""
     run = read_run(write_run(tmp_path / "run"))
-    rep = calibrate_run(run, 0.7)
+    rep = fit_report(run, 0.7)
     assert rep["calibrated"]["e2e_median_rel_err"] < 0.01, rep["calibrated"]
     assert rep["calibrated"]["makespan_rel_err"] < 0.01, rep["calibrated"]
     assert rep["uncalibrated"]["e2e_median_rel_err"] > 0.05, rep["uncalibrated"]
@@ -250,7 +250,7 @@ def test_moe_tensor_and_data_parallel_run(tmp_path):
                               "max_num_batched_tokens": 512}}
     coef = replace(TRUE, allreduce_s=2e-5)
     run = read_run(write_run(tmp_path / "moe", n=30, coef=coef, meta=meta))
-    rep = calibrate_run(run, None, coef)
+    rep = fit_report(run, None, coef)
     assert rep["calibrated"]["e2e_p90_rel_err"] < 1e-9 and rep["calibrated"]["makespan_rel_err"] < 1e-9, rep
     one = replace(run, engine=replace(run.engine, data_parallel=1))
     assert simulate(one, coef).last_token.max() > simulate(run, coef).last_token.max(), "two replicas finish sooner"

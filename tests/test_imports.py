@@ -10,7 +10,7 @@ import sys
 for name in ("simpy", "ray", "torch", "vllm"):
     sys.modules[name] = None  # any import of it raises ImportError
 import gyre, gyre.cluster, gyre.handles, gyre.workload, gyre.presets, gyre.metrics, gyre.hardware
-import gyre.backend, gyre.pool, gyre.config, gyre.outputs
+import gyre.backend, gyre.gpu_roles, gyre.config, gyre.outputs
 import gyre.policies, gyre.policies.common, gyre.sim.cluster.bound
 from gyre.policies import REGISTRY
 for name in REGISTRY:

@@ -17,7 +17,7 @@ from gyre.config import ConfigError, RunConfig, override
 from gyre.faults import spec_error
 from gyre.policies import REGISTRY, UnknownPolicy, check_params, policy_class, takes
 from gyre.presets import DEFAULT_PRESET, MODELS, PRESETS, get_preset
-from gyre.sim.cli import calibrate_engine as cli_engine, traces as cli_traces
+from gyre.sim.cli import calibrate_engine, traces
 from gyre.sim.cli.console import console, fail, print_table, progress_bar, report_infeasible
 from gyre.sim.harness.sweep import RAY_HELP
 
@@ -53,8 +53,8 @@ Gpus = Annotated[Optional[int], typer.Option("--gpus", help="GPUs in the cluster
 Steps = Annotated[Optional[int], typer.Option("--steps", help="training steps")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="workload seed")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="results folder")]
-Faults = cli_traces.FaultsOpt
-CheckpointEvery = cli_traces.CheckpointEveryOpt
+Faults = traces.FaultsOpt
+CheckpointEvery = traces.CheckpointEveryOpt
 
 
 @app.command()
@@ -68,7 +68,7 @@ def run(
     out: Out = Path("out/run"),
     workload: Annotated[Optional[Path], typer.Option("--workload", help="calibrated workload JSON (gyre-sim calibrate)")] = None,
     trace_out: Annotated[Optional[Path], typer.Option("--trace-out", help="also write the run as a rollout trace (JSONL)")] = None,
-    engine: cli_engine.EngineOpt = None,
+    engine: calibrate_engine.EngineOpt = None,
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
 ) -> None:
@@ -76,20 +76,20 @@ def run(
     from gyre.sim.harness.compare import Candidate, comparison_table, write_outputs
     from gyre.sim.harness.runner import simulate
 
-    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every),
-                                 engine)
+    cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every),
+                                       engine)
     with progress_bar() as prog:
         task = prog.add_task(f"{policy} on {cfg.name}", total=cfg.steps)
         try:
             source = None
             if workload is not None:
-                cfg, source = cli_traces.calibrated_source(cfg, workload)
+                cfg, source = traces.calibrated_source(cfg, workload)
             r = simulate(cfg, policy, source=source, progress=lambda v, t: prog.update(task, completed=v))
         except (UnknownPolicy, ValueError, OSError) as exc:
             fail(str(exc))
             raise
     if trace_out is not None:
-        n = cli_traces.write_run_trace(r, trace_out, preset)
+        n = traces.write_run_trace(r, trace_out, preset)
         console.print(f"wrote {trace_out} ({n} executions)")
     best = {r.policy: (Candidate(r.policy, cfg.policy_params.get(policy, {})), r)}
     table = comparison_table(best)
@@ -106,7 +106,7 @@ def compare(
     seed: Seed = None,
     policy: Annotated[Optional[list[str]], typer.Option("--policy", help="restrict to these policies")] = None,
     out: Out = Path("out/compare"),
-    engine: cli_engine.EngineOpt = None,
+    engine: calibrate_engine.EngineOpt = None,
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help=RAY_HELP)] = None,
@@ -114,8 +114,8 @@ def compare(
     """Run every registered policy on the same workload and seed, each tuned (async also on a pilot)."""
     from gyre.sim.harness.compare import tune, tuned_table, write_outputs
 
-    cfg = cli_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy, faults=faults,
-                                              checkpoint_every=checkpoint_every), engine)
+    cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy, faults=faults,
+                                                    checkpoint_every=checkpoint_every), engine)
     report_infeasible(cfg, policy)
     with progress_bar() as prog:
         task = prog.add_task(f"tuning on {cfg.name}" + (f" (Ray: {ray})" if ray else ""), total=None)
@@ -154,8 +154,8 @@ def presets() -> None:
     console.print(m)
 
 
-cli_traces.register(app)
-cli_engine.register(app)
+traces.register(app)
+calibrate_engine.register(app)
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Optional
 import numpy as np
 import typer
 
-from gyre.sim.vllm_check.engine_fit import METRICS, calibrate_run, coef_dict, engine_json, load_engine
+from gyre.sim.vllm_check.engine_fit import METRICS, fit_report, coef_dict, engine_json, load_engine
 from gyre.sim.vllm_check.serving_run import Run, RunError, read_run
 
 
@@ -118,7 +118,7 @@ def calibrate_engine_cmd(
         coeffs = load_engine(engine) if engine is not None else None
         if coeffs is None and not 0.0 < split < 1.0:
             raise RunError(f"--split must be in (0, 1), got {split}")
-        rep = calibrate_run(run, split, coeffs)
+        rep = fit_report(run, split, coeffs)
     except RunError as exc:
         _fail(exc)
         raise

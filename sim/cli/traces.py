@@ -20,11 +20,12 @@ from typing import Annotated, Optional
 import typer
 
 from gyre.gc_pause import no_gc
-from gyre.traces.calibrate import DRIFT_MODES, CalibrateOptions, base_config, calibrate, fit_figures, quantities
 from gyre.traces.calibrated import CalibratedSource, load_workload
 from gyre.traces.formats import FORMATS, FieldNames, load_trace
+from gyre.traces.heldout import fit_figures, quantities
 from gyre.traces.readers import TIME_UNITS, Grouping
 from gyre.traces.schema import Outcome, Trace, TraceError, write_trace
+from gyre.traces.workload_fit import DRIFT_MODES, WorkloadFitOptions, base_config, fit_workload
 from gyre.workload import ReplaySource
 
 def replay_source(path: str, fmt: str, skip_bad: bool, grouping: Grouping, names: FieldNames) -> ReplaySource:
@@ -186,8 +187,8 @@ def calibrate_cmd(
     names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
     tr, _ = _load(trace, fmt, skip_bad, group_size, groups_per_step, names, cap)
     try:
-        opts = CalibrateOptions(split=split, cap=cap, k=k, seed=seed, drift=drift, recent=recent)
-        cw = calibrate(tr, opts)
+        opts = WorkloadFitOptions(split=split, cap=cap, k=k, seed=seed, drift=drift, recent=recent)
+        cw = fit_workload(tr, opts)
     except (TraceError, ValueError) as exc:
         _fail(exc)
         raise

@@ -31,7 +31,7 @@ from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process
 from gyre.hardware import Costs, group_train_attention_ctx
 from gyre.backend import PARK, READY, STOPPING, ClusterBase
-from gyre.pool import TRAINER
+from gyre.gpu_roles import TRAINER
 from gyre.sim.cluster import engine_moves as moves
 from gyre.sim.cluster.engine import SimEngine
 from gyre.sim.cluster.execution import SimExecution, SimGroup

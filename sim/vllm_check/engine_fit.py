@@ -133,7 +133,7 @@ def load_engine(path: Path, base: Coefficients = Coefficients()) -> Coefficients
     return replace(base, **{k: float(v) for k, v in raw.items()})
 
 
-def calibrate_run(run: Run, split: float | None, engine: Coefficients | None = None) -> dict[str, Any]:
+def fit_report(run: Run, split: float | None, engine: Coefficients | None = None) -> dict[str, Any]:
     """The report: with `engine`, its errors on the whole run under `calibrated`; otherwise a fit on the
     first `split` by arrival and errors on the rest. `uncalibrated` is always the defaults; `simulator`
     is the simulator's own engine (gyre.sim.cluster.engine, sim_replay) with the calibrated coefficients."""

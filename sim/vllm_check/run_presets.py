@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.config import ConfigError
-from gyre.hardware import GpuConfig, ModelConfig
+from gyre.datasheets import GpuConfig, ModelConfig
 from gyre.presets import find_gpu, find_model
 
 WAYS_MODEL = "give --model NAME (a preset), --model-config config.json, or put the model's config.json beside the run"

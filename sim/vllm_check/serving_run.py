@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from gyre.config import ConfigError
-from gyre.hardware import GpuConfig, ModelConfig, engine_roofline
+from gyre.jsonl import json_objects
+from gyre.datasheets import GpuConfig, ModelConfig
+from gyre.hardware import engine_roofline
 from gyre.roofline import Coefficients, EngineRoofline
 from gyre.sim.vllm_check.vllm_scheduler import SchedulerArgs
 
@@ -173,16 +175,12 @@ def read_requests(path: Path) -> Requests:
         raise RunError(f"{path}: missing (a run directory holds meta.json, requests.jsonl, timeseries.csv)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RunError(f"{path}: cannot read: {exc}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+
+    def bad(n: int, reason: str) -> None:
+        raise RunError(f"{path}:{n}: {reason}")
+
+    for n, rec in json_objects(lines, bad):
         where = f"{path}:{n}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RunError(f"{where}: not JSON: {exc.msg}") from None
-        if not isinstance(rec, dict):
-            raise RunError(f"{where}: expected a JSON object")
         vals = [_num(rec, f, where, integer=f.endswith("_toks"), positive=f.endswith("_toks")) for f in REQUEST_FIELDS]
         _, _, q, s, f1, fl = vals
         if s < q:

@@ -1,4 +1,5 @@
-"""Resuming a checkpointed real run: the trainer, the task sequence and the policy's state.
+"""The run state saved beside a real run's checkpoint, to continue a killed run: the trainer, the task
+sequence and the policy's state.
 
 What it models: a run killed mid-way and started again with the same `[cluster] checkpoint`. Once a step whose
 trainer state was checkpointed is booked (the policy has seen it end), `RunState.tick` writes beside the
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 
-def resume_state(checkpoint: str | None) -> dict | None:
+def read_run_state(checkpoint: str | None) -> dict | None:
     """What a checkpointed run left for its resumption (None: nothing to resume)."""
     if not checkpoint:
         return None
@@ -42,7 +43,7 @@ def resume_state(checkpoint: str | None) -> dict | None:
     return json.loads(p.read_text())
 
 
-def resumed_config(cluster_cfg, state: dict | None):
+def config_from_run_state(cluster_cfg, state: dict | None):
     """The cluster config of a run resuming from `state`: its task sequence continues (a config that sets its
     own first_task or redraw keeps them)."""
     if state is None or cluster_cfg.first_task or cluster_cfg.redraw:

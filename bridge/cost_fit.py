@@ -1,4 +1,5 @@
-"""Sim-to-real: calibrate the simulator's cost model from a real run, then predict other policies.
+"""Sim-to-real (`gyre-real calibrate`): the simulator's cost model fitted to a real run's profile, then other
+policies predicted.
 
 What it models: gyre.hardware.Costs is the simulator's whole cost model. From one real run's profile:
 - decode step time a + b*batch + c*KV tokens: least squares over every engine decode step;
@@ -35,23 +36,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gyre.estimate import EstimateError, fit_step, fit_train_s_per_token_gpu
 from gyre.hardware import Costs
 
 
-class CalibrationError(ValueError):
+class CostFitError(ValueError):
     """Missing or unusable run output; the message names the file."""
 
 
 def costs_from_profile(profile: dict, *, engine_gpus: int, kv_capacity: int, train_gpus: int,
                        min_train_gpus: int) -> Costs:
-    dec = np.asarray(profile.get("engine_decode") or [], dtype=np.float64).reshape(-1, 3)
-    if len(dec) < 3:
-        raise CalibrationError("profile has fewer than 3 decode steps; run longer")
-    X = np.column_stack([np.ones(len(dec)), dec[:, 0], dec[:, 1]])
-    coef, *_ = np.linalg.lstsq(X, dec[:, 2], rcond=None)
-    a, b, c = (max(0.0, float(x)) for x in coef)
-    if a == 0.0:
-        a = float(np.median(dec[:, 2]))
+    try:  # the decode line and the training rate are fitted as a start-up profile fits them (gyre.estimate)
+        step = fit_step(profile.get("engine_decode"))
+        train = fit_train_s_per_token_gpu(profile.get("train"), train_gpus)
+    except EstimateError as exc:
+        raise CostFitError(str(exc)) from None
+    a, b, c = step.a, step.b, step.c
     pre = np.asarray(profile.get("engine_prefill") or [[1, 0.0]], dtype=np.float64).reshape(-1, 2)
     prefill = float(pre[:, 1].sum()) / max(float(pre[:, 0].sum()), 1.0)
     req = np.asarray(profile.get("requests") or [], dtype=np.float64).reshape(-1, 4)  # new, gen, batch, wall
@@ -59,10 +59,6 @@ def costs_from_profile(profile: dict, *, engine_gpus: int, kv_capacity: int, tra
     if len(req):
         engine_s = (a + b * np.maximum(req[:, 2], 1.0)) * req[:, 1] + prefill * req[:, 0]
         request_s = max(0.0, float(np.mean(req[:, 3] - engine_s)))
-    tr = np.asarray(profile.get("train") or [], dtype=np.float64).reshape(-1, 3)
-    if not len(tr):
-        raise CalibrationError("profile has no training step")
-    train = float(np.sum(tr[:, 1]) / np.sum(tr[:, 0])) * train_gpus
     mean = lambda k, d=0.0: float(np.mean(profile[k])) if profile.get(k) else d  # noqa: E731
     return Costs(
         engine_gpus=engine_gpus, kv_capacity_tokens=kv_capacity, step_a=a, step_b=b, step_c=c,
@@ -78,7 +74,7 @@ class TraceSource:
 
     def __init__(self, groups, workload) -> None:
         if not groups:
-            raise CalibrationError("trace has no groups")
+            raise CostFitError("trace has no groups")
         self.groups = groups
         self.config = workload
         self.i = 0
@@ -117,14 +113,14 @@ def load_run(run_dir: Path, policy: str):
 
     prof, tr = run_dir / f"profile_{policy}.json", run_dir / f"trace_{policy}.jsonl"
     if not prof.exists() or not tr.exists():
-        raise CalibrationError(f"{run_dir}: no profile/trace for policy {policy!r} (run gyre-real run first)")
+        raise CostFitError(f"{run_dir}: no profile/trace for policy {policy!r} (run gyre-real run first)")
     try:
         return json.loads(prof.read_text()), read_trace(tr)
     except (ValueError, TraceError) as exc:
-        raise CalibrationError(f"{tr}: {exc}") from None
+        raise CostFitError(f"{tr}: {exc}") from None
 
 
-def calibrated_costs(run_dir: str | Path, source: str):
+def fitted_costs(run_dir: str | Path, source: str):
     """The cost model calibrated on `source`'s run in `run_dir`, that run's trace, and its median training GPUs."""
     run_dir = Path(run_dir)
     profile, trace = load_run(run_dir, source)
@@ -151,12 +147,12 @@ def predict_makespans(run_dir: str | Path, source: str, predict: list[str], *, t
     `workload`: "source" replays the source run's trace for every prediction; "own" replays each
     predicted policy's own trace (it must have been run). `train_scales`: whether the real trainer's step
     time shrinks with its GPU count (False: the prediction is re-run with the per-token cost at the
-    predicted policy's median training GPU count). `calibrated`: `calibrated_costs(run_dir, source)`, if the
+    predicted policy's median training GPU count). `calibrated`: `fitted_costs(run_dir, source)`, if the
     caller has it already."""
     if workload not in ("source", "own"):
-        raise CalibrationError(f"workload must be 'source' or 'own', not {workload!r}")
+        raise CostFitError(f"workload must be 'source' or 'own', not {workload!r}")
     run_dir = Path(run_dir)
-    costs, trace, src_gpus = calibrated if calibrated is not None else calibrated_costs(run_dir, source)
+    costs, trace, src_gpus = calibrated if calibrated is not None else fitted_costs(run_dir, source)
     run = trace.run
     summary = pd.read_csv(run_dir / "summary.csv").set_index("policy")
     rows = []

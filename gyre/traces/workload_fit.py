@@ -1,4 +1,5 @@
-"""Calibration: a trace in, a CalibratedWorkload out, with its fit judged on data held out by time.
+"""A workload fitted to a trace (`gyre-sim calibrate`): a trace in, a CalibratedWorkload out, with its fit judged on
+data held out by time.
 
 The trace's groups are in time (issue) order; the first `split` of its executions (cut at a group
 boundary) are fitted, the rest held out. On the fitted part:
@@ -20,13 +21,12 @@ boundary) are fitted, the rest held out. On the fitted part:
 2. per-task difficulty: a random-effects (method of moments) split of the de-drifted log-length
    into between-group and within-group variance; difficulty_sigma = sqrt(max(0, between - within/n));
 3. lengths are divided by their drift factor and shrunken group effect, then each quantity gets a
-   TailDist (fit.fit_tail_dist); lengths at the cap are the point mass, kept out of the scaling.
+   TailDist (tail_dist.fit_tail_dist); lengths at the cap are the point mass, kept out of the scaling.
 
-The held-out part is compared with groups drawn from the calibrated source for the same steps
-(`MODEL_DRAWS` executions at least): per quantity, fit.fit_quality with K = the batch size.
+The held-out part is compared with groups drawn from the calibrated source (gyre.traces.heldout).
 
 Every token-count distribution is clamped at the context window (no draw exceeds it), the length
-also at its cap; a tail whose GPD shape has no finite mean falls back to the empirical tail (fit.py),
+also at its cap; a tail whose GPD shape has no finite mean falls back to the empirical tail (tail_dist.py),
 and the report says which.
 
 Simplifications: difficulty and drift act on the length only; segments of different executions
@@ -37,18 +37,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from itertools import chain
 from operator import attrgetter
 
 import numpy as np
 
-from gyre.traces.calibrated import CalibratedWorkload, sample_quantities
-from gyre.traces.fit import detect_cap, fit_quality, fit_tail_dist
+from gyre.traces.calibrated import CalibratedWorkload
+from gyre.traces.heldout import evaluate, quantities, split_groups
+from gyre.traces.tail_dist import detect_cap, fit_tail_dist
 from gyre.traces.schema import Trace, TraceError
 from gyre.workload import GroupSpec, LogNormal, WorkloadConfig
 
 MODEL_DRAWS = 400_000
-MIN_MODEL_DRAWS = 20_000
 DRIFT_MODES = ("auto", "off", "linear")
 RECENT_MODES = ("auto", "all")
 RECENT_SHARES = (1.0, 0.5, 0.25)
@@ -57,7 +56,7 @@ RECENT_MIN = 50  # executions a window must hold
 
 
 @dataclass(frozen=True, kw_only=True)
-class CalibrateOptions:
+class WorkloadFitOptions:
     split: float = 0.7  # fitted share of executions, by time
     cap: float | None = None  # length cap; None: the trace's max_turns, or a repeated maximum
     k: int | None = None  # the K of "max over K"; None: the batch size
@@ -73,27 +72,6 @@ class CalibrateOptions:
             raise TraceError(f"unknown recency mode {self.recent!r}; known: {', '.join(RECENT_MODES)}")
         if self.drift not in DRIFT_MODES:
             raise TraceError(f"unknown drift mode {self.drift!r}; known: {', '.join(DRIFT_MODES)}")
-
-
-def quantities(groups: list[GroupSpec], target: str) -> dict[str, np.ndarray]:
-    """Flat arrays per quantity, plus per-execution step and group index (for drift/difficulty)."""
-    ex = [e for g in groups for e in g.executions]
-    n = len(ex)
-    gens = list(map(attrgetter("gen"), ex))
-    turns = np.fromiter(map(len, gens), dtype=np.int64, count=n)
-    gen = np.fromiter(chain.from_iterable(gens), dtype=float, count=int(turns.sum()))
-    sizes = np.fromiter((len(g.executions) for g in groups), dtype=np.int64, count=len(groups))
-    out = {
-        "gen": gen, "turns": turns.astype(float),
-        "tool_s": np.fromiter(chain.from_iterable(map(attrgetter("tool_s"), ex)), dtype=float),
-        "tool_out": np.fromiter(chain.from_iterable(map(attrgetter("tool_out"), ex)), dtype=float),
-        "prompt": np.fromiter(map(attrgetter("prompt"), ex), dtype=float, count=n),  # per execution
-        "step": np.fromiter(map(attrgetter("step"), ex), dtype=float, count=n),
-        "group": np.repeat(np.arange(len(groups), dtype=float), sizes),
-        "capped": np.fromiter(map(attrgetter("capped"), ex), dtype=bool, count=n),
-    }
-    out["length"] = out["turns"] if target == "turns" else gen[np.cumsum(turns) - turns]  # first segment's tokens
-    return out
 
 
 def _slope(y: np.ndarray, step: np.ndarray) -> tuple[float, float]:
@@ -231,14 +209,7 @@ def base_config(trace: Trace, train: list[GroupSpec], q: dict[str, np.ndarray], 
     )
 
 
-def split_groups(groups: list[GroupSpec], split: float) -> tuple[list[GroupSpec], list[GroupSpec]]:
-    total = sum(len(g.executions) for g in groups)
-    cum = np.cumsum([len(g.executions) for g in groups])
-    cut = int(np.searchsorted(cum, split * total, side="left")) + 1
-    return groups[:cut], groups[cut:]
-
-
-def calibrate(trace: Trace, opts: CalibrateOptions = CalibrateOptions()) -> CalibratedWorkload:
+def fit_workload(trace: Trace, opts: WorkloadFitOptions = WorkloadFitOptions()) -> CalibratedWorkload:
     """Fit a CalibratedWorkload on the first `split` of the trace; report fit quality on the rest."""
     if not trace.groups:
         raise TraceError(f"{trace.path}: no executions to calibrate from")
@@ -315,65 +286,3 @@ def drift_windows(length: np.ndarray, step: np.ndarray, n: int = 8) -> list[dict
             rows.append({"steps": f"{int(lo)}-{int(hi)}", "n": int(m.sum()), "median": float(np.median(length[m])),
                          "p99": float(np.quantile(length[m], 0.99))})
     return rows
-
-
-def model_steps(cw: CalibratedWorkload, test: list[GroupSpec], opts: CalibrateOptions) -> np.ndarray:
-    """The held-out groups' steps, repeated until the draws hold >= model_draws segments and
-    >= MIN_MODEL_DRAWS executions (Monte Carlo error well under the held-out data's own)."""
-    steps = np.array([g.step for g in test], dtype=float)
-    n_exec = max(sum(len(g.executions) for g in test), 1)
-    n_seg = max(sum(len(e.gen) for g in test for e in g.executions), 1)
-    reps = max(1, math.ceil(opts.model_draws / n_seg), math.ceil(MIN_MODEL_DRAWS / n_exec))
-    return np.tile(steps, reps)
-
-
-def evaluate(cw: CalibratedWorkload, test: list[GroupSpec], k: int, opts: CalibrateOptions) -> dict[str, dict]:
-    """fit_quality per quantity: the calibrated source's draws vs the held-out groups."""
-    model = sample_quantities(cw, model_steps(cw, test, opts), opts.seed)
-    held = quantities(test, cw.scale_target)
-    out = {}
-    for name in ("length", "gen", "tool_s", "tool_out", "prompt"):
-        if name == cw.scale_target or not (len(held[name]) and len(model[name])):
-            continue  # the length *is* that quantity
-        out[cw.scale_target if name == "length" else name] = fit_quality(model[name], held[name], k)
-    return out
-
-
-def fit_figures(cw: CalibratedWorkload, trace: Trace, folder, opts: CalibrateOptions = CalibrateOptions()) -> list:
-    """CDF and QQ plots (log scale) of the calibrated draws against the held-out data, one row per quantity."""
-    from pathlib import Path
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    _, test = split_groups(trace.groups, opts.split)
-    model = sample_quantities(cw, model_steps(cw, test, opts), opts.seed)
-    held = quantities(test, cw.scale_target)
-    names = [n for n in ("length", "gen", "tool_s", "tool_out", "prompt")
-             if n != cw.scale_target and len(held[n]) and len(model[n])]
-    fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.2 * len(names)), squeeze=False)
-    p = np.linspace(0.001, 0.9995, 400)
-    for row, n in zip(axes, names):
-        label = cw.scale_target if n == "length" else n
-        for data, what in ((held[n], "held out"), (model[n], "calibrated")):
-            xs = np.sort(data)
-            row[0].plot(np.maximum(xs, 1e-9), np.arange(1, len(xs) + 1) / len(xs), label=what)
-        row[0].set_xscale("log")
-        row[0].set_title(f"{label}: CDF")
-        row[0].legend()
-        qm, qt = np.quantile(model[n], p), np.quantile(held[n], p)
-        row[1].loglog(np.maximum(qt, 1e-9), np.maximum(qm, 1e-9), ".", ms=3)
-        lo, hi = max(min(qt.min(), qm.min()), 1e-9), max(qt.max(), qm.max())
-        row[1].plot([lo, hi], [lo, hi], "k--", lw=0.8)
-        row[1].set_title(f"{label}: QQ (held-out vs calibrated)")
-        row[1].set_xlabel("held-out quantile")
-        row[1].set_ylabel("calibrated quantile")
-    fig.tight_layout()
-    path = folder / "fit_cdf_qq.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]

@@ -1,4 +1,4 @@
-"""The GPU pool that every backend keeps: each GPU's role, who holds it, what its memory holds.
+"""The GPU role book that every backend keeps: each GPU's role, who holds it, what its memory holds.
 
 Both backends (gyre.sim, gyre.real) use this one class through gyre.backend.ClusterBase, so role
 bookkeeping, the "is this GPU free" rule and the role records of the event log cannot drift apart.
@@ -16,7 +16,7 @@ from gyre.cluster import ClusterError, Role
 TRAINER = -1
 
 
-class GpuPool:
+class GpuRoles:
     def __init__(self, n_gpus: int, log: list[tuple]) -> None:
         if n_gpus < 1:
             raise ClusterError(f"cluster.gpus must be >= 1, got {n_gpus}")
