@@ -6,8 +6,8 @@ does, as the real backend does it (its flow, train_step and weights modules):
 
 - kill-engine: the engine's process dies. Its KV and in-flight work are lost (gyre.sim.cluster.engine_moves.wipe:
   the unfinished part of a segment is decoded again; nothing of it was recorded). Its executions move, in id
-  order, each to the ready engine then holding the fewest (ties by id), and re-prefill their whole context there (a tool call
-  keeps running); with no other engine ready they wait for it. Its GPUs switch for `Costs.engine_restart_s`
+  order, each to the ready engine then holding the fewest (ties by id), and re-prefill their whole context there
+  (a tool call keeps running); with no other engine ready they wait for it. Its GPUs switch for `Costs.engine_restart_s`
   (gyre.hardware: start-up + weight load), then it is ready with the trainer's latest version, which it reports
   while restarting too; a stop asked meanwhile is carried out once it is back.
 - kill-trainer: each GPU's trainer worker holds a version (`held`); the worker of record holds the latest. A
