@@ -5,13 +5,25 @@ staleness <= eta). The controller observes the engines' load, the live execution
 finished executions showed (their segments, seconds per segment and durations: policies.elastic_history) and
 the cluster's cost estimate (gyre.estimate: a training step's seconds on g GPUs, an engine's decode
 throughput at n sequences, KV capacity, engine size, the trainer's memory minimum). It never sees a
-future length. At the start every GPU starts an engine; with `start_split`, before anything is admitted,
-all but the fixed split the estimate balances stop (policies.elastic_plan.initial_engines: the engine
-count whose decode rate at the admission limit, contexts filling `kv_fill` of the KV, and the rest's
-training rate are most nearly matched; every engine at eta 0, where no training overlaps a rollout): the
-GPUs left are the first step's trainer, so where no move pays the run is that fixed split. Then at each
-decision point it does one thing:
+future length. Then at each decision point it does one thing:
 
+0. The start (policies.elastic_start). Every GPU starts an engine, and before anything is admitted all but
+   the fixed split the estimate balances stop (`initial_engines`: the engine count whose decode rate at
+   the admission limit, contexts filling `kv_fill` of the KV, and the rest's training rate are most nearly
+   matched; every engine at eta 0, where no training overlaps a rollout): the GPUs left are kept free for
+   the first step's trainer. While they are kept, at each wake-up with no batch ready and no drain in
+   flight, they are lent to the rollout once some execution has reached a tool call (a live one past its
+   first segment, a finished one of more than one) and the first batch is predicted ready (as in 1.)
+   later than lending costs: the lent engines' start, then the drain that returns the GPUs (a migrant's
+   wait for its boundary, `boundary_share` of the finished executions' mean segment; an engine's stop; the
+   trainer's load). Lent, engines start on all of them and the live executions are spread evenly over the
+   old and new engines (`spread_moves`: from engines above the mean, smallest contexts first, each moving
+   at its next tool-call boundary). Why: with every GPU an engine the first step drains engines, and a
+   single-turn rollout reaches no boundary, so a drained engine is free only when its longest rollout
+   ends; with the split the kept GPUs idle until the first batch. No length is visible at the start; a
+   tool call is the first observation that a drain costs a share of a segment, not a rollout, and the
+   prediction says whether the rollout left is long enough to pay for the switch. A single-turn workload
+   never shows one and keeps the split through its first step.
 1. A batch is ready (the first one too). For each trainer size the free GPUs plus the first k engines of the drain order
    allow (fewest live executions first; at least one engine stays; at least the memory minimum), predict
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
@@ -48,8 +60,8 @@ decision point it does one thing:
    trainer's (not lent, 3.). Engines serving old weights sync; the started ones join the pool
    once they serve, and the next step does not wait for them. While they start, a ready engine is handed
    at most an even share of the work over the ready and starting engines (policies.elastic_pool).
-3. An execution finishes or the pool changes, with no batch ready. Free GPUs beyond those kept for the
-   trainer (the start's split, then what 2. leaves where it keeps them) start engines if executions wait
+3. An execution finishes or the pool changes, with no batch ready (and 0. lends nothing). Free GPUs beyond
+   those kept for the trainer (the start's split until lent, then what 2. leaves where it keeps them) start engines if executions wait
    for room, and executions queued on one engine move to engines with room. An engine whose live
    executions have fallen below `load_share` of the most it held, while nothing waits for room, is
    drained if every one of its executions fits elsewhere and the drain frees it sooner than their
@@ -75,13 +87,14 @@ from dataclasses import dataclass
 
 from gyre.cluster import Cluster, ClusterError, EngineView
 from gyre.estimate import batch_counts
-from gyre.handles import Handle, any_of
+from gyre.handles import Handle, all_of, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
 from gyre.policies.elastic_history import History, Records, drawn_remaining_s
-from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate,
-                                       initial_engines, plan_drain, remaining_s)
+from gyre.policies.elastic_plan import (Candidate, batch_ready_times, boundary_wait_s, choose, choose_grow, cut_p,
+                                       evaluate, plan_drain, remaining_s, run_queue)
 from gyre.policies.elastic_pool import EnginePool, deadline_cap
+from gyre.policies.elastic_start import initial_engines, release_reserve, spread_moves, tool_call_seen
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,12 +115,6 @@ class ElasticConfig(ForesightParams):
     # a trainer size may be expected to cut this share of a step's executions more than the least-cutting
     # size: equal work allows 1% of a run's executions (DESIGN.md), one decision per step spends 1% of a step's
     cut_share: float = 0.01
-    # start on the fixed split the estimate balances (`initial_engines`), its trainer GPUs kept free: it
-    # saves the first batch's drain, which waits whole rollouts where they are single-turn (short-math), but
-    # idles the trainer's GPUs for the whole first rollout, which costs the multi-turn xlong-swe-kv more
-    # (its engines' step grows with batch); which one a workload is is unknown before anything finishes
-    start_split: bool = False
-
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eta < 0:
@@ -162,12 +169,11 @@ class Elastic:
         # an engine at its admission limit: its contexts fit its KV at their largest and about double over
         # their lives, so on average they fill `kv_fill` of it
         ctx = self.config.kv_fill * self.est.kv_capacity
-        split = n // per
-        if self.config.start_split:
-            split = initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
-                                    step_s=self.est.step_s, train_s_per_token_gpu=self.est.train_s_per_token_gpu)
+        split = initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
+                                step_s=self.est.step_s, train_s_per_token_gpu=self.est.train_s_per_token_gpu)
         stopped = self.pool.keep(split)
-        self.pool.reserve = len(cluster.free_gpus()) + stopped  # the first step's trainer: never lent
+        self.pool.reserve = len(cluster.free_gpus()) + stopped  # the first step's trainer until lent (0.)
+        self.start_reserve = self.pool.reserve > 0
         yield from train_loop(cluster, steps, batcher, self.pool.queue, engines=self.pool.ready, gather=self._gather,
                               after_step=self._after_step, wait=self._react, label="elastic-producer")
         order.report()
@@ -328,6 +334,7 @@ class Elastic:
     # ------------------------------------------------------------------ 2. a step ends
     def _after_step(self):
         self.pool.reserve = 0
+        self.start_reserve = False
         if self.cluster.version < self.steps:
             k = self._engines_to_start()
             # the GPUs choose_grow leaves free train the next step, and are kept free (not lent) where its
@@ -369,8 +376,64 @@ class Elastic:
 
     # ------------------------------------------------------------------ 3. between decisions
     def _react(self) -> list[Handle]:
-        """Between decisions (policies.elastic_pool.EnginePool.between_decisions: lend, rebalance,
-        consolidate). Returns the handles the loop also wakes on."""
+        """Between decisions: lend the start's trainer GPUs where that pays (0.), else
+        policies.elastic_pool.EnginePool.between_decisions (lend, rebalance, consolidate). Returns the
+        handles the loop also wakes on."""
+        pool = self.pool
         if not self.gathering:
-            self.pool.between_decisions(self.batcher.next_batch() is not None, lambda: self._predict(self._history()))
-        return [self.pool.load.wait()]
+            batch_waiting = self.batcher.next_batch() is not None
+            if self.start_reserve and pool.idle and not batch_waiting and self._tool_call():
+                pool.draining = self.cluster.spawn(self._release(), "elastic-release")
+            else:
+                pool.between_decisions(batch_waiting, lambda: self._predict(self._history()))
+        return [pool.load.wait()]
+
+    # ------------------------------------------------------------------ 0. the start's trainer GPUs
+    def _release_pays(self) -> bool:
+        """policies.elastic_start.release_reserve on what is observed now: a tool call seen; the first
+        batch's predicted readiness (each group at its executions' latest predicted finish, the executions
+        waiting to start taking engine slots as they free and what finished ones took, as in 2., or before any
+        has finished what the live ones are predicted to take; batches
+        formed as the Batcher forms them); a drain's wait for a boundary (`boundary_share` of the finished
+        executions' mean segment); the estimate's engine start and stop and the trainer's load."""
+        cluster, est, now, rec = self.cluster, self.est, self.cluster.now, self.records
+        live = cluster.live()
+        hist = self._history()
+        finish, _ = self._predict(hist)
+        ends: dict[int, float] = {}
+        for x in live:
+            ends[x.group_id] = max(ends.get(x.group_id, now), finish[x.id])
+        pending, queued, due = self._pending()
+        # before any finish, what the live ones are predicted to take in all (their ages are censored durations)
+        durations = rec.durations() or [finish[x.id] - x.started_at for x in live if x.started_at is not None]
+        unused = sum(max(0, e.admit_limit - e.n_live) for e in self.pool.ready())
+        jobs = [durations[i % len(durations)] if durations else 0.0 for i in range(len(queued))]
+        for gid, t in zip(queued, run_queue(list(finish.values()) + [now] * unused, jobs)):
+            ends[gid] = max(ends.get(gid, now), t)
+        done = set(self.batcher.finished)
+        last = [now if g in done else ends.get(g, now) for g in pending]
+        ready = batch_ready_times(last, self.batcher.gps, due)[0] if last else now
+        return release_reserve(tool_call=True, ready_in_s=ready - now, wait_s=self.config.boundary_share * hist.seg_s,
+                               start_s=est.engine_start_s, stop_s=est.engine_stop_s, onload_s=est.trainer_start_s)
+
+    def _tool_call(self) -> bool:
+        return tool_call_seen([x.turns_done for x in self.cluster.live()], self.records.segs)
+
+    def _release(self):
+        """Once this instant's events are in (executions finishing together), lend the start's trainer GPUs
+        if that pays: engines on all of them, then the live executions spread evenly over the old and new
+        engines, each moving at its next tool-call boundary. If it does not, nothing changes."""
+        pool = self.pool
+        yield self.cluster.timeout(0.0)
+        if self.batcher.next_batch() is not None or not self._release_pays():
+            pool.draining = None
+            return
+        self.start_reserve = False
+        pool.reserve = 0
+        yield from pool.grow(sync=False)
+        moves = spread_moves(pool.ready(), self.cluster.live(), kv_fill=self.config.kv_fill, slots=pool.drain_room)
+        self.cluster.note("elastic_release", engines=len(pool.engines), moves=len(moves))
+        if moves:
+            yield all_of([pool.queue.move(x, t) for x, t in moves])
+        pool.draining = None
+        pool.load.fire()
