@@ -7,23 +7,14 @@ the cluster's cost estimate (gyre.estimate: a training step's seconds on g GPUs,
 throughput at n sequences, KV capacity, engine size, the trainer's memory minimum). It never sees a
 future length. Then at each decision point it does one thing:
 
-0. The start (policies.elastic_start). Every GPU starts an engine, and before anything is admitted all but
-   the fixed split the estimate balances stop (`initial_engines`: the engine count whose decode rate at
-   the admission limit, contexts filling `kv_fill` of the KV, and the rest's training rate are most nearly
-   matched; every engine at eta 0, where no training overlaps a rollout): the GPUs left are kept free for
-   the first step's trainer. While they are kept, at each wake-up with no batch ready and no drain in
-   flight, they are lent to the rollout once some execution has reached a tool call (a live one past its
-   first segment, a finished one of more than one) and the first batch is predicted ready (as in 1.)
-   later than lending costs: the lent engines' start, then the drain that returns the GPUs (a migrant's
-   wait for its boundary, `boundary_share` of the finished executions' mean segment; an engine's stop; the
-   trainer's load). Lent, engines start on all of them and the live executions are spread evenly over the
-   old and new engines (`spread_moves`: from engines above the mean, smallest contexts first, each moving
-   at its next tool-call boundary). Why: with every GPU an engine the first step drains engines, and a
-   single-turn rollout reaches no boundary, so a drained engine is free only when its longest rollout
-   ends; with the split the kept GPUs idle until the first batch. No length is visible at the start; a
-   tool call is the first observation that a drain costs a share of a segment, not a rollout, and the
-   prediction says whether the rollout left is long enough to pay for the switch. A single-turn workload
-   never shows one and keeps the split through its first step.
+0. The start (policies.elastic_start, which says why). Every GPU starts an engine; before anything is
+   admitted all but the fixed split the estimate balances stop (`initial_engines`; every engine at eta 0),
+   and the GPUs left are kept for the first step's trainer. At a wake-up with no batch ready and no drain
+   in flight (once the instant's events are in), once some execution has reached a tool call, they are
+   lent if the first batch is predicted ready (as in 2.) later than lending costs (the engines' start, a
+   migrant's wait for its boundary, an engine's stop, the trainer's load): engines start on all of them
+   and the live executions spread evenly onto them at their next tool-call boundaries (`spread_moves`).
+   A single-turn workload never shows a tool call and keeps the split through its first step.
 1. A batch is ready (the first one too). For each trainer size the free GPUs plus the first k engines of the drain order
    allow (fewest live executions first; at least one engine stays; at least the memory minimum), predict
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
@@ -61,8 +52,8 @@ future length. Then at each decision point it does one thing:
    once they serve, and the next step does not wait for them. While they start, a ready engine is handed
    at most an even share of the work over the ready and starting engines (policies.elastic_pool).
 3. An execution finishes or the pool changes, with no batch ready (and 0. lends nothing). Free GPUs beyond
-   those kept for the trainer (the start's split until lent, then what 2. leaves where it keeps them) start engines if executions wait
-   for room, and executions queued on one engine move to engines with room. An engine whose live
+   those kept for the trainer (the start's split until lent, then what 2. leaves where it keeps them) start
+   engines if executions wait for room, and executions queued on one engine move to engines with room. An engine whose live
    executions have fallen below `load_share` of the most it held, while nothing waits for room, is
    drained if every one of its executions fits elsewhere and the drain frees it sooner than their
    finishes would (a single-turn rollout reaches no boundary: draining it frees nothing sooner and would
@@ -87,14 +78,14 @@ from dataclasses import dataclass
 
 from gyre.cluster import Cluster, ClusterError, EngineView
 from gyre.estimate import batch_counts
-from gyre.handles import Handle, all_of, any_of
+from gyre.handles import Handle, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
 from gyre.policies.elastic_history import History, Records, drawn_remaining_s
-from gyre.policies.elastic_plan import (Candidate, batch_ready_times, boundary_wait_s, choose, choose_grow, cut_p,
-                                       evaluate, plan_drain, remaining_s, run_queue)
+from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate, plan_drain,
+                                       remaining_s)
 from gyre.policies.elastic_pool import EnginePool, deadline_cap
-from gyre.policies.elastic_start import initial_engines, release_reserve, spread_moves, tool_call_seen
+from gyre.policies.elastic_start import first_ready_at, initial_engines, lend, release_reserve, tool_call_seen
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -358,9 +349,7 @@ class Elastic:
             return free // per
         hist, now = self._history(), cluster.now
         finish, _ = self._predict(hist)
-        ends: dict[int, float] = {}
-        for x in cluster.live():
-            ends[x.group_id] = max(ends.get(x.group_id, now), finish[x.id])
+        ends = self._live_ends(finish)
         pending, queued, due = self._pending()
         tokens, attn = self.records.last_counts
         last = hist.segments[-1] if hist.segments else 1
@@ -382,7 +371,8 @@ class Elastic:
         pool = self.pool
         if not self.gathering:
             batch_waiting = self.batcher.next_batch() is not None
-            if self.start_reserve and pool.idle and not batch_waiting and self._tool_call():
+            seen = self.start_reserve and tool_call_seen([x.turns_done for x in self.cluster.live()], self.records.segs)
+            if seen and pool.idle and not batch_waiting:
                 pool.draining = self.cluster.spawn(self._release(), "elastic-release")
             else:
                 pool.between_decisions(batch_waiting, lambda: self._predict(self._history()))
@@ -390,50 +380,35 @@ class Elastic:
 
     # ------------------------------------------------------------------ 0. the start's trainer GPUs
     def _release_pays(self) -> bool:
-        """policies.elastic_start.release_reserve on what is observed now: a tool call seen; the first
-        batch's predicted readiness (each group at its executions' latest predicted finish, the executions
-        waiting to start taking engine slots as they free and what finished ones took, as in 2., or before any
-        has finished what the live ones are predicted to take; batches
-        formed as the Batcher forms them); a drain's wait for a boundary (`boundary_share` of the finished
-        executions' mean segment); the estimate's engine start and stop and the trainer's load."""
-        cluster, est, now, rec = self.cluster, self.est, self.cluster.now, self.records
-        live = cluster.live()
+        """policies.elastic_start.release_reserve on what is observed now: the first batch's predicted
+        readiness (`first_ready_at`; with none finished, queued executions take what the live ones are
+        predicted to take in all), a drain's wait (`boundary_share` of the finished ones' mean segment)."""
+        est, now, live = self.est, self.cluster.now, self.cluster.live()
         hist = self._history()
         finish, _ = self._predict(hist)
-        ends: dict[int, float] = {}
-        for x in live:
-            ends[x.group_id] = max(ends.get(x.group_id, now), finish[x.id])
         pending, queued, due = self._pending()
-        # before any finish, what the live ones are predicted to take in all (their ages are censored durations)
-        durations = rec.durations() or [finish[x.id] - x.started_at for x in live if x.started_at is not None]
-        unused = sum(max(0, e.admit_limit - e.n_live) for e in self.pool.ready())
-        jobs = [durations[i % len(durations)] if durations else 0.0 for i in range(len(queued))]
-        for gid, t in zip(queued, run_queue(list(finish.values()) + [now] * unused, jobs)):
-            ends[gid] = max(ends.get(gid, now), t)
-        done = set(self.batcher.finished)
-        last = [now if g in done else ends.get(g, now) for g in pending]
-        ready = batch_ready_times(last, self.batcher.gps, due)[0] if last else now
+        durations = self.records.durations() or [finish[x.id] - x.started_at for x in live if x.started_at is not None]
+        ready = first_ready_at(now=now, live_ends=self._live_ends(finish), live_free_at=list(finish.values()),
+                               unused_slots=sum(max(0, e.admit_limit - e.n_live) for e in self.pool.ready()),
+                               queued=queued, durations=durations, pending=pending,
+                               finished=set(self.batcher.finished), per_batch=self.batcher.gps, due=due)
         return release_reserve(tool_call=True, ready_in_s=ready - now, wait_s=self.config.boundary_share * hist.seg_s,
                                start_s=est.engine_start_s, stop_s=est.engine_stop_s, onload_s=est.trainer_start_s)
 
-    def _tool_call(self) -> bool:
-        return tool_call_seen([x.turns_done for x in self.cluster.live()], self.records.segs)
+    def _live_ends(self, finish: dict[int, float]) -> dict[int, float]:
+        """Each group's latest predicted finish over its live executions."""
+        now, ends = self.cluster.now, {}
+        for x in self.cluster.live():
+            ends[x.group_id] = max(ends.get(x.group_id, now), finish[x.id])
+        return ends
 
     def _release(self):
         """Once this instant's events are in (executions finishing together), lend the start's trainer GPUs
-        if that pays: engines on all of them, then the live executions spread evenly over the old and new
-        engines, each moving at its next tool-call boundary. If it does not, nothing changes."""
+        if that pays (policies.elastic_start.lend); if it does not, nothing changes."""
         pool = self.pool
         yield self.cluster.timeout(0.0)
-        if self.batcher.next_batch() is not None or not self._release_pays():
-            pool.draining = None
-            return
-        self.start_reserve = False
-        pool.reserve = 0
-        yield from pool.grow(sync=False)
-        moves = spread_moves(pool.ready(), self.cluster.live(), kv_fill=self.config.kv_fill, slots=pool.drain_room)
-        self.cluster.note("elastic_release", engines=len(pool.engines), moves=len(moves))
-        if moves:
-            yield all_of([pool.queue.move(x, t) for x, t in moves])
+        if self.batcher.next_batch() is None and self._release_pays():
+            self.start_reserve = False
+            yield from lend(self.cluster, pool, self.config.kv_fill)
+            pool.load.fire()
         pool.draining = None
-        pool.load.fire()

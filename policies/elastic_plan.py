@@ -144,6 +144,19 @@ def run_queue(free_at: Sequence[float], durations: Sequence[float],
     return out
 
 
+def pending_ends(now: float, live_ends: dict[int, float], free_at: Sequence[float], queued: Sequence[int],
+                 durations: Sequence[float], f: float, pending: Sequence[int], finished: set[int]) -> list[float]:
+    """When each pending group ends: its live executions' latest predicted finish (`live_ends`), and the
+    executions waiting to start (`queued`: their group ids, in order) taking slots as they free (`free_at`,
+    `run_queue`), each as long as a finished execution took (`durations`, cycled) times `f`; a finished
+    group (`finished`) ends now."""
+    jobs = [durations[i % len(durations)] * f if durations else 0.0 for i in range(len(queued))]
+    ends = dict(live_ends)
+    for gid, t in zip(queued, run_queue(free_at, jobs)):
+        ends[gid] = max(ends.get(gid, now), t)
+    return [now if gid in finished else ends.get(gid, now) for gid in pending]
+
+
 def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines: int, limit: int,
                 live_free_at: Sequence[float], unused_slots: int, live_ends: dict[int, float], pending: Sequence[int],
                 finished: set[int], queued: Sequence[int], durations: Sequence[float], scale: Callable[[int], float],
@@ -166,13 +179,8 @@ def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines
             continue
         keep = free_gpus - k * per
         g, wait = (keep, 0.0) if keep >= min_train else (-(-min_train // per) * per, drain_s)
-        f = scale(e)
         free_at = list(live_free_at) + [now] * unused_slots + [now + start_s] * (k * limit)
-        jobs = [durations[i % len(durations)] * f if durations else 0.0 for i in range(len(queued))]
-        ends = dict(live_ends)
-        for gid, t in zip(queued, run_queue(free_at, jobs)):
-            ends[gid] = max(ends.get(gid, now), t)
-        last = [now if gid in finished else ends.get(gid, now) for gid in pending]
+        last = pending_ends(now, live_ends, free_at, queued, durations, scale(e), pending, finished)
         end = last_batch_end(now + wait, last, per_batch, train_s(g), due) if last else now
         if end < best_end - 1e-9:
             best, best_end = k, end

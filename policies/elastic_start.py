@@ -20,14 +20,17 @@ everything was admitted onto the split's engines before. A single-turn workload 
 so it keeps the split through its first step; a multi-turn one with long rollouts lends the split's
 trainer GPUs within its first few turns.
 
-Everything here is a pure function of observations and the estimate, unit-tested on plain stand-ins.
+Everything here but `lend` (the action) is a pure function of observations and the estimate, unit-tested
+on plain stand-ins.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gyre.cluster import EngineView, ExecutionView
+from gyre.cluster import Cluster, EngineView, ExecutionView
+from gyre.handles import all_of
+from gyre.policies.elastic_plan import batch_ready_times, pending_ends
 
 
 def initial_engines(*, n_gpus: int, per: int, min_train: int, eta: int, limit: int, ctx: float,
@@ -54,6 +57,18 @@ def tool_call_seen(live_turns: Sequence[int], finished_segments: Sequence[int]) 
     """Has any execution reached a tool call: a live one past its first segment, or a finished one that ran
     more than one?"""
     return any(t >= 1 for t in live_turns) or any(s > 1 for s in finished_segments)
+
+
+def first_ready_at(*, now: float, live_ends: dict[int, float], live_free_at: Sequence[float], unused_slots: int,
+                   queued: Sequence[int], durations: Sequence[float], pending: Sequence[int], finished: set[int],
+                   per_batch: int, due: Sequence[int]) -> float:
+    """When the first coming batch is predicted ready: each pending group at its live executions' latest
+    predicted finish, the executions waiting to start taking slots as the live ones free them (and the
+    `unused_slots` now), each as long as `durations` (policies.elastic_plan.pending_ends), batches formed
+    as the Batcher forms them (`batch_ready_times`, `due`: each group's batch index by the staleness bound)."""
+    free_at = list(live_free_at) + [now] * unused_slots
+    last = pending_ends(now, live_ends, free_at, queued, durations, 1.0, pending, finished)
+    return batch_ready_times(last, per_batch, due)[0] if last else now
 
 
 def release_reserve(*, tool_call: bool, ready_in_s: float, wait_s: float, start_s: float, stop_s: float,
@@ -101,3 +116,15 @@ def spread_moves(engines: Sequence[EngineView], live: Sequence[ExecutionView], *
             room[dst.id] -= 1
             kv[dst.id] -= x.context_tokens
     return moves
+
+
+def lend(cluster: Cluster, pool, kv_fill: float):
+    """Lend the start's trainer GPUs (`pool`: policies.elastic_pool.EnginePool): engines on all of them,
+    then the live executions spread evenly over the old and new engines (`spread_moves`, within each
+    target's admission limit), each moving at its next tool-call boundary; yields until all have moved."""
+    pool.reserve = 0
+    yield from pool.grow(sync=False)
+    moves = spread_moves(pool.ready(), cluster.live(), kv_fill=kv_fill, slots=pool.drain_room)
+    cluster.note("elastic_release", engines=len(pool.engines), moves=len(moves))
+    if moves:
+        yield all_of([pool.queue.move(x, t) for x, t in moves])
