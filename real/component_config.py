@@ -13,7 +13,7 @@ from typing import Any
 
 from gyre.faults import parse_faults
 from gyre.hardware import check_fill
-from gyre.nn.model import TinyLlamaConfig
+from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real import task as T
 from gyre.real.collective import CollectiveConfig
 from gyre.real.engine_torch import TorchEngineConfig
@@ -93,9 +93,9 @@ class PoolConfig:
     local_cpus: int = 2
     engine: str = "torch"  # or "vllm" (gyre.real.engine_vllm)
     # the trained (and, by the torch engine, served) model: a model folder of any causal LM transformers knows
-    # (config.json + *.safetensors, gyre.nn.hf_folder); "": gyre's TinyLlama of shape `model`, random init
+    # (config.json + *.safetensors, gyre.real.nn.hf_folder); "": gyre's TinyLlama of shape `model`, random init
     model_dir: str = ""
-    # a family of gyre.nn.hf_folder.write_tiny_model ("qwen3", "qwen2", "llama"): when model_dir does not exist
+    # a family of gyre.real.nn.hf_folder.write_tiny_model ("qwen3", "qwen2", "llama"): when model_dir does not exist
     # yet, the run first writes a tiny random-init model of that family there (vocabulary: model.vocab_size; no
     # download; a CPU demo)
     tiny_model: str = ""
@@ -125,7 +125,7 @@ class RealClusterConfig:
     task_class: str = DEFAULT_TASK  # dotted path of the task (gyre.real.task_api.Task)
     tools: ToolConfig = field(default_factory=ToolConfig)
     first_task: int = 0  # index of the run's first task in the task sequence (a resumed run continues it)
-    redraw: tuple[int, ...] = ()  # task indexes drawn first, before first_task on (gyre.real.resume: drawn, never trained)
+    redraw: tuple[int, ...] = ()  # drawn first, before first_task on (gyre.real.run_state: drawn, never trained)
     normalize_std: bool = True
     seed: int = 0
     max_wall_s: float = 1800.0

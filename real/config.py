@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.config import ConfigError
-from gyre.nn.model import TinyLlamaConfig
+from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real import task as T
 from gyre.real.component_config import PoolConfig, RealClusterConfig, TrainerConfig
 from gyre.real.engine_torch import TorchEngineConfig

@@ -33,9 +33,9 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from gyre.nn.hf_folder import ModelFolderError, check_dtype, check_model_folder, spec_mismatch
-from gyre.nn.hf_llama import check_hf_llama, config_mismatch
-from gyre.nn.model import TinyLlamaConfig
+from gyre.real.nn.hf_folder import ModelFolderError, check_dtype, check_model_folder, spec_mismatch
+from gyre.real.nn.hf_llama import check_hf_llama, config_mismatch
+from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real.collective import GroupBook
 from gyre.real.component_config import PoolConfig
 from gyre.real.engine_torch import TorchEngine
@@ -80,7 +80,7 @@ def ensure_model_dir(cfg: PoolConfig) -> None:
     if not cfg.model_dir:
         raise ValueError("PoolConfig.tiny_model needs model_dir: the folder the tiny model is written to")
     if not Path(cfg.model_dir).exists():
-        from gyre.nn.hf_folder import write_tiny_model
+        from gyre.real.nn.hf_folder import write_tiny_model
 
         from gyre.real.export import TOKENIZER_FILES
 

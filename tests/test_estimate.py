@@ -11,7 +11,7 @@ import pytest
 from gyre.estimate import FILE_FIELDS, CostEstimate, EstimateError, batch_counts, from_costs, from_file, write_file
 from gyre.hardware import group_train_attention_ctx
 from gyre.presets import get_preset
-from gyre.sim.backend import SimCluster
+from gyre.sim.cluster.backend import SimCluster
 from gyre.workload import WorkloadSource
 
 

@@ -32,8 +32,8 @@ from run import ETA, OUT, cell_config  # noqa: E402
 
 from gyre.gpu_time import TERMS, counts, decompose  # noqa: E402
 from gyre.hardware import admission_limit  # noqa: E402
-from gyre.sim.runner import simulate  # noqa: E402
-from gyre.sim.sweep import RAY_HELP, progress_lines, run_map  # noqa: E402
+from gyre.sim.harness.runner import simulate  # noqa: E402
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines, run_map  # noqa: E402
 
 CELL = ["arch", "window", "gpus", "growth", "training"]
 LABELS = {"rollout_decoding": "rollout: decoding",

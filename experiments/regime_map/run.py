@@ -41,8 +41,8 @@ from gyre.policies.async_split import AsyncSplit
 from gyre.policies.common import ClusterShape
 from gyre.policies.tuning import _spread, fastest_at_equal_work
 from gyre.presets import KV_WINDOW, MODELS, get_preset
-from gyre.sim.runner import simulate
-from gyre.sim.sweep import RAY_HELP, progress_lines, run_map
+from gyre.sim.harness.runner import simulate
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines, run_map
 
 OUT = Path(__file__).parent / "results"
 WINDOWS = (1 << 18, 1 << 19, 1 << 20, 1 << 21)

@@ -25,9 +25,9 @@ import pandas as pd
 from gyre.config import override
 from gyre.policies import takes
 from gyre.presets import get_preset
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from gyre.workload import LogNormal
-from gyre.sim.sweep import RAY_HELP, progress_lines, run_map
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines, run_map
 
 HERE = Path(__file__).resolve().parent
 TAILS = (2.0, 3.5, 5.0, 10.0, 20.0)
