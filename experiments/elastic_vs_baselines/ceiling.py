@@ -8,8 +8,8 @@ them) and the cost model alone (experiments/regime_map/physics.py's figures for 
   training GPU-work: the step's batch as the simulator charges it. Cut executions are counted whole (equal
   work: none is cut);
 - latency: each step waits at least its slowest execution alone on an engine, capped at its deadline
-  (policies.bound's solo latency); with staleness bound eta the run is at least the staleness chain over
-  those (policies.bound, no execution exempted), and at least the longest group plus its training;
+  (sim/cluster/bound.py's solo latency); with staleness bound eta the run is at least the staleness chain over
+  those (sim/cluster/bound.py, no execution exempted), and at least the longest group plus its training;
 - elastic's floor, per eta: max(work / N, that chain, the critical path) (no allocation beats the work
   spread over all N GPUs);
 - async's floor at its best split R (engine multiples, trainer >= its memory minimum): max(rollout work /
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from gyre.config import override
-from gyre.policies.bound import _group_max, per_exec
+from gyre.sim.cluster.bound import _group_max, per_exec
 from gyre.presets import get_preset
 from gyre.workload import sample_group
 
@@ -70,7 +70,7 @@ def main() -> None:
           "async / elastic floors | colocate / elastic floors |")
     print("|---|---|---|---|---|---|")
     for eta in (int(x) for x in a.etas.split(",")):
-        # the staleness chain (policies.bound): steps eta + 1 apart follow one another, each at least its
+        # the staleness chain (sim/cluster/bound.py): steps eta + 1 apart follow one another, each at least its
         # slowest execution; summed along the eta + 1 chains, the longest steps sharing chains
         chain = (float(np.sort(slow)[::-1].sum()) + train.sum() / n) / (eta + 1)
         el = max(work, chain, critical)
