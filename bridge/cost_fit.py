@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gyre.estimate import EstimateError, fit_step, fit_train_s_per_token_gpu
 from gyre.hardware import Costs
 
 
@@ -45,14 +46,12 @@ class CostFitError(ValueError):
 
 def costs_from_profile(profile: dict, *, engine_gpus: int, kv_capacity: int, train_gpus: int,
                        min_train_gpus: int) -> Costs:
-    dec = np.asarray(profile.get("engine_decode") or [], dtype=np.float64).reshape(-1, 3)
-    if len(dec) < 3:
-        raise CostFitError("profile has fewer than 3 decode steps; run longer")
-    X = np.column_stack([np.ones(len(dec)), dec[:, 0], dec[:, 1]])
-    coef, *_ = np.linalg.lstsq(X, dec[:, 2], rcond=None)
-    a, b, c = (max(0.0, float(x)) for x in coef)
-    if a == 0.0:
-        a = float(np.median(dec[:, 2]))
+    try:  # the decode line and the training rate are fitted as a start-up profile fits them (gyre.estimate)
+        step = fit_step(profile.get("engine_decode"))
+        train = fit_train_s_per_token_gpu(profile.get("train"), train_gpus)
+    except EstimateError as exc:
+        raise CostFitError(str(exc)) from None
+    a, b, c = step.a, step.b, step.c
     pre = np.asarray(profile.get("engine_prefill") or [[1, 0.0]], dtype=np.float64).reshape(-1, 2)
     prefill = float(pre[:, 1].sum()) / max(float(pre[:, 0].sum()), 1.0)
     req = np.asarray(profile.get("requests") or [], dtype=np.float64).reshape(-1, 4)  # new, gen, batch, wall
@@ -60,10 +59,6 @@ def costs_from_profile(profile: dict, *, engine_gpus: int, kv_capacity: int, tra
     if len(req):
         engine_s = (a + b * np.maximum(req[:, 2], 1.0)) * req[:, 1] + prefill * req[:, 0]
         request_s = max(0.0, float(np.mean(req[:, 3] - engine_s)))
-    tr = np.asarray(profile.get("train") or [], dtype=np.float64).reshape(-1, 3)
-    if not len(tr):
-        raise CostFitError("profile has no training step")
-    train = float(np.sum(tr[:, 1]) / np.sum(tr[:, 0])) * train_gpus
     mean = lambda k, d=0.0: float(np.mean(profile[k])) if profile.get(k) else d  # noqa: E731
     return Costs(
         engine_gpus=engine_gpus, kv_capacity_tokens=kv_capacity, step_a=a, step_b=b, step_c=c,

@@ -135,9 +135,11 @@ class RealClusterConfig:
     checkpoint_every: int | None = None
     faults: tuple[str, ...] = ()  # injected faults (gyre.faults), e.g. ("kill-engine@1.5", "random-engines:3")
     weight_sync: str = "object_store"  # or "collective": a broadcast from the trainer worker of record
-    # the cost estimate policies may read (gyre.estimate): a calibration file (`gyre-real calibrate --estimate-out`);
-    # None: none (a policy that reads it fails with one line)
-    estimate: str | None = None
+    # the cost estimate policies may read (gyre.estimate): "profile" measures it at start-up on this run's own
+    # engine and trainer (gyre.real.profile; the default: the figures are this hardware's and this model's, for
+    # a few seconds stated in the output); a path reads a calibration file (`gyre-real calibrate --estimate-out`);
+    # "none": no estimate (a policy that reads one stops with one line)
+    estimate: str = "profile"
     admission_fill: float = 1.0  # share of KV the admission limit commits (gyre.hardware.admission_limit)
 
     def __post_init__(self) -> None:
@@ -145,5 +147,8 @@ class RealClusterConfig:
             raise ValueError(f"RealClusterConfig.checkpoint_every must be >= 0, got {self.checkpoint_every}")
         parse_faults(self.faults)  # a bad spec is a one-line ValueError
         check_fill(self.admission_fill, "RealClusterConfig.admission_fill")
+        if not isinstance(self.estimate, str) or not self.estimate:
+            raise ValueError(f"RealClusterConfig.estimate must be 'profile', 'none' or a calibration file's path, got "
+                             f"{self.estimate!r}")
         if self.weight_sync not in WEIGHT_SYNC:
             raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")

@@ -188,6 +188,7 @@ class ActorPool:
         self._engines: dict[int, ray.actor.ActorHandle] = {}
         self._incarnation: dict[int, int] = {}
         self.respawns = 0
+        self.startup_profile = None  # (what was profiled, its CostEstimate, seconds): gyre.real.profile
         worker_gpus = 1 - cfg.engine_gpu_share if k == 1 else 1
         self._worker = ray.remote(num_cpus=0, num_gpus=worker_gpus, concurrency_groups={"sync": 4},
                                   max_restarts=0)(Trainer)

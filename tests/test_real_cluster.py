@@ -186,7 +186,7 @@ def test_cli_run_then_calibrate(pool, tmp_path):
 def test_elastic_moves_gpus_between_roles(pool):
     """elastic on Ray: a GPU goes from rollout to training while another keeps generating, and back.
 
-    Elastic reads the real backend's cost estimate (the preset's calibration file). The engines' KV is cut
+    Elastic reads the real backend's cost estimate (the preset's start-up profile). The engines' KV is cut
     to 24 tokens (about one execution each), so executions wait for room: every GPU starts an engine, a
     ready batch drains engines to train, and after the step, with executions still waiting, engines
     start on the trainer's GPUs again."""
