@@ -8,7 +8,7 @@ executions is marked and never the best split; the table gives colocate's cuts b
 results/model_based_<preset>_s<steps>_seed<seed>.csv.
 
 Usage: python experiments/elastic_vs_baselines/model_based.py --preset xlong-swe-kv --steps 6 --etas 4
-       --splits 256,384,512,640 [--start-split]
+       --splits 256,384,512,640
 """
 
 from __future__ import annotations
@@ -52,8 +52,6 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--etas", default="4")
     ap.add_argument("--splits", default="", help="async rollout GPUs to try (default: every engine multiple)")
-    ap.add_argument("--start-split", action="store_true",
-                    help="elastic with ElasticConfig.start_split (the CSV name ends in _start_split)")
     a = ap.parse_args()
     cfg = override(get_preset(a.preset), steps=a.steps, seed=a.seed)
     costs = cfg.costs()
@@ -62,7 +60,7 @@ def main() -> None:
     rows = [run(cfg, "colocate", {})]
     print(rows[-1], flush=True)
     for eta in (int(x) for x in a.etas.split(",")):
-        rows.append(run(cfg, "elastic", {"eta": eta, "start_split": True} if a.start_split else {"eta": eta}))
+        rows.append(run(cfg, "elastic", {"eta": eta}))
         print(rows[-1], flush=True)
         for r in splits:
             rows.append(run(cfg, "async", {"eta": eta, "rollout_gpus": r}))
@@ -85,7 +83,7 @@ def main() -> None:
         lines.append(f"| {eta} | {el['makespan_s'] / 3600:.2f} | {b} | {ratio} | {col['makespan_s'] / 3600:.2f} | "
                      f"{col['makespan_s'] / el['makespan_s']:.3f}x | {el['sched_cuts']} / "
                      f"{best['sched_cuts'] if best is not None else '-'} / {col['sched_cuts']} |")
-    out = HERE / "results" / f"model_based_{a.preset}_s{a.steps}_seed{a.seed}{'_start_split' if a.start_split else ''}.csv"
+    out = HERE / "results" / f"model_based_{a.preset}_s{a.steps}_seed{a.seed}.csv"
     df.to_csv(out, index=False)
     print("\n".join(lines))
     print(f"wrote {out}")
