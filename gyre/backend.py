@@ -6,7 +6,7 @@ each verb's work is carried out. Everything a policy observes, every preconditio
 record the shared event log gets for a group, an engine coming up or going down, a training step and a
 policy note is written here once, so the two backends cannot drift apart.
 
-Handle completions caused by a backend's own events go to `_deferred` and are released by `_drain`, after
+Handle completions caused by a backend's own events go to `_deferred` and are released by `_release_deferred`, after
 the event is fully booked: a policy never observes an engine half-way through an update.
 
 An engine's lifecycle is `EngineState`, moved only by `EngineLifecycle.transition` (the one writer of an engine's
@@ -16,7 +16,7 @@ are `EngineLifecycle`s.
 
 Assumes the subclass sets, before use: `_engines` (id -> EngineLifecycle with `.gpus`, `.members`),
 `executions` (id -> execution with `.engine`, `.phase`, `.started_at`, `.migrate_to`), `groups`, `log`,
-`gpu_pool` (gyre.gpu_roles.GpuRoles), `_version` (steps done in this run) and `_next_engine`; `init_books` sets
+`gpu_roles` (gyre.gpu_roles.GpuRoles), `_version` (steps done in this run) and `_next_engine`; `init_books` sets
 them all.
 """
 
@@ -107,7 +107,7 @@ class ClusterBase:
         self._version = 0
         self._deferred: list[tuple[Handle, Any]] = []
         self.log: list[tuple] = []
-        self.gpu_pool = GpuRoles(n_gpus, self.log)
+        self.gpu_roles = GpuRoles(n_gpus, self.log)
         self.groups: dict[int, Any] = {}
         self.executions: dict[int, Any] = {}
 
@@ -118,7 +118,7 @@ class ClusterBase:
 
     @property
     def n_gpus(self) -> int:
-        return self.gpu_pool.n
+        return self.gpu_roles.n
 
     @property
     def gpus_per_engine(self) -> int:
@@ -137,10 +137,10 @@ class ClusterBase:
         return self._version
 
     def role(self, gpu: int) -> Role:
-        return self.gpu_pool.role[gpu]
+        return self.gpu_roles.role[gpu]
 
     def free_gpus(self) -> list[int]:
-        return self.gpu_pool.free()
+        return self.gpu_roles.free()
 
     def engines(self) -> list[EngineView]:
         return [e for e in self._engines.values() if e.state in self.LISTED]
@@ -154,7 +154,7 @@ class ClusterBase:
     # ------------------------------------------------------------------ preconditions
     def _check_start(self, gpus: Sequence[int]) -> tuple[tuple[int, ...], int]:
         """(the GPUs, checked free and as many as an engine takes; the new engine's id)."""
-        gpus = self.gpu_pool.check_free(gpus, "start_engine")
+        gpus = self.gpu_roles.check_free(gpus, "start_engine")
         if len(gpus) != self.gpus_per_engine:
             raise ClusterError(f"start_engine: an engine needs {self.gpus_per_engine} GPUs, got {len(gpus)}")
         self._next_engine += 1
@@ -189,7 +189,7 @@ class ClusterBase:
         return ex, dst
 
     def _check_train(self, gpus: Sequence[int], groups: Sequence) -> tuple[int, ...]:
-        gpus = self.gpu_pool.check_free(gpus, "train")
+        gpus = self.gpu_roles.check_free(gpus, "train")
         if len(gpus) < self.min_train_gpus:
             raise ClusterError(f"train: the model needs >= {self.min_train_gpus} GPUs to train, got {len(gpus)}")
         if not groups:
@@ -218,17 +218,17 @@ class ClusterBase:
     def _place_engine(self, eng) -> None:
         """A new engine holds its GPUs, which switch until it is up."""
         self._engines[eng.id] = eng
-        self.gpu_pool.hold(eng.gpus, eng.id)
-        self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
+        self.gpu_roles.hold(eng.gpus, eng.id)
+        self.gpu_roles.set_role(eng.gpus, Role.SWITCHING, self.now)
 
     def _engine_up(self, eng) -> None:
-        self.gpu_pool.set_role(eng.gpus, Role.ROLLOUT, self.now)
+        self.gpu_roles.set_role(eng.gpus, Role.ROLLOUT, self.now)
         self._log(("engine_up", self.now, eng.id, eng.gpus))
 
     def _engine_down(self, eng) -> None:
         eng.transition(STOPPED)
-        self.gpu_pool.hold(eng.gpus, None)
-        self.gpu_pool.set_role(eng.gpus, Role.IDLE, self.now)
+        self.gpu_roles.hold(eng.gpus, None)
+        self.gpu_roles.set_role(eng.gpus, Role.IDLE, self.now)
         self._log(("engine_down", self.now, eng.id))
         del self._engines[eng.id]
 
@@ -245,12 +245,12 @@ class ClusterBase:
     def _step_done(self, gpus: Sequence[int], tokens: int) -> None:
         """A training step ended: the version advances and its GPUs are free."""
         self._version += 1
-        self.gpu_pool.hold(gpus, None)
-        self.gpu_pool.set_role(gpus, Role.IDLE, self.now)
+        self.gpu_roles.hold(gpus, None)
+        self.gpu_roles.set_role(gpus, Role.IDLE, self.now)
         self._log(("step", self.now, self._version, len(gpus), tokens))
 
     def _hold_for_training(self, gpus: Sequence[int]) -> None:
-        self.gpu_pool.hold(gpus, TRAINER)
+        self.gpu_roles.hold(gpus, TRAINER)
 
     # ------------------------------------------------------------------ shared verbs
     def stop_engine(self, engine: EngineView) -> Handle:
@@ -321,7 +321,7 @@ class ClusterBase:
     def note(self, kind: str, **fields: Any) -> None:
         self._log(("note", self.now, kind, fields))
 
-    def _drain(self) -> None:
+    def _release_deferred(self) -> None:
         """Release deferred handle completions (and those their waiters cause) until none is left."""
         while self._deferred:
             batch, self._deferred = self._deferred, []

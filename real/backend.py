@@ -160,7 +160,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     def _stop(self, eng: RealEngine, h: Handle) -> None:
         eng.transition(STOPPING)
-        self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
+        self.gpu_roles.set_role(eng.gpus, Role.SWITCHING, self.now)
         t0 = self.now
 
         def down(_dt, err) -> None:
@@ -181,7 +181,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         ex.engine = eng
         eng.members[ex.id] = ex
         eng.queue.append(ex)
-        self._drain_queue(eng)
+        self._start_queued(eng)
         return ex.handle
 
     def _at_boundary(self, ex: RealExecution) -> bool:
@@ -189,14 +189,14 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     def _migrate_now(self, ex: RealExecution) -> None:
         self._do_migrate(ex)
-        self._drain()
+        self._release_deferred()
 
     def train(self, gpus: Sequence[int], groups: Sequence[RealGroup]) -> Handle:
         gpus = self._check_train(gpus, groups)
         v = self._version
         self._book_trained(groups, v)
         self._hold_for_training(gpus)
-        self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)
+        self.gpu_roles.set_role(gpus, Role.TRAIN, self.now)
         h = Handle(f"train{v}")
         adv_cfg = AdvantageConfig(normalize_std=self.cfg.normalize_std)
 
@@ -280,18 +280,18 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
             prof = {} if self.estimate_profile_s is None else {"profile_s": self.estimate_profile_s}
             self.note("cost_estimate", **self._estimate.as_dict(), source=self._estimate.source, **prof)
         self.injector.start(steps * self.cfg.groups_per_step * self.cfg.group_size)
-        self._drain()
+        self._release_deferred()
         while not proc.done:
             while self._timers and self._timers[0][0] <= self.now:
                 heapq.heappop(self._timers)[2]()
-            self._drain()
+            self._release_deferred()
             self.injector.tick(self)
-            self._drain()
+            self._release_deferred()
             if proc.done:
                 break
             if on_tick is not None:
                 on_tick(self)
-                self._drain()
+                self._release_deferred()
             if not self._pending and not self._timers:
                 raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
             if self.now > self.cfg.max_wall_s:
@@ -311,7 +311,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                 except ray.exceptions.RayError as exc:
                     val, err = None, exc
                 fn(val, err)
-                self._drain()
+                self._release_deferred()
         if proc.error is not None:
             raise proc.error
         return proc

@@ -31,7 +31,7 @@ from gyre.real.engine_view import RealEngine
 
 class ExecutionFlow:
     # --- the execution loop: issue a request, book its result ---
-    def _drain_queue(self, eng: RealEngine) -> None:
+    def _start_queued(self, eng: RealEngine) -> None:
         while eng.queue and eng.ready and eng.fits(eng.queue[0].group.prompt_tokens):
             ex = eng.queue.popleft()
             action = ex.start(self.now)
@@ -113,7 +113,7 @@ class ExecutionFlow:
             self._deferred.append((ex.migrate_handle, False))
             ex.migrate_to = ex.migrate_handle = None
         self._busy(eng)
-        self._drain_queue(eng)
+        self._start_queued(eng)
 
     def _move(self, ex: RealExecution, dst: RealEngine) -> None:
         src = ex.engine
@@ -129,7 +129,7 @@ class ExecutionFlow:
                 self._background.append(src.actor.release.remote(str(ex.id)))
         self._log(("migrate", self.now, ex.id, src.id, dst.id))
         self._busy(src)
-        self._drain_queue(src)
+        self._start_queued(src)
 
     def _do_migrate(self, ex: RealExecution) -> None:
         dst, h = ex.migrate_to, ex.migrate_handle
@@ -138,7 +138,7 @@ class ExecutionFlow:
             self._park(ex)
         else:
             self._move(ex, dst)
-            self._drain_queue(dst)
+            self._start_queued(dst)
         self._deferred.append((h, True))
 
     def _park(self, ex: RealExecution) -> None:
@@ -153,7 +153,7 @@ class ExecutionFlow:
         ex.parked_phase, ex.phase = ex.phase, Phase.PARKED
         self._log(("park", self.now, ex.id, src.id))
         self._busy(src)
-        self._drain_queue(src)
+        self._start_queued(src)
 
     def _resume_now(self, ex: RealExecution, dst: RealEngine) -> None:
         """Back on an engine: a waiting one queues there; a started one re-prefills with its next request."""
@@ -162,7 +162,7 @@ class ExecutionFlow:
         ex.phase = ex.parked_phase
         if ex.phase == Phase.QUEUED:
             dst.queue.append(ex)
-            self._drain_queue(dst)
+            self._start_queued(dst)
             return
         ex.migrated_at = self.now
         pending, ex.pending = getattr(ex, "pending", None), None
@@ -186,7 +186,7 @@ class ExecutionFlow:
             if lost:
                 ex.lost = True
         for e in others:
-            self._drain_queue(e)
+            self._start_queued(e)
             self._resume_lost(e)
         self._busy(eng)
         self._respawn_engine(eng)
@@ -250,4 +250,4 @@ class ExecutionFlow:
             self._stop(eng, h)
             return
         self._resume_lost(eng)
-        self._drain_queue(eng)
+        self._start_queued(eng)

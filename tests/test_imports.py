@@ -58,7 +58,7 @@ def test_backends_share_one_skeleton():
     from gyre.sim.cluster.backend import SimCluster
 
     shared = {"n_gpus", "version", "role", "free_gpus", "engines", "live", "migrate", "timeout", "spawn", "note",
-              "_drain", "_log", "_check_start", "_check_stop", "_check_admit", "_check_migrate", "_check_train",
+              "_release_deferred", "_log", "_check_start", "_check_stop", "_check_admit", "_check_migrate", "_check_train",
               "_check_sync", "_book_group", "_place_engine", "_engine_up", "_engine_down", "_book_trained",
               "_step_done", "init_books", "gpus_per_engine", "min_train_gpus", "groups_per_step", "stop_engine",
               "sync", "park", "resume", "LISTED", "ACCEPTING", "STOPPABLE"}

@@ -161,7 +161,7 @@ class SimCluster(ClusterBase):
         c = self.costs
         out = 0.0
         for g in gpus:
-            r = self.gpu_pool.resident[g]
+            r = self.gpu_roles.resident[g]
             if to == "engine":
                 s = c.engine_wake_s + c.sync_s + (c.trainer_offload_s if r == "trainer" else 0.0)
             else:
@@ -184,7 +184,7 @@ class SimCluster(ClusterBase):
         h = Handle(f"start_engine{eid}")
 
         def up() -> None:
-            self.gpu_pool.load(gpus, "engine")
+            self.gpu_roles.load(gpus, "engine")
             eng.transition(READY, self._version)
             eng.t_last = self.now
             self._engine_up(eng)
@@ -198,7 +198,7 @@ class SimCluster(ClusterBase):
 
     def _stop(self, eng: SimEngine, h: Handle) -> None:
         eng.transition(STOPPING)
-        self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
+        self.gpu_roles.set_role(eng.gpus, Role.SWITCHING, self.now)
 
         def down() -> None:
             self._kv_peak = max(self._kv_peak, eng.kv_peak)
@@ -233,12 +233,12 @@ class SimCluster(ClusterBase):
         compute = self.costs.train_time(tokens, len(gpus), attn)
         h = Handle(f"train{v}")
         if onload > 0:
-            self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
+            self.gpu_roles.set_role(gpus, Role.SWITCHING, self.now)
         attempt = [0]  # a trainer fault voids the running attempt (gyre.sim.cluster.faults)
 
         def start() -> None:
-            self.gpu_pool.load(gpus, "trainer")
-            self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)
+            self.gpu_roles.load(gpus, "trainer")
+            self.gpu_roles.set_role(gpus, Role.TRAIN, self.now)
             a = attempt[0]
             if self._faults is not None:
                 self._faults.step_running(gpus, compute, attempt, start)
@@ -270,7 +270,7 @@ class SimCluster(ClusterBase):
             for e in todo:
                 if self._faults is not None and self._faults.lost(e, t0):
                     continue  # killed meanwhile: it restarts with the latest weights
-                moves.resume(e, self.now, v)
+                moves.resume_decoding(e, self.now, v)
                 self._log(("sync", self.now, e.id, v))
             h.succeed(None)
 
@@ -302,7 +302,7 @@ class SimCluster(ClusterBase):
         plain = not check and progress is None and faults is None  # nothing to do between fine events but run them
         ended: list[bool] = []
         proc.on_done(lambda _h: ended.append(True))
-        self._drain()
+        self._release_deferred()
         self._flush()
         try:
             while not ended:
@@ -325,12 +325,12 @@ class SimCluster(ClusterBase):
                     env.step()
                     events += 1
                 if self._deferred:
-                    self._drain()
+                    self._release_deferred()
                 if self._dirty:
                     self._flush()
                 if faults is not None and env._now >= faults.next_at:
                     faults.tick()
-                    self._drain()
+                    self._release_deferred()
                     self._flush()
                 if check:
                     self.check_invariants()
@@ -353,7 +353,7 @@ class SimCluster(ClusterBase):
         seen: dict[int, int] = {}
         for e in self._engines.values():
             for g in e.gpus:
-                assert self.gpu_pool.owner[g] == e.id, f"GPU {g} owner {self.gpu_pool.owner[g]} != engine {e.id}"
+                assert self.gpu_roles.owner[g] == e.id, f"GPU {g} owner {self.gpu_roles.owner[g]} != engine {e.id}"
             books = e.kv
             assert books.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
             assert books.n_dec == len(e.batch), "heap size != decoding count"
@@ -377,11 +377,11 @@ class SimCluster(ClusterBase):
                 assert x.engine is e and x.phase != Phase.DONE, f"{x} misplaced"
                 assert x.id not in seen, f"exec {x.id} on two engines"
                 seen[x.id] = e.id
-        for g in range(self.gpu_pool.n):
-            o = self.gpu_pool.owner[g]
+        for g in range(self.gpu_roles.n):
+            o = self.gpu_roles.owner[g]
             if o is None:
-                assert self.gpu_pool.role[g] in (Role.IDLE, Role.SWITCHING), f"GPU {g} unowned but {self.gpu_pool.role[g].name}"
+                assert self.gpu_roles.role[g] in (Role.IDLE, Role.SWITCHING), f"GPU {g} unowned but {self.gpu_roles.role[g].name}"
             elif o == TRAINER:
-                assert self.gpu_pool.role[g] in (Role.TRAIN, Role.SWITCHING), f"GPU {g} training but {self.gpu_pool.role[g].name}"
+                assert self.gpu_roles.role[g] in (Role.TRAIN, Role.SWITCHING), f"GPU {g} training but {self.gpu_roles.role[g].name}"
             else:
-                assert self.gpu_pool.role[g] in (Role.ROLLOUT, Role.SWITCHING), f"GPU {g} engine but {self.gpu_pool.role[g].name}"
+                assert self.gpu_roles.role[g] in (Role.ROLLOUT, Role.SWITCHING), f"GPU {g} engine but {self.gpu_roles.role[g].name}"

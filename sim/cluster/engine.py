@@ -263,7 +263,7 @@ class SimEngine(EngineLifecycle):
                                                                                      else 0.0) + n > self._full:
             self.pressure.make_room(t)
         if self.queue:
-            self.pressure.drain(t)
+            self.pressure.start_queued(t)
         self._reschedule()
 
     # --- an execution's turns on this engine ---

@@ -6,7 +6,7 @@ KvLedger `kv` for the books, its KvPressure `pressure` for who starts): an admis
 an engine (`admit`); a migration takes a between-turns execution off one engine (`remove`) and gives it to
 another (`add_migrated`: its KV arrives resident if it was transferred and fits, otherwise it re-prefills there);
 a crash loses every member's unfinished segment (`wipe`); a weight sync pauses decoding and resumes it at the
-new version, crediting the tokens decoded so far to the old one (`pause`, `resume`).
+new version, crediting the tokens decoded so far to the old one (`pause`, `resume_decoding`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def admit(engine: SimEngine, ex: SimExecution, t: float) -> None:
     else:
         ex.phase = _QUEUED
         engine.queue.append(ex)
-        engine.pressure.drain(t)
+        engine.pressure.start_queued(t)
     engine.touch(t)
 
 
@@ -51,7 +51,7 @@ def remove(engine: SimEngine, ex: SimExecution) -> int:
         engine.timers = [x for x in engine.timers if x[2] is not ex]
         heapq.heapify(engine.timers)
     engine.drop(ex)
-    engine.pressure.drain(t)
+    engine.pressure.start_queued(t)
     engine.touch(t)
     return kv
 
@@ -74,7 +74,7 @@ def add_migrated(engine: SimEngine, ex: SimExecution, t: float, transferred: int
     else:
         ex.phase = _QUEUED
         engine.queue.append(ex)
-        engine.pressure.drain(t)
+        engine.pressure.start_queued(t)
     engine.touch(t)
 
 
@@ -108,7 +108,7 @@ def pause(engine: SimEngine, t: float) -> None:
     engine.replan(t)
 
 
-def resume(engine: SimEngine, t: float, version: int) -> None:
+def resume_decoding(engine: SimEngine, t: float, version: int) -> None:
     """The load is done: decoding goes on at `version`; the tokens decoded so far in each current segment were
     the old version's."""
     engine.advance(t)
@@ -124,5 +124,5 @@ def resume(engine: SimEngine, t: float, version: int) -> None:
 
 def restarted(engine: SimEngine, t: float) -> None:
     """Its process is back (ready): the executions that waited for it start."""
-    engine.pressure.drain(t)
+    engine.pressure.start_queued(t)
     engine.touch(t)

@@ -116,7 +116,7 @@ class SimFaults:
         execs, lost = moves.wipe(eng, t)
         eng.transition(RESTARTING, c.version)  # the version it will serve (see step_ended)
         self._killed_at[eng.id] = t
-        c.gpu_pool.set_role(eng.gpus, Role.SWITCHING, t)
+        c.gpu_roles.set_role(eng.gpus, Role.SWITCHING, t)
         others = [e for e in c._engines.values() if e.ready]
         c.note("engine_fault", engine=eng.id, executions=[x.id for x in execs],
                moved=len(execs) if others else 0, tokens_lost=lost, reprefill_tokens=sum(x.ctx for x in execs))
@@ -136,7 +136,7 @@ class SimFaults:
     def _restarted(self, eng: SimEngine) -> None:
         c, t = self.c, self.c.now
         eng.transition(READY, c.version)
-        c.gpu_pool.set_role(eng.gpus, Role.ROLLOUT, t)
+        c.gpu_roles.set_role(eng.gpus, Role.ROLLOUT, t)
         c.note("engine_restarted", engine=eng.id, version=c.version, recovery_s=t - self._killed_at[eng.id])
         h = self._stop_after.pop(eng.id, None)
         if h is not None:
@@ -173,7 +173,7 @@ class SimFaults:
 
             def done() -> None:
                 if not self.lost(e, t0):
-                    moves.resume(e, c.now, v)
+                    moves.resume_decoding(e, c.now, v)
                     c._log(("sync", c.now, e.id, v))
                 one_done()
 
@@ -208,7 +208,7 @@ class SimFaults:
             for g in gpus:
                 self.held[g] = None  # mid-step state: unknown
             c.note("step_retry", version=c.version + 1, gpus=list(gpus))
-            c.gpu_pool.set_role(gpus, Role.SWITCHING, t)
+            c.gpu_roles.set_role(gpus, Role.SWITCHING, t)
         if self.record is not None and self.held[self.record] is None:
             self.lost_gpu = self.record
             holders = [g for g, v in enumerate(self.held) if v == c.version]
@@ -244,7 +244,7 @@ class SimFaults:
             ready = max(ready, self._recovery_s(t))
 
         def wait() -> None:
-            c.gpu_pool.set_role(gpus, Role.SWITCHING, t)
+            c.gpu_roles.set_role(gpus, Role.SWITCHING, t)
             c._after(ready - t, self._rebuilt_then(begin))
         return wait
 

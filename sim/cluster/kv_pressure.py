@@ -62,7 +62,7 @@ class KvPressure:
         self._adm = []
 
     # --- the wait queue ---
-    def drain(self, t: float) -> None:
+    def start_queued(self, t: float) -> None:
         """Start the prefill of waiting executions in order while their missing context fits (head-of-line)
         and fewer than max_num_seqs run; one whose context is all resident decodes at once."""
         e = self.engine
