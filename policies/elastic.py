@@ -82,6 +82,7 @@ from gyre.policies.elastic_history import History, Records, drawn_remaining_s
 from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate,
                                        initial_engines, plan_drain, remaining_s)
 from gyre.policies.elastic_pool import EnginePool, deadline_cap
+from gyre.policies.tuning import halvings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,6 +108,12 @@ class ElasticConfig(ForesightParams):
     # idles the trainer's GPUs for the whole first rollout, which costs the multi-turn xlong-swe-kv more
     # (its engines' step grows with batch); which one a workload is is unknown before anything finishes
     start_split: bool = False
+    # executions an engine is handed at once, at most (None: its admission limit). Not derived: which
+    # concurrency lets a rollout's length tail meet its deadline depends on how much each added sequence
+    # slows an engine's step (the chunked prefill of tool outputs included), which the estimate does not
+    # give; like async's `max_running`, it is a choice the equal-work search makes (`grid`: the limit and
+    # its halvings at each eta, every one tried, the fastest within 1% of the least-cutting one kept)
+    max_running: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -116,6 +123,9 @@ class ElasticConfig(ForesightParams):
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise ValueError(f"elastic: {name} must be in (0, 1], got {v}")
+        if self.max_running is not None and (isinstance(self.max_running, bool) or not isinstance(self.max_running, int)
+                                             or self.max_running < 1):
+            raise ValueError(f"elastic: max_running must be an integer >= 1, got {self.max_running!r}")
         if not 0 < self.unseen_residual < float("inf"):
             raise ValueError(f"elastic: unseen_residual must be a positive number, got {self.unseen_residual}")
 
@@ -138,8 +148,12 @@ class Elastic:
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
+        """Every eta, at every per-engine cap `max_running` async's search tries too (the admission limit,
+        omitted, and its halvings: policies.tuning.halvings), all in one batch: equal work is judged against
+        the least-cutting run at each eta, which may be the lowest cap."""
         fits = shape.n_gpus >= shape.min_train_gpus + shape.gpus_per_engine
-        return [{"eta": e} for e in etas] if fits else []
+        caps = halvings(shape.admit_limit)[1:] if shape.admit_limit else []
+        return [p for e in etas for p in [{"eta": e}] + [{"eta": e, "max_running": c} for c in caps]] if fits else []
 
     # ------------------------------------------------------------------ the control loop
     def run(self, cluster: Cluster, steps: int):
@@ -151,7 +165,8 @@ class Elastic:
         self.est = cluster.estimate
         self.steps = steps
         self.records = Records()
-        self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share)
+        self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share,
+                               max_running=self.config.max_running)
         self.pool.cap = self._cap
         self._caps: tuple = (-1.0, {}, {}, None)  # (when, engine id -> cap, live by engine, History) this instant
         self.gathering = False  # a batch's GPUs are being gathered
