@@ -60,7 +60,8 @@ decision point it does one thing:
 Per-engine concurrency, at every admission: an engine is handed no more executions than the most at
 which each of its live executions is still predicted to meet its deadline (policies.elastic_pool.
 deadline_cap: its predicted remaining time at the engine's load now, scaled by the estimate's step time
-at n sequences; one that misses even alone sets no cap), within its admission limit; a drain's migrants
+at n sequences; one that misses even alone sets no cap), within its admission limit and `max_running`
+(a fixed per-engine concurrency the equal-work search chooses, as async's: `grid`); a drain's migrants
 are placed within the admission limit alone (parked, a migrant's deadline clock runs; moved, it only
 slows).
 
