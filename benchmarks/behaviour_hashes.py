@@ -4,7 +4,7 @@ A refactor of the simulator's core must move no number. This script records, for
 - `gyre-sim compare` on xlong-swe-small (8 steps), short-math (4 steps) and xlong-swe-kv (2 steps): the sha256
   of every steps_*.csv and staleness_*.csv, and of summary.csv less its wall-time columns (any column whose
   name holds "wall": the simulator's own run time);
-- five faulted runs (gyre.faults specs, carried out by gyre.sim.faults): the sha256 of their full event logs
+- five faulted runs (gyre.faults specs, carried out by gyre.sim.cluster.faults): the sha256 of their full event logs
   (the repr of every record, one per line; floats repr exactly), with the simulator's checks on.
 It prints one line per hash and writes them all as JSON (`--out`). Two JSON files compare with `--against`.
 
@@ -66,7 +66,7 @@ def compare_hashes(preset: str, steps: int, out: Path) -> dict[str, str]:
     import pandas as pd
     from typer.testing import CliRunner
 
-    from gyre.sim.cli import app
+    from gyre.sim.cli.app import app
 
     res = CliRunner().invoke(app, ["compare", "--preset", preset, "--steps", str(steps), "--out", str(out)])
     if res.exit_code != 0:
@@ -85,7 +85,7 @@ def faulted_hash(name, preset, gpus, steps, policy, params, faults, every) -> tu
     from gyre.config import override
     from gyre.faults import fault_summary
     from gyre.presets import get_preset
-    from gyre.sim.runner import simulate
+    from gyre.sim.harness.runner import simulate
 
     cfg = override(get_preset(preset), **{"cluster.gpus": gpus, "steps": steps, "faults": faults,
                                           "checkpoint_every": every})

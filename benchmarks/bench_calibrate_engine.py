@@ -6,7 +6,7 @@ validation runs, MIT licence):
 1. fit on the first 70% of requests by arrival, report the held-out 30%: calibrated median end-to-end
    error (target <= 10%) and makespan error (<= 5%); uncalibrated (Coefficients' cited defaults)
    median end-to-end error (<= 25%), also read as "data sheets alone" (efficiencies 1, no overheads);
-   and the simulator's own engine (gyre.sim.engine, what `gyre-sim
+   and the simulator's own engine (gyre.sim.cluster.engine, what `gyre-sim
    run` uses) on the same held-out requests with the calibrated coefficients;
 2. cross-hardware: each run's fitted coefficients applied to every other run with that run's own GPU
    and model presets (errors on the whole run), and the fitted efficiencies side by side as the rates
@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 from gyre.roofline import Coefficients
-from gyre.sim.engine_calibrate import calibrate_run, coef_dict, errors, setup, simulate
-from gyre.sim.engine_run import read_run
+from gyre.sim.vllm_check.engine_fit import fit_report, coef_dict, errors, setup, simulate
+from gyre.sim.vllm_check.serving_run import read_run
 
 DATA = Path("/work/shared/data/vllm_timings")
 IDEAL = Coefficients(eff_bw=1.0, eff_kv=1.0, eff_flops=1.0, step_overhead_s=0.0, allreduce_s=0.0, eff_link=1.0)
@@ -117,7 +117,7 @@ def main() -> None:
     print(f"# engine calibration against real vLLM runs (data: LLMServingSim, MIT); split {a.split}")
     for name, run in runs.items():
         t = time.time()
-        rep = calibrate_run(run, a.split)
+        rep = fit_report(run, a.split)
         fits[name] = rep["coef"]
         c, u = rep["calibrated"], rep["uncalibrated"]
         ok = (c["e2e_median_rel_err"] <= 0.10, c["makespan_rel_err"] <= 0.05, u["e2e_median_rel_err"] <= 0.25)
@@ -136,7 +136,7 @@ def main() -> None:
         sim = rep["simulator"]
         rows[name]["simulator"] = sim
         print(f"  simulator's engine   : e2e median {sim['e2e_median_rel_err']:.1%}, p90 {sim['e2e_p90_rel_err']:.1%}, "
-              f"makespan {sim['makespan_rel_err']:.1%} (gyre.sim.engine, calibrated coefficients, held out)")
+              f"makespan {sim['makespan_rel_err']:.1%} (gyre.sim.cluster.engine, calibrated coefficients, held out)")
         print(f"  uncalibrated         : e2e median {u['e2e_median_rel_err']:.1%} (<= 25%: {mark[2]}), "
               f"p90 {u['e2e_p90_rel_err']:.1%}, ttft median {u['ttft_median_rel_err']:.1%}, "
               f"makespan {u['makespan_rel_err']:.1%}")
@@ -171,7 +171,7 @@ def main() -> None:
             for dst, run in runs.items():
                 if src == dst:
                     continue
-                rep = calibrate_run(run, None, coef)
+                rep = fit_report(run, None, coef)
                 e = rep["calibrated"]
                 same = runs[src].model_cfg.name == run.model_cfg.name and runs[src].gpu_cfg.name != run.gpu_cfg.name
                 cross[f"{src} -> {dst}"] = {**e, "same_model": same}

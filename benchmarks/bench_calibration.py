@@ -45,9 +45,10 @@ def parting(model: np.ndarray, test: np.ndarray, top: int = 3) -> list[tuple[flo
 
 def shape_check(tr, cw, key: str) -> None:
     """Where the fit of `key` parts from the data (module docstring)."""
-    from gyre.traces.calibrate import quantities, recent_groups, split_groups
+    from gyre.traces.heldout import quantities, split_groups
+    from gyre.traces.workload_fit import recent_groups
     from gyre.traces.calibrated import sample_quantities
-    from gyre.traces.fit import _ecdf_distances
+    from gyre.traces.tail_dist import _ecdf_distances
 
     train, test = split_groups(tr.groups, 0.7)
     fitted = recent_groups(train, cw.report["recent"]["chosen"])
@@ -62,13 +63,13 @@ def shape_check(tr, cw, key: str) -> None:
 
 def check(path: str, fmt: str, drift: str, recent: str, group_size: int, groups_per_step: int, draws: int) -> bool:
     from gyre.traces.formats import load_trace
-    from gyre.traces.calibrate import CalibrateOptions, calibrate
+    from gyre.traces.workload_fit import WorkloadFitOptions, fit_workload
     from gyre.traces.calibrated import sample_quantities
     from gyre.traces.readers import Grouping
 
     t0 = time.perf_counter()
     tr = load_trace(Path(path), fmt, grouping=Grouping(group_size=group_size, groups_per_step=groups_per_step))
-    cw = calibrate(tr, CalibrateOptions(split=0.7, drift=drift, recent=recent))
+    cw = fit_workload(tr, WorkloadFitOptions(split=0.7, drift=drift, recent=recent))
     r = cw.report
     print(f"{path}: {r['executions']} executions, fitted {r['fitted']}, held out {r['held_out']}, K {r['k']}, "
           f"drift {r['drift']['chosen']} ({r['drift']['why']}), fitted window {r['recent']['chosen']:.0%} "

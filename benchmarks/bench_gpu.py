@@ -5,7 +5,7 @@ steps on a ~150M-parameter model, and the decode step-time model the simulator a
    ancestor-or-self mask); FlexAttention's block mask (fp32, forward and backward) matches the dense mask.
 2. Training step (bf16, forward + backward): naive per-branch packs vs tree packs with the dense mask vs
    tree packs with FlexAttention, on GRPO groups with a long shared prompt and multi-turn branches.
-3. Decode: time per decode step of gyre.nn's KV-cache path over a grid of batch sizes and contexts, and a
+3. Decode: time per decode step of gyre.real.nn's KV-cache path over a grid of batch sizes and contexts, and a
    least-squares fit of the simulator's form t = a + b * batch + c * kv_tokens (R^2, worst relative error).
 4. A transformers model (a random Qwen3 folder written here, ~0.3B parameters): the packed loss through
    transformers' FlexAttention with the tree BlockMask vs SDPA with the boolean mask (fp32 loss and
@@ -33,7 +33,7 @@ import traceback
 import numpy as np
 import torch
 
-from gyre.nn.model import TinyLlamaConfig, TinyLlama
+from gyre.real.nn.model import TinyLlamaConfig, TinyLlama
 from gyre.trajectory import PackConfig, TaskRecorder, build_packs
 from gyre.trajectory.torch_ops import branches_of, naive_loss, packed_loss
 
@@ -201,8 +201,8 @@ def bench_hf(dev: str, smoke: bool) -> dict:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from gyre.nn.hf_causal import build_model
-    from gyre.nn.hf_folder import write_tiny_model
+    from gyre.real.nn.hf_causal import build_model
+    from gyre.real.nn.hf_folder import write_tiny_model
     from gyre.real.fsdp import full_state, shard_model
     from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss, micro_batches
 
@@ -271,7 +271,7 @@ def bench_vllm(dev: str, smoke: bool, folder: str | None) -> dict:
         return {"skipped": "vllm is not importable"}
     if dev != "cuda" or folder is None:
         return {"skipped": "needs CUDA and the hf section's folder"}
-    from gyre.nn.hf_causal import build_model
+    from gyre.real.nn.hf_causal import build_model
     from gyre.real.engine_vllm import VllmEngine, VllmEngineConfig
 
     state = {k: v.to(torch.bfloat16) for k, v in build_model(folder).serving_state().items()}

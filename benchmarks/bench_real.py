@@ -178,7 +178,7 @@ def run_policies(cfg, policies, pool, out: Path, load: dict | None = None) -> li
 
 def sim_to_real(out: Path, policies: list[str]) -> pd.DataFrame:
     """Every (calibrated on, predicted) pair of the runs in `out`, on the source's and on the own workload."""
-    from gyre.bridge.calibrate import predict_makespans
+    from gyre.bridge.cost_fit import predict_makespans
 
     return pd.concat([predict_makespans(out, src, policies, workload=w) for w in ("source", "own")
                       for src in policies], ignore_index=True)

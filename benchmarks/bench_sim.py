@@ -35,7 +35,7 @@ if __name__ == "__main__" and "--root" in sys.argv:  # --one on another checkout
 
 from gyre.config import override  # noqa: E402
 from gyre.presets import MODELS, get_preset  # noqa: E402
-from gyre.sim.runner import simulate  # noqa: E402
+from gyre.sim.harness.runner import simulate  # noqa: E402
 from gyre.workload import LogNormal  # noqa: E402
 
 

@@ -46,9 +46,9 @@ def phase(name: str, trace: str, policy: str, steps: int) -> None:
 
     gc.freeze()  # the trace lives for the whole run: keep the collector from rescanning it
     if name == "calibrate":
-        from gyre.traces.calibrate import CalibrateOptions, calibrate
+        from gyre.traces.workload_fit import WorkloadFitOptions, fit_workload
 
-        cw = calibrate(tr, CalibrateOptions(split=0.7))
+        cw = fit_workload(tr, WorkloadFitOptions(split=0.7))
         q = cw.report["quality"]["gen"]
         extra = f"ks_d={q['ks_d']:.4f} p99_err={q['p99_err']:.3f} maxk_err={q['maxk_err']:.3f}"
     else:
@@ -56,8 +56,8 @@ def phase(name: str, trace: str, policy: str, steps: int) -> None:
 
         from gyre.config import override
         from gyre.presets import get_preset
-        from gyre.sim.cli_traces import trace_workload
-        from gyre.sim.runner import simulate
+        from gyre.sim.cli.traces import trace_workload
+        from gyre.sim.harness.runner import simulate
         from gyre.workload import ReplaySource
 
         w = trace_workload(tr)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gyre.nn.model import TinyLlamaConfig, TinyLlama
+from gyre.real.nn.model import TinyLlamaConfig, TinyLlama
 from gyre.trajectory import LossRows, Pack, PackConfig, TaskRecorder, build_packs
 from gyre.trajectory.torch_ops import LossConfig, branches_of, packed_loss
 

@@ -53,7 +53,7 @@ def main() -> None:
     from test_hf_loss import batch
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, TCPStore
 
-    from gyre.nn.hf_folder import write_tiny_model
+    from gyre.real.nn.hf_folder import write_tiny_model
     from gyre.real import collective as C
     from gyre.real.trainer import Trainer, TrainerConfig
 

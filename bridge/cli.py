@@ -27,12 +27,12 @@ def calibrate(
         "--estimate-out", help="write the calibrated cost estimate here ([cluster] estimate of a real run reads it)")] = None,
 ) -> None:
     """Calibrate the simulator's cost model on one real run; predict (and compare) other policies."""
-    from gyre.bridge.calibrate import CalibrationError, calibrated_costs, describe, predict_makespans
+    from gyre.bridge.cost_fit import CostFitError, fitted_costs, describe, predict_makespans
 
     try:
-        calibrated = calibrated_costs(run_dir, source)
+        calibrated = fitted_costs(run_dir, source)
         table = predict_makespans(run_dir, source, predict, workload=workload, calibrated=calibrated)
-    except CalibrationError as exc:
+    except CostFitError as exc:
         fail(str(exc))
         raise
     console.print(f"calibrated on {source}: {describe(calibrated[0])}", soft_wrap=True)

@@ -1,6 +1,6 @@
 """The skeleton every backend shares: observations, verb preconditions, booking records, handle release.
 
-A backend (gyre.sim.backend.SimCluster, gyre.real.backend.RealCluster) subclasses `ClusterBase` and adds
+A backend (gyre.sim.cluster.backend.SimCluster, gyre.real.backend.RealCluster) subclasses `ClusterBase` and adds
 only what differs: how time passes (`now`, `_succeed_after`), what an engine and an execution are, and how
 each verb's work is carried out. Everything a policy observes, every precondition a verb checks, and every
 record the shared event log gets for a group, an engine coming up or going down, a training step and a
@@ -16,7 +16,7 @@ are `EngineLifecycle`s.
 
 Assumes the subclass sets, before use: `_engines` (id -> EngineLifecycle with `.gpus`, `.members`),
 `executions` (id -> execution with `.engine`, `.phase`, `.started_at`, `.migrate_to`), `groups`, `log`,
-`gpu_pool` (gyre.pool.GpuPool), `_version` (steps done in this run) and `_next_engine`; `init_books` sets
+`gpu_pool` (gyre.gpu_roles.GpuRoles), `_version` (steps done in this run) and `_next_engine`; `init_books` sets
 them all.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 from gyre.cluster import ClusterError, EngineView, ExecutionView, Phase, Role
 from gyre.handles import Handle, Process, done_handle
-from gyre.pool import TRAINER, GpuPool
+from gyre.gpu_roles import TRAINER, GpuRoles
 
 
 class EngineState(str, enum.Enum):
@@ -107,7 +107,7 @@ class ClusterBase:
         self._version = 0
         self._deferred: list[tuple[Handle, Any]] = []
         self.log: list[tuple] = []
-        self.gpu_pool = GpuPool(n_gpus, self.log)
+        self.gpu_pool = GpuRoles(n_gpus, self.log)
         self.groups: dict[int, Any] = {}
         self.executions: dict[int, Any] = {}
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gyre.faults import FaultSpecError, parse_faults
-from gyre.hardware import CostConfig, GpuConfig, ModelConfig
+from gyre.datasheets import GpuConfig, ModelConfig
+from gyre.hardware import CostConfig
 from gyre.workload import WorkloadConfig
 
 

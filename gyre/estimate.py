@@ -15,8 +15,11 @@ A real RL system knows what a step costs before it takes one: it has profiled th
 
 Where the numbers come from: the simulator's derived costs (gyre.hardware.Costs: the roofline engine step,
 training FLOPs at the trainer's MFU), or on the real backend a calibration file (a JSON object of the
-fields below, written by `gyre-real calibrate --estimate-out`). It is hardware and model knowledge, not
-foresight: nothing in it depends on the workload's future.
+fields below, written by `gyre-real calibrate --estimate-out`) or a start-up profile (gyre.real.profile).
+Both real sources fit measured timings with the same two functions: `fit_step` (the engine step line,
+least squares over decode steps) and `fit_train_s_per_token_gpu` (measured training seconds x GPUs over
+trained tokens). It is hardware and model knowledge, not foresight: nothing in it depends on the
+workload's future.
 
 `batch_counts` turns observed executions into the two counts `train_s` takes: trained tokens are the
 executions' trajectory tokens (the group's shared prompt counted once per execution, a small overcount),
@@ -32,6 +35,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
+
+import numpy as np
 
 from gyre.config import ConfigError
 
@@ -160,6 +165,33 @@ def from_file(path: str | Path) -> CostEstimate:
 
 def write_file(est: CostEstimate, path: str | Path) -> None:
     Path(path).write_text(json.dumps(est.as_dict(), indent=1) + "\n")
+
+
+def fit_step(decode) -> LinearStep:
+    """The engine step line a + b x sequences + c x context tokens, least squares over measured decode steps
+    [(sequences, context tokens, seconds)]. A coefficient the noise makes negative is 0; a line whose fixed
+    part is 0 takes the median step as it (a step never costs nothing)."""
+    dec = np.asarray(decode if decode is not None else [], dtype=np.float64).reshape(-1, 3)
+    if len(dec) < 3:
+        raise EstimateError("profile has fewer than 3 decode steps; run longer")
+    X = np.column_stack([np.ones(len(dec)), dec[:, 0], dec[:, 1]])
+    coef, *_ = np.linalg.lstsq(X, dec[:, 2], rcond=None)
+    a, b, c = (max(0.0, float(x)) for x in coef)
+    if a == 0.0:
+        a = float(np.median(dec[:, 2]))
+    return LinearStep(a=a, b=b, c=c)
+
+
+def fit_train_s_per_token_gpu(train, gpus: float) -> float:
+    """Training seconds per trained token on one GPU: the measured steps [(tokens, wall seconds, ...)] on
+    `gpus` GPUs, their seconds x GPUs over their tokens (a step's fixed cost is spread over its tokens)."""
+    tr = np.asarray(train if train is not None else [], dtype=np.float64)
+    if not len(tr):
+        raise EstimateError("profile has no training step")
+    tr = tr.reshape(len(tr), -1)
+    if not np.sum(tr[:, 0]) > 0:
+        raise EstimateError(f"profile's training steps trained {np.sum(tr[:, 0])} tokens; a rate needs some")
+    return float(np.sum(tr[:, 1]) / np.sum(tr[:, 0])) * gpus
 
 
 def batch_counts(executions: Iterable, max_context: float = math.inf) -> tuple[float, float]:

@@ -24,7 +24,7 @@ of the run) and, in its `sync`, `take_sync_fault`. The real backend calls `tick`
 `wake_at` names and after each finish.
 
 Simplifications: the real backend injects faults from the driver (ray.kill of an actor, a sync held back or
-not sent), the simulator by its model of the same loss (gyre.sim.faults); a node's loss, a lost object, or a
+not sent), the simulator by its model of the same loss (gyre.sim.cluster.faults); a node's loss, a lost object, or a
 driver crash are not modelled.
 """
 
@@ -105,7 +105,8 @@ def spec_error(specs: tuple[str, ...] | list[str]) -> str | None:
 
 @runtime_checkable
 class FaultTarget(Protocol):
-    """What FaultInjector reads of a run and does to it (gyre.real.backend.RealCluster, gyre.sim.faults.SimFaults)."""
+    """What FaultInjector reads of a run and does to it (gyre.real.backend.RealCluster,
+    gyre.sim.cluster.faults.SimFaults)."""
 
     @property
     def now(self) -> float: ...  # seconds since the run started

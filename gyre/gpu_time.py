@@ -20,7 +20,7 @@ Each GPU-second of [0, makespan] lands in exactly one term (GPU-seconds):
   batch, which no policy can train sooner than the first groups finish);
 - `idle`: GPUs in no role after that (a trainer waiting for its next batch, or GPUs no policy placed).
 
-The role terms come from the "role" records (gyre.pool); the five rollout terms from a sweep over each
+The role terms come from the "role" records (gyre.gpu_roles); the five rollout terms from a sweep over each
 engine's records between its "engine_up" and the first role change of its GPUs away from rollout: busy
 flags, membership (admit, migrate, park, resume, finish), sync pauses. The two are independent, so their sum
 equals N x makespan only if every rollout GPU-second lies inside exactly one engine's life

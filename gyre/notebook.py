@@ -1,7 +1,7 @@
 """Small helpers for the notebooks: tables and inline figures from run results and trace fits.
 
 Everything takes results duck-typed (anything with `.policy`, `.log`, `.metrics`, `.bound`, `.config`
-and `.makespan_s`: a gyre.sim.runner.SimResult, or a gyre.real.runner.RealResult for the figures),
+and `.makespan_s`: a gyre.sim.harness.runner.SimResult, or a gyre.real.runner.RealResult for the figures),
 so this module imports no backend: not gyre.sim, not ray, not torch. Figures are returned, not
 saved or closed, so a notebook with `%matplotlib inline` shows each one once at the end of its cell.
 

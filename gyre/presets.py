@@ -68,7 +68,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gyre.config import ClusterConfig, ConfigError, RunConfig
-from gyre.hardware import GpuConfig, ModelConfig
+from gyre.datasheets import GpuConfig, ModelConfig
 from gyre.workload import LogNormal, WorkloadConfig
 
 GPUS: dict[str, GpuConfig] = {

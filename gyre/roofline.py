@@ -49,6 +49,8 @@ steps the replicas in lockstep with their own batches (`ep_group_step_time`).
 
 This module is pure (no simulator imports): `gyre.hardware` builds an `EngineRoofline` from model and
 GPU presets, the simulator asks it for step times, and the engine calibrator fits `Coefficients`.
+It is one concept over ~430 lines: every formula above is EngineRoofline's, its stepper's (the same formula
+closed over the step's constants) or expert parallel's exchange, which the stepper adds to every step.
 """
 
 from __future__ import annotations

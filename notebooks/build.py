@@ -33,7 +33,7 @@ import pandas as pd
 import gyre.notebook as nb
 from gyre.config import override
 from gyre.presets import MODELS, get_preset
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from gyre.workload import LogNormal
 
 %matplotlib inline
@@ -231,8 +231,9 @@ import pandas as pd
 import gyre.notebook as nb
 from gyre.config import override
 from gyre.presets import get_preset
-from gyre.sim.runner import simulate
-from gyre.traces.calibrate import CalibrateOptions, calibrate, quantities, split_groups
+from gyre.sim.harness.runner import simulate
+from gyre.traces.heldout import quantities, split_groups
+from gyre.traces.workload_fit import WorkloadFitOptions, fit_workload
 from gyre.traces.calibrated import CalibratedSource, load_workload, sample_quantities
 from gyre.traces.readers import Grouping, read_request_csv
 from gyre.workload import ReplaySource
@@ -272,8 +273,8 @@ than the data's own tail (or has no finite mean), the empirical tail is kept ins
 here: requests are not tasks). The fit is judged against many draws from the calibrated workload.
 """),
     ("code", """
-opts = CalibrateOptions(split=0.7, seed=0)
-cw = calibrate(trace, opts)
+opts = WorkloadFitOptions(split=0.7, seed=0)
+cw = fit_workload(trace, opts)
 r = cw.report
 length = cw.dists["length"]
 print(f"fitted {r['fitted']} executions, held out {r['held_out']}; length = {r['scale_target']} tokens, "
@@ -357,13 +358,13 @@ arrivals and token counts through a step-by-step model of vLLM's scheduler, with
 step time (`gyre.roofline`), and comparing latencies checks the engine model. `gyre-sim calibrate-engine`
 fits the roofline's efficiencies and step overhead on the first 70% of requests by arrival (a minute of
 replays); below, the coefficients it fitted are applied directly (docs/calibrate-engine.md), next to the
-cited defaults, and the simulator's own fluid engine (`gyre.sim.engine`) is run with them too.
+cited defaults, and the simulator's own fluid engine (`gyre.sim.cluster.engine`) is run with them too.
 """),
     ("code", """
 from gyre.roofline import Coefficients
-from gyre.sim.engine_calibrate import errors, simulate as replay_run
-from gyre.sim.engine_run import read_run, split_by_arrival
-from gyre.sim.engine_simcheck import sim_engine_replay, sim_errors
+from gyre.sim.vllm_check.engine_fit import errors, simulate as replay_run
+from gyre.sim.vllm_check.serving_run import read_run, split_by_arrival
+from gyre.sim.vllm_check.sim_replay import sim_engine_replay, sim_errors
 
 def find_run(name, trace=find_trace()):  # a vLLM run directory in shared/data/vllm_timings, beside the trace
     path = trace.parent / "vllm_timings" / name

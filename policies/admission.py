@@ -58,20 +58,20 @@ class OrderedAdmission:
         gps = cluster.groups_per_step
         self.window = 1 if params.predictor == "none" else params.lookahead * gps
         self.total = steps * gps  # the groups the run trains: never drawn past
-        self.pool: list[Group] = []  # drawn, not yet admitted, in drawn order
+        self.candidates: list[Group] = []  # drawn, not yet admitted, in drawn order
         self.drawn = 0
         self.quality = Quality()
 
     def next_group(self) -> Group:
         """The next group to admit (the caller admits every execution of it and calls `watch`)."""
-        if not self.pool:  # the next window (past the run's groups only if asked for one)
-            self.pool = [self.cluster.next_group()]
-            while len(self.pool) < self.window and self.drawn + len(self.pool) < self.total:
-                self.pool.append(self.cluster.next_group())
-            self.drawn += len(self.pool)
-        scores = [self.predictor.group(g) for g in self.pool]
-        best = max(range(len(self.pool)), key=lambda i: (scores[i], -i))
-        g = self.pool.pop(best)
+        if not self.candidates:  # the next window (past the run's groups only if asked for one)
+            self.candidates = [self.cluster.next_group()]
+            while len(self.candidates) < self.window and self.drawn + len(self.candidates) < self.total:
+                self.candidates.append(self.cluster.next_group())
+            self.drawn += len(self.candidates)
+        scores = [self.predictor.group(g) for g in self.candidates]
+        best = max(range(len(self.candidates)), key=lambda i: (scores[i], -i))
+        g = self.candidates.pop(best)
         self.predictor.admitted(g)
         self.quality.predicted(g.id, scores[best])
         return g

@@ -15,7 +15,7 @@ returns a local best among the points it tried. `refine_split_and_cap` adds a se
 split's per-engine concurrency cap (its values the `halvings` of the engine's admission limit), by one
 batch of every cap at each eta's best split and a local refinement of the split at the cap chosen.
 
-Searches rank only at equal work: a run whose scheduler-induced cuts (policies.work) exceed the least of
+Searches rank only at equal work: a run whose scheduler-induced cuts (sim/harness/sched_cuts.py) exceed the least of
 the runs tried by more than WORK_TOLERANCE of the run's executions did less of the work, so it is never
 the best. `EqualWork` turns measured (makespan, cuts) into what a search is sent (such a run's makespan
 becomes inf); `fastest_at_equal_work` picks the best of a finished search the same way.

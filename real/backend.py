@@ -19,7 +19,6 @@ half-way through an update. Times in the log are seconds since the cluster was b
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import shutil
 import tempfile
@@ -33,7 +32,6 @@ import ray
 
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.estimate import CostEstimate
-from gyre.estimate import from_file as estimate_from_file
 from gyre.handles import Handle, Process
 from gyre.hardware import admission_limit
 from gyre.backend import READY, RESTARTING, STOPPING, ClusterBase
@@ -42,6 +40,7 @@ from gyre.real.execution import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine
 from gyre.faults import FaultInjector, parse_faults
 from gyre.real.flow import ExecutionFlow
+from gyre.real.profile import cluster_estimate
 from gyre.real.task_api import load_task
 from gyre.real.tools import ToolService
 from gyre.real.verify import Verifier
@@ -67,6 +66,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                              f"version); engine {pool.cfg.engine!r} has none (use 'object_store')")
         pool.heal()  # actors an earlier run lost
         ray.get([a.sleep.remote() for a in pool._engines.values()])  # engines of an earlier run
+        # before the trainers' reset: a start-up profile's training steps leave nothing behind
+        self._estimate, self.estimate_profile_s = cluster_estimate(pool, config, self.task.max_context)
         base = ray.get([t.reset.remote(config.seed) for t in pool.trainers])[0]
         if config.checkpoint and Path(config.checkpoint).exists():
             base = ray.get([t.load.remote(config.checkpoint) for t in pool.trainers])[0]
@@ -83,17 +84,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                                  log=lambda kind, info: self._log(("note", self.now, kind, info)))
         self.verifier = Verifier(self.task, self.tools, lambda kind, info: self._log(("note", self.now, kind, info)),
                                  lambda: self.now)  # a group is scored on the tool workers once it finishes
-        self._estimate = self._load_estimate(config, pool.cfg.gpus_per_engine)
         self._t0 = time.perf_counter()
-
-    @staticmethod
-    def _load_estimate(config: RealClusterConfig, gpus_per_engine: int) -> CostEstimate | None:
-        """The calibration file's estimate, with this cluster's own engine size, KV capacity and trainer minimum."""
-        if config.estimate is None:
-            return None
-        est = estimate_from_file(config.estimate)
-        return dataclasses.replace(est, engine_gpus=gpus_per_engine, kv_capacity=config.kv_capacity,
-                                   min_train_gpus=config.min_train_gpus)
 
     # ------------------------------------------------------------------ observations
     @property
@@ -103,8 +94,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
     @property
     def estimate(self) -> CostEstimate:
         if self._estimate is None:
-            raise ClusterError("real backend: no cost estimate (set [cluster] estimate to a calibration file written "
-                               "by `gyre-real calibrate --estimate-out`)")
+            raise ClusterError("real backend: no cost estimate (cluster.estimate = 'none'; set it to 'profile' or "
+                               "to a calibration file written by `gyre-real calibrate --estimate-out`)")
         return self._estimate
 
     @property
@@ -286,7 +277,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         if on_start is not None:
             on_start(self)
         if self._estimate is not None:  # what the policy may read, in the run's log
-            self.note("cost_estimate", **self._estimate.as_dict(), source=self._estimate.source)
+            prof = {} if self.estimate_profile_s is None else {"profile_s": self.estimate_profile_s}
+            self.note("cost_estimate", **self._estimate.as_dict(), source=self._estimate.source, **prof)
         self.injector.start(steps * self.cfg.groups_per_step * self.cfg.group_size)
         self._drain()
         while not proc.done:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from gyre.nn.hf_causal import model_identity
+from gyre.real.nn.hf_causal import model_identity
 
 CHECKPOINT_KEYS = ("model", "opt", "version", "model_config")  # what `Trainer.save` writes
 

@@ -93,13 +93,13 @@ def run(
     from gyre.real.task_api import TaskError, load_task
 
     cfg = _config(preset, config, steps, address, seed, faults, checkpoint_every)
-    est = None
-    if cfg.cluster.estimate is not None:  # the cost estimate policies may read: one line on a bad file
-        from gyre.estimate import EstimateError
+    from gyre.estimate import EstimateError
+
+    if cfg.cluster.estimate not in ("profile", "none"):  # a calibration file: one line on a bad one, before actors
         from gyre.estimate import from_file as estimate_from_file
 
         try:
-            est = estimate_from_file(cfg.cluster.estimate)
+            estimate_from_file(cfg.cluster.estimate)
         except EstimateError as exc:
             fail(f"{config or preset}: cluster.estimate: {exc}")
             raise
@@ -137,8 +137,15 @@ def run(
     except (ValueError, TimeoutError) as exc:
         fail(str(exc))
         raise
-    if est is not None:  # stated in the run's output once the run is accepted
-        console.print(est.describe(), highlight=False, soft_wrap=True)
+    from gyre.real.profile import cluster_estimate
+
+    try:  # the cost estimate policies may read, stated in the run's output (a start-up profile runs here)
+        est, _ = cluster_estimate(pool, cfg.cluster, task.max_context)
+    except EstimateError as exc:
+        fail(f"{config or preset}: cluster.estimate: {exc}")
+        raise
+    console.print(est.describe() if est is not None else "cost estimate: none (cluster.estimate = 'none')",
+                  highlight=False, soft_wrap=True)
     results, failed = [], []
     for p in policy:
         try:  # metrics, TensorBoard files, logs and the exported model stream into `out` (gyre.real.watch)

@@ -13,7 +13,7 @@ from typing import Any
 
 from gyre.faults import parse_faults
 from gyre.hardware import check_fill
-from gyre.nn.model import TinyLlamaConfig
+from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real import task as T
 from gyre.real.collective import CollectiveConfig
 from gyre.real.engine_torch import TorchEngineConfig
@@ -93,9 +93,9 @@ class PoolConfig:
     local_cpus: int = 2
     engine: str = "torch"  # or "vllm" (gyre.real.engine_vllm)
     # the trained (and, by the torch engine, served) model: a model folder of any causal LM transformers knows
-    # (config.json + *.safetensors, gyre.nn.hf_folder); "": gyre's TinyLlama of shape `model`, random init
+    # (config.json + *.safetensors, gyre.real.nn.hf_folder); "": gyre's TinyLlama of shape `model`, random init
     model_dir: str = ""
-    # a family of gyre.nn.hf_folder.write_tiny_model ("qwen3", "qwen2", "llama"): when model_dir does not exist
+    # a family of gyre.real.nn.hf_folder.write_tiny_model ("qwen3", "qwen2", "llama"): when model_dir does not exist
     # yet, the run first writes a tiny random-init model of that family there (vocabulary: model.vocab_size; no
     # download; a CPU demo)
     tiny_model: str = ""
@@ -125,7 +125,7 @@ class RealClusterConfig:
     task_class: str = DEFAULT_TASK  # dotted path of the task (gyre.real.task_api.Task)
     tools: ToolConfig = field(default_factory=ToolConfig)
     first_task: int = 0  # index of the run's first task in the task sequence (a resumed run continues it)
-    redraw: tuple[int, ...] = ()  # task indexes drawn first, before first_task on (gyre.real.resume: drawn, never trained)
+    redraw: tuple[int, ...] = ()  # drawn first, before first_task on (gyre.real.run_state: drawn, never trained)
     normalize_std: bool = True
     seed: int = 0
     max_wall_s: float = 1800.0
@@ -135,9 +135,11 @@ class RealClusterConfig:
     checkpoint_every: int | None = None
     faults: tuple[str, ...] = ()  # injected faults (gyre.faults), e.g. ("kill-engine@1.5", "random-engines:3")
     weight_sync: str = "object_store"  # or "collective": a broadcast from the trainer worker of record
-    # the cost estimate policies may read (gyre.estimate): a calibration file (`gyre-real calibrate --estimate-out`);
-    # None: none (a policy that reads it fails with one line)
-    estimate: str | None = None
+    # the cost estimate policies may read (gyre.estimate): "profile" measures it at start-up on this run's own
+    # engine and trainer (gyre.real.profile; the default: the figures are this hardware's and this model's, for
+    # a few seconds stated in the output); a path reads a calibration file (`gyre-real calibrate --estimate-out`);
+    # "none": no estimate (a policy that reads one stops with one line)
+    estimate: str = "profile"
     admission_fill: float = 1.0  # share of KV the admission limit commits (gyre.hardware.admission_limit)
 
     def __post_init__(self) -> None:
@@ -145,5 +147,8 @@ class RealClusterConfig:
             raise ValueError(f"RealClusterConfig.checkpoint_every must be >= 0, got {self.checkpoint_every}")
         parse_faults(self.faults)  # a bad spec is a one-line ValueError
         check_fill(self.admission_fill, "RealClusterConfig.admission_fill")
+        if not isinstance(self.estimate, str) or not self.estimate:
+            raise ValueError(f"RealClusterConfig.estimate must be 'profile', 'none' or a calibration file's path, got "
+                             f"{self.estimate!r}")
         if self.weight_sync not in WEIGHT_SYNC:
             raise ValueError(f"RealClusterConfig.weight_sync must be one of {WEIGHT_SYNC}, got {self.weight_sync!r}")

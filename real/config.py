@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.config import ConfigError
-from gyre.nn.model import TinyLlamaConfig
+from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real import task as T
 from gyre.real.component_config import PoolConfig, RealClusterConfig, TrainerConfig
 from gyre.real.engine_torch import TorchEngineConfig
@@ -34,7 +34,9 @@ class RealRunConfig:
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-ESTIMATES = Path(__file__).resolve().parent / "estimates"  # calibration files of the presets (gyre.estimate)
+# calibration files (gyre.estimate) measured on a development machine: examples of [cluster] estimate = <file>;
+# the presets profile their own hardware at start-up instead (gyre.real.profile)
+ESTIMATES = Path(__file__).resolve().parent / "estimates"
 
 
 def preset_tiny_cpu() -> RealRunConfig:
@@ -43,7 +45,7 @@ def preset_tiny_cpu() -> RealRunConfig:
         name="tiny-cpu",
         pool=PoolConfig(n_gpus=4, gpus_per_engine=1, model=TinyLlamaConfig(vocab_size=T.VOCAB_SIZE),
                         engine_config=TorchEngineConfig(), trainer_config=TrainerConfig(lr=3e-3, epochs=4)),
-        cluster=RealClusterConfig(groups_per_step=4, group_size=8, estimate=str(ESTIMATES / "tiny-cpu.json")),
+        cluster=RealClusterConfig(groups_per_step=4, group_size=8),
         steps=30,
     )
 

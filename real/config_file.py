@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 
 from gyre.config import ConfigError, replace_fields
-from gyre.nn.hf_llama import check_hf_llama, config_mismatch
+from gyre.real.nn.hf_llama import check_hf_llama, config_mismatch
 from gyre.real.config import RealConfigError, RealRunConfig, get_preset
 from gyre.real.task_api import TaskError, task_class
 

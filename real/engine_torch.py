@@ -1,5 +1,5 @@
 """A small PyTorch inference engine: continuous batching with a KV cache, on a model folder's transformers
-causal LM (gyre.nn.hf_causal.CausalLM) or on gyre.nn's TinyLlama.
+causal LM (gyre.real.nn.hf_causal.CausalLM) or on gyre.real.nn's TinyLlama.
 
 What it models: the part of vLLM the scheduler depends on. Requests (token-id context in, sampled
 token ids and their log-probs out) join and leave one running decode batch between steps; each
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gyre.nn.hf_causal import build_model
-from gyre.nn.model import KVCache, TinyLlamaConfig
+from gyre.real.nn.hf_causal import build_model
+from gyre.real.nn.model import KVCache, TinyLlamaConfig
 from gyre.real import collective as C
 
 

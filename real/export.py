@@ -5,7 +5,7 @@ writes the trainer's latest weights (the worker of record's published state dict
 
 - a run of a model folder (`[pool] model_dir`, any transformers causal LM): its config.json (and
   generation_config.json) with the trained weights as model.safetensors, in the names the folder uses;
-- a run of gyre's TinyLlama: a Llama folder (gyre.nn.hf_llama.write_hf_llama, LlamaForCausalLM);
+- a run of gyre's TinyLlama: a Llama folder (gyre.real.nn.hf_llama.write_hf_llama, LlamaForCausalLM);
 
 beside the tokenizer and chat template of `tokenizer_dir` (the task's model folder) or of the model folder, so
 `AutoModelForCausalLM.from_pretrained(dest)` and `AutoTokenizer.from_pretrained(dest)` load the trained agent.
@@ -36,7 +36,7 @@ def export_model(dest: str | Path, pool_config, weights: dict, tokenizer_dir: st
         save_file({k: v.detach().to("cpu").contiguous() for k, v in weights.items()}, str(dest / "model.safetensors"),
                   metadata={"format": "pt"})
     else:
-        from gyre.nn.hf_llama import write_hf_llama
+        from gyre.real.nn.hf_llama import write_hf_llama
 
         write_hf_llama(dest, pool_config.model, weights)
     for src in [tokenizer_dir, model_dir]:

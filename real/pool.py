@@ -33,9 +33,9 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from gyre.nn.hf_folder import ModelFolderError, check_dtype, check_model_folder, spec_mismatch
-from gyre.nn.hf_llama import check_hf_llama, config_mismatch
-from gyre.nn.model import TinyLlamaConfig
+from gyre.real.nn.hf_folder import ModelFolderError, check_dtype, check_model_folder, spec_mismatch
+from gyre.real.nn.hf_llama import check_hf_llama, config_mismatch
+from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real.collective import GroupBook
 from gyre.real.component_config import PoolConfig
 from gyre.real.engine_torch import TorchEngine
@@ -80,7 +80,7 @@ def ensure_model_dir(cfg: PoolConfig) -> None:
     if not cfg.model_dir:
         raise ValueError("PoolConfig.tiny_model needs model_dir: the folder the tiny model is written to")
     if not Path(cfg.model_dir).exists():
-        from gyre.nn.hf_folder import write_tiny_model
+        from gyre.real.nn.hf_folder import write_tiny_model
 
         from gyre.real.export import TOKENIZER_FILES
 
@@ -188,6 +188,7 @@ class ActorPool:
         self._engines: dict[int, ray.actor.ActorHandle] = {}
         self._incarnation: dict[int, int] = {}
         self.respawns = 0
+        self.startup_profile = None  # (what was profiled, its CostEstimate, seconds): gyre.real.profile
         worker_gpus = 1 - cfg.engine_gpu_share if k == 1 else 1
         self._worker = ray.remote(num_cpus=0, num_gpus=worker_gpus, concurrency_groups={"sync": 4},
                                   max_restarts=0)(Trainer)

@@ -10,7 +10,7 @@ wall time) and `log_<policy>.jsonl` (the raw event log). summary.csv also says w
 (gyre.faults.fault_summary, counted from the log) and the deadline cuts the scheduler may have caused
 (gyre.real.work, an upper bound). While it runs, `run_real(out=...)` streams metrics and keeps
 logs there (gyre.real.watch) and at its end exports the trained model (gyre.real.export); a checkpointed run
-resumes its trainer, its task sequence and its policy's state (gyre.real.resume).
+resumes its trainer, its task sequence and its policy's state (gyre.real.run_state).
 
 Simplifications: one policy per run; the actor pool is created on first use and may be passed in to
 reuse warm actors across runs (tests, benchmarks).
@@ -36,7 +36,7 @@ from gyre.faults import fault_summary
 from gyre.real.pool import ActorPool
 from gyre.real.export import export_run
 from gyre.real.trace_export import trace_groups, trace_workload
-from gyre.real.resume import RunState, restore_policy, resume_state, resumed_config, saved_policy_state
+from gyre.real.run_state import RunState, restore_policy, read_run_state, config_from_run_state, saved_policy_state
 from gyre.real.watch import RunWatch, write_partial
 from gyre.real.work import scheduler_cuts
 
@@ -81,7 +81,7 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
              steps: int | None = None, out: str | Path | None = None, print_fn=None) -> RealResult:
     """Run `policy` (a registered name, dotted path or object) for `steps` (default cfg.steps).
 
-    With a `checkpoint` whose run state exists (`<checkpoint>.run.json`), the run resumes (gyre.real.resume): the
+    With a `checkpoint` whose run state exists (`<checkpoint>.run.json`), the run resumes (gyre.real.run_state): the
     trainer from the checkpoint, the task sequence (drawn but untrained tasks first) and the policy's state. With `out`, the run
     is watched (gyre.real.watch: metrics per step, TensorBoard, progress through `print_fn`, Ray logs), a failed
     run leaves its log and error there, and a finished one its trained model as a Hugging Face folder (model/)."""
@@ -97,8 +97,8 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
         raise RealConfigError(f"run_real: the pool was built for a different [pool] config ({', '.join(differ)} "
                               f"differ); pass pool=ActorPool.shared(cfg.pool)")
     ckpt = cfg.cluster.checkpoint
-    state = resume_state(ckpt)
-    cfg = dataclasses.replace(cfg, cluster=resumed_config(cfg.cluster, state))
+    state = read_run_state(ckpt)
+    cfg = dataclasses.replace(cfg, cluster=config_from_run_state(cfg.cluster, state))
     saved = saved_policy_state(ckpt) if state is not None else None
     cluster = RealCluster(pool=pool, config=cfg.cluster)
     n = steps or cfg.steps

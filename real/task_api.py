@@ -8,7 +8,7 @@ a real run with proxies that fail on any other attribute):
   segment; `max_context` the most tokens an episode's context holds (an engine is handed only as many
   executions as its KV memory holds at that size). `new_group(index, size)` is the `index`-th task of the run's
   task sequence as a GRPO group of `size` episodes; a resumed run continues the sequence (the indexes the
-  checkpointed run drew but never trained again first, then the one after the last it drew: gyre.real.resume),
+  checkpointed run drew but never trained again first, then the one after the last it drew: gyre.real.run_state),
   so a group must depend on (seed, index) only. `score(group)` is one Score per episode once all are done:
   truncated ones scored on the state they reached (partial credit). It runs on a tool worker, on a copy of the
   task and the group, as soon as the group's last episode ends (gyre.real.verify), so it must be pure. Optional:

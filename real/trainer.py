@@ -43,9 +43,9 @@ import ray
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
-from gyre.nn.hf_causal import build_model, model_identity
-from gyre.nn.hf_llama import config_mismatch, load_hf_llama
-from gyre.nn.model import TinyLlamaConfig
+from gyre.real.nn.hf_causal import build_model, model_identity
+from gyre.real.nn.hf_llama import config_mismatch, load_hf_llama
+from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real import collective as C
 from gyre.real.checkpoint import CheckpointError, read_checkpoint  # noqa: F401 (CheckpointError: re-exported)
 from gyre.real.component_config import TrainerConfig
@@ -56,7 +56,7 @@ from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss
 # published versions kept: the latest, and the one before it for a sync the driver asked for just before the
 # latest step ended (its request can arrive after the new version is published)
 KEEP_PUBLISHED = 2
-ModelSource = TinyLlamaConfig | str  # gyre's TinyLlama (random init) or a model folder (gyre.nn.hf_folder)
+ModelSource = TinyLlamaConfig | str  # gyre's TinyLlama (random init) or a model folder (gyre.real.nn.hf_folder)
 
 
 def shard_packs(sizes: list[int], n: int) -> list[list[int]]:

@@ -1,6 +1,6 @@
 """Which deadline cuts of a real run the scheduler may have caused, from what the run measured.
 
-The simulator's count (policies.work) knows each execution's whole spec, so it can say which cut one would
+The simulator's count (sim/harness/sched_cuts.py) knows each execution's whole spec, so it can say which cut one would
 have finished alone. A real rollout cut at its deadline never ran its rest, so its whole solo latency is
 unknown; what is known is a lower bound of it: the part it ran, alone, would have taken at least its tool
 time (as measured) plus its generated tokens at the fastest per-token decode any engine of the run

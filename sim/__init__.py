@@ -1,1 +1,2 @@
-"""SimPy backend: the simulated cluster, its fluid engine model, and the gyre-sim CLI."""
+"""SimPy backend, in four rooms: the simulated cluster (cluster/), its check against real vLLM runs
+(vllm_check/), the run harness that runs and compares policies on it (harness/), and the gyre-sim CLI (cli/)."""

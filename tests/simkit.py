@@ -7,7 +7,7 @@ from dataclasses import replace
 from gyre.config import ClusterConfig, RunConfig
 from gyre.hardware import Costs
 from gyre.presets import GPUS, MODELS, xlong_swe
-from gyre.sim.backend import SimCluster
+from gyre.sim.cluster.backend import SimCluster
 from gyre.workload import ExecutionSpec, GroupSpec, LogNormal, ReplaySource, WorkloadConfig
 
 # decode at exactly 100 tokens/s per sequence whatever the batch; free prefill

@@ -19,11 +19,11 @@ from gyre.config import ClusterConfig, RunConfig
 from gyre.handles import all_of
 from gyre.hardware import CostConfig, Costs, derive_costs
 from gyre.policies import REGISTRY
-from gyre.policies.bound import lower_bound
+from gyre.sim.cluster.bound import lower_bound
 from gyre.policies.common import Batcher, engine_slots
 from gyre.presets import GPUS, MODELS
 from gyre.roofline import Coefficients
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from gyre.traces.schema import read_trace
 from gyre.workload import ExecutionSpec, GroupSpec, ReplaySource
 from tests.simkit import workload
@@ -112,7 +112,7 @@ def test_hand_built_traces_replay_above_the_bound(tmp_path):
     """`gyre-sim replay` of both traces: every policy that can run there stays at or above bound_s and eta_bound_s."""
     import json
 
-    from gyre.sim.cli import app
+    from gyre.sim.cli.app import app
 
     for name, gpus, policies in (("bound_prefill_heavy", 8, ["colocate"]),
                                  ("bound_long_tool", 4, ["colocate", "async", "elastic"])):
@@ -131,7 +131,7 @@ def test_replay_leaves_out_the_policies_a_cluster_cannot_run(tmp_path):
     asking only for one that cannot run is a one-line error, exit 2."""
     import json
 
-    from gyre.sim.cli import app
+    from gyre.sim.cli.app import app
 
     trace = str(DATA / "bound_prefill_heavy.jsonl")
     res = CliRunner().invoke(app, ["replay", trace, "--gpus", "8", "--out", str(tmp_path / "all")])

@@ -12,9 +12,9 @@ import pytest
 from typer.testing import CliRunner
 
 from gyre.roofline import Coefficients
-from gyre.sim.cli import app
-from gyre.sim.engine_calibrate import calibrate_run, errors, load_engine, simulate
-from gyre.sim.engine_run import read_run, split_by_arrival
+from gyre.sim.cli.app import app
+from gyre.sim.vllm_check.engine_fit import fit_report, errors, load_engine, simulate
+from gyre.sim.vllm_check.serving_run import read_run, split_by_arrival
 
 runner = CliRunner()
 TRUE = replace(Coefficients(), eff_bw=0.7, eff_flops=0.5, step_overhead_s=0.003)
@@ -67,7 +67,7 @@ def test_errors_match_a_naive_computation(tmp_path):
 def test_fit_recovers_the_model_that_made_the_run(tmp_path):
     """On a run its own model produced, the fit's held-out errors are near zero, and far below the defaults'."""
     run = read_run(write_run(tmp_path / "run"))
-    rep = calibrate_run(run, 0.7)
+    rep = fit_report(run, 0.7)
     assert rep["calibrated"]["e2e_median_rel_err"] < 0.01, rep["calibrated"]
     assert rep["calibrated"]["makespan_rel_err"] < 0.01, rep["calibrated"]
     assert rep["uncalibrated"]["e2e_median_rel_err"] > 0.05, rep["uncalibrated"]
@@ -178,7 +178,7 @@ def test_run_uses_engine_coefficients(tmp_path):
     one line, exit 2."""
     from gyre.config import override
     from gyre.presets import get_preset
-    from gyre.sim.runner import simulate as sim_run
+    from gyre.sim.harness.runner import simulate as sim_run
 
     slow = tmp_path / "slow.json"
     slow.write_text(json.dumps({"gyre_engine": 1, "coeffs": {"eff_bw": 0.4, "eff_flops": 0.3}}))
@@ -207,9 +207,9 @@ def test_run_uses_engine_coefficients(tmp_path):
 
 
 def test_simulator_engine_agrees_with_the_step_loop_when_limits_do_not_bind(tmp_path):
-    """With max_num_seqs and KV far from binding, the simulator's fluid engine (gyre.sim.engine) finishes each
+    """With max_num_seqs and KV far from binding, the simulator's fluid engine (gyre.sim.cluster.engine) finishes each
     request where the step-by-step scheduler does, up to the fluid approximation (median within 2%)."""
-    from gyre.sim.engine_simcheck import sim_engine_replay
+    from gyre.sim.vllm_check.sim_replay import sim_engine_replay
 
     meta = json.loads(json.dumps(META))
     meta["engine_kwargs"]["max_num_seqs"] = 256
@@ -229,7 +229,7 @@ SHARED = Path("/work/shared/data/vllm_timings")
 def test_simulator_engine_replays_the_shared_runs():
     """Both real runs go through the simulator's engine to the end (every request finishes, none early), at the
     defaults and at coefficients near each run's fit (a float residue of the prefill queue once crashed it)."""
-    from gyre.sim.engine_simcheck import sim_engine_replay
+    from gyre.sim.vllm_check.sim_replay import sim_engine_replay
 
     fits = [Coefficients(), replace(Coefficients(), eff_bw=0.9608855201739136, eff_flops=0.9257711313018345,
                     step_overhead_s=0.001701417108466772),
@@ -250,7 +250,7 @@ def test_moe_tensor_and_data_parallel_run(tmp_path):
                               "max_num_batched_tokens": 512}}
     coef = replace(TRUE, allreduce_s=2e-5)
     run = read_run(write_run(tmp_path / "moe", n=30, coef=coef, meta=meta))
-    rep = calibrate_run(run, None, coef)
+    rep = fit_report(run, None, coef)
     assert rep["calibrated"]["e2e_p90_rel_err"] < 1e-9 and rep["calibrated"]["makespan_rel_err"] < 1e-9, rep
     one = replace(run, engine=replace(run.engine, data_parallel=1))
     assert simulate(one, coef).last_token.max() > simulate(run, coef).last_token.max(), "two replicas finish sooner"
@@ -260,7 +260,7 @@ def test_simulator_engine_follows_the_step_loop_when_max_num_seqs_binds(tmp_path
     """40 requests arriving in 2 s through an engine that runs at most 4 (KV far from binding): the simulator's
     engine queues them as the step loop does, so each request finishes where the step loop says (median
     within 3%), and a run without the cap would finish the median request much sooner."""
-    from gyre.sim.engine_simcheck import sim_engine_replay
+    from gyre.sim.vllm_check.sim_replay import sim_engine_replay
 
     meta = json.loads(json.dumps(META))
     meta["engine_kwargs"]["max_num_seqs"] = 4

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from gyre.sim.cli import app
+from gyre.sim.cli.app import app
 
 runner = CliRunner()
 

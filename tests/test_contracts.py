@@ -14,10 +14,10 @@ import pytest
 from gyre.backend import TRANSITIONS, EngineLifecycle, EngineState
 from gyre.cluster import Cluster, EngineView, ExecutionView, Group, Phase
 from gyre.faults import FaultTarget
-from gyre.sim.backend import SimCluster
-from gyre.sim.engine import SimEngine
-from gyre.sim.execution import SimExecution, SimGroup
-from gyre.sim.faults import SimFaults
+from gyre.sim.cluster.backend import SimCluster
+from gyre.sim.cluster.engine import SimEngine
+from gyre.sim.cluster.execution import SimExecution, SimGroup
+from gyre.sim.cluster.faults import SimFaults
 from gyre.workload import GroupSpec, ReplaySource
 from tests.simkit import ROUND_COSTS, spec, workload
 

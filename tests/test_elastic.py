@@ -19,8 +19,8 @@ from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, assign_ta
                                         batch_ready_times, choose_grow, evaluate, frees_sooner, last_batch_end, plan_drain,
                                         remaining_s, run_queue)
 from gyre.presets import get_preset
-from gyre.sim.backend import SimCluster
-from gyre.sim.runner import simulate
+from gyre.sim.cluster.backend import SimCluster
+from gyre.sim.harness.runner import simulate
 from gyre.workload import ExecutionSpec, GroupSpec, LogNormal, ReplaySource
 from tests.logcheck import check_staleness
 

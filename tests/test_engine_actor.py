@@ -33,7 +33,7 @@ def test_contract_lists_every_method():
 
 def test_torch_engine_satisfies_engine_actor():
     """TorchEngine has every EngineActor method with the same parameters and async-ness."""
-    from gyre.nn.model import TinyLlamaConfig
+    from gyre.real.nn.model import TinyLlamaConfig
     from gyre.real.engine_torch import TorchEngine
 
     check_against_contract(TorchEngine)

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from gyre.config import ConfigError
 from gyre.presets import MODELS
-from gyre.sim.cli import app
-from gyre.sim.engine_models import model_from_hf_config, preset_from_id
-from gyre.sim.engine_run import RunError, read_run
+from gyre.sim.cli.app import app
+from gyre.sim.vllm_check.run_presets import model_from_hf_config, preset_from_id
+from gyre.sim.vllm_check.serving_run import RunError, read_run
 from tests.test_calibrate_engine import META, write_run
 
 runner = CliRunner()

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gyre.sim.engine_replay import SchedulerArgs, replay
+from gyre.sim.vllm_check.vllm_scheduler import SchedulerArgs, replay
 
 
 def unit(*_):

@@ -9,7 +9,7 @@ from dataclasses import replace
 from gyre.metrics import compute_metrics
 from gyre.policies import make_policy
 from gyre.policies.tuning import EqualWork, drive, equal_work, fastest_at_equal_work, refine_axis
-from gyre.policies.work import scheduler_cuts
+from gyre.sim.harness.sched_cuts import scheduler_cuts
 from gyre.workload import GroupSpec
 from tests.simkit import ROUND_COSTS, cluster, spec
 

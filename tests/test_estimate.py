@@ -8,10 +8,11 @@ import math
 
 import pytest
 
-from gyre.estimate import FILE_FIELDS, CostEstimate, EstimateError, batch_counts, from_costs, from_file, write_file
+from gyre.estimate import (FILE_FIELDS, CostEstimate, EstimateError, batch_counts, fit_step, fit_train_s_per_token_gpu,
+                           from_costs, from_file, write_file)
 from gyre.hardware import group_train_attention_ctx
 from gyre.presets import get_preset
-from gyre.sim.backend import SimCluster
+from gyre.sim.cluster.backend import SimCluster
 from gyre.workload import WorkloadSource
 
 
@@ -89,12 +90,14 @@ def test_missing_field_and_file(tmp_path):
     assert math.isfinite(CostEstimate(**{**data, "step_b": 0.0}).step_s(1, 0)), "a valid one builds"
 
 
-def test_real_preset_estimate_reads():
-    """The tiny-cpu preset's calibration file is a valid estimate (what `gyre-real run` states)."""
+def test_real_example_estimate_reads():
+    """The example calibration file shipped for [cluster] estimate = <file> is a valid estimate; the real presets
+    profile at start-up instead."""
+    from gyre.real.config import ESTIMATES
     from gyre.real.config import get_preset as real_preset
 
-    cfg = real_preset("tiny-cpu")
-    est = from_file(cfg.cluster.estimate)
+    assert real_preset("tiny-cpu").cluster.estimate == "profile", "the presets' default is a start-up profile"
+    est = from_file(ESTIMATES / "tiny-cpu.json")
     assert est.train_s_per_token_gpu > 0 and est.decode_tokens_per_s(1, 0) > 0, est.describe()
 
 
@@ -115,3 +118,34 @@ def test_gyre_real_bad_estimate_exits_2(tmp_path):
     assert r.exit_code == 2, r.output
     line = " ".join(r.output.split())
     assert "cluster.estimate" in line and "train_s_per_token_gpu" in line and str(bad.name) in line, r.output
+
+
+@pytest.mark.parametrize("decode,train,needle", [
+    ([(1, 10, 0.01), (2, 20, float("nan")), (4, 40, 0.02)], [(100, 1.0)], "step_a must be a finite number"),
+    ([(1, 10, 0.01), (2, 20, 0.015), (4, 40, 0.02)], [(100, float("inf"))], "train_s_per_token_gpu must be a finite"),
+])
+def test_non_finite_profile_figures_are_one_line(decode, train, needle):
+    """A timing that makes a fitted figure non-finite (a NaN decode step, an endless training step) is refused
+    by the estimate in one line naming the figure and the profile."""
+    step = fit_step(decode)
+    with pytest.raises(EstimateError, match=needle) as exc:
+        CostEstimate(engine_gpus=1, kv_capacity=64, min_train_gpus=1, max_running=0,
+                     train_s_per_token_gpu=fit_train_s_per_token_gpu(train, 1), train_s_per_attn_gpu=0.0,
+                     step_a=step.a, step_b=step.b, step_c=step.c, engine_start_s=0.0, engine_stop_s=0.0,
+                     trainer_start_s=0.0, source="start-up profile")
+    assert "start-up profile" in str(exc.value) and "\n" not in str(exc.value), str(exc.value)
+
+
+def test_fit_step_recovers_a_line_by_hand():
+    """The engine step fit recovers an exact line a + b n + c ctx, a negative fixed part becomes the median step,
+    and the training rate is seconds x GPUs over tokens (none trained: one line)."""
+    rows = [(n, ctx, 0.002 + 0.0005 * n + 1e-6 * ctx) for n, ctx in ((1, 10), (4, 40), (16, 160), (4, 400), (16, 1600))]
+    s = fit_step(rows)
+    assert (s.a, s.b, s.c) == pytest.approx((0.002, 0.0005, 1e-6), rel=1e-6), s
+    s0 = fit_step([(1, 0, 0.001), (2, 0, 0.003), (3, 0, 0.005)])  # a = -0.001: 0, then the median step
+    assert s0.a == pytest.approx(0.003) and s0.b == pytest.approx(0.002), s0
+    assert fit_train_s_per_token_gpu([(100, 1.0), (300, 2.0)], 2) == pytest.approx(3.0 / 400 * 2), "sum s x g / tokens"
+    with pytest.raises(EstimateError, match="fewer than 3 decode steps"):
+        fit_step([(1, 0, 0.001)])
+    with pytest.raises(EstimateError, match="trained 0.0 tokens"):
+        fit_train_s_per_token_gpu([(0, 1.0)], 1)

@@ -12,9 +12,9 @@ from gyre.config import override
 from gyre.hardware import CostConfig, derive_costs, engine_roofline
 from gyre.presets import GPUS, MODELS, get_preset
 from gyre.roofline import Coefficients, ep_comm_bytes, ep_group_step_time
-from gyre.sim.engine_calibrate import calibrate_run, simulate
-from gyre.sim.engine_replay import DPBalancer, SchedulerArgs, replay
-from gyre.sim.engine_run import read_run
+from gyre.sim.vllm_check.engine_fit import fit_report, simulate
+from gyre.sim.vllm_check.vllm_scheduler import DPBalancer, SchedulerArgs, replay
+from gyre.sim.vllm_check.serving_run import read_run
 from tests.test_calibrate_engine import TRUE, write_run
 
 IDEAL = Coefficients(eff_bw=1.0, eff_kv=1.0, eff_flops=1.0, step_overhead_s=0.0, allreduce_s=0.0,
@@ -99,7 +99,7 @@ def test_calibrate_engine_reproduces_an_ep_run(tmp_path):
                               "max_num_seqs": 16, "max_num_batched_tokens": 512}}
     run = read_run(write_run(tmp_path / "ep", n=30, coef=TRUE, meta=meta))
     assert run.engine.expert_parallel
-    rep = calibrate_run(run, None, TRUE)
+    rep = fit_report(run, None, TRUE)
     assert rep["calibrated"]["e2e_p90_rel_err"] < 1e-9 and rep["calibrated"]["makespan_rel_err"] < 1e-9, rep
     sim = rep["simulator"]
     assert sim["e2e_median_rel_err"] < 0.08 and sim["makespan_rel_err"] < 0.05, sim
@@ -116,7 +116,7 @@ def test_simulator_runs_an_expert_parallel_engine():
     ep = override(cfg, steps=1, **{"cluster.cost.ep_engines": 2})
     costs = derive_costs(ep.cluster.model, ep.cluster.gpu, ep.cluster.cost)
     assert costs.roofline.expert_parallel and costs.kv_capacity_tokens > base.kv_capacity_tokens
-    from gyre.sim.runner import simulate as sim_run
+    from gyre.sim.harness.runner import simulate as sim_run
 
     res = sim_run(ep, "async")
     assert np.isfinite(res.makespan_s) and res.makespan_s > 0, res.makespan_s
@@ -137,6 +137,6 @@ def test_fit_recovers_an_ep_run(tmp_path):
                               "max_num_seqs": 16, "max_num_batched_tokens": 512}}
     coef = replace(TRUE, allreduce_s=3e-5)
     run = read_run(write_run(tmp_path / "ep", n=40, coef=coef, meta=meta))
-    rep = calibrate_run(run, 0.7)
+    rep = fit_report(run, 0.7)
     assert "allreduce_s" in rep["fitted"], rep["fitted"]
     assert rep["calibrated"]["e2e_median_rel_err"] < 0.01 and rep["calibrated"]["makespan_rel_err"] < 0.01, rep

@@ -14,7 +14,7 @@ import pytest
 from gyre.config import override
 from gyre.metrics import compute_metrics
 from gyre.presets import get_preset
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from gyre.traces import readers
 from gyre.traces.readers import Grouping, read_request_csv
 

@@ -15,7 +15,7 @@ from gyre.cluster import Phase
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.foresight import History, HistorySiblings, Predictor, spearman, top_share
 from gyre.presets import xlong_swe
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from gyre.workload import GroupSpec, WorkloadSource, sample_group
 from tests.simkit import cluster, spec, tiny_config
 

@@ -33,7 +33,7 @@ def _rank(rank: int, world: int, port: int, folder: str, out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from gyre.nn.hf_causal import build_model
+    from gyre.real.nn.hf_causal import build_model
     from gyre.real.fsdp import full_state, shard_model
     from gyre.trajectory.torch_ops import LossConfig, concat_packs, micro_batch_loss
 
@@ -58,8 +58,8 @@ def test_two_process_fsdp2_step_equals_one_process(tmp_path):
     single-process gradient of all packs (fp32, 1e-5); each rank holds half the rows; full_state gathers all."""
     import torch.multiprocessing as mp
 
-    from gyre.nn.hf_causal import build_model
-    from gyre.nn.hf_folder import write_tiny_model
+    from gyre.real.nn.hf_causal import build_model
+    from gyre.real.nn.hf_folder import write_tiny_model
     from gyre.trajectory.torch_ops import packed_loss
 
     folder = str(write_tiny_model(tmp_path / "q3", "qwen3", vocab_size=24, seed=4))

@@ -12,7 +12,7 @@ from gyre.config import override
 from gyre.gpu_time import TERMS, counts, decompose
 from gyre.hardware import Coefficients, CostConfig
 from gyre.policies import make_policy
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from tests.simkit import cluster, spec, tiny_config
 from tests.test_sim_timeline import group
 

@@ -1,4 +1,5 @@
-"""gyre.nn.hf_llama: a Llama checkpoint directory (config.json + safetensors) read back as a TinyLlama, no transformers."""
+"""gyre.real.nn.hf_llama: a Llama checkpoint directory (config.json + safetensors) read back as a TinyLlama, no
+transformers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
 
-from gyre.nn.hf_llama import (
+from gyre.real.nn.hf_llama import (
     hf_llama_config_dict,
     hf_llama_name,
     hf_llama_state,
@@ -20,7 +21,7 @@ from gyre.nn.hf_llama import (
     tinyllama_state,
     write_hf_llama,
 )
-from gyre.nn.model import TinyLlamaConfig, TinyLlama
+from gyre.real.nn.model import TinyLlamaConfig, TinyLlama
 
 CFG = TinyLlamaConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48, rope_theta=5e5,
                   norm_eps=1e-5)
@@ -88,7 +89,7 @@ def test_names_map_both_ways():
 
 
 def test_engine_vllm_uses_the_one_mapping_and_writer():
-    """engine_vllm renames weights with gyre.nn.hf_llama's mapping and has no model-directory writer of its own
+    """engine_vllm renames weights with gyre.real.nn.hf_llama's mapping and has no model-directory writer of its own
     (it imports no vllm at module level)."""
     from gyre.real import engine_vllm
 

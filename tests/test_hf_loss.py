@@ -17,8 +17,8 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).parent))
 from test_trajectory_pack import random_group  # noqa: E402
 
-from gyre.nn.hf_causal import build_model  # noqa: E402
-from gyre.nn.hf_folder import write_tiny_model  # noqa: E402
+from gyre.real.nn.hf_causal import build_model  # noqa: E402
+from gyre.real.nn.hf_folder import write_tiny_model  # noqa: E402
 from gyre.real.trainer import Trainer, TrainerConfig  # noqa: E402
 from gyre.trajectory import PackConfig, build_packs, group_advantages, score_group  # noqa: E402
 from gyre.trajectory.torch_ops import (  # noqa: E402

@@ -1,4 +1,5 @@
-"""gyre.nn.hf_folder / hf_causal: causal LMs transformers knows, from local folders, behind gyre's model interface."""
+"""gyre.real.nn.hf_folder / hf_causal: causal LMs transformers knows, from local folders, behind gyre's model
+interface."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from gyre.nn.hf_causal import CausalLM, build_model  # noqa: E402
-from gyre.nn.hf_folder import (  # noqa: E402
+from gyre.real.nn.hf_causal import CausalLM, build_model  # noqa: E402
+from gyre.real.nn.hf_folder import (  # noqa: E402
     ModelFolderError,
     check_dtype,
     check_model_folder,
@@ -20,7 +21,7 @@ from gyre.nn.hf_folder import (  # noqa: E402
     tokenizer_dir,
     write_tiny_model,
 )
-from gyre.nn.model import KVCache  # noqa: E402
+from gyre.real.nn.model import KVCache  # noqa: E402
 
 FAMILIES = ("qwen3", "qwen2", "llama")
 

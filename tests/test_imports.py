@@ -10,8 +10,8 @@ import sys
 for name in ("simpy", "ray", "torch", "vllm"):
     sys.modules[name] = None  # any import of it raises ImportError
 import gyre, gyre.cluster, gyre.handles, gyre.workload, gyre.presets, gyre.metrics, gyre.hardware
-import gyre.backend, gyre.pool, gyre.config, gyre.outputs
-import gyre.policies, gyre.policies.common, gyre.policies.bound
+import gyre.backend, gyre.gpu_roles, gyre.config, gyre.outputs
+import gyre.policies, gyre.policies.common, gyre.sim.cluster.bound
 from gyre.policies import REGISTRY
 for name in REGISTRY:
     __import__(REGISTRY[name].__module__)
@@ -43,7 +43,7 @@ def test_the_backends_never_import_each_other():
 
     root = Path(__file__).resolve().parents[1]
     for folder, other in (("sim", "gyre.real"), ("real", "gyre.sim")):
-        for path in (root / folder).glob("*.py"):
+        for path in (root / folder).rglob("*.py"):
             assert other not in path.read_text(), f"{folder}/{path.name} mentions {other}"
 
 
@@ -55,7 +55,7 @@ def test_backends_share_one_skeleton():
     pytest.importorskip("torch")
     from gyre.backend import ClusterBase
     from gyre.real.backend import RealCluster
-    from gyre.sim.backend import SimCluster
+    from gyre.sim.cluster.backend import SimCluster
 
     shared = {"n_gpus", "version", "role", "free_gpus", "engines", "live", "migrate", "timeout", "spawn", "note",
               "_drain", "_log", "_check_start", "_check_stop", "_check_admit", "_check_migrate", "_check_train",

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gyre.policies import REGISTRY, make_policy, takes
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from gyre.workload import GroupSpec
 from tests.logcheck import check_staleness, decode_intervals, kv_occupancy
 from tests.simkit import ROUND_COSTS, cluster, spec, tiny_config

@@ -10,10 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre.config import ConfigError, override
-from gyre.hardware import CostConfig, GpuConfig, derive_costs, vllm_default_max_num_seqs
+from gyre.datasheets import GpuConfig
+from gyre.hardware import CostConfig, derive_costs, vllm_default_max_num_seqs
 from gyre.policies import REGISTRY, make_policy
 from gyre.presets import GPUS, MODELS
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from gyre.workload import GroupSpec
 from tests.simkit import ROUND_COSTS, cluster, spec, tiny_config
 

@@ -123,7 +123,7 @@ def test_notebook_policy_in_simulator():
     """The notebook's policy trains every step, one step off-policy at most, on a tiny sim workload."""
     from gyre.config import override
     from gyre.presets import get_preset
-    from gyre.sim.runner import simulate
+    from gyre.sim.harness.runner import simulate
 
     cfg = override(get_preset("short-math"), steps=3, **{"cluster.gpus": 8, "workload.groups_per_step": 4})
     r = simulate(cfg, notebook_policy()(), check=True)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from gyre.handles import all_of
 from gyre.policies import UnknownPolicy, make_policy
 from gyre.policies.common import ClusterShape, engine_slots, spread
-from gyre.sim.cli import app
+from gyre.sim.cli.app import app
 
 runner = CliRunner()
 PATH = f"{__name__}:HalfPool"

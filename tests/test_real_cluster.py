@@ -85,7 +85,7 @@ def test_a_killed_elastic_run_resumes_its_trainer_tasks_and_policy_state(pool, t
     import copy
 
     from gyre.policies.elastic import Elastic
-    from gyre.real.resume import resume_state, saved_policy_state
+    from gyre.real.run_state import read_run_state, saved_policy_state
 
     ck = str(tmp_path / "trainer.pt")
     cfg = dataclasses.replace(CFG, steps=4, cluster=dataclasses.replace(CFG.cluster, checkpoint=ck))
@@ -122,7 +122,7 @@ def test_a_killed_elastic_run_resumes_its_trainer_tasks_and_policy_state(pool, t
     k = min(len(tasks), len(seen["untrained"]))
     assert tasks[:k] == seen["untrained"][:k], f"resumed run drew {tasks}; untrained at the kill {seen['untrained']}"
     assert tasks[k:] == list(range(seen["drawn"] + 1, seen["drawn"] + 1 + len(tasks) - k)), f"then {tasks[k:]}"
-    state = resume_state(ck)
+    state = read_run_state(ck)
     assert state["next_task"] == max(seen["drawn"], *tasks) + 1, f"run state after the resume {state}"
     assert state["redraw"] == seen["untrained"][len(tasks):], f"run state after the resume {state}"
 
@@ -144,7 +144,7 @@ def test_outputs_have_the_simulator_formats(pool, tmp_path):
 def test_contract_every_policy_on_both_backends(pool, policy):
     """Every registered policy completes on the simulator and on the real backend."""
     from gyre.presets import get_preset
-    from gyre.sim.runner import simulate
+    from gyre.sim.harness.runner import simulate
 
     sim = simulate(dataclasses.replace(get_preset("xlong-swe-small"), steps=2), policy)
     assert len(sim.metrics.steps) == 2, f"{policy}: simulator did not finish"
@@ -157,7 +157,7 @@ def test_cli_run_then_calibrate(pool, tmp_path):
     import pandas as pd
     from typer.testing import CliRunner
 
-    from gyre.bridge.calibrate import CalibrationError, predict_makespans
+    from gyre.bridge.cost_fit import CostFitError, predict_makespans
     from gyre.bridge.cli import app
 
     res = CliRunner().invoke(app, ["run", "--preset", "tiny-test", "--policy", "colocate", "--policy", "async",
@@ -176,17 +176,17 @@ def test_cli_run_then_calibrate(pool, tmp_path):
     assert own.loc["colocate", "predicted_s"] == src.loc["colocate", "predicted_s"]
     assert own.loc["async", "predicted_s"] != src.loc["async", "predicted_s"], "own workload not replayed"
     (tmp_path / "trace_async.jsonl").unlink()
-    with pytest.raises(CalibrationError, match="no profile/trace for policy 'async'"):
+    with pytest.raises(CostFitError, match="no profile/trace for policy 'async'"):
         predict_makespans(tmp_path, "colocate", ["async"], workload="own")
     assert predict_makespans(tmp_path, "colocate", ["async"]).loc[0, "predicted_s"] == src.loc["async", "predicted_s"]
-    with pytest.raises(CalibrationError, match="workload must be"):
+    with pytest.raises(CostFitError, match="workload must be"):
         predict_makespans(tmp_path, "colocate", ["async"], workload="mine")
 
 
 def test_elastic_moves_gpus_between_roles(pool):
     """elastic on Ray: a GPU goes from rollout to training while another keeps generating, and back.
 
-    Elastic reads the real backend's cost estimate (the preset's calibration file). The engines' KV is cut
+    Elastic reads the real backend's cost estimate (the preset's start-up profile). The engines' KV is cut
     to 24 tokens (about one execution each), so executions wait for room: every GPU starts an engine, a
     ready batch drains engines to train, and after the step, with executions still waiting, engines
     start on the trainer's GPUs again."""
@@ -218,8 +218,8 @@ def test_run_starts_from_an_init_checkpoint(pool, tmp_path):
     import numpy as np
     import torch
 
-    from gyre.nn.hf_llama import load_hf_llama, write_hf_llama
-    from gyre.nn.model import TinyLlama
+    from gyre.real.nn.hf_llama import load_hf_llama, write_hf_llama
+    from gyre.real.nn.model import TinyLlama
     from gyre.real.pool import with_init_checkpoint
 
     model = CFG.pool.model

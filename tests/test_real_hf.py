@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_real_cluster import check_run  # noqa: E402
 from test_real_dist import ProbeAfter  # noqa: E402
 
-from gyre.nn.hf_folder import write_tiny_model  # noqa: E402
+from gyre.real.nn.hf_folder import write_tiny_model  # noqa: E402
 from gyre.policies import make_policy  # noqa: E402
 from gyre.real import task as T  # noqa: E402
 from gyre.real.config import preset_tiny_test  # noqa: E402
@@ -141,7 +141,7 @@ def test_gpu_example_config_runs_on_cpu_at_a_tiny_size(local_ray, tmp_path):
         kv_capacity=4096, task=BASE.cluster.task))
     r = run_real(run, "colocate", pool=ActorPool.shared(run.pool))
     check_run(r, 1)
-    from gyre.nn.hf_causal import build_model
+    from gyre.real.nn.hf_causal import build_model
 
     total = sum(p.numel() for p in build_model(tiny).parameters())
     steps = [x[3] for x in r.log if x[0] == "note" and x[2] == "train"]

@@ -110,8 +110,8 @@ def test_a_tool_error_is_an_observation():
 
 
 @pytest.mark.parametrize("line, reason", [
-    ("not json", ":2: not valid JSON"), ('{"id": "a", "prompt": "p"}', ":2: field 'tests' missing"),
-    ('{"id": "a", "prompt": "p", "tests": []}', ":2: 'tests' must be a non-empty list"), ("[1]", ":2: expected an object"),
+    ("not json", ":2: invalid JSON"), ('{"id": "a", "prompt": "p"}', ":2: field 'tests' missing"),
+    ('{"id": "a", "prompt": "p", "tests": []}', ":2: 'tests' must be a non-empty list"), ("[1]", ":2: not a JSON object"),
 ])
 def test_a_bad_task_file_line_names_file_and_line(tmp_path, line, reason):
     """A task file line that is not JSON or lacks its fields is one ValueError naming file:line: reason."""
@@ -181,7 +181,7 @@ def test_a_model_folder_run_exports_a_folder_transformers_loads(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gyre.nn.hf_folder import load_model, write_tiny_model
+    from gyre.real.nn.hf_folder import load_model, write_tiny_model
     from gyre.real.export import export_model
     from gyre.real.pool import PoolConfig
 

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gyre.nn.model import TinyLlamaConfig  # noqa: E402
+from gyre.real.nn.model import TinyLlamaConfig  # noqa: E402
 from gyre.real import task as T  # noqa: E402
 from gyre.real.agent import AgentTask  # noqa: E402
 from gyre.real.task_api import Done, Generate, Tool  # noqa: E402

@@ -241,7 +241,7 @@ def check_export(folder, r, cfg) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gyre.nn.hf_folder import load_model
+    from gyre.real.nn.hf_folder import load_model
 
     hf = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)

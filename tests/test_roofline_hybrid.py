@@ -18,7 +18,8 @@ from dataclasses import replace
 import pytest
 
 from gyre.config import ConfigError, override
-from gyre.hardware import ModelConfig, derive_costs, engine_roofline
+from gyre.datasheets import ModelConfig
+from gyre.hardware import derive_costs, engine_roofline
 from gyre.presets import GPUS, MODELS, get_preset
 from gyre.roofline import Coefficients
 

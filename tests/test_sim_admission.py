@@ -90,8 +90,8 @@ def test_every_cap_of_async_grid_is_honoured_from_the_log(seed, k, eta, math):
     admission limit of 8): from the log alone no engine ever holds more executions than the cap, and every
     execution of the trained groups finishes."""
     from gyre.policies import sweep
-    from gyre.sim.compare import shape_of
-    from gyre.sim.runner import simulate
+    from gyre.sim.harness.compare import shape_of
+    from gyre.sim.harness.runner import simulate
 
     cfg = tiny_config(gpus=4, groups_per_step=4, steps=2, seed=seed, workload_name="math" if math else "xlong")
     cfg = override(cfg, **{"cluster.cost.admission_fill": 0.0175})  # 33,478 KV tokens / 4,000-token window
@@ -133,7 +133,7 @@ def test_admission_invariants_from_the_log(seed, fill, policy, eta, math):
     ever holds more than its limit, every execution of the trained groups finishes once and is trained once,
     its staleness (trained version - the version its engine served when it started) is <= eta, and it
     generated all its tokens unless cut by its deadline."""
-    from gyre.sim.runner import simulate
+    from gyre.sim.harness.runner import simulate
 
     cfg = tiny_config(gpus=4, steps=2, seed=seed, workload_name="math" if math else "xlong")
     cfg = override(cfg, **{"cluster.cost.admission_fill": fill})

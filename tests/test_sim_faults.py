@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 from gyre.cluster import Role
 from gyre.faults import fault_summary
 from gyre.policies import REGISTRY, make_policy, takes
-from gyre.sim.backend import SimCluster
-from gyre.sim.cli import app
-from gyre.sim.runner import simulate
+from gyre.sim.cluster.backend import SimCluster
+from gyre.sim.cli.app import app
+from gyre.sim.harness.runner import simulate
 from gyre.workload import GroupSpec, ReplaySource
 from tests.simkit import ROUND_COSTS, spec, tiny_config, workload
 from tests.test_sim_invariants import _check_run

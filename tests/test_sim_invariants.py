@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gyre.policies import REGISTRY, takes
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from tests.logcheck import check_staleness
 from tests.simkit import tiny_config
 

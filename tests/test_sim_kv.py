@@ -15,7 +15,7 @@ from gyre.config import ConfigError, override
 from gyre.hardware import CostConfig
 from gyre.policies import REGISTRY
 from gyre.roofline import Coefficients
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from tests.simkit import tiny_config
 
 

@@ -94,7 +94,7 @@ def test_tool_wait_frees_the_batch_and_deadline_truncates():
 
 def test_staleness_aware_bound_by_hand():
     """The eta-bound sums each step's longest solo group along chains eta+1 steps apart, and holds."""
-    from gyre.policies.bound import lower_bound
+    from gyre.sim.cluster.bound import lower_bound
     from tests.simkit import ROUND_COSTS
 
     g0 = group(0, spec(0, 0, gen=[200]))  # alone: 2 s

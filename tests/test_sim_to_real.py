@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gyre.bridge.calibrate import CalibrationError, costs_from_profile
+from gyre.bridge.cost_fit import CostFitError, costs_from_profile
 
 
 def _profile(rng, *, a: float, b: float, c: float, prefill: float, request: float) -> dict:
@@ -36,7 +36,7 @@ def test_calibration_recovers_the_costs_that_made_the_profile(latency):
 
 
 def test_a_profile_without_decode_steps_is_refused():
-    with pytest.raises(CalibrationError, match="fewer than 3 decode steps"):
+    with pytest.raises(CostFitError, match="fewer than 3 decode steps"):
         costs_from_profile({"engine_decode": [[1, 0, 0.01]]}, engine_gpus=1, kv_capacity=1, train_gpus=1,
                            min_train_gpus=1)
 

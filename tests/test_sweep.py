@@ -1,11 +1,12 @@
-"""Sweeps run anywhere with the same results (gyre.sim.sweep): in this process, a local process pool, or Ray tasks."""
+"""Sweeps run anywhere with the same results (gyre.sim.harness.sweep): in this process, a local process pool, or
+Ray tasks."""
 
 from __future__ import annotations
 
 import time
 import pytest
 
-from gyre.sim.sweep import run_map
+from gyre.sim.harness.sweep import run_map
 from tests.simkit import tiny_config
 from tests.sweepkit import mark_after, square_after
 
@@ -20,7 +21,7 @@ def test_local_pool_returns_in_order_and_reports_as_runs_finish():
 
 
 def _summary(tuned) -> list[dict]:
-    from gyre.sim.compare import tuned_table
+    from gyre.sim.harness.compare import tuned_table
 
     _, table, sweep = tuned_table(tuned)
     rows = table.drop(columns=[c for c in table.columns if "wall" in c]).to_dict("records")
@@ -32,7 +33,7 @@ def test_compare_on_ray_equals_the_local_pool(local_ray):
     """A tiny comparison (every policy tuned over its grid) run as Ray tasks gives the summary and sweep rows, the
     settings tried with their makespans and each best run's event log of the same comparison in two local worker
     processes (wall times aside)."""
-    from gyre.sim.compare import tune
+    from gyre.sim.harness.compare import tune
 
     cfg = tiny_config(gpus=4, steps=2, seed=3)
     done: list[str] = []

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from gyre.sim.cli import app
+from gyre.sim.cli.app import app
 
 runner = CliRunner()
 

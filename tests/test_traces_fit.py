@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gyre.traces.calibrate import CalibrateOptions, calibrate
+from gyre.traces.workload_fit import WorkloadFitOptions, fit_workload
 from gyre.traces.calibrated import CalibratedSource, load_workload
-from gyre.traces.fit import TailDist, fit_quality, fit_tail_dist
+from gyre.traces.tail_dist import TailDist, fit_quality, fit_tail_dist
 from gyre.traces.readers import Grouping, read_request_csv
 
 AZURE = "/work/shared/data/azure_llm_inference_2023_code.csv"
@@ -47,7 +47,7 @@ def test_azure_held_out_acceptance(tmp_path):
     """Fit on the first 70% of the Azure trace by time: generated tokens KS D <= 0.05, p99 and the median and
     mean of the max of 512 within 15%."""
     tr = read_request_csv(AZURE, grouping=Grouping(group_size=8, groups_per_step=64))
-    cw = calibrate(tr, CalibrateOptions(split=0.7, model_draws=200_000))
+    cw = fit_workload(tr, WorkloadFitOptions(split=0.7, model_draws=200_000))
     q = cw.report["quality"]["gen"]
     assert cw.report["k"] == 512, "K is the batch size"
     assert q["ks_d"] <= 0.05, f"KS D {q['ks_d']:.4f}"
@@ -78,7 +78,7 @@ def test_calibrated_source_is_deterministic_and_follows_drift(tmp_path):
     w = dataclasses.replace(xlong_swe(), groups_per_step=8, max_turns=300)
     src = WorkloadSource(w, 4)
     tr = Trace(path="mem", groups=[src.next_group() for _ in range(48)], workload=w)
-    cw = calibrate(tr, CalibrateOptions(split=0.75, model_draws=20_000))
+    cw = fit_workload(tr, WorkloadFitOptions(split=0.75, model_draws=20_000))
     assert cw.scale_target == "turns" and cw.dists["length"].cap == 300, "turns with the trace's cap"
     a = [CalibratedSource(cw, seed=9).next_group() for _ in range(2)]
     b = [CalibratedSource(cw, seed=9).next_group() for _ in range(2)]

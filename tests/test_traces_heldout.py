@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from gyre.traces.calibrate import CalibrateOptions, calibrate
+from gyre.traces.workload_fit import WorkloadFitOptions, fit_workload
 from gyre.traces.calibrated import CalibratedSource, load_workload, sample_quantities
-from gyre.traces.fit import fit_quality, fit_tail_dist, mean_max
+from gyre.traces.tail_dist import fit_quality, fit_tail_dist, mean_max
 from gyre.traces.formats import load_trace
 from gyre.traces.readers import Grouping
 from gyre.traces.schema import Trace
@@ -86,7 +86,7 @@ def test_finite_tail_is_clamped_at_upper():
 def test_request_trace_with_a_dip_keeps_drift_off(tmp_path):
     """A mid-trace dip in a request trace is not extrapolated: auto drift is off, and the report says why."""
     tr = load_trace(_dip_requests(tmp_path / "dip.jsonl"), grouping=Grouping(group_size=8, groups_per_step=16))
-    cw = calibrate(tr, CalibrateOptions(split=0.7, model_draws=50_000))
+    cw = fit_workload(tr, WorkloadFitOptions(split=0.7, model_draws=50_000))
     assert cw.drift_per_step == 0.0, cw.drift_per_step
     assert cw.report["drift"]["chosen"] == "off" and "arrivals" in cw.report["drift"]["why"], cw.report["drift"]
 
@@ -94,7 +94,7 @@ def test_request_trace_with_a_dip_keeps_drift_off(tmp_path):
 def test_linear_drift_is_bounded(tmp_path):
     """--drift linear on the dip fits a slope, but at step 200 lengths stay within the levels and range seen."""
     tr = load_trace(_dip_requests(tmp_path / "dip.jsonl"), grouping=Grouping(group_size=8, groups_per_step=16))
-    cw = calibrate(tr, CalibrateOptions(split=0.7, drift="linear", model_draws=50_000))
+    cw = fit_workload(tr, WorkloadFitOptions(split=0.7, drift="linear", model_draws=50_000))
     assert cw.drift_per_step < 0, f"the first 70% dips: slope {cw.drift_per_step}"
     lo, hi = cw.drift_range
     assert 0 < lo <= 1 <= hi, cw.drift_range
@@ -116,18 +116,18 @@ def test_rollout_drift_kept_only_when_it_helps_held_out():
     """Rollout traces: a steady growth is kept as drift; a dip that recovers is not."""
     rng = np.random.default_rng(5)
     grow = [np.round(50 * 1.03**s * rng.lognormal(0, 0.4, 64)) for s in range(40)]
-    cw = calibrate(_rollout(grow), CalibrateOptions(split=0.7, model_draws=20_000))
+    cw = fit_workload(_rollout(grow), WorkloadFitOptions(split=0.7, model_draws=20_000))
     assert cw.report["drift"]["chosen"] == "linear", cw.report["drift"]
     assert cw.drift_per_step == pytest.approx(0.03, abs=0.01), cw.drift_per_step
     dip = [np.round((50 if s < 10 or s > 20 else 20) * rng.lognormal(0, 0.4, 64)) for s in range(40)]
-    cw = calibrate(_rollout(dip), CalibrateOptions(split=0.7, model_draws=20_000))
+    cw = fit_workload(_rollout(dip), WorkloadFitOptions(split=0.7, model_draws=20_000))
     assert cw.report["drift"]["chosen"] == "off", cw.report["drift"]
 
 
 def test_request_prompts_are_drawn_per_execution(tmp_path):
     """In a calibrated request workload the requests of a group have their own prompts."""
     tr = load_trace(_dip_requests(tmp_path / "r.jsonl", n=2000), grouping=Grouping(group_size=8, groups_per_step=16))
-    cw = calibrate(tr, CalibrateOptions(split=0.7, model_draws=20_000))
+    cw = fit_workload(tr, WorkloadFitOptions(split=0.7, model_draws=20_000))
     g = CalibratedSource(cw, seed=0).next_group()
     assert len({e.prompt for e in g.executions}) > 1, [e.prompt for e in g.executions]
     assert all(e.kv == [e.prompt] for e in g.executions), "one-segment executions hold their own prompt"
@@ -142,7 +142,7 @@ def test_no_draw_above_the_context_window(tmp_path):
     p = tmp_path / "heavy.jsonl"
     p.write_text("".join(json.dumps({"timestamp": i, "input_length": int(a), "output_length": int(b)}) + "\n"
                          for i, (a, b) in enumerate(zip(inp, out))))
-    cw = calibrate(load_trace(p), CalibrateOptions(split=0.7, model_draws=20_000))
+    cw = fit_workload(load_trace(p), WorkloadFitOptions(split=0.7, model_draws=20_000))
     window = cw.base.context_window
     x = sample_quantities(cw, np.zeros(200_000), seed=0)
     assert x["prompt"].max() <= window and x["length"].max() <= window, (x["prompt"].max(), x["length"].max(), window)
@@ -155,7 +155,7 @@ def test_quantities_equal_a_plain_loop():
     import dataclasses
 
     from gyre.presets import xlong_swe
-    from gyre.traces.calibrate import quantities
+    from gyre.traces.heldout import quantities
     from gyre.workload import WorkloadSource
 
     src = WorkloadSource(dataclasses.replace(xlong_swe(), groups_per_step=2), 7)
@@ -176,7 +176,7 @@ def test_gpd_fit_covers_the_largest_value_without_warnings():
     that holds the largest value, and no numpy/scipy warning reaches the user."""
     import warnings
 
-    from gyre.traces.fit import gpd_mle
+    from gyre.traces.tail_dist import gpd_mle
 
     rng = np.random.default_rng(0)
     y = np.concatenate([np.abs(rng.normal(10, 1, 5000)), [100.0]])
@@ -189,7 +189,7 @@ def test_gpd_fit_covers_the_largest_value_without_warnings():
 def test_gpd_shape_stays_regular_on_a_bounded_tail():
     """Excesses piled against a limit (uniform: GPD shape -1, where the likelihood is unbounded) give the
     boundary shape -0.5 with a support that still holds the largest value, not a density spiking there."""
-    from gyre.traces.fit import XI_MIN, gpd_mle
+    from gyre.traces.tail_dist import XI_MIN, gpd_mle
 
     y = np.random.default_rng(3).uniform(0, 1000, 4000)
     xi, sigma = gpd_mle(y)
@@ -201,7 +201,7 @@ def test_tail_fit_reproduces_data_that_pile_up_at_a_limit():
     """Prompts truncated at a context limit (lognormal, 3% clipped to within 3 tokens of 7,437, as the Azure
     code trace's are): the fitted distribution matches its own data (KS D < 0.01), where the unconstrained
     GPD shape made a 0.046 in-sample misfit on that trace."""
-    from gyre.traces.fit import _ecdf_distances, fit_tail_dist
+    from gyre.traces.tail_dist import _ecdf_distances, fit_tail_dist
 
     rng = np.random.default_rng(5)
     x = np.round(rng.lognormal(np.log(2000), 0.9, 6000))
@@ -231,8 +231,8 @@ def test_a_lasting_change_is_fitted_from_the_recent_window(tmp_path):
     0.07 where all of it misses by > 0.15; a
     stationary trace (and --recent all) keeps every fitted request."""
     tr = load_trace(_step_requests(tmp_path / "step.jsonl"), grouping=Grouping(group_size=8, groups_per_step=16))
-    auto = calibrate(tr, CalibrateOptions(split=0.7, model_draws=50_000))
-    every = calibrate(tr, CalibrateOptions(split=0.7, model_draws=50_000, recent="all"))
+    auto = fit_workload(tr, WorkloadFitOptions(split=0.7, model_draws=50_000))
+    every = fit_workload(tr, WorkloadFitOptions(split=0.7, model_draws=50_000, recent="all"))
     assert auto.report["recent"]["chosen"] == 0.25, auto.report["recent"]
     n_all, n_auto = every.report["fitted"], auto.report["fitted"]
     assert n_all >= 2096 and abs(n_auto - n_all / 4) <= 8, (n_all, n_auto)
@@ -240,7 +240,7 @@ def test_a_lasting_change_is_fitted_from_the_recent_window(tmp_path):
     assert every.report["quality"]["gen"]["ks_d"] > 0.15, every.report["quality"]["gen"]
     still = load_trace(_step_requests(tmp_path / "flat.jsonl", change=0), grouping=Grouping(group_size=8,
                                                                                              groups_per_step=16))
-    flat = calibrate(still, CalibrateOptions(split=0.7, model_draws=50_000))
+    flat = fit_workload(still, WorkloadFitOptions(split=0.7, model_draws=50_000))
     assert flat.report["recent"]["chosen"] == 1.0, flat.report["recent"]
     with pytest.raises(Exception, match="unknown recency mode"):
-        CalibrateOptions(recent="sometimes")
+        WorkloadFitOptions(recent="sometimes")

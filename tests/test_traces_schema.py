@@ -9,8 +9,8 @@ import pytest
 
 from gyre.config import override
 from gyre.presets import get_preset
-from gyre.sim.cli_traces import write_run_trace
-from gyre.sim.runner import simulate
+from gyre.sim.cli.traces import write_run_trace
+from gyre.sim.harness.runner import simulate
 from gyre.traces.schema import TraceError, read_trace, write_trace
 from gyre.workload import ReplaySource, WorkloadSource
 

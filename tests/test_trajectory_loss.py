@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))  # the random scenario generator lives beside this file
 from test_trajectory_pack import random_group  # noqa: E402
 
-from gyre.nn.model import TinyLlamaConfig, TinyLlama  # noqa: E402
+from gyre.real.nn.model import TinyLlamaConfig, TinyLlama  # noqa: E402
 from gyre.trajectory import PackConfig, build_packs, group_advantages, merge_by_sign, score_group  # noqa: E402
 from gyre.trajectory.pack import Pack  # noqa: E402
 from gyre.trajectory.torch_ops import (  # noqa: E402

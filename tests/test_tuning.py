@@ -64,7 +64,7 @@ def test_tune_reports_hindsight_and_pilot_async_and_the_best_baseline_column():
     steps, each row says how; speedup_vs_best divides by the faster hindsight baseline."""
     from gyre.config import override
     from gyre.presets import get_preset
-    from gyre.sim.compare import tune, tuned_table
+    from gyre.sim.harness.compare import tune, tuned_table
 
     cfg = override(get_preset("short-math"), **{"steps": 6, "cluster.gpus": 8, "workload.groups_per_step": 4})
     tuned = tune(cfg, ["colocate", "async"], etas=(0, 4), workers=1)
@@ -92,8 +92,8 @@ def test_async_search_finds_the_exhaustive_grid_best_on_a_simulated_run():
     simulated makespan is flat with dips of a fraction of a percent, not unimodal.)"""
     from gyre.config import override
     from gyre.presets import get_preset
-    from gyre.sim.compare import shape_of
-    from gyre.sim.runner import simulate
+    from gyre.sim.harness.compare import shape_of
+    from gyre.sim.harness.runner import simulate
 
     cfg = override(get_preset("short-math"), **{"steps": 3, "cluster.gpus": 16, "workload.groups_per_step": 6,
                                                 "workload.group_size": 4})
@@ -110,7 +110,7 @@ def test_compare_table_has_a_row_per_eta_and_divides_by_async_at_the_same_eta():
     """`tune` with elastic and async over eta in {0, 1, 2, 4}: one row per eta for each, async's row tuned
     over eta besides, colocate at eta 0; each row's speedup_vs_async_same_eta is async's best at its eta
     over its makespan, and every row does equal work here (no deadline)."""
-    from gyre.sim.compare import tune, tuned_table
+    from gyre.sim.harness.compare import tune, tuned_table
     from tests.simkit import tiny_config
 
     cfg = replace(tiny_config(gpus=4, steps=2), workload=replace(tiny_config().workload, deadline_s=float("inf")))

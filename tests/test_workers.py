@@ -17,7 +17,7 @@ import pytest
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_compare_stopped_by_a_signal_leaves_no_worker(tmp_path, sig):
     """Signal compare once its workers run: within seconds neither it nor any of its children survives."""
-    cmd = [sys.executable, "-c", "from gyre.sim.cli import main; main()", "compare", "--preset", "short-math",
+    cmd = [sys.executable, "-c", "from gyre.sim.cli.app import main; main()", "compare", "--preset", "short-math",
            "--steps", "2", "--gpus", "16", "--out", str(tmp_path / "out")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     parent = psutil.Process(proc.pid)

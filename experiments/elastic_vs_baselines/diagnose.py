@@ -24,8 +24,8 @@ import pandas as pd
 
 from gyre.config import override
 from gyre.presets import get_preset
-from gyre.sim.runner import simulate
-from gyre.sim.workers import process_pool
+from gyre.sim.harness.runner import simulate
+from gyre.sim.harness.workers import process_pool
 
 HERE = Path(__file__).resolve().parent
 

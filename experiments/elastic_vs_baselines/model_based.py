@@ -23,17 +23,17 @@ from pathlib import Path
 import pandas as pd
 
 from gyre.config import override
-from gyre.policies.work import scheduler_cuts as work_cuts
+from gyre.sim.harness.sched_cuts import scheduler_cuts as work_cuts
 from gyre.presets import get_preset
 from gyre.policies.tuning import halvings
-from gyre.sim.compare import shape_of
-from gyre.sim.runner import simulate
+from gyre.sim.harness.compare import shape_of
+from gyre.sim.harness.runner import simulate
 
 HERE = Path(__file__).resolve().parent
 
 
 def scheduler_cuts(r) -> int:
-    """Executions cut by their deadline whose solo latency (policies.bound) is within it."""
+    """Executions cut by their deadline whose solo latency (sim/cluster/bound.py) is within it."""
     return work_cuts(r.log, r.groups, r.costs)["sched_cuts"]
 
 

@@ -1,6 +1,6 @@
 """How much of the gap to the staleness-aware lower bound is the price of not knowing rollout lengths?
 
-The bound's staleness term (gyre.policies.bound) lets the longest groups share training steps. A policy
+The bound's staleness term (gyre.sim.cluster.bound) lets the longest groups share training steps. A policy
 cannot choose that: it admits groups in the order the source hands them out and learns a rollout's length
 only when it ends. This experiment hands the *same* groups to the same policies in two orders:
 - "drawn": the workload's order (what every other experiment uses);
@@ -28,9 +28,9 @@ import numpy as np
 import pandas as pd
 
 from gyre.config import override
-from gyre.policies.bound import group_solo_s
+from gyre.sim.cluster.bound import group_solo_s
 from gyre.presets import get_preset
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from gyre.workload import ReplaySource, WorkloadSource
 
 HERE = Path(__file__).resolve().parent

@@ -26,8 +26,8 @@ from gyre import plots
 from gyre.config import override
 from gyre.presets import get_preset
 from gyre.policies.tuning import fastest_at_equal_work
-from gyre.sim.runner import simulate
-from gyre.sim.sweep import RAY_HELP, progress_lines, run_map
+from gyre.sim.harness.runner import simulate
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines, run_map
 
 HERE = Path(__file__).resolve().parent
 ETAS = (0, 1, 2, 4)

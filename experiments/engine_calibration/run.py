@@ -1,7 +1,7 @@
 """Can one set of hardware-independent efficiencies predict both shared vLLM runs within 25%?
 
 For each run in shared/data/vllm_timings (LLMServingSim's vLLM 0.19 validation runs, MIT licence) the
-step-by-step replay (gyre.sim.engine_calibrate.simulate) runs with every efficiency (eff_bw, eff_kv,
+step-by-step replay (gyre.sim.vllm_check.engine_fit.simulate) runs with every efficiency (eff_bw, eff_kv,
 eff_flops) set to one common value x, the other coefficients at their cited defaults, and with the
 cited defaults themselves and with the data sheets alone (efficiencies 1, no overheads). It reports
 the held-out (last 30% by arrival) median end-to-end error and its sign (median predicted / measured
@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from gyre.roofline import Coefficients
-from gyre.sim.engine_calibrate import errors, simulate
-from gyre.sim.engine_run import read_run, split_by_arrival
+from gyre.sim.vllm_check.engine_fit import errors, simulate
+from gyre.sim.vllm_check.serving_run import read_run, split_by_arrival
 
 DATA = Path("/work/shared/data/vllm_timings")
 OUT = Path(__file__).resolve().parent / "results"

@@ -2,8 +2,8 @@
 
 For one preset / policy / params, this simulates the run with each engine's step plan recorded (after every
 re-plan: time, decoding sequences, step time) and prints, for every scheduler-induced cut (cut by its
-deadline, solo latency within it, policies.work), its solo latency, how long it waited unstarted (group drawn
--> first start; not counted against its deadline), its time running (first start -> cut), the engines'
+deadline, solo latency within it, sim/harness/sched_cuts.py), its solo latency, how long it waited unstarted
+(group drawn -> first start; not counted against its deadline), its time running (first start -> cut), the engines'
 decode batch and per-token step time over its running time (time-weighted), the batch-1 step time at its
 context, its turns done of all, and its parks / migrations / preemptions. Then the same summary for the
 executions that finished, and per-engine admitted counts. Usage:
@@ -20,10 +20,10 @@ import numpy as np
 
 from gyre.config import override
 from gyre.hardware import admission_limit
-from gyre.policies.bound import per_exec
+from gyre.sim.cluster.bound import per_exec
 from gyre.presets import get_preset
-from gyre.sim import engine as sim_engine
-from gyre.sim.runner import simulate
+from gyre.sim.cluster import engine as sim_engine
+from gyre.sim.harness.runner import simulate
 
 
 def record_plans():

@@ -1,7 +1,7 @@
 """Elastic against async and colocate at equal work and equal staleness, over seeds.
 
 For one preset, `--steps` steps and each of `--seeds`, this runs `gyre-sim compare`'s own tuning
-(gyre.sim.compare.tune: async's split search at every eta, elastic at every eta, colocate; no pilot)
+(gyre.sim.harness.compare.tune: async's split search at every eta, elastic at every eta, colocate; no pilot)
 and keeps, per seed, the headline of its table:
 - for each eta in {0, 1, 2, 4}: elastic at that eta / async at its best split for that eta;
 - elastic at eta 0 / colocate (both on-policy);
@@ -25,8 +25,8 @@ import pandas as pd
 
 from gyre.config import override
 from gyre.presets import get_preset
-from gyre.sim.compare import ETAS, tune, tuned_table
-from gyre.sim.sweep import RAY_HELP, progress_lines
+from gyre.sim.harness.compare import ETAS, tune, tuned_table
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines
 
 HERE = Path(__file__).resolve().parent
 KEEP = ["policy", "config", "eta", "engine_limit", "makespan_s", "executions", "completed", "capped", "deadline_hit", "sched_cuts",

@@ -17,7 +17,7 @@ import pandas as pd
 
 from gyre.config import override
 from gyre.presets import get_preset
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 
 HERE = Path(__file__).resolve().parent
 PRESETS = ("short-math", "xlong-swe-small", "xlong-swe", "xlong-swe-kv")

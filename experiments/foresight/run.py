@@ -10,7 +10,7 @@ groups admitted
 - with --scale-oracle, sorted by each group's true task difficulty in its epoch (gyre.workload
   task_difficulty), longest first: what a perfect history could know (a task's scale, not the group's own
   draws), so it bounds every predictor that learns from a task's past.
-Same seed, so the same groups and the same lower bound (policies.bound, with the staleness term at eta).
+Same seed, so the same groups and the same lower bound (sim/cluster/bound.py, with the staleness term at eta).
 
 Per run: makespan, makespan / bound, speedup over drawn order, staleness and per-token version lag
 (max, token-weighted mean; gyre.metrics), and the predictor's quality on the run (Spearman rank
@@ -33,9 +33,9 @@ import pandas as pd
 
 from gyre.config import override
 from gyre.presets import get_preset
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from gyre.workload import ReplaySource
-from gyre.sim.sweep import RAY_HELP, progress_lines, run_map
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines, run_map
 
 HERE = Path(__file__).resolve().parent
 PREDICTORS = ("history", "history+siblings")

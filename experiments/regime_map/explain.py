@@ -32,8 +32,8 @@ from run import ETA, OUT, cell_config  # noqa: E402
 
 from gyre.gpu_time import TERMS, counts, decompose  # noqa: E402
 from gyre.hardware import admission_limit  # noqa: E402
-from gyre.sim.runner import simulate  # noqa: E402
-from gyre.sim.sweep import RAY_HELP, progress_lines, run_map  # noqa: E402
+from gyre.sim.harness.runner import simulate  # noqa: E402
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines, run_map  # noqa: E402
 
 CELL = ["arch", "window", "gpus", "growth", "training"]
 LABELS = {"rollout_decoding": "rollout: decoding",
@@ -63,15 +63,24 @@ def _run(job):
     return key, label, params.get("rollout_gpus", 0), r.makespan_s, cuts, terms, counts(r.log), cfg.steps
 
 
+def _async_params(row, which: str) -> dict:
+    """The map's chosen async split at eta 4, and its per-engine cap where the map searched one (maps written
+    before the cap search have no `async_<which>_cap` column: no cap)."""
+    cap = getattr(row, f"async_{which}_cap", None)
+    return {"eta": ETA, "rollout_gpus": int(getattr(row, f"async_{which}_R")),
+            **({"max_running": int(cap)} if cap is not None and cap == cap else {})}
+
+
 def jobs_for(m: pd.DataFrame) -> list:
     jobs = []
     for row in m.itertuples():
         cfg = _cell_cfg(row, int(row.steps))
         key = tuple(getattr(row, c) for c in CELL)
+        best, pilot = _async_params(row, "best"), _async_params(row, "pilot")
         jobs += [(key, "colocate", "colocate", cfg, {}), (key, "elastic", "elastic", cfg, {"eta": ETA}),
-                 (key, "async", "async (hindsight)", cfg, {"eta": ETA, "rollout_gpus": int(row.async_best_R)})]
-        if int(row.async_pilot_R) != int(row.async_best_R):
-            jobs.append((key, "async", "async (pilot)", cfg, {"eta": ETA, "rollout_gpus": int(row.async_pilot_R)}))
+                 (key, "async", "async (hindsight)", cfg, best)]
+        if pilot != best:
+            jobs.append((key, "async", "async (pilot)", cfg, pilot))
     return jobs
 
 

@@ -14,14 +14,20 @@ Axes (each cell is xlong-swe-kv with these fields replaced; nothing else moves):
   on the Qwen3.5 layout (`moe-2.4t-a95b`), or with full GQA on every layer (`moe-2.4t-a95b-gqa`), or
   with DeepSeek-V3's latent attention (`moe-2.4t-a95b-mla`); each has its own KV per token, state and
   trainer minimum (gyre.presets).
-Per cell: colocate; async at 5 rollout splits spread over every engine multiple that leaves the trainer
-its minimum (both ends included) at eta 4, best one kept (hindsight); async tuned on a pilot of the first
-steps // 6 steps (at least 1) over the same 5 splits and then run in full; elastic at eta 4. eta 4 is
+Per cell: colocate; async at eta 4 tuned by `gyre-sim compare`'s own search (gyre.sim.harness.compare.tune:
+AsyncSplit.search, policies.tuning.refine_split_and_cap over every rollout split and the per-engine cap,
+the `halvings` of the engine's admission limit), best kept at equal work (hindsight); async tuned the same
+way on a pilot of the first steps // 6 steps (at least 1) and then run in full; elastic at eta 4. eta 4 is
 the best staleness bound of every sweep this project has run (xlong-swe, xlong-swe-small, short-math),
-so the map spends its runs on the split.
+so the map spends its runs on the split and cap. Every row carries its work (deadline cuts,
+scheduler-induced cuts, tokens generated and trained, preemptions) and whether it does equal work
+(policies.tuning: its scheduler-induced cuts within 1% of the cell's executions of the least of the cell's
+rows); `elastic_vs_best` divides by the fastest baseline doing equal work (compare's `speedup_vs_best`), and a
+cell whose elastic row does not do equal work itself says so (`elastic_equal_work`, "unequal work" in the figure).
 
 python experiments/regime_map/run.py [--steps 6] [--jobs 2] [--cells core|all|1m|one] [--arch hybrid,gqa,mla]
-    [--name map]  ->  results/<name>.csv, .png
+    [--name map]  ->  results/<name>.csv, .png (one row per cell), results/<name>_rows.csv (every policy row of
+    every cell, with its work columns)
 """
 
 from __future__ import annotations
@@ -37,12 +43,9 @@ import pandas as pd
 
 from gyre.config import override
 from gyre.hardware import CostConfig
-from gyre.policies.async_split import AsyncSplit
-from gyre.policies.common import ClusterShape
-from gyre.policies.tuning import _spread, fastest_at_equal_work
 from gyre.presets import KV_WINDOW, MODELS, get_preset
-from gyre.sim.runner import simulate
-from gyre.sim.sweep import RAY_HELP, progress_lines, run_map
+from gyre.sim.harness.compare import tune, tuned_table
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines
 
 OUT = Path(__file__).parent / "results"
 WINDOWS = (1 << 18, 1 << 19, 1 << 20, 1 << 21)
@@ -74,17 +77,47 @@ def cell_list(name: str, archs: list[str]) -> list[tuple]:
     return [(*c, arch) for arch in archs for c in cells]
 
 
-def _run(job):
-    cell, cfg, policy, params = job
-    r = simulate(cfg, policy, params)
-    s = r.metrics.summary()
-    return cell, cfg.steps, policy, params, (r.makespan_s, s.get("sched_cuts", 0)), s.get("gpu_h_idle", float("nan"))
+ROWS = {"colocate": "colocate", "async": "async_best", "async-pilot": "async_pilot", "elastic": "elastic"}
+WORK = ["deadline_hit", "sched_cuts", "sched_cut_tokens_lost", "tokens_generated", "tokens_trained", "preemptions",
+        "equal_work"]  # each row's work (policies.work, gyre.metrics) and compare's equal-work mark
+KEEP = ["policy", "config", "eta", "engine_limit", "makespan_s", "executions", "completed", "capped", *WORK,
+        "gpu_h_idle", "tuned"]
 
 
-def _fastest(runs: dict[int, tuple[float, float, int]], executions: int) -> int:
-    """The split whose (makespan, idle, sched_cuts) run is fastest among those doing equal work."""
-    splits = list(runs)
-    return splits[fastest_at_equal_work([runs[r][0] for r in splits], [runs[r][2] for r in splits], executions)]
+def cell_table(cell: tuple, steps: int, jobs: int, ray: str | None, done) -> tuple[pd.DataFrame, dict]:
+    """compare's table for one cell (colocate, async tuned by its search with a pilot, elastic; all at eta 4),
+    indexed by row, and each row's chosen params."""
+    cfg = cell_config(*cell, steps=steps)
+    tuned = tune(cfg, ["colocate", "async", "elastic"], etas=(ETA,), pilot=max(1, steps // 6) < steps,
+                 workers=jobs, ray=ray, on_done=lambda c, r: done(0, r))
+    return tuned_table(tuned)[1].set_index("policy"), {k: t.best.params for k, t in tuned.items()}
+
+
+def cell_row(cell: tuple, steps: int, t: pd.DataFrame, params: dict) -> dict:
+    """The map's row of one cell from its compare table `t`: makespans, chosen splits and caps, work."""
+    cfg = cell_config(*cell, steps=steps)
+    c = cfg.costs()
+    n, tmin = cfg.cluster.gpus, c.min_train_gpus
+    pilot = "async-pilot" if "async-pilot" in t.index else "async"
+    a, p = t.loc["async"], t.loc[pilot]
+    ela = t.loc["elastic", "makespan_s"]
+    row = {
+        "arch": cell[4], "kv_bytes_per_token": cfg.cluster.model.kv_bytes_per_token,
+        "state_tokens": c.state_tokens, "window": cell[0],
+        "fits_full_window": c.kv_capacity_tokens / (cell[0] + c.state_tokens), "gpus": n, "trainer_min": tmin,
+        "trainer_share": tmin / n, "growth": "3x" if cell[2] else "none", "training": "heavy" if cell[3] else "light",
+        "steps": steps, "executions": int(t.loc["elastic", "executions"]), "colocate_s": t.loc["colocate", "makespan_s"],
+        "async_best_s": a["makespan_s"], "async_best_R": params["async"]["rollout_gpus"],
+        "async_best_cap": a["engine_limit"], "async_pilot_R": params[pilot]["rollout_gpus"],
+        "async_pilot_cap": p["engine_limit"], "async_pilot_s": p["makespan_s"], "elastic_s": ela,
+        "elastic_vs_best": t.loc["elastic", "speedup_vs_best"], "elastic_vs_pilot_async": p["makespan_s"] / ela,
+        "ceiling": n / (n - tmin), "elastic_vs_async_over_ceiling": (a["makespan_s"] / ela) / (n / (n - tmin)),
+        "async_idle_gpu_h": a["gpu_h_idle"], "async_tuned": a["tuned"],
+    }
+    for name, prefix in ROWS.items():
+        r = t.loc[name if name in t.index else "async"]
+        row.update({f"{prefix}_{k}": r[k] for k in WORK})
+    return row
 
 
 def main() -> None:
@@ -115,55 +148,25 @@ def main() -> None:
         if not cells:
             ap.error(f"--gpus {a.gpus}: no cell of --cells {a.cells} has that cluster size; sizes: {CLUSTERS}")
     t0 = time.perf_counter()
-    pilot_steps = max(1, a.steps // 6)
-    jobs, meta = [], {}
-    for cell in cells:
-        cfg = cell_config(*cell, steps=a.steps)
-        c = cfg.costs()
-        shape = ClusterShape(n_gpus=cfg.cluster.gpus, gpus_per_engine=c.engine_gpus, min_train_gpus=c.min_train_gpus)
-        splits = AsyncSplit.splits(shape)
-        rs = [splits[i] for i in _spread(len(splits), 5)]
-        meta[cell] = (cfg, c, rs)
-        jobs += [(cell, cfg, "colocate", {}), (cell, cfg, "elastic", {"eta": ETA})]
-        jobs += [(cell, cfg, "async", {"eta": ETA, "rollout_gpus": r}) for r in rs]
-        if pilot_steps < a.steps:
-            jobs += [(cell, replace(cfg, steps=pilot_steps), "async", {"eta": ETA, "rollout_gpus": r}) for r in rs]
-    res = run_map(_run, jobs, workers=a.jobs, ray=a.ray, on_done=progress_lines(len(jobs), "runs"))
-    rows = []
-    for cell in cells:
-        cfg, c, rs = meta[cell]
-        mine = [x for x in res if x[0] == cell]
-        full = {(p, tuple(sorted(q.items()))): (m, idle, cut) for _, st, p, q, (m, cut), idle in mine if st == a.steps}
-        colo = full[("colocate", ())][0]
-        ela = full[("elastic", (("eta", ETA),))][0]
-        asyncs = {dict(q)["rollout_gpus"]: v for (p, q), v in full.items() if p == "async"}
-        execs = cfg.steps * cfg.workload.groups_per_step * cfg.workload.group_size
-        best_r = _fastest(asyncs, execs)  # at equal work (policies.tuning)
-        pil = {q["rollout_gpus"]: (m, 0, cut) for _, st, p, q, (m, cut), _ in mine
-               if p == "async" and st == pilot_steps < a.steps}
-        pilot_r = _fastest(pil, pilot_steps * execs // cfg.steps) if pil else best_r
-        n, tmin = cfg.cluster.gpus, c.min_train_gpus
-        best = min(colo, asyncs[best_r][0])
-        rows.append({
-            "arch": cell[4], "kv_bytes_per_token": cfg.cluster.model.kv_bytes_per_token,
-            "state_tokens": c.state_tokens, "window": cell[0],
-            "fits_full_window": c.kv_capacity_tokens / (cell[0] + c.state_tokens), "gpus": n, "trainer_min": tmin,
-            "trainer_share": tmin / n, "growth": "3x" if cell[2] else "none", "training": "heavy" if cell[3] else "light",
-            "steps": a.steps, "colocate_s": colo, "async_best_s": asyncs[best_r][0], "async_best_R": best_r,
-            "async_pilot_R": pilot_r, "async_pilot_s": asyncs[pilot_r][0], "elastic_s": ela,
-            "elastic_vs_best": best / ela, "elastic_vs_pilot_async": asyncs[pilot_r][0] / ela,
-            "ceiling": n / (n - tmin), "elastic_vs_async_over_ceiling": (asyncs[best_r][0] / ela) / (n / (n - tmin)),
-            "async_idle_gpu_h": asyncs[best_r][1], "async_splits_tried": " ".join(map(str, rs)),
-            "colocate_sched_cuts": full[("colocate", ())][2], "async_best_sched_cuts": asyncs[best_r][2],
-            "elastic_sched_cuts": full[("elastic", (("eta", ETA),))][2],
-        })
+    done = progress_lines(None, "runs")
+    rows, tables = [], []
+    for i, cell in enumerate(cells):  # one cell at a time; each search round's runs in parallel
+        t, params = cell_table(cell, a.steps, a.jobs, a.ray, done)
+        rows.append(cell_row(cell, a.steps, t, params))
+        tables.append(t.reset_index()[KEEP].assign(arch=cell[4], window=cell[0], gpus=cell[1], steps=a.steps,
+                                                     growth="3x" if cell[2] else "none",
+                                                     training="heavy" if cell[3] else "light"))
+        print(f"cell {i + 1}/{len(cells)} {cell}: {time.perf_counter() - t0:.0f} s", flush=True)
     OUT.mkdir(parents=True, exist_ok=True)
     df = pd.DataFrame(rows)
     df.to_csv(OUT / f"{a.name}.csv", index=False)
+    pd.concat(tables).to_csv(OUT / f"{a.name}_rows.csv", index=False)
     heatmap(df, OUT / f"{a.name}.png")
-    print(df[["arch", "window", "gpus", "growth", "training", "colocate_s", "async_best_s", "async_best_R", "elastic_s",
-              "elastic_vs_best", "elastic_vs_pilot_async", "ceiling"]].round(3).to_string(index=False))
-    print(f"{len(jobs)} runs in {time.perf_counter() - t0:.0f} s with {a.jobs} workers")
+    print(df[["arch", "window", "gpus", "growth", "training", "colocate_s", "async_best_s", "async_best_R",
+              "async_best_cap", "elastic_s", "elastic_vs_best", "elastic_vs_pilot_async", "ceiling",
+              "colocate_sched_cuts", "async_best_sched_cuts", "elastic_sched_cuts", "async_best_equal_work",
+              "elastic_equal_work"]].round(3).to_string(index=False))
+    print(f"{len(cells)} cells in {time.perf_counter() - t0:.0f} s with {a.jobs} workers")
 
 
 def heatmap(df: pd.DataFrame, path: Path) -> None:
@@ -185,8 +188,13 @@ def heatmap(df: pd.DataFrame, path: Path) -> None:
     ax.set_yticks(range(len(piv.index)), [f"{w // 1024}K: {fits[w]:.0f}" for w in piv.index])
     ax.set_xlabel(f"cluster GPUs (trainer minimum {tmin} as a share)")
     ax.set_ylabel("window: contexts per engine")
+    # maps written since the cap search mark a cell whose elastic row does not do equal work
+    equal = (core.pivot_table(index="window", columns="gpus", values="elastic_equal_work", aggfunc="min")
+             if "elastic_equal_work" in core else None)
     for i, j in itertools.product(range(piv.shape[0]), range(piv.shape[1])):
-        ax.text(j, i, f"{piv.values[i, j]:.2f}x\n(ceil {ceil.values[i, j]:.2f})", ha="center", va="center", fontsize=8)
+        unequal = equal is not None and not bool(equal.values[i, j])
+        ax.text(j, i, f"{piv.values[i, j]:.2f}x\n(ceil {ceil.values[i, j]:.2f})" + ("\nunequal work" if unequal else ""),
+                ha="center", va="center", fontsize=8)
     arch = f"{core.arch.iloc[0]}, " if "arch" in core else ""
     ax.set_title(f"elastic / best of (colocate, async), {arch}{int(core.steps.iloc[0])} steps, growth 3x, "
                  "heavy training", fontsize=10)

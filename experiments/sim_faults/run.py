@@ -29,8 +29,8 @@ import pandas as pd  # noqa: E402
 from gyre.config import override  # noqa: E402
 from gyre.policies import REGISTRY, takes  # noqa: E402
 from gyre.presets import get_preset  # noqa: E402
-from gyre.sim.runner import simulate  # noqa: E402
-from gyre.sim.sweep import RAY_HELP, progress_lines, run_map  # noqa: E402
+from gyre.sim.harness.runner import simulate  # noqa: E402
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines, run_map  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 LEVELS = (  # (label, faults, checkpoint_every)

@@ -9,6 +9,12 @@ Policies: colocate; async (the largest rollout split, eta as elastic); elastic. 
 With `--cluster`, a third knob: the headline xlong-swe (2.4T MoE) on {384, 512, 1024} GPUs, `--steps`
 steps, eta 4 (the trainer alone needs 328 GPUs, so a fixed split starves rollout on small clusters).
 
+Every row carries its work (executions completed / capped / cut by their deadline, scheduler-induced cuts and
+the tokens they lost, tokens generated and trained, KV preemptions; policies.work, gyre.metrics) and its
+equal-work mark (policies.tuning.equal_work: its scheduler-induced cuts within 1% of the point's executions of
+the least of the point's rows). Rankings are among equal-work rows only: a speedup whose either row does not
+do equal work is left out (NaN) and `fastest` names the fastest policy doing equal work at the point.
+
 Outputs (results/): sweep.csv (one row per point and policy) and speedup.png (two panels).
 Usage: python experiments/sweep_tail/run.py [--steps 8] [--eta 1] [--jobs 2]
 """
@@ -24,16 +30,19 @@ import pandas as pd
 
 from gyre.config import override
 from gyre.policies import takes
+from gyre.policies.tuning import equal_work, fastest_at_equal_work
 from gyre.presets import get_preset
-from gyre.sim.runner import simulate
+from gyre.sim.harness.runner import simulate
 from gyre.workload import LogNormal
-from gyre.sim.sweep import RAY_HELP, progress_lines, run_map
+from gyre.sim.harness.sweep import RAY_HELP, progress_lines, run_map
 
 HERE = Path(__file__).resolve().parent
 TAILS = (2.0, 3.5, 5.0, 10.0, 20.0)
 TOOL_SCALES = (0.33, 1.0, 3.0, 10.0)
 CLUSTERS = (384, 512, 1024)
 POLICIES = ("colocate", "async", "elastic")
+WORK = ("executions", "completed", "capped", "deadline_hit", "sched_cuts", "sched_cut_tokens_lost", "tokens_generated",
+        "tokens_trained", "preemptions")  # each run's work (gyre.metrics summary, policies.work)
 
 
 def config(steps: int, knob: str, value: float):
@@ -56,10 +65,28 @@ def run_one(job: tuple[int, str, float, str, int]) -> dict:
     steps, knob, value, policy, eta = job
     params = {"eta": eta} if takes(policy, "eta") else {}
     r = simulate(config(steps, knob, value), policy, params)
+    s = r.metrics.summary()
     return {"knob": knob, "value": value, "policy": policy, "eta": eta if params else 0,
             "makespan_s": r.makespan_s, "bound_s": r.bound.makespan_s,
-            "utilization": r.metrics.summary()["utilization"], "migrations": r.metrics.migrations,
-            "reallocations": r.metrics.reallocations, "wall_s": r.wall_s}
+            "utilization": s["utilization"], "migrations": r.metrics.migrations,
+            "reallocations": r.metrics.reallocations, **{k: s[k] for k in WORK}, "wall_s": r.wall_s}
+
+
+def rank(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(`df` with each row's equal-work mark; one row per point: makespans, speedups among equal-work rows
+    only, and the fastest policy doing equal work)."""
+    marks, points = [], []
+    for (knob, value), d in df.groupby(["knob", "value"], sort=False):
+        ok = equal_work(d["sched_cuts"].tolist(), int(d["executions"].max()))
+        marks += list(zip(d.index, ok))
+        span, eq = dict(zip(d["policy"], d["makespan_s"])), dict(zip(d["policy"], ok))
+        ratio = lambda base: span[base] / span["elastic"] if eq[base] and eq["elastic"] else float("nan")  # noqa: E731
+        i = fastest_at_equal_work(d["makespan_s"].tolist(), d["sched_cuts"].tolist(), int(d["executions"].max()))
+        points.append({"knob": knob, "value": value, **span, "elastic_vs_colocate": ratio("colocate"),
+                       "elastic_vs_async": ratio("async"), "fastest": d["policy"].iloc[i],
+                       "unequal_work": " ".join(p for p in span if not eq[p])})
+    mark = dict(marks)
+    return df.assign(equal_work=[mark[i] for i in df.index]), pd.DataFrame(points)
 
 
 def main() -> None:
@@ -79,13 +106,13 @@ def main() -> None:
         jobs = [(a.steps, "tail", v, p, a.eta) for v in TAILS for p in POLICIES]
         jobs += [(a.steps, "tool", v, p, a.eta) for v in TOOL_SCALES for p in POLICIES]
     df = pd.DataFrame(run_map(run_one, jobs, workers=a.jobs, ray=a.ray, on_done=progress_lines(len(jobs), "runs")))
-    wide = df.pivot_table(index=["knob", "value"], columns="policy", values="makespan_s").reset_index()
-    wide["elastic_vs_colocate"] = wide["colocate"] / wide["elastic"]
-    wide["elastic_vs_async"] = wide["async"] / wide["elastic"]
-    df = df.merge(wide[["knob", "value", "elastic_vs_colocate", "elastic_vs_async"]], on=["knob", "value"])
+    df, wide = rank(df)
+    df = df.merge(wide[["knob", "value", "elastic_vs_colocate", "elastic_vs_async", "fastest"]], on=["knob", "value"])
     name = "cluster" if a.cluster else "sweep"
     df.to_csv(a.out / f"{name}.csv", index=False)
-    print(wide.to_string(), flush=True)
+    with pd.option_context("display.width", 200):
+        print(wide.to_string(), flush=True)
+        print(df.pivot_table(index=["knob", "value"], columns="policy", values="sched_cuts").to_string())
     if not a.cluster:
         figure(wide, a.out / "speedup.png")
     print(f"done in {time.perf_counter() - t0:.0f}s")

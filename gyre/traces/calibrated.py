@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from gyre.traces.fit import TailDist
+from gyre.traces.tail_dist import TailDist
 from gyre.traces.schema import TraceError, workload_from_dict, workload_to_dict
 from gyre.workload import ExecutionSpec, GroupSpec, WorkloadConfig, _kv_footprint
 

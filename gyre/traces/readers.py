@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,8 @@ import numpy as np
 import pandas as pd
 
 from gyre.gc_pause import no_gc
-from gyre.traces.schema import BadLines, Trace, TraceError, json_error
+from gyre.jsonl import json_objects
+from gyre.traces.schema import BadLines, Trace, TraceError
 from gyre.workload import ExecutionSpec, GroupSpec
 
 
@@ -242,20 +242,9 @@ def read_request_csv(path: str | Path, *, fields: RequestFields = AZURE_FIELDS, 
 
 
 def _json_lines(path: str | Path, bad: BadLines):
-    """Yield (line number, parsed object) for each non-blank line; bad JSON goes to `bad`."""
+    """Yield (line number, parsed object) for each non-blank line (gyre.jsonl); a bad one goes to `bad`."""
     with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                bad.bad(lineno, json_error(exc))
-                continue
-            if not isinstance(obj, dict):
-                bad.bad(lineno, "invalid record: a line must be a JSON object")
-                continue
-            yield lineno, obj
+        yield from json_objects(fh, bad.bad)
 
 
 def read_request_jsonl(path: str | Path, *, fields: RequestFields = JSONL_FIELDS, grouping: Grouping = Grouping(),

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.gc_pause import no_gc
+from gyre.jsonl import json_error
 from gyre.workload import ExecutionSpec, GroupSpec, LogNormal, WorkloadConfig
 
 SCHEMA_VERSION = 1
@@ -76,12 +77,6 @@ class Trace:
         why = Counter(reason.split(":")[0] for _, reason in self.skipped)
         parts = ", ".join(f"{n} x {r}" for r, n in why.most_common())
         return f"{self.path}: skipped {len(self.skipped)} bad lines ({parts}); first at line {self.skipped[0][0]}"
-
-
-def json_error(exc: json.JSONDecodeError) -> str:
-    """'invalid JSON: <what> at column <n>' (json's "Unterminated string starting at" loses its "at")."""
-    msg = exc.msg[: -len(" at")] if exc.msg.endswith(" at") else exc.msg
-    return f"invalid JSON: {msg} at column {exc.colno}"
 
 
 class BadLines:

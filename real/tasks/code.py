@@ -18,11 +18,11 @@ Simplifications: the tests are shown to no one (the prompt states the function t
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gyre.jsonl import json_objects
 from gyre.real.chat import ChatTokenizer
 from gyre.real.sandbox import Limits, arun_python
 from gyre.real.task_api import ToolError
@@ -61,15 +61,11 @@ def read_problems(path: str | Path) -> list[Problem]:
     except OSError as exc:
         raise ValueError(f"{p}: {exc.strerror or exc}") from None
     out = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{p}:{n}: not valid JSON ({exc.msg})") from None
-        if not isinstance(rec, dict):
-            raise ValueError(f"{p}:{n}: expected an object with id, prompt and tests")
+
+    def bad(n: int, reason: str) -> None:
+        raise ValueError(f"{p}:{n}: {reason}")
+
+    for n, rec in json_objects(lines, bad):
         for key, kind in (("id", str), ("prompt", str), ("tests", list)):
             if not isinstance(rec.get(key), kind):
                 raise ValueError(f"{p}:{n}: field {key!r} missing or not a {kind.__name__}")

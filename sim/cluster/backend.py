@@ -1,0 +1,379 @@
+"""The simulated cluster: implements gyre.cluster.Cluster in simulated time on SimPy.
+
+Coarse events (policy timeouts, role switches, training steps, weight syncs) are SimPy timeouts.
+Fine events (segment ends, tool returns) are far more numerous, so they live in a side heap of
+plain tuples merged with SimPy's queue in time order; at equal times the side heap goes first.
+Both queues break ties by insertion order, so a run is a pure function of (config, policy, seed).
+
+Handle completions caused by fine events are deferred until that event is fully processed, so a
+policy reacting to a finished execution never sees an engine half-way through an update.
+
+Injected faults (`faults`, gyre.faults specs) are carried out by gyre.sim.cluster.faults.SimFaults, between events;
+a killed engine is listed as "restarting" (not ready; it accepts admissions, which wait for it, and a stop,
+carried out once it is back), as on the real backend. With no faults no code path changes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import simpy
+
+from gyre.cluster import ClusterError, Phase, Role
+from gyre.config import ConfigError
+from gyre.estimate import CostEstimate, from_costs
+from gyre.gc_pause import no_gc
+from gyre.handles import Handle, Process
+from gyre.hardware import Costs, group_train_attention_ctx
+from gyre.backend import PARK, READY, STOPPING, ClusterBase
+from gyre.gpu_roles import TRAINER
+from gyre.sim.cluster.engine import SimEngine
+from gyre.sim.cluster.execution import SimExecution, SimGroup
+from gyre.sim.cluster.faults import SimFaults
+
+_END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third field (gyre.metrics)
+
+
+class SimCluster(ClusterBase):
+    def __init__(self, *, n_gpus: int, costs: Costs, source, check: bool = False, faults: tuple[str, ...] = (),
+                 seed: int = 0, checkpoint_every: int = 0) -> None:
+        self.env = simpy.Environment()
+        self.costs = costs
+        self.source = source
+        self.init_books(n_gpus, gpus_per_engine=costs.engine_gpus, min_train_gpus=costs.min_train_gpus,
+                        groups_per_step=source.config.groups_per_step)
+        self._q: list[tuple[float, int, Callable, Any]] = []
+        self._seq = itertools.count()
+        self._dirty: list[SimEngine] = []  # engines whose next wakeup must be re-planned (SimEngine._touch)
+        self.trained_groups: list[int] = []  # group ids in the order they were trained
+        self.events = 0
+        self.check = check
+        self._kv_peak = 0.0  # the largest KV use of a stopped engine (tokens)
+        self._roof_gpu_s = 0.0  # roofline-ideal GPU-seconds of stopped engines and of training
+        self._faults = SimFaults(self, faults, seed, checkpoint_every) if faults else None
+        self._estimate: CostEstimate | None = None
+
+    # ------------------------------------------------------------------ observations
+    @property
+    def now(self) -> float:
+        return self.env.now
+
+    @property
+    def estimate(self) -> CostEstimate:
+        """The simulator's own derived costs, as a policy may know them (gyre.estimate)."""
+        if self._estimate is None:
+            self._estimate = from_costs(self.costs)
+        return self._estimate
+
+    def kv_peak_frac(self) -> float:
+        """The largest KV use of any engine at any time so far, as a share of its capacity."""
+        peak = max([self._kv_peak] + [e.kv_peak for e in self._engines.values()])
+        return peak / self.costs.kv_capacity_tokens
+
+    def roofline_gpu_s(self) -> float:
+        """GPU-seconds the work done so far would take at the hardware's peak (the roofline's ideal time of
+        every engine step, training at 100% MFU): utilization = this / (GPUs x makespan)."""
+        live = 0.0
+        for e in self._engines.values():
+            e.advance(self.now)
+            live += e.roof_s * len(e.gpus)
+        return self._roof_gpu_s + live
+
+    # ------------------------------------------------------------------ the scheduling surface of SimEngine
+    def schedule(self, t: float, fn: Callable[[float, Any], None], arg: Any) -> None:
+        """Call fn(t, arg) at simulated time t (a fine event; ties go in insertion order)."""
+        heapq.heappush(self._q, (t, next(self._seq), fn, arg))
+
+    def replan(self, engine: SimEngine) -> None:
+        """Re-plan the engine's next wakeup once the current event is fully processed."""
+        self._dirty.append(engine)
+
+    def finish(self, ex: SimExecution, t: float, end: str) -> None:
+        """An execution ended at t: "done", "capped" (its last segment, at the length cap) or "deadline"."""
+        self._finish(ex, t, end)
+
+    def migrate_at_boundary(self, ex: SimExecution, t: float) -> None:
+        """Carry out an execution's pending migration: it reached a tool-call boundary at t."""
+        self._do_migrate(ex, t)
+
+    # ------------------------------------------------------------------ internals
+    def _after(self, dt: float, fn: Callable[[], None]) -> None:
+        ev = self.env.timeout(dt)
+        ev.callbacks.append(lambda _ev: fn())
+
+    def _succeed_after(self, seconds: float, h: Handle) -> None:
+        self._after(seconds, lambda: h.succeed(None))
+
+    def _at_boundary(self, ex: SimExecution) -> bool:
+        return ex.phase != Phase.DECODE  # a tool call, a prefill, or queued
+
+    def _migrate_now(self, ex: SimExecution) -> None:
+        self._do_migrate(ex, self.now)
+
+    def _finish(self, ex: SimExecution, t: float, end: str) -> None:
+        ex.phase = Phase.DONE
+        ex.finished_at = t
+        ex.end = end
+        ex.truncated = end != "done"
+        self.log.append(("finish", t, ex.id, _END_CODE[end], ex.generated))
+        if self._faults is not None:
+            self._faults.on_finish(t)
+        self._deferred.append((ex.handle, ex))
+        if ex.migrate_handle is not None:  # finished before reaching a tool-call boundary
+            self._deferred.append((ex.migrate_handle, False))
+            ex.migrate_to = ex.migrate_handle = None
+
+    def _do_migrate(self, ex: SimExecution, t: float) -> None:
+        src, dst, h = ex.engine, ex.migrate_to, ex.migrate_handle
+        ex.migrate_to = ex.migrate_handle = None
+        kv = src.remove(ex)  # the KV it held there, now freed
+        if dst is PARK:  # off every engine, KV freed; a running tool call keeps its return time (ready_at)
+            ex.phase = Phase.PARKED
+            self._log(("park", t, ex.id, src.id))
+            self._deferred.append((h, True))
+            return
+        transfer = self.costs.migration == "kv_transfer" and kv > 0
+        if transfer:  # the KV (and a hybrid model's state) travels; its context arrives resident if it fits there
+            moved = (kv + self.costs.state_tokens) * self.costs.kv_transfer_s_per_token
+            ex.ready_at = max(ex.ready_at if ex.ready_at is not None else t, t + moved)
+        dst.add_migrated(ex, t, kv if transfer else 0)
+        self._log(("migrate", t, ex.id, src.id, dst.id))
+        self._deferred.append((h, True))
+
+    def _resume_now(self, ex: SimExecution, engine: SimEngine) -> None:
+        t = self.now
+        if ex.ready_at is not None and ex.ready_at <= t:  # its tool call returned while parked: it waits to run
+            ex.ready_at = None
+        engine.add_migrated(ex, t)
+
+    def _switch_in_s(self, gpus: Sequence[int], to: str) -> float:
+        c = self.costs
+        out = 0.0
+        for g in gpus:
+            r = self.gpu_pool.resident[g]
+            if to == "engine":
+                s = c.engine_wake_s + c.sync_s + (c.trainer_offload_s if r == "trainer" else 0.0)
+            else:
+                s = 0.0 if r == "trainer" else c.trainer_onload_s
+            out = max(out, s)
+        return out
+
+    # ------------------------------------------------------------------ verbs
+    def next_group(self) -> SimGroup:
+        spec = self.source.next_group()
+        grp = SimGroup(spec, [SimExecution(s) for s in spec.executions])
+        self._book_group(grp)
+        return grp
+
+    def start_engine(self, gpus: Sequence[int]) -> Handle:
+        gpus, eid = self._check_start(gpus)
+        eng = SimEngine(self, eid, gpus, self._version)
+        dt = self._switch_in_s(gpus, "engine")
+        self._place_engine(eng)
+        h = Handle(f"start_engine{eid}")
+
+        def up() -> None:
+            self.gpu_pool.load(gpus, "engine")
+            eng.transition(READY, self._version)
+            eng.t_last = self.now
+            self._engine_up(eng)
+            h.succeed(eng)
+
+        self._after(dt, up)
+        return h
+
+    def _stop_after_restart(self, eng: SimEngine, h: Handle) -> None:
+        self._faults.stop_after_restart(eng, h)
+
+    def _stop(self, eng: SimEngine, h: Handle) -> None:
+        eng.transition(STOPPING)
+        self.gpu_pool.set_role(eng.gpus, Role.SWITCHING, self.now)
+
+        def down() -> None:
+            self._kv_peak = max(self._kv_peak, eng.kv_peak)
+            eng.advance(self.now)
+            self._roof_gpu_s += eng.roof_s * len(eng.gpus)
+            self._engine_down(eng)
+            h.succeed(None)
+
+        self._after(self.costs.engine_sleep_s, down)
+
+    def admit(self, execution: SimExecution, engine: SimEngine) -> Handle:
+        ex, eng = self._check_admit(execution, engine)
+        if ex.max_ctx + self.costs.state_tokens + 2 > self.costs.kv_capacity_tokens * (1 - 1e-9):
+            state = f" and a {self.costs.state_tokens:,.0f}-token state" if self.costs.state_tokens else ""
+            raise ConfigError(f"execution {ex.id} reaches a {ex.max_ctx:,}-token context{state}; an engine holds "
+                              f"{self.costs.kv_capacity_tokens:,} KV tokens (a larger model parallelism or GPU is needed)")
+        t = self.env._now
+        self.log.append(("admit", t, ex.id, eng.id))
+        eng.admit(ex, t)
+        return ex.handle
+
+    def train(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
+        gpus = self._check_train(gpus, groups)
+        tokens = sum(g.executions[0].spec.prompt + sum(e.spec.tokens - e.spec.prompt for e in g.executions)
+                     for g in groups)
+        v = self._version
+        self.trained_groups.extend(g.id for g in groups)
+        self._book_trained(groups, v)
+        self._hold_for_training(gpus)
+        onload = self._switch_in_s(gpus, "trainer")
+        attn = sum(group_train_attention_ctx([e.spec for e in g.executions]) for g in groups)
+        compute = self.costs.train_time(tokens, len(gpus), attn)
+        h = Handle(f"train{v}")
+        if onload > 0:
+            self.gpu_pool.set_role(gpus, Role.SWITCHING, self.now)
+        attempt = [0]  # a trainer fault voids the running attempt (gyre.sim.cluster.faults)
+
+        def start() -> None:
+            self.gpu_pool.load(gpus, "trainer")
+            self.gpu_pool.set_role(gpus, Role.TRAIN, self.now)
+            a = attempt[0]
+            if self._faults is not None:
+                self._faults.step_running(gpus, compute, attempt, start)
+            self._after(compute, lambda: end(a))
+
+        def end(a: int) -> None:
+            if a != attempt[0]:
+                return
+            self._roof_gpu_s += compute * len(gpus) * self.costs.train_mfu
+            self._step_done(gpus, tokens)
+            if self._faults is not None:
+                self._faults.step_ended(gpus, compute)
+            h.succeed(self._version)
+
+        begin = (lambda: self._after(onload, start)) if onload > 0 else start
+        if self._faults is not None:
+            begin = self._faults.before_step(gpus, begin)
+        begin()
+        return h
+
+    def _sync_now(self, todo: list[SimEngine], v: int, h: Handle) -> Handle:
+        if self._faults is not None and self._faults.faulty_sync(todo, v, h):
+            return h
+        for e in todo:
+            e.pause(self.now)
+        t0 = self.now
+
+        def done() -> None:
+            for e in todo:
+                if self._faults is not None and self._faults.lost(e, t0):
+                    continue  # killed meanwhile: it restarts with the latest weights
+                e.resume(self.now, v)
+                self._log(("sync", self.now, e.id, v))
+            h.succeed(None)
+
+        self._after(self.costs.sync_s, done)
+        return h
+
+    # ------------------------------------------------------------------ running
+    def run(self, policy, steps: int, progress: Callable[[int, float], None] | None = None) -> Process:
+        """Run `policy` until it returns; raise its error or a deadlock as ClusterError.
+
+        Python's cycle collector is paused meanwhile: the loop allocates millions of small acyclic
+        objects (heap entries, log records) that it would rescan again and again as the heap grows
+        (about a quarter of the run time at 1M executions); the few cycles a run makes are collected
+        after it."""
+        with no_gc():
+            return self._run(policy, steps, progress)
+
+    def _run(self, policy, steps: int, progress: Callable[[int, float], None] | None) -> Process:
+        proc = Process(policy.run(self, steps), label=getattr(policy, "name", "policy"))
+        faults = self._faults
+        if faults is not None:
+            faults.start(steps * self.groups_per_step * self.source.config.group_size)
+        q, env = self._q, self.env
+        simq = env._queue  # SimPy's heap of (time, priority, id, event); read-only peek
+        pop = heapq.heappop
+        inf = math.inf
+        last_version = -1
+        events, check = 0, self.check
+        plain = not check and progress is None and faults is None  # nothing to do between fine events but run them
+        ended: list[bool] = []
+        proc.on_done(lambda _h: ended.append(True))
+        self._drain()
+        self._flush()
+        try:
+            while not ended:
+                ts = simq[0][0] if simq else inf
+                if q and q[0][0] <= ts:
+                    # fine events, in time order, while no coarse event is due and none leaves work behind
+                    while True:
+                        t, _, fn, arg = pop(q)
+                        env._now = t
+                        fn(t, arg)
+                        events += 1
+                        if not plain or self._deferred or self._dirty or not q or (simq and q[0][0] > simq[0][0]):
+                            break
+                elif ts == inf:
+                    if proc.error is not None:  # the policy failed: its error, not the deadlock it left
+                        raise proc.error
+                    raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
+                else:
+                    env.step()
+                    events += 1
+                if self._deferred:
+                    self._drain()
+                if self._dirty:
+                    self._flush()
+                if faults is not None and env._now >= faults.next_at:
+                    faults.tick()
+                    self._drain()
+                    self._flush()
+                if check:
+                    self.check_invariants()
+                if progress is not None and self._version != last_version:
+                    last_version = self._version
+                    progress(self._version, self.now)
+        finally:
+            self.events += events
+        if proc.error is not None:
+            raise proc.error
+        return proc
+
+    def _flush(self) -> None:
+        dirty, self._dirty = self._dirty, []
+        for e in dirty:
+            e.replan_pending()
+
+    def check_invariants(self) -> None:
+        """GPUs conserved (one role and at most one owner each); executions in exactly one place."""
+        seen: dict[int, int] = {}
+        for e in self._engines.values():
+            for g in e.gpus:
+                assert self.gpu_pool.owner[g] == e.id, f"GPU {g} owner {self.gpu_pool.owner[g]} != engine {e.id}"
+            books = e.kv
+            assert books.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
+            assert books.n_dec == e.batch_size(), "heap size != decoding count"
+            assert books.n_dec + len(e.prefill) <= (self.costs.max_num_seqs or books.n_dec + len(e.prefill)), \
+                f"engine {e.id} runs {books.n_dec + len(e.prefill)} > max_num_seqs {self.costs.max_num_seqs}"
+            assert books.mem_fixed >= -1e-6, f"engine {e.id} negative memory"
+            assert e.kv_used <= self.costs.kv_capacity_tokens * (1 + 1e-12), f"engine {e.id} KV over capacity"
+            held = sum(x.resident for x in e.members.values() if x.phase != Phase.DECODE)
+            assert abs(held - books.mem_fixed) <= 1e-6 * (1 + held), f"engine {e.id} KV accounting {held} != {books.mem_fixed}"
+            if self.costs.state_tokens:  # counted from the members, not from the engine's sums
+                v = e.V + (self.now - e.t_last) * e.rate
+                kv = sum(x.ctx + v - x.v_start if x.phase == Phase.DECODE else x.resident for x in e.members.values())
+                holders = sum(1 for x in e.members.values() if x.phase == Phase.DECODE or x.resident > 0)
+                assert holders == books.holders, f"engine {e.id} counts {books.holders} state holders, its members {holders}"
+                total = kv + holders * self.costs.state_tokens
+                assert total <= self.costs.kv_capacity_tokens * (1 + 1e-9), \
+                    f"engine {e.id} KV {kv:,.0f} + {holders} states over capacity {self.costs.kv_capacity_tokens:,}"
+            pending = sum(x.pf_left for x in e.prefill)
+            assert abs(pending - books.pf_pending) <= 1e-6 * (1 + pending), f"engine {e.id} prefill {pending} != {books.pf_pending}"
+            for x in e.members.values():
+                assert x.engine is e and x.phase != Phase.DONE, f"{x} misplaced"
+                assert x.id not in seen, f"exec {x.id} on two engines"
+                seen[x.id] = e.id
+        for g in range(self.gpu_pool.n):
+            o = self.gpu_pool.owner[g]
+            if o is None:
+                assert self.gpu_pool.role[g] in (Role.IDLE, Role.SWITCHING), f"GPU {g} unowned but {self.gpu_pool.role[g].name}"
+            elif o == TRAINER:
+                assert self.gpu_pool.role[g] in (Role.TRAIN, Role.SWITCHING), f"GPU {g} training but {self.gpu_pool.role[g].name}"
+            else:
+                assert self.gpu_pool.role[g] in (Role.ROLLOUT, Role.SWITCHING), f"GPU {g} engine but {self.gpu_pool.role[g].name}"
