@@ -5,13 +5,16 @@ staleness <= eta). The controller observes the engines' load, the live execution
 finished executions showed (their segments, seconds per segment and durations: policies.elastic_history) and
 the cluster's cost estimate (gyre.estimate: a training step's seconds on g GPUs, an engine's decode
 throughput at n sequences, KV capacity, engine size, the trainer's memory minimum). It never sees a
-future length. At the start every GPU starts an engine; with `start_split`, before anything is admitted,
-all but the fixed split the estimate balances stop (policies.elastic_plan.initial_engines: the engine
-count whose decode rate at the admission limit, contexts filling `kv_fill` of the KV, and the rest's
-training rate are most nearly matched; every engine at eta 0, where no training overlaps a rollout): the
-GPUs left are the first step's trainer, so where no move pays the run is that fixed split. Then at each
-decision point it does one thing:
+future length. Then at each decision point it does one thing:
 
+0. The start (policies.elastic_start, which says why). Every GPU starts an engine; before anything is
+   admitted all but the fixed split the estimate balances stop (`initial_engines`; every engine at eta 0),
+   and the GPUs left are kept for the first step's trainer. At a wake-up with no batch ready and no drain
+   in flight (once the instant's events are in), once some execution has reached a tool call, they are
+   lent if the first batch is predicted ready (as in 2.) later than lending costs (the engines' start, a
+   migrant's wait for its boundary, an engine's stop, the trainer's load): engines start on all of them
+   and the live executions spread evenly onto them at their next tool-call boundaries (`spread_moves`).
+   A single-turn workload never shows a tool call and keeps the split through its first step.
 1. A batch is ready (the first one too). For each trainer size the free GPUs plus the first k engines of the drain order
    allow (fewest live executions first; at least one engine stays; at least the memory minimum), predict
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
@@ -48,9 +51,9 @@ decision point it does one thing:
    trainer's (not lent, 3.). Engines serving old weights sync; the started ones join the pool
    once they serve, and the next step does not wait for them. While they start, a ready engine is handed
    at most an even share of the work over the ready and starting engines (policies.elastic_pool).
-3. An execution finishes or the pool changes, with no batch ready. Free GPUs beyond those kept for the
-   trainer (the start's split, then what 2. leaves where it keeps them) start engines if executions wait
-   for room, and executions queued on one engine move to engines with room. An engine whose live
+3. An execution finishes or the pool changes, with no batch ready (and 0. lends nothing). Free GPUs beyond
+   those kept for the trainer (the start's split until lent, then what 2. leaves where it keeps them) start
+   engines if executions wait for room, and executions queued on one engine move to engines with room. An engine whose live
    executions have fallen below `load_share` of the most it held, while nothing waits for room, is
    drained if every one of its executions fits elsewhere and the drain frees it sooner than their
    finishes would (a single-turn rollout reaches no boundary: draining it frees nothing sooner and would
@@ -80,9 +83,10 @@ from gyre.handles import Handle, any_of
 from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
 from gyre.policies.elastic_history import History, Records, drawn_remaining_s
-from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate,
-                                       initial_engines, plan_drain, remaining_s)
+from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate, plan_drain,
+                                       remaining_s)
 from gyre.policies.elastic_pool import EnginePool, deadline_cap
+from gyre.policies.elastic_start import first_ready_at, initial_engines, lend, release_reserve, tool_call_seen
 from gyre.policies.tuning import halvings
 
 
@@ -104,11 +108,6 @@ class ElasticConfig(ForesightParams):
     # a trainer size may be expected to cut this share of a step's executions more than the least-cutting
     # size: equal work allows 1% of a run's executions (DESIGN.md), one decision per step spends 1% of a step's
     cut_share: float = 0.01
-    # start on the fixed split the estimate balances (`initial_engines`), its trainer GPUs kept free: it
-    # saves the first batch's drain, which waits whole rollouts where they are single-turn (short-math), but
-    # idles the trainer's GPUs for the whole first rollout, which costs the multi-turn xlong-swe-kv more
-    # (its engines' step grows with batch); which one a workload is is unknown before anything finishes
-    start_split: bool = False
     # executions an engine is handed at once, at most (None: its admission limit). Not derived: which
     # concurrency lets a rollout's length tail meet its deadline depends on how much each added sequence
     # slows an engine's step (the chunked prefill of tool outputs included), which the estimate does not
@@ -178,12 +177,11 @@ class Elastic:
         # an engine at its admission limit: its contexts fit its KV at their largest and about double over
         # their lives, so on average they fill `kv_fill` of it
         ctx = self.config.kv_fill * self.est.kv_capacity
-        split = n // per
-        if self.config.start_split:
-            split = initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
-                                    step_s=self.est.step_s, train_s_per_token_gpu=self.est.train_s_per_token_gpu)
+        split = initial_engines(n_gpus=n, per=per, min_train=need, eta=self.eta, limit=limit, ctx=ctx,
+                                step_s=self.est.step_s, train_s_per_token_gpu=self.est.train_s_per_token_gpu)
         stopped = self.pool.keep(split)
-        self.pool.reserve = len(cluster.free_gpus()) + stopped  # the first step's trainer: never lent
+        self.pool.reserve = len(cluster.free_gpus()) + stopped  # the first step's trainer until lent (0.)
+        self.start_reserve = self.pool.reserve > 0
         yield from train_loop(cluster, steps, batcher, self.pool.queue, engines=self.pool.ready, gather=self._gather,
                               after_step=self._after_step, wait=self._react, label="elastic-producer")
         order.report()
@@ -344,6 +342,7 @@ class Elastic:
     # ------------------------------------------------------------------ 2. a step ends
     def _after_step(self):
         self.pool.reserve = 0
+        self.start_reserve = False
         if self.cluster.version < self.steps:
             k = self._engines_to_start()
             # the GPUs choose_grow leaves free train the next step, and are kept free (not lent) where its
@@ -367,9 +366,7 @@ class Elastic:
             return free // per
         hist, now = self._history(), cluster.now
         finish, _ = self._predict(hist)
-        ends: dict[int, float] = {}
-        for x in cluster.live():
-            ends[x.group_id] = max(ends.get(x.group_id, now), finish[x.id])
+        ends = self._live_ends(finish)
         pending, queued, due = self._pending()
         tokens, attn = self.records.last_counts
         last = hist.segments[-1] if hist.segments else 1
@@ -385,8 +382,50 @@ class Elastic:
 
     # ------------------------------------------------------------------ 3. between decisions
     def _react(self) -> list[Handle]:
-        """Between decisions (policies.elastic_pool.EnginePool.between_decisions: lend, rebalance,
-        consolidate). Returns the handles the loop also wakes on."""
+        """Between decisions: lend the start's trainer GPUs where that pays (0.), else
+        policies.elastic_pool.EnginePool.between_decisions (lend, rebalance, consolidate). Returns the
+        handles the loop also wakes on."""
+        pool = self.pool
         if not self.gathering:
-            self.pool.between_decisions(self.batcher.next_batch() is not None, lambda: self._predict(self._history()))
-        return [self.pool.load.wait()]
+            batch_waiting = self.batcher.next_batch() is not None
+            seen = self.start_reserve and tool_call_seen([x.turns_done for x in self.cluster.live()], self.records.segs)
+            if seen and pool.idle and not batch_waiting:
+                pool.draining = self.cluster.spawn(self._release(), "elastic-release")
+            else:
+                pool.between_decisions(batch_waiting, lambda: self._predict(self._history()))
+        return [pool.load.wait()]
+
+    # ------------------------------------------------------------------ 0. the start's trainer GPUs
+    def _release_pays(self) -> bool:
+        """policies.elastic_start.release_reserve on what is observed now: the first batch's predicted
+        readiness (`first_ready_at`; with none finished, queued executions take what the live ones are
+        predicted to take in all), a drain's wait (`boundary_share` of the finished ones' mean segment)."""
+        est, now, live = self.est, self.cluster.now, self.cluster.live()
+        hist = self._history()
+        finish, _ = self._predict(hist)
+        pending, queued, due = self._pending()
+        durations = self.records.durations() or [finish[x.id] - x.started_at for x in live if x.started_at is not None]
+        ready = first_ready_at(now=now, live_ends=self._live_ends(finish), live_free_at=list(finish.values()),
+                               unused_slots=sum(max(0, e.admit_limit - e.n_live) for e in self.pool.ready()),
+                               queued=queued, durations=durations, pending=pending,
+                               finished=set(self.batcher.finished), per_batch=self.batcher.gps, due=due)
+        return release_reserve(tool_call=True, ready_in_s=ready - now, wait_s=self.config.boundary_share * hist.seg_s,
+                               start_s=est.engine_start_s, stop_s=est.engine_stop_s, onload_s=est.trainer_start_s)
+
+    def _live_ends(self, finish: dict[int, float]) -> dict[int, float]:
+        """Each group's latest predicted finish over its live executions."""
+        now, ends = self.cluster.now, {}
+        for x in self.cluster.live():
+            ends[x.group_id] = max(ends.get(x.group_id, now), finish[x.id])
+        return ends
+
+    def _release(self):
+        """Once this instant's events are in (executions finishing together), lend the start's trainer GPUs
+        if that pays (policies.elastic_start.lend); if it does not, nothing changes."""
+        pool = self.pool
+        yield self.cluster.timeout(0.0)
+        if self.batcher.next_batch() is None and self._release_pays():
+            self.start_reserve = False
+            yield from lend(self.cluster, pool, self.config.kv_fill)
+            pool.load.fire()
+        pool.draining = None

@@ -24,8 +24,7 @@ in policies/elastic.py's docstring.
   is lost work, never a speed-up) and takes the one that trains the last of them soonest (ties: the
   sooner step end, then the larger trainer). The drained engines' slots come back after the step, so each
   later batch trained on the candidate's GPUs pays its switch again (the migrants' wait, the stop).
-- `initial_engines`: the start's fixed split, the engine count whose decode rate and the rest's training
-  rate (the estimate's) are most nearly matched.
+- The start (its split, and when its trainer GPUs are lent) is policies.elastic_start.
 
 Simplifications: a migrant's re-prefill time is not charged; an execution decodes all of its time (a
 slowdown of its engine delays it in full) and its engine's load stays as the moves leave it (others
@@ -145,6 +144,19 @@ def run_queue(free_at: Sequence[float], durations: Sequence[float],
     return out
 
 
+def pending_ends(now: float, live_ends: dict[int, float], free_at: Sequence[float], queued: Sequence[int],
+                 durations: Sequence[float], f: float, pending: Sequence[int], finished: set[int]) -> list[float]:
+    """When each pending group ends: its live executions' latest predicted finish (`live_ends`), and the
+    executions waiting to start (`queued`: their group ids, in order) taking slots as they free (`free_at`,
+    `run_queue`), each as long as a finished execution took (`durations`, cycled) times `f`; a finished
+    group (`finished`) ends now."""
+    jobs = [durations[i % len(durations)] * f if durations else 0.0 for i in range(len(queued))]
+    ends = dict(live_ends)
+    for gid, t in zip(queued, run_queue(free_at, jobs)):
+        ends[gid] = max(ends.get(gid, now), t)
+    return [now if gid in finished else ends.get(gid, now) for gid in pending]
+
+
 def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines: int, limit: int,
                 live_free_at: Sequence[float], unused_slots: int, live_ends: dict[int, float], pending: Sequence[int],
                 finished: set[int], queued: Sequence[int], durations: Sequence[float], scale: Callable[[int], float],
@@ -167,36 +179,11 @@ def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines
             continue
         keep = free_gpus - k * per
         g, wait = (keep, 0.0) if keep >= min_train else (-(-min_train // per) * per, drain_s)
-        f = scale(e)
         free_at = list(live_free_at) + [now] * unused_slots + [now + start_s] * (k * limit)
-        jobs = [durations[i % len(durations)] * f if durations else 0.0 for i in range(len(queued))]
-        ends = dict(live_ends)
-        for gid, t in zip(queued, run_queue(free_at, jobs)):
-            ends[gid] = max(ends.get(gid, now), t)
-        last = [now if gid in finished else ends.get(gid, now) for gid in pending]
+        last = pending_ends(now, live_ends, free_at, queued, durations, scale(e), pending, finished)
         end = last_batch_end(now + wait, last, per_batch, train_s(g), due) if last else now
         if end < best_end - 1e-9:
             best, best_end = k, end
-    return best
-
-
-def initial_engines(*, n_gpus: int, per: int, min_train: int, eta: int, limit: int, ctx: float,
-                    step_s: Callable[[int, float], float], train_s_per_token_gpu: float) -> int:
-    """Engines to keep at the start, before anything is observed: the fixed split whose rollout decode
-    rate (e engines, each running `limit` sequences whose contexts sum to `ctx`: `limit / step_s(limit,
-    ctx)` tokens/s) and training rate (the GPUs left, `1 / train_s_per_token_gpu` tokens/s each, without
-    the attention term: contexts are not known yet) are most nearly matched, i.e. the e in
-    [1, (n_gpus - min_train) / per] maximizing the slower of the two (ties: more engines). At eta 0 no
-    training overlaps a rollout (the trainer waits for every batch), so GPUs kept for it would only idle:
-    every GPU runs an engine."""
-    most = (n_gpus - min_train) // per
-    if eta == 0 or most < 1:
-        return n_gpus // per
-    best, best_rate = 1, -1.0
-    for e in range(1, most + 1):
-        rate = min(e * limit / step_s(limit, ctx), (n_gpus - e * per) / train_s_per_token_gpu)
-        if rate >= best_rate - 1e-12 * max(rate, 1.0):
-            best, best_rate = e, max(rate, best_rate)
     return best
 
 

@@ -14,8 +14,8 @@ from gyre.cluster import Phase, Role
 from gyre.config import override
 from gyre.hardware import Costs
 from gyre.policies.elastic import Elastic
+from gyre.policies.elastic_start import initial_engines, release_reserve, spread_moves, tool_call_seen
 from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, assign_targets, boundary_wait_s, choose,
-                                       initial_engines,
                                         batch_ready_times, choose_grow, evaluate, frees_sooner, last_batch_end, plan_drain,
                                         remaining_s, run_queue)
 from gyre.presets import get_preset
@@ -224,6 +224,10 @@ def _cluster(groups, train_s_per_token: float):
     return SimCluster(n_gpus=4, costs=costs, source=ReplaySource(groups, wl), check=True)
 
 
+def _notes(c, kind):
+    return [(round(r[1], 4), r[3]) for r in c.log if r[0] == "note" and r[2] == kind]
+
+
 def _decisions(c):
     out = []
     for r in c.log:
@@ -250,6 +254,35 @@ def test_initial_engines_balances_decode_and_training():
     assert initial_engines(eta=0, train_s_per_token_gpu=0.5, **kw) == 5, "eta 0: every GPU an engine"
 
 
+def test_tool_call_seen_and_release_exact_cases():
+    """The start's GPUs are lent only once a tool call is seen and the first batch is further off than the
+    switch (engine start + boundary wait + stop + onload) costs."""
+    assert not tool_call_seen([0, 0], [1, 1]), "single-turn so far: no live execution past a segment, none ran two"
+    assert tool_call_seen([0, 1], []), "a live execution past its first segment"
+    assert tool_call_seen([], [1, 3]), "a finished execution of three segments"
+    kw = dict(wait_s=2.0, start_s=5.0, stop_s=1.0, onload_s=1.5)  # the switch costs 9.5 s
+    assert release_reserve(tool_call=True, ready_in_s=9.6, **kw), "the batch 9.6 s off: lending pays"
+    assert not release_reserve(tool_call=True, ready_in_s=9.5, **kw), "exactly the switch: kept"
+    assert not release_reserve(tool_call=False, ready_in_s=1e6, **kw), "no tool call: a drain waits whole rollouts"
+
+
+def test_spread_moves_exact_case():
+    """Engines above ceil(mean) hand their smallest contexts to the least-loaded engine with room, while that
+    narrows the gap; KV below kv_fill of capacity and the admission limit bound the takers."""
+    engines = [Eng(0, (0,), n_live=5, kv_used=50), Eng(1, (1,), n_live=3, kv_used=30), Eng(2, (2,)),
+               Eng(3, (3,), kv_capacity=10)]
+    live = ([Ex(i, 0, context_tokens=c) for i, c in zip(range(5), [9, 3, 7, 3, 5])]
+            + [Ex(10 + i, 1, context_tokens=10) for i in range(3)])
+    # 8 executions on 4 engines: at most 2 each. Engine 0 (5 live) gives its smallest contexts: id 1 (3) to
+    # engine 2 (empty, lowest id), id 3 (3) to engine 3 (empty; 5 KV tokens below kv_fill), id 4 (5) to engine 2
+    # (engine 3 has 2 KV left), and stops at 2. Engine 1 (3 live) would give id 10 (10 tokens) to engine 2, the
+    # least loaded with room for it, but that holds 2 already: the move would not narrow the gap
+    moves = spread_moves(engines, live, kv_fill=0.5)
+    got = [(x.id, t.id) for x, t in moves]
+    assert got == [(1, 2), (3, 3), (4, 2)], got
+    assert spread_moves(engines, live, kv_fill=0.5, slots=lambda e: 0) == [], "no slot anywhere: nothing moves"
+
+
 def test_trainer_bound_timeline():
     """Short rollouts (5 and 7 one-token steps), slow training (1 s per token on one GPU): the start keeps
     one engine and three GPUs for the trainer, on which every step trains with no drain.
@@ -263,7 +296,7 @@ def test_trainer_bound_timeline():
     gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(2 * i, i, [5]), _spec(2 * i + 1, i, [7])])
           for i in range(3)]
     c = _cluster(gs, 1.0)
-    c.run(Elastic(eta=1, start_split=True), 3)
+    c.run(Elastic(eta=1), 3)
     t1 = 8 + 1 + 112 / 3
     got = _decisions(c)
     split = [r[3] for r in c.log if r[0] == "note" and r[2] == "elastic_split"]
@@ -274,71 +307,59 @@ def test_trainer_bound_timeline():
                      ("step", round(t1 + 224 / 3, 4), 3)], steps
     assert not [d for d in got if d[0].startswith("drain") or (d[0] == "grow" and d[1] > 0)], \
         f"no drain and no engine restarts: the split needs none {got}"
+    assert not _notes(c, "elastic_release"), "single-turn: no tool call, the trainer's GPUs are never lent"
 
 
 def test_rollout_bound_timeline():
     """Long rollouts (3 segments with 3 s tool calls, 6 per group), fast training (1 ms per token): the start
-    keeps three engines and one GPU; the first two steps train on that GPU and the engine the tail empties.
+    keeps three engines and one GPU, and no execution finishes before the first batch is ready, so no
+    decision point sees a tool call and that GPU trains the first two steps.
 
-    By hand: engines up at 1; (start_split) three engines (the most beside a trainer of one) decode 15 tokens/s, far
-    below a GPU's 1,000 trained: engine 3 stops at 1. A rollout takes 4 + 3 + 4 + 3 + 4 = 18 steps of 1 s:
-    groups 0 and 1 (admitted together) end at 19; engine 1 holds none of group 1 and is consolidated (sleep
-    1 s, to 20); step 1 trains 292 tokens on its GPU and the free one after a 1 s onload: 20 + 1 + 0.146 =
-    21.146, step 2 at once on the same GPUs: 21.292. Group 2 (admitted after step 1) ends at 39.146 on
-    engine 2, which is consolidated (to 40.146); the last step, no rollout left, trains on the three free
-    GPUs: 40.146 + 1 + 0.0973 = 41.243."""
-    gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(10 * i + j, i, [4, 4, 4], [3.0, 3.0], [10, 10])
-                                                              for j in range(6)]) for i in range(3)]
-    c = _cluster(gs, 0.001)
-    c.run(Elastic(eta=1, start_split=True), 3)
-    got = _decisions(c)
-    assert got == [("grow", 0, 4), ("drain:consolidate", 19.0, (1,)), ("train", 20.0, 2), ("step", 21.146, 2),
-                   ("train", 21.146, 2), ("step", 21.292, 2), ("drain:consolidate", 39.146, (2,)),
-                   ("train", 40.146, 3), ("step", 41.2433, 3)], got
-
-
-def test_trainer_bound_timeline_every_engine_at_start():
-    """Without start_split (every GPU an engine at the start), short rollouts (5 and 7 one-token steps), slow
-    training (1 s per token on one GPU): the first step
-    and every later one train on the largest trainer (3 GPUs), whose GPUs then stay free.
-
-    By hand: engines up at 1 (wake 1 s); group 0 ends at 1 + 7 = 8 (engine 0 emptied at 6 and is
-    consolidated at 6, engine 2 once that drain is done, at 7); the step drains engine 1 (sleep 1 s) and
-    trains 112 tokens on 3 GPUs after a 1 s onload:
-    8 + 1 + 1 + 112 / 3 = 47.33; group 1 ended at 8 too, so step 2 follows at once (no onload: the GPUs kept
-    the trainer's state) and step 3 waits for group 2, admitted at 47.33 onto the one engine (done 54.33)."""
-    gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(2 * i, i, [5]), _spec(2 * i + 1, i, [7])])
-          for i in range(3)]
-    c = _cluster(gs, 1.0)
-    c.run(Elastic(eta=1), 3)
-    t1 = 8 + 1 + 1 + 112 / 3
-    got = _decisions(c)
-    assert got[:6] == [("grow", 0, 4), ("drain:consolidate", 6.0, (0,)), ("drain:consolidate", 7.0, (2,)),
-                       ("train", 8.0, 3), ("drain:train", 8.0, (1,)), ("step", round(t1, 4), 3)], got
-    steps = [d for d in got if d[0] == "step"]
-    assert steps == [("step", round(t1, 4), 3), ("step", round(t1 + 112 / 3, 4), 3),
-                     ("step", round(t1 + 224 / 3, 4), 3)], steps
-    assert not [d for d in got if d[0] == "grow" and d[1] > 0], f"no engine restarts: the rollout needs none {got}"
-
-
-def test_rollout_bound_timeline_every_engine_at_start():
-    """Without start_split, long rollouts (3 segments with 3 s tool calls, 6 per group), fast training (1 ms per
-    token): the
-    first step trains on one GPU beside three engines, as does the next.
-
-    By hand: engines up at 1; a rollout takes 4 + 3 + 4 + 3 + 4 = 18 steps of 1 s: group 0 (and group 1,
-    admitted with it) end at 19; engine 0 holds none of group 1 and is consolidated (sleep 1 s, to 20);
-    step 1 trains 292 tokens on that GPU after a 1 s onload: 20 + 1 + 0.292 = 21.292, step 2 at once on the
-    same GPU: 21.584."""
+    By hand: engines up at 1; three engines (the most beside a trainer of one) decode 15 tokens/s, far below
+    a GPU's 1,000 trained: engine 0 stops at 1. A rollout takes 4 + 3 + 4 + 3 + 4 = 18 steps of 1 s: groups 0
+    and 1 (admitted together) end at 19, all at once (the decision waits for the instant's finishes: the
+    batch is ready, nothing is lent); step 1 trains 292 tokens on the kept GPU after a 1 s onload: 19 + 1 +
+    0.292 = 20.292, step 2 at once: 20.584. Group 2 (admitted after step 1) ends at 38.292; engine 1 is
+    consolidated (to 39.292) and the last step trains on the two free GPUs: 39.292 + 1 + 0.146 = 40.438."""
     gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(10 * i + j, i, [4, 4, 4], [3.0, 3.0], [10, 10])
                                                               for j in range(6)]) for i in range(3)]
     c = _cluster(gs, 0.001)
     c.run(Elastic(eta=1), 3)
     got = _decisions(c)
-    assert got[:5] == [("grow", 0, 4), ("drain:consolidate", 19.0, (0,)), ("train", 20.0, 1), ("step", 21.292, 1),
-                       ("train", 21.292, 1)], got
-    assert got[5] == ("step", 21.584, 1), got
-    assert all(d[2] <= 2 for d in got if d[0] == "step"), f"rollout-bound: small trainers {got}"
+    assert got == [("grow", 0, 4), ("train", 19.0, 1), ("step", 20.292, 1), ("train", 20.292, 1), ("step", 20.584, 1),
+                   ("drain:consolidate", 38.292, (1,)), ("train", 39.292, 2), ("step", 40.438, 2)], got
+    assert not _notes(c, "elastic_release"), "nothing lent: no tool call seen before the batch"
+
+
+def test_rollout_bound_timeline_lends_the_reserve():
+    """The same long rollouts with one short two-segment execution in group 0: its finish shows a tool call
+    and predicts the batch far enough off, so the kept GPU starts an engine and two executions move to it.
+
+    By hand: engines up at 1, engine 0 stops (the split); the 12 executions go round-robin to engines 1-3 (4
+    each). Execution 0 (on engine 1: 1 token, a 3 s tool call, 1 token) finishes at 6; the others, at their
+    first tool call (5-8), have done one 5 s segment and the finished one ran two, so each has one segment
+    (5 s) left: the batch is predicted ready in 5 s, more than lending costs (start 1 + a boundary wait of
+    half the finished one's 2.5 s segments + stop 1 + onload 1 = 4.25 s). Engine 4 starts on GPU 0 and serves
+    at 7; 11 executions over 4 engines is at most 3 each: engines 2 and 3 each hand their lowest id (all
+    contexts 114), executions 1 and 2, at once (at a tool call). A step is 1 s whatever the load, so all end
+    at 19; engine 1 empties first and is consolidated (to 20); step 1 trains on its GPU: 20 + 1 + 0.272 =
+    21.272, step 2 at once: 21.564; group 2 ends at 39.272, engine 2 is consolidated and the last step trains
+    on two GPUs: 40.272 + 1 + 0.146 = 41.418."""
+    def ex(i, j):
+        if i == 0 and j == 0:
+            return _spec(0, 0, [1, 1], [3.0], [10])
+        return _spec(10 * i + j, i, [4, 4, 4], [3.0, 3.0], [10, 10])
+
+    gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[ex(i, j) for j in range(6)]) for i in range(3)]
+    c = _cluster(gs, 0.001)
+    c.run(Elastic(eta=1), 3)
+    got = _decisions(c)
+    assert got == [("grow", 0, 4), ("grow", 6.0, 1), ("drain:consolidate", 19.0, (1,)), ("train", 20.0, 1),
+                   ("step", 21.272, 1), ("train", 21.272, 1), ("step", 21.564, 1), ("drain:consolidate", 39.272, (2,)),
+                   ("train", 40.272, 2), ("step", 41.418, 2)], got
+    assert _notes(c, "elastic_release") == [(7.0, {"engines": 4, "moves": 2})], _notes(c, "elastic_release")
+    moves = [(r[1], r[2], r[3], r[4]) for r in c.log if r[0] == "migrate"]
+    assert moves == [(7.0, 1, 2, 4), (7.0, 2, 3, 4)], f"executions 1 and 2 to the new engine 4 at 7 {moves}"
 
 
 def test_max_running_holds_the_rest_unstarted():

@@ -11,7 +11,7 @@ Elastic runs at each per-engine cap of `--caps` (`max_running`; 'all': as compar
 row at each eta is the fastest within 1% of the executions of its least-cutting run there.
 
 Usage: python experiments/elastic_vs_baselines/model_based.py --preset xlong-swe-kv --steps 6 --etas 4
-       --splits 256,384,512,640 [--caps all] [--start-split]
+       --splits 256,384,512,640 [--caps all]
 """
 
 from __future__ import annotations
@@ -62,8 +62,6 @@ def main() -> None:
                     help="elastic's per-engine caps to try (max_running; 0: none; 'all': none and the admission "
                          "limit's halvings, as compare's search): its row at each eta is the fastest of them within "
                          "1%% of the executions of the least-cutting (default: none only)")
-    ap.add_argument("--start-split", action="store_true",
-                    help="elastic with ElasticConfig.start_split (the CSV name ends in _start_split)")
     a = ap.parse_args()
     cfg = override(get_preset(a.preset), steps=a.steps, seed=a.seed)
     costs = cfg.costs()
@@ -75,7 +73,7 @@ def main() -> None:
     print(rows[-1], flush=True)
     for eta in (int(x) for x in a.etas.split(",")):
         for cap in caps:
-            p = {"eta": eta, **({"start_split": True} if a.start_split else {}), **({"max_running": cap} if cap else {})}
+            p = {"eta": eta, **({"max_running": cap} if cap else {})}
             rows.append(run(cfg, "elastic", p))
             print(rows[-1], flush=True)
         for r in splits:
@@ -103,7 +101,7 @@ def main() -> None:
                      f"{col['makespan_s'] / el['makespan_s']:.3f}x | {el['sched_cuts']} / "
                      f"{best['sched_cuts'] if best is not None else '-'} / {col['sched_cuts']} | "
                      f"{el['tokens_generated'] / 1e6:.1f}M / {col['tokens_generated'] / 1e6:.1f}M |")
-    out = HERE / "results" / f"model_based_{a.preset}_s{a.steps}_seed{a.seed}{'_start_split' if a.start_split else ''}{'_caps' if a.caps else ''}.csv"
+    out = HERE / "results" / f"model_based_{a.preset}_s{a.steps}_seed{a.seed}{'_caps' if a.caps else ''}.csv"
     df.to_csv(out, index=False)
     print("\n".join(lines))
     print(f"wrote {out}")

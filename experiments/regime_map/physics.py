@@ -44,14 +44,15 @@ def _step_groups(cfg):
     return [sample_group(w, g, 0, cfg.seed) for g in range(w.groups_per_step)]
 
 
-def cell_physics(cfg) -> dict[str, float]:
-    """The figures of the module docstring for one cell (seconds, tokens, counts)."""
+def cell_physics(cfg, groups=None) -> dict[str, float]:
+    """The figures of the module docstring for one cell (seconds, tokens, counts); `groups`: the step's
+    groups, if not the first step's."""
     c = cfg.costs()
     n_gpus, window = cfg.cluster.gpus, cfg.workload.context_window
     limit = admission_limit(c.kv_capacity_tokens, window, c.admission_fill, c.state_tokens)
     if c.max_num_seqs:
         limit = min(limit, c.max_num_seqs)
-    groups = _step_groups(cfg)
+    groups = _step_groups(cfg) if groups is None else groups
     execs = [e for g in groups for e in g.executions]
     tokens = sum(g.executions[0].prompt + sum(e.tokens - e.prompt for e in g.executions) for g in groups)
     attn = sum(group_train_attention_ctx(g.executions) for g in groups)
