@@ -63,7 +63,8 @@ future length. Then at each decision point it does one thing:
 Per-engine concurrency, at every admission: an engine is handed no more executions than the most at
 which each of its live executions is still predicted to meet its deadline (policies.elastic_pool.
 deadline_cap: its predicted remaining time at the engine's load now, scaled by the estimate's step time
-at n sequences; one that misses even alone sets no cap), within its admission limit; a drain's migrants
+at n sequences; one that misses even alone sets no cap), within its admission limit and `max_running`
+(a fixed per-engine concurrency the equal-work search chooses, as async's: `grid`); a drain's migrants
 are placed within the admission limit alone (parked, a migrant's deadline clock runs; moved, it only
 slows).
 
@@ -86,6 +87,7 @@ from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choo
                                        remaining_s)
 from gyre.policies.elastic_pool import EnginePool, deadline_cap
 from gyre.policies.elastic_start import first_ready_at, initial_engines, lend, release_reserve, tool_call_seen
+from gyre.policies.tuning import halvings
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,6 +108,13 @@ class ElasticConfig(ForesightParams):
     # a trainer size may be expected to cut this share of a step's executions more than the least-cutting
     # size: equal work allows 1% of a run's executions (DESIGN.md), one decision per step spends 1% of a step's
     cut_share: float = 0.01
+    # executions an engine is handed at once, at most (None: its admission limit). Not derived: which
+    # concurrency lets a rollout's length tail meet its deadline depends on how much each added sequence
+    # slows an engine's step (the chunked prefill of tool outputs included), which the estimate does not
+    # give; like async's `max_running`, it is a choice the equal-work search makes (`grid`: the limit and
+    # its halvings at each eta, every one tried, the fastest within 1% of the least-cutting one kept)
+    max_running: int | None = None
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.eta < 0:
@@ -114,6 +123,9 @@ class ElasticConfig(ForesightParams):
             v = getattr(self, name)
             if not 0 < v <= 1:
                 raise ValueError(f"elastic: {name} must be in (0, 1], got {v}")
+        if self.max_running is not None and (isinstance(self.max_running, bool) or not isinstance(self.max_running, int)
+                                             or self.max_running < 1):
+            raise ValueError(f"elastic: max_running must be an integer >= 1, got {self.max_running!r}")
         if not 0 < self.unseen_residual < float("inf"):
             raise ValueError(f"elastic: unseen_residual must be a positive number, got {self.unseen_residual}")
 
@@ -136,8 +148,12 @@ class Elastic:
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
+        """Every eta, at every per-engine cap `max_running` async's search tries too (the admission limit,
+        omitted, and its halvings: policies.tuning.halvings), all in one batch: equal work is judged against
+        the least-cutting run at each eta, which may be the lowest cap."""
         fits = shape.n_gpus >= shape.min_train_gpus + shape.gpus_per_engine
-        return [{"eta": e} for e in etas] if fits else []
+        caps = halvings(shape.admit_limit)[1:] if shape.admit_limit else []
+        return [p for e in etas for p in [{"eta": e}] + [{"eta": e, "max_running": c} for c in caps]] if fits else []
 
     # ------------------------------------------------------------------ the control loop
     def run(self, cluster: Cluster, steps: int):
@@ -149,7 +165,8 @@ class Elastic:
         self.est = cluster.estimate
         self.steps = steps
         self.records = Records()
-        self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share)
+        self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share,
+                               max_running=self.config.max_running)
         self.pool.cap = self._cap
         self._caps: tuple = (-1.0, {}, {}, None)  # (when, engine id -> cap, live by engine, History) this instant
         self.gathering = False  # a batch's GPUs are being gathered

@@ -26,7 +26,7 @@ from gyre.policies.elastic_plan import DrainPlan, frees_sooner, plan_drain
 
 
 class EnginePool:
-    def __init__(self, cluster: Cluster, *, kv_fill: float, load_share: float) -> None:
+    def __init__(self, cluster: Cluster, *, kv_fill: float, load_share: float, max_running: int | None = None) -> None:
         self.cluster = cluster
         self.kv_fill = kv_fill  # a target engine takes migrants up to this share of its KV (ElasticConfig)
         self.load_share = load_share  # below this share of its peak load an engine is consolidated (ElasticConfig)
@@ -37,6 +37,7 @@ class EnginePool:
         self.starting = 0  # engines started and not yet serving
         self.cap: Callable[[EngineView], int] | None = None  # the controller's own per-engine cap, if any
         self.reserve = 0  # free GPUs kept for the trainer: never lent to executions waiting for room
+        self.max_running = max_running  # executions an engine is handed at most (ElasticConfig); None: its limit
         self.queue = AdmissionQueue(cluster, self.ready, limit=self.limit)
 
     def drain_room(self, e: EngineView) -> int:
@@ -45,8 +46,9 @@ class EnginePool:
         return e.admit_limit - e.n_live - self.queue.incoming.get(e.id, 0)
 
     def limit(self, e: EngineView) -> int:
-        """The executions `e` may hold: its even `share` while engines start, within the controller's `cap`."""
-        n = self.share(e)
+        """The executions `e` may be handed: its even `share` while engines start, within `max_running` and
+        the controller's `cap`."""
+        n = self.share(e) if self.max_running is None else min(self.share(e), self.max_running)
         return n if self.cap is None else min(n, self.cap(e))
 
     def share(self, e: EngineView) -> int:

@@ -362,6 +362,38 @@ def test_rollout_bound_timeline_lends_the_reserve():
     assert moves == [(7.0, 1, 2, 4), (7.0, 2, 3, 4)], f"executions 1 and 2 to the new engine 4 at 7 {moves}"
 
 
+def test_max_running_holds_the_rest_unstarted():
+    """max_running=1: six 5-step single-segment rollouts on four engines run four at once and two after them,
+    the two starting (their deadline clocks too) when the first finish; without it all six run at once.
+
+    By hand: engines up at 1 (wake 1 s), 1 s steps whatever the batch: four finish at 6, the two held start
+    at 6 on the engines freed first (0 and 1) and finish at 11; uncapped, engines 0 and 1 take two each and
+    all six finish at 6."""
+    for cap, starts, ends in ((1, [1.0] * 4 + [6.0] * 2, [6.0] * 4 + [11.0] * 2), (None, [1.0] * 6, [6.0] * 6)):
+        gs = [GroupSpec(group_id=0, task_id=0, step=0, executions=[_spec(j, 0, [5]) for j in range(6)])]
+        c = _cluster(gs, 0.001)
+        c.run(Elastic(eta=0, max_running=cap), 1)
+        got_starts = [r[1] for r in c.log if r[0] == "start"]
+        got_ends = sorted(r[1] for r in c.log if r[0] == "finish")
+        assert (got_starts, got_ends) == (starts, ends), f"max_running={cap}: starts {got_starts}, ends {got_ends}"
+        where = [(r[2], r[3]) for r in c.log if r[0] == "admit"]
+        expect = [(0, 0), (1, 1), (2, 2), (3, 3), (4, 0), (5, 1)]
+        assert where == expect, f"max_running={cap}: admitted to {where}"
+
+
+def test_grid_searches_the_cap_at_every_eta():
+    """Elastic's grid: each eta uncapped and at each halving of the engine's admission limit (5: 3, 2, 1);
+    no cap where the limit is unknown."""
+    from gyre.policies.common import ClusterShape
+
+    shape = ClusterShape(n_gpus=8, gpus_per_engine=1, min_train_gpus=2, admit_limit=5)
+    assert Elastic.grid(shape, (0, 4)) == [{"eta": 0}, {"eta": 0, "max_running": 3}, {"eta": 0, "max_running": 2},
+                                           {"eta": 0, "max_running": 1}, {"eta": 4}, {"eta": 4, "max_running": 3},
+                                           {"eta": 4, "max_running": 2}, {"eta": 4, "max_running": 1}]
+    unknown = ClusterShape(n_gpus=8, gpus_per_engine=1, min_train_gpus=2)
+    assert Elastic.grid(unknown, (0, 4)) == [{"eta": 0}, {"eta": 4}], "no limit known: eta alone"
+
+
 def test_thinning_tail_timeline():
     """A group of three 3-token rollouts and one of 5 segments with 2 s tool calls, eta 0: the three
     engines emptied at 4 are consolidated (one drain at a time: engine 0, then 1 and 2, each 1 s to sleep)
@@ -450,7 +482,8 @@ def test_same_seed_identical_log():
 def test_bad_params_one_line():
     """An ElasticConfig field out of range is one ValueError line naming the field; removed knobs are refused."""
     for field, bad in (("eta", -1), ("kv_fill", 0.0), ("kv_fill", 1.5), ("boundary_share", 0.0),
-                       ("load_share", 2.0), ("unseen_residual", 0.0), ("unseen_residual", float("inf"))):
+                       ("load_share", 2.0), ("unseen_residual", 0.0), ("unseen_residual", float("inf")),
+                       ("max_running", 0), ("max_running", True), ("max_running", 1.5)):
         with pytest.raises(ValueError, match=field) as exc:
             Elastic(**{field: bad})
         assert "\n" not in str(exc.value), str(exc.value)
