@@ -24,9 +24,10 @@ A real RL system knows what a step costs before it takes one: it has profiled th
 Where the numbers come from: the simulator's derived costs (gyre.hardware.Costs: the roofline engine step,
 training FLOPs at the trainer's MFU), or on the real backend a calibration file (a JSON object of the
 fields below, written by `gyre-real calibrate --estimate-out`) or a start-up profile (gyre.real.profile).
-Both real sources fit measured timings with the same two functions: `fit_step` (the engine step line,
-least squares over decode steps) and `fit_train_s_per_token_gpu` (measured training seconds x GPUs over
-trained tokens). It is hardware and model knowledge, not foresight: nothing in it depends on the
+Both real sources fit measured timings with the same functions: `fit_step` (the engine step line,
+least squares over decode steps), `fit_train_s_per_token_gpu` (measured training seconds x GPUs over
+trained tokens) and, for the start-up profile, `fit_prefill_s_per_token` (its prompts' prefill seconds
+over their tokens; a calibration takes the calibrated cost model's). It is hardware and model knowledge, not foresight: nothing in it depends on the
 workload's future.
 
 `batch_counts` turns observed executions into the two counts `train_s` takes: trained tokens are the
@@ -230,6 +231,19 @@ def fit_train_s_per_token_gpu(train, gpus: float) -> float:
     if not np.sum(tr[:, 0]) > 0:
         raise EstimateError(f"profile's training steps trained {np.sum(tr[:, 0])} tokens; a rate needs some")
     return float(np.sum(tr[:, 1]) / np.sum(tr[:, 0])) * gpus
+
+
+def fit_prefill_s_per_token(prefill) -> float | None:
+    """Engine seconds per prefilled token: the measured prefills [(tokens, seconds)], their seconds over
+    their tokens (prefilled alone, so an upper bound on a token's cost beside decodes); None without any."""
+    pf = np.asarray(prefill if prefill is not None else [], dtype=np.float64).reshape(-1, 2)
+    tokens = float(np.sum(pf[:, 0])) if len(pf) else 0.0
+    if not tokens > 0:
+        return None
+    rate = float(np.sum(pf[:, 1])) / tokens
+    if not math.isfinite(rate) or rate < 0:
+        raise EstimateError(f"profile's prefills give {rate!r} s per token")
+    return rate
 
 
 def batch_counts(executions: Iterable, max_context: float = math.inf) -> tuple[float, float]:

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from gyre.estimate import (FILE_FIELDS, CostEstimate, EstimateError, batch_counts, fit_step, fit_train_s_per_token_gpu,
-                           from_costs, from_file, write_file)
+from gyre.estimate import (FILE_FIELDS, CostEstimate, EstimateError, batch_counts, fit_prefill_s_per_token, fit_step,
+                           fit_train_s_per_token_gpu, from_costs, from_file, write_file)
 from gyre.hardware import group_train_attention_ctx
 from gyre.presets import get_preset
 from gyre.sim.cluster.backend import SimCluster
@@ -196,3 +196,11 @@ def test_simulator_prefill_is_what_the_engine_charges():
     assert est.prefill_s(8, 4e6, 500_000) > est.prefill_s(8, 4e6, 0), "deeper prefixes cost more attention"
     q = est.prefill_s(16, 16 * 500_000, 500_000)
     assert est.loaded_step_s(16, 16 * 500_000, 2.25) == pytest.approx(est.step_s(16, 16 * 500_000) + 16 * 2.25 * q)
+
+
+def test_fit_prefill_by_hand():
+    """A profile's prefill rate is its prefills' seconds over their tokens; none measured is None."""
+    assert fit_prefill_s_per_token([(1000, 0.02), (3000, 0.04)]) == pytest.approx(0.06 / 4000), "15 us/token"
+    assert fit_prefill_s_per_token([]) is None and fit_prefill_s_per_token(None) is None, "no prefill timed"
+    with pytest.raises(EstimateError, match="s per token"):
+        fit_prefill_s_per_token([(10, float("nan"))])
