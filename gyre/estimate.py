@@ -8,6 +8,14 @@ A real RL system knows what a step costs before it takes one: it has profiled th
   each attends to), on `gpus` GPUs (data parallel: the time divides by the GPU count);
 - `decode_tokens_per_s(n, context_tokens)`: an engine's decode throughput (tokens/s, all sequences
   together) while it runs `n` sequences whose contexts sum to `context_tokens`;
+- `prefill_s(n, context_tokens, offset)`: the engine seconds one prefilled token (a prompt, a tool's output)
+  at `offset` adds to a step decoding those `n` sequences (chunked prefill: a step carries the decodes and a
+  chunk of the prefill queue within the token budget, so prefill slows the decodes it shares steps with);
+  None where the estimate has no prefill figure (a calibration without one: stated by `describe`);
+- `loaded_step_s(n, context_tokens, prefill_per_token)`: the mean step per decoded token when each decoded
+  token brings `prefill_per_token` tokens to prefill on the same engine (its prompt and tool outputs, a
+  ratio the policy observes): the decode step plus n x that ratio prefilled tokens at `prefill_s`, each at
+  the sequences' mean context (a tool's output is prefilled after its sequence's context);
 - `kv_capacity` (KV tokens an engine holds), `engine_gpus`, `min_train_gpus` (the trainer's memory
   minimum) and `max_running` (sequences an engine runs at once; 0: no limit);
 - what a role switch costs: `engine_start_s` (an engine serving after it is started), `engine_stop_s`,
@@ -16,9 +24,10 @@ A real RL system knows what a step costs before it takes one: it has profiled th
 Where the numbers come from: the simulator's derived costs (gyre.hardware.Costs: the roofline engine step,
 training FLOPs at the trainer's MFU), or on the real backend a calibration file (a JSON object of the
 fields below, written by `gyre-real calibrate --estimate-out`) or a start-up profile (gyre.real.profile).
-Both real sources fit measured timings with the same two functions: `fit_step` (the engine step line,
-least squares over decode steps) and `fit_train_s_per_token_gpu` (measured training seconds x GPUs over
-trained tokens). It is hardware and model knowledge, not foresight: nothing in it depends on the
+Both real sources fit measured timings with the same functions: `fit_step` (the engine step line,
+least squares over decode steps), `fit_train_s_per_token_gpu` (measured training seconds x GPUs over
+trained tokens) and, for the start-up profile, `fit_prefill_s_per_token` (its prompts' prefill seconds
+over their tokens; a calibration takes the calibrated cost model's). It is hardware and model knowledge, not foresight: nothing in it depends on the
 workload's future.
 
 `batch_counts` turns observed executions into the two counts `train_s` takes: trained tokens are the
@@ -75,11 +84,14 @@ class CostEstimate:
     trainer_start_s: float  # loading the trainer's state onto GPUs that ran an engine
     source: str = ""  # where the figures come from (stated in the run's output)
     step: object = None  # a function (n, ctx) -> seconds that replaces the linear step (the simulator's roofline)
+    # engine seconds per prefilled token in a step's chunk (a line's; None: not measured, prefill counted free)
+    prefill_s_per_token: float | None = None
+    prefill: object = None  # a function (n, ctx, offset) -> prefill_s (the simulator's roofline), replacing the line
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name in ("source", "step"):
+            if f.name in ("source", "step", "prefill") or (f.name == "prefill_s_per_token" and v is None):
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise EstimateError(f"cost estimate{' ' + self.source if self.source else ''}: {f.name} must be a "
@@ -106,6 +118,23 @@ class CostEstimate:
         f = self.step if self.step is not None else LinearStep(a=self.step_a, b=self.step_b, c=self.step_c)
         return f(n, context_tokens)
 
+    def prefill_s(self, n: int, context_tokens: float, offset: float) -> float | None:
+        """Engine seconds one prefilled token at `offset` adds to a step decoding `n` sequences whose contexts
+        sum to `context_tokens`; None where the estimate has no prefill figure."""
+        if self.prefill is not None:
+            return self.prefill(n, context_tokens, offset)
+        return self.prefill_s_per_token
+
+    def loaded_step_s(self, n: int, context_tokens: float, prefill_per_token: float) -> float:
+        """Seconds per decoded token of an engine running `n` sequences whose every decoded token brings
+        `prefill_per_token` tokens to prefill on it (module docstring); the decode step alone where the
+        estimate has no prefill figure or nothing is prefilled."""
+        step = self.step_s(n, context_tokens)
+        if n <= 0 or prefill_per_token <= 0:
+            return step
+        q = self.prefill_s(n, context_tokens, context_tokens / n)
+        return step if q is None else step + n * prefill_per_token * q
+
     def decode_tokens_per_s(self, n: int, context_tokens: float) -> float:
         """An engine's decode throughput (tokens/s over all its sequences) at `n` running sequences."""
         if n <= 0:
@@ -114,18 +143,21 @@ class CostEstimate:
 
     def describe(self) -> str:
         """One line: the figures, and where they come from."""
+        q = self.prefill_s(1, 0, 0)
+        pf = "not measured (counted free)" if q is None else f"{q * 1e6:.4g} us/token beside 1 decode at offset 0"
         return (f"cost estimate ({self.source or 'unnamed'}): training {self.train_s_per_token_gpu * 1e3:.4g} ms/token "
                 f"x GPU + {self.train_s_per_attn_gpu * 1e12:.4g} ps/(token x context token) x GPU; engine of "
                 f"{self.engine_gpus} GPU(s) decodes {self.decode_tokens_per_s(1, 0):.4g} tokens/s at 1 sequence, "
-                f"{self.decode_tokens_per_s(64, 64 * 1024):.4g} at 64 of 1K context; KV {self.kv_capacity:,} tokens "
-                f"per engine; trainer needs >= {self.min_train_gpus} GPU(s)")
+                f"{self.decode_tokens_per_s(64, 64 * 1024):.4g} at 64 of 1K context; prefill {pf}; KV "
+                f"{self.kv_capacity:,} tokens per engine; trainer needs >= {self.min_train_gpus} GPU(s)")
 
     def as_dict(self) -> dict:
         """The file form (what `from_file` reads); the simulator's roofline is summarized by its line."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("step", "source")}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("step", "source", "prefill")}
 
 
-FILE_FIELDS = tuple(f.name for f in fields(CostEstimate) if f.name not in ("step", "source"))
+FILE_FIELDS = tuple(f.name for f in fields(CostEstimate) if f.name not in ("step", "source", "prefill"))
+OPTIONAL_FIELDS = ("prefill_s_per_token",)  # a calibration without it has no prefill figure
 
 
 def from_costs(costs, source: str = "derived costs") -> CostEstimate:
@@ -133,12 +165,19 @@ def from_costs(costs, source: str = "derived costs") -> CostEstimate:
     attn = (costs.train_attn_flops_per_ctx_token / costs.train_flops_per_s_gpu if costs.train_flops_per_s_gpu
             else 0.0)
     step = (lambda n, ctx: costs.step_time(n, ctx)) if costs.roofline is not None else None
+
+    def prefill(n: int, ctx: float, offset: float) -> float:
+        """What the engine charges a chunk of the budget the n decodes leave (sim.cluster.engine), per token."""
+        m = max(costs.max_batched_tokens - n, 1)
+        return (costs.step_time(n, ctx, m, offset) - costs.step_time(n, ctx)) / m
+
     return CostEstimate(engine_gpus=costs.engine_gpus, kv_capacity=costs.kv_capacity_tokens,
                         min_train_gpus=costs.min_train_gpus, max_running=costs.max_num_seqs,
                         train_s_per_token_gpu=costs.train_s_per_token_gpu, train_s_per_attn_gpu=attn,
                         step_a=costs.step_a, step_b=costs.step_b, step_c=costs.step_c,
                         engine_start_s=costs.engine_wake_s + costs.sync_s, engine_stop_s=costs.engine_sleep_s,
-                        trainer_start_s=costs.trainer_onload_s, source=source, step=step)
+                        trainer_start_s=costs.trainer_onload_s, source=source, step=step,
+                        prefill_s_per_token=costs.prefill_s_per_token, prefill=prefill)
 
 
 def from_file(path: str | Path) -> CostEstimate:
@@ -151,7 +190,7 @@ def from_file(path: str | Path) -> CostEstimate:
         raise EstimateError(f"{p}: cannot read the cost estimate: {exc}") from None
     if not isinstance(data, dict):
         raise EstimateError(f"{p}: a cost estimate is a JSON object of {', '.join(FILE_FIELDS)}")
-    missing = [k for k in FILE_FIELDS if k not in data]
+    missing = [k for k in FILE_FIELDS if k not in data and k not in OPTIONAL_FIELDS]
     if missing:
         raise EstimateError(f"{p}: cost estimate field {missing[0]} is missing")
     extra = [k for k in data if k not in FILE_FIELDS]
@@ -192,6 +231,19 @@ def fit_train_s_per_token_gpu(train, gpus: float) -> float:
     if not np.sum(tr[:, 0]) > 0:
         raise EstimateError(f"profile's training steps trained {np.sum(tr[:, 0])} tokens; a rate needs some")
     return float(np.sum(tr[:, 1]) / np.sum(tr[:, 0])) * gpus
+
+
+def fit_prefill_s_per_token(prefill) -> float | None:
+    """Engine seconds per prefilled token: the measured prefills [(tokens, seconds)], their seconds over
+    their tokens (prefilled alone, so an upper bound on a token's cost beside decodes); None without any."""
+    pf = np.asarray(prefill if prefill is not None else [], dtype=np.float64).reshape(-1, 2)
+    tokens = float(np.sum(pf[:, 0])) if len(pf) else 0.0
+    if not tokens > 0:
+        return None
+    rate = float(np.sum(pf[:, 1])) / tokens
+    if not math.isfinite(rate) or rate < 0:
+        raise EstimateError(f"profile's prefills give {rate!r} s per token")
+    return rate
 
 
 def batch_counts(executions: Iterable, max_context: float = math.inf) -> tuple[float, float]:

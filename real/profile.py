@@ -7,8 +7,10 @@ contexts (a quarter of the task's `max_context` and all of it), and is put back 
 batch shape (groups_per_step groups of group_size executions) of L and L / 2 tokens per execution, L the
 task's `max_context` or less, so that the larger step trains at most TRAIN_TOKENS tokens and a sequence
 fits the trainer's pack. The decode steps
-the engine timed fit the engine step line and the two steps the training rate, with the functions
-`gyre-real calibrate` fits a run's profile with (gyre.estimate.fit_step, fit_train_s_per_token_gpu).
+the engine timed fit the engine step line, its prompts' prefills the prefill rate, and the two steps the
+training rate, with the functions
+`gyre-real calibrate` fits a run's profile with (gyre.estimate.fit_step, fit_train_s_per_token_gpu; the
+prefill rate by gyre.estimate.fit_prefill_s_per_token).
 
 Assumptions: a training step's seconds divide by its GPU count (data parallel), measured on one worker;
 its fixed cost (optimizer step, packing) is spread over the tokens of a batch of the run's own shape; the
@@ -27,7 +29,8 @@ import time
 import numpy as np
 import ray
 
-from gyre.estimate import CostEstimate, EstimateError, fit_step, fit_train_s_per_token_gpu, from_file
+from gyre.estimate import (CostEstimate, EstimateError, fit_prefill_s_per_token, fit_step, fit_train_s_per_token_gpu,
+                           from_file)
 from gyre.trajectory import TaskRecorder
 
 SOURCE = "start-up profile"
@@ -60,15 +63,16 @@ def _train_batch(groups: int, size: int, tokens: int, rng: np.random.Generator) 
     return batch
 
 
-def _decode(engine, max_context: int) -> list:
-    """[(sequences, context tokens, seconds)] of the decode steps of each (sequences, context) round."""
+def _decode(engine, max_context: int) -> dict:
+    """The engine's profile of each (sequences, context) round: its "decode" steps [(sequences, context
+    tokens, seconds)] and its prompts' "prefill" [(tokens, seconds)]."""
     ray.get(engine.get_profile.remote())  # nothing earlier counts
     rng = np.random.default_rng(0)
     for ctx in _contexts(max_context):
         for n in DECODE_SEQUENCES:
             ray.get([engine.generate.remote(f"profile-{ctx}-{n}-{i}", rng.integers(0, TOKEN_IDS, ctx).tolist(),
                                             DECODE_TOKENS, [], i) for i in range(n)])
-    return ray.get(engine.get_profile.remote())["decode"]
+    return ray.get(engine.get_profile.remote())
 
 
 def profile(pool, *, kv_capacity: int, min_train_gpus: int, max_context: int, groups: int,
@@ -80,7 +84,7 @@ def profile(pool, *, kv_capacity: int, min_train_gpus: int, max_context: int, gr
     t0 = time.perf_counter()
     ray.get(engine.wake.remote(trainer.weights.remote(), 0))
     start_s = time.perf_counter() - t0
-    decode = _decode(engine, max_context)
+    measured = _decode(engine, max_context)
     t0 = time.perf_counter()
     ray.get(engine.sleep.remote())
     stop_s = time.perf_counter() - t0
@@ -95,14 +99,15 @@ def profile(pool, *, kv_capacity: int, min_train_gpus: int, max_context: int, gr
         train.append((stats["tokens"], time.perf_counter() - t0))
     ray.get(trainer.reset.remote(0))  # the profile's steps leave no trace in the weights
     try:
-        step, per_token = fit_step(decode), fit_train_s_per_token_gpu(train, 1)
+        step, per_token = fit_step(measured["decode"]), fit_train_s_per_token_gpu(train, 1)
+        prefill = fit_prefill_s_per_token(measured.get("prefill"))
     except EstimateError as exc:
         raise EstimateError(f"{SOURCE}: {exc}") from None
     seconds = time.perf_counter() - t_start
     est = CostEstimate(engine_gpus=k, kv_capacity=kv_capacity, min_train_gpus=min_train_gpus, max_running=0,
                        train_s_per_token_gpu=per_token, train_s_per_attn_gpu=0.0,
                        step_a=step.a, step_b=step.b, step_c=step.c, engine_start_s=start_s, engine_stop_s=stop_s,
-                       trainer_start_s=0.0, source=f"{SOURCE}, {seconds:.1f} s")
+                       trainer_start_s=0.0, prefill_s_per_token=prefill, source=f"{SOURCE}, {seconds:.1f} s")
     return est, seconds
 
 

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from gyre.estimate import (FILE_FIELDS, CostEstimate, EstimateError, batch_counts, fit_step, fit_train_s_per_token_gpu,
-                           from_costs, from_file, write_file)
+from gyre.estimate import (FILE_FIELDS, CostEstimate, EstimateError, batch_counts, fit_prefill_s_per_token, fit_step,
+                           fit_train_s_per_token_gpu, from_costs, from_file, write_file)
 from gyre.hardware import group_train_attention_ctx
 from gyre.presets import get_preset
 from gyre.sim.cluster.backend import SimCluster
@@ -62,6 +62,7 @@ def test_file_round_trip(tmp_path):
     ("train_s_per_token_gpu", -1.0, "finite number >= 0"), ("step_c", float("nan"), "finite number >= 0"),
     ("engine_start_s", float("inf"), "finite number >= 0"), ("train_s_per_token_gpu", 0.0, "must be > 0"),
     ("kv_capacity", 0, "must be >= 1"), ("step_a", "fast", "finite number >= 0"),
+    ("prefill_s_per_token", -1e-6, "finite number >= 0"),
 ])
 def test_bad_estimate_is_one_line(tmp_path, field, value, why):
     """A negative, non-finite, zero or non-number figure: one EstimateError line naming the file and field."""
@@ -149,3 +150,57 @@ def test_fit_step_recovers_a_line_by_hand():
         fit_step([(1, 0, 0.001)])
     with pytest.raises(EstimateError, match="trained 0.0 tokens"):
         fit_train_s_per_token_gpu([(0, 1.0)], 1)
+
+
+def _line(**kw) -> CostEstimate:
+    base = dict(engine_gpus=1, kv_capacity=100_000, min_train_gpus=1, max_running=0, train_s_per_token_gpu=1e-3,
+                train_s_per_attn_gpu=0.0, step_a=0.010, step_b=0.001, step_c=1e-7, engine_start_s=1.0,
+                engine_stop_s=1.0, trainer_start_s=1.0)
+    return CostEstimate(**{**base, **kw})
+
+
+def test_loaded_step_by_hand():
+    """A line's loaded step is its decode step plus n x (prefilled tokens per decoded token) x the prefill
+    token's seconds: 4 sequences at 4,000 context tokens, 2.5 prefilled per decoded, 20 us each."""
+    est = _line(prefill_s_per_token=20e-6)
+    decode = 0.010 + 0.001 * 4 + 1e-7 * 4000  # 14.4 ms
+    assert est.step_s(4, 4000) == pytest.approx(decode), "the decode step alone"
+    assert est.loaded_step_s(4, 4000, 2.5) == pytest.approx(0.0144 + 4 * 2.5 * 20e-6), "14.6 ms with prefill"
+    assert est.loaded_step_s(4, 4000, 0.0) == pytest.approx(decode), "nothing to prefill: the decode step"
+    assert est.prefill_s(4, 4000, 1000) == 20e-6, "a line's prefill token costs the same at any offset"
+
+
+def test_prefill_absent_is_stated(tmp_path):
+    """A calibration without a prefill figure reads (older files stay valid), counts prefill free and says so."""
+    data = from_costs(get_preset("short-math").costs()).as_dict()
+    del data["prefill_s_per_token"]
+    p = tmp_path / "est.json"
+    p.write_text(json.dumps(data))
+    est = from_file(p)
+    assert est.prefill_s(8, 8000, 1000) is None, "no figure, no prefill cost"
+    assert est.loaded_step_s(8, 8000, 3.0) == est.step_s(8, 8000), "the decode step alone"
+    assert "prefill not measured" in est.describe(), est.describe()
+
+
+def test_simulator_prefill_is_what_the_engine_charges():
+    """The simulator's prefill token: a full chunk alone costs what the roofline's prefill of that chunk
+    does, beside decodes it costs more than nothing and no more than alone (the step's weight read is
+    shared), a deeper offset (more attention) costs more; the loaded step adds n x ratio x it."""
+    costs = get_preset("xlong-swe-kv").costs()
+    est = from_costs(costs)
+    b = costs.max_batched_tokens
+    assert est.prefill_s(0, 0, 0) * b == pytest.approx(costs.prefill_time(b), rel=1e-9), "a chunk alone"
+    for off in (0, 100_000, 500_000):
+        q = est.prefill_s(8, 8 * 500_000, off)
+        assert 0 < q <= est.prefill_s(0, 0, off) * (1 + 1e-9), f"beside 8 decodes at offset {off}: {q}"
+    assert est.prefill_s(8, 4e6, 500_000) > est.prefill_s(8, 4e6, 0), "deeper prefixes cost more attention"
+    q = est.prefill_s(16, 16 * 500_000, 500_000)
+    assert est.loaded_step_s(16, 16 * 500_000, 2.25) == pytest.approx(est.step_s(16, 16 * 500_000) + 16 * 2.25 * q)
+
+
+def test_fit_prefill_by_hand():
+    """A profile's prefill rate is its prefills' seconds over their tokens; none measured is None."""
+    assert fit_prefill_s_per_token([(1000, 0.02), (3000, 0.04)]) == pytest.approx(0.06 / 4000), "15 us/token"
+    assert fit_prefill_s_per_token([]) is None and fit_prefill_s_per_token(None) is None, "no prefill timed"
+    with pytest.raises(EstimateError, match="s per token"):
+        fit_prefill_s_per_token([(10, float("nan"))])

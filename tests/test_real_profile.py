@@ -31,14 +31,15 @@ def _max_context() -> int:
 
 
 def test_profile_figures_are_positive_and_finite(pool, monkeypatch):
-    """The profile's figures are finite and positive where a cost must be, batching raises decode throughput,
-    its source says "start-up profile", and the trainer is left at a fresh version 0."""
+    """The profile's figures are finite and positive where a cost must be (its prompts' prefill timed), batching
+    raises decode throughput, its source says "start-up profile", and the trainer is left at a fresh version 0."""
     monkeypatch.setattr(pool, "startup_profile", None)  # measured here, not taken from an earlier test's run
     est, seconds = P.cluster_estimate(pool, CFG.cluster, _max_context())
     for f in FILE_FIELDS:
         v = getattr(est, f)
         assert math.isfinite(v) and v >= 0, f"{f} = {v!r}"
     assert est.train_s_per_token_gpu > 0 and est.step_a > 0 and est.engine_start_s > 0, est
+    assert est.prefill_s_per_token > 0 and est.prefill_s(4, 80, 20) == est.prefill_s_per_token, "prefill timed"
     assert est.decode_tokens_per_s(16, 16 * 20) > est.decode_tokens_per_s(1, 20), "16 sequences decode no faster"
     assert 0 < seconds < 60 and est.source == f"start-up profile, {seconds:.1f} s", (est.source, seconds)
     assert (est.engine_gpus, est.kv_capacity, est.min_train_gpus) == (
@@ -80,7 +81,7 @@ def test_a_profile_without_decode_steps_exits_2(tmp_path, monkeypatch):
     """An engine that times no decode step gives no estimate: one line naming the start-up profile, exit 2."""
     from gyre.real.pool import ActorPool
 
-    monkeypatch.setattr(P, "_decode", lambda engine, max_context: [])
+    monkeypatch.setattr(P, "_decode", lambda engine, max_context: {"decode": [], "prefill": []})
     monkeypatch.setattr(ActorPool.shared(CFG.pool), "startup_profile", None)
     res = CliRunner().invoke(app, ["run", "--policy", "elastic", "--preset", "tiny-test", "--out", str(tmp_path)])
     assert res.exit_code == 2, res.output
