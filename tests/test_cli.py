@@ -64,3 +64,29 @@ def test_presets_lists_models_with_kv_and_state_bytes():
     assert rows["moe-2.4t-a95b"][1:] == ["92 (23 / 69)", "23,552", "299,581,440"], rows["moe-2.4t-a95b"]
     assert rows["moe-2.4t-a95b-gqa"][1:] == ["96 (96 / 0)", "196,608", "0"], rows["moe-2.4t-a95b-gqa"]
     assert "xlong-swe-kv" in res.output and "moe-2.4t-a95b-gqa" in res.output
+
+
+def test_result_table_prints_every_config_and_figure_in_full(monkeypatch):
+    """At the 140 columns `make demo` prints to, the result table elides nothing: each row's split, cap and eta
+    and every figure appear whole (the demo's table once read `async(et…` and `12.…`)."""
+    import pandas as pd
+    from rich.console import Console
+
+    from gyre.sim.cli import console as out
+
+    rec = Console(width=140, record=True, file=open("/dev/null", "w"))
+    monkeypatch.setattr(out, "console", rec)
+    row = dict(engine_limit=4, speedup_vs_colocate=0.957, speedup_vs_async_same_eta=1.0, speedup_vs_best=0.248,
+               equal_work=True, deadline_hit=0, sched_cuts=0, tokens_generated=54.2e6, preemptions=11_981,
+               staleness_max=0, executions=1024, bound_s=6336.0, tuned="hindsight, 14 at eta 0")
+    table = pd.DataFrame([
+        {**row, "policy": "async-eta0", "config": "async(eta=0,max_running=4,rollout_gpus=35)", "makespan_s": 46_944.0},
+        {**row, "policy": "elastic-eta0", "config": "elastic(eta=0,max_running=2)", "makespan_s": 45_864.0},
+    ])
+    out.print_table(table, "demo")
+    text = rec.export_text()
+    assert "…" not in text, text
+    cells = " ".join(c.strip() for line in text.splitlines() for c in line.split("│"))
+    for piece in ("async(eta=0,", "max_running=4,", "rollout_gpus=35)", "elastic(eta=0,", "max_running=2)",
+                  "13.04 h", "12.74 h", "0.957x", "1.000x", "0.248x", "54M", "11,981"):
+        assert piece in cells, f"{piece!r} not whole in:\n{text}"

@@ -56,26 +56,29 @@ def _count(r, key: str) -> str:
 
 
 def print_table(table, title: str) -> None:
-    t = Table(title=title)
+    """The result table, every cell in full: figures never wrap or elide (their columns are as wide as their
+    widest cell), headers break at spaces, and a row's config breaks after its commas when the console is narrow."""
     bases = baselines()
     same = [b for b in bases if f"speedup_vs_{b}_same_eta" in table]
     others = [b for b in bases if b not in same]  # a baseline with no eta (colocate: eta 0)
     cols = ["policy", "config", "per engine", "time", *(f"vs {b} @eta" for b in same),
             *(f"vs {b}" for b in others), "vs best", "equal work", "cut", "sched cut", "tokens", "preempt",
             "stale"]
-    left = ("policy", "config")
-    width = max(map(len, table["config"]), default=6)
-    for c in cols:
-        t.add_column(c, justify="left" if c in left else "right", no_wrap=c in ("policy", "config"),
-                     min_width=width if c == "config" else None)
-    for _, r in table.iterrows():
-        t.add_row(
-            r["policy"], r["config"], _count(r, "engine_limit"), _duration(r["makespan_s"]),
-            *(_ratio(r, f"speedup_vs_{b}_same_eta", 3) for b in same), *(_ratio(r, f"speedup_vs_{b}", 3) for b in others),
-            _ratio(r, "speedup_vs_best", 3), "yes" if r.get("equal_work", True) else "NO",
-            _count(r, "deadline_hit"), _count(r, "sched_cuts"), f"{r['tokens_generated'] / 1e6:.0f}M",
-            _count(r, "preemptions"), str(r["staleness_max"]),
-        )
+    rows = [(
+        r["policy"], r["config"].replace(",", ", "), _count(r, "engine_limit"), _duration(r["makespan_s"]),
+        *(_ratio(r, f"speedup_vs_{b}_same_eta", 3) for b in same), *(_ratio(r, f"speedup_vs_{b}", 3) for b in others),
+        _ratio(r, "speedup_vs_best", 3), "yes" if r.get("equal_work", True) else "NO",
+        _count(r, "deadline_hit"), _count(r, "sched_cuts"), f"{r['tokens_generated'] / 1e6:.0f}M",
+        _count(r, "preemptions"), str(r["staleness_max"]),
+    ) for _, r in table.iterrows()]
+    t = Table(title=title)
+    for i, c in enumerate(cols):
+        widest = max((len(row[i]) for row in rows), default=1)
+        head = c if c in ("policy", "config") else c.replace(" ", "\n")  # a header never widens a figure's column
+        t.add_column(head, justify="left" if i < 2 else "right", no_wrap=c != "config",
+                     min_width=None if c == "config" else widest)
+    for row in rows:
+        t.add_row(*row)
     console.print(t)
     console.print("tuned: " + "; ".join(f"{r['policy']}: {r.get('tuned', '')}" for _, r in table.iterrows()),
                   highlight=False)

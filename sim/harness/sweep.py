@@ -14,8 +14,8 @@ here as each run finishes, in the order they finish (a progress bar, a log line)
   in a script (`__main__`) travels by value.
 
 An interrupt (Ctrl-C) or any error while the sweep runs cancels what is still queued or running: the pool's
-workers are terminated (gyre.sim.harness.workers), Ray's tasks are cancelled (`ray.cancel(force=True)`), and the error
-goes on to the caller. Ray is imported only when asked for.
+workers are terminated (gyre.sim.harness.workers), Ray's tasks are cancelled (`ray.cancel(force=True)`, again until each
+has ended: a cancel can be lost while a task is handed to a worker), and the error goes on to the caller. Ray is imported only when asked for.
 """
 
 from __future__ import annotations
@@ -84,13 +84,23 @@ def _on_ray(fn: Callable[[Any], Any], args: list[Any], address: str, workers: in
                     if on_done:
                         on_done(index[r], out[index[r]])
         except BaseException:
-            for r in pending:
-                ray.cancel(r, force=True)
+            _cancel(ray, pending)
             raise
         return out
     finally:
         if started:
             ray.shutdown()
+
+
+def _cancel(ray, refs: list, settle_s: float = 10.0) -> None:
+    """Cancel Ray tasks (killing the ones running) and wait until each has ended: a cancel that reaches a task
+    while it is being handed to a worker can be lost (the task then runs to its end), so a task still
+    unfinished is cancelled again, every 0.2 s, for up to `settle_s` seconds."""
+    deadline = time.monotonic() + settle_s
+    while refs and time.monotonic() < deadline:
+        for r in refs:
+            ray.cancel(r, force=True)
+        _, refs = ray.wait(refs, num_returns=len(refs), timeout=0.2)
 
 
 def progress_lines(total: int | None, label: str = "configs", stream=None) -> OnDone:

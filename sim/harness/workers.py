@@ -11,7 +11,8 @@ closes both holes:
 - each worker ignores SIGINT and takes SIGTERM's default action, so only the parent handles an
   interrupt;
 - when the block exits by an exception (KeyboardInterrupt included) the queued tasks are cancelled and
-  the workers terminated, not waited for.
+  the workers terminated, not waited for, and the task queue's feeder thread is not joined at exit (it can
+  block writing to a pipe that only the killed workers read).
 
 Elsewhere than Linux the first point is missing: a parent killed by a signal it does not handle still
 leaves its workers to finish their current task.
@@ -48,6 +49,8 @@ def process_pool(workers: int) -> Iterator[ProcessPoolExecutor]:
         yield pool
     except BaseException:
         procs = list((pool._processes or {}).values())  # the executor has no public way to kill its workers
+        if pool._call_queue is not None:  # its feeder may block on a pipe no killed worker reads: exit without it
+            pool._call_queue.cancel_join_thread()
         pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             p.terminate()
