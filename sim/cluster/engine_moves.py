@@ -31,8 +31,14 @@ def admit(engine: SimEngine, ex: SimExecution, t: float) -> None:
     ex.ctx = ex.kv[0]
     req = engine.costs.request_s
     if req:  # its first request is on its way to the engine
-        ex.phase = _TOOL
         ex.ready_at = t + req
+    _await_turn(engine, ex, t)
+
+
+def _await_turn(engine: SimEngine, ex: SimExecution, t: float) -> None:
+    """A member that just arrived waits for its pending tool call or request (`ready_at`), else queues to run."""
+    if ex.ready_at is not None:
+        ex.phase = _TOOL
         engine.start_timer(ex, ex.ready_at)
     else:
         ex.phase = _QUEUED
@@ -68,14 +74,7 @@ def add_migrated(engine: SimEngine, ex: SimExecution, t: float, transferred: int
             <= engine.pressure.full:
         kv.arrive(ex, transferred)
         engine.pressure.admitted(ex)
-    if ex.ready_at is not None:
-        ex.phase = _TOOL
-        engine.start_timer(ex, ex.ready_at)
-    else:
-        ex.phase = _QUEUED
-        engine.queue.append(ex)
-        engine.pressure.start_queued(t)
-    engine.touch(t)
+    _await_turn(engine, ex, t)
 
 
 def wipe(engine: SimEngine, t: float) -> tuple[list[SimExecution], float]:
