@@ -128,3 +128,22 @@ def test_request_latency_delays_each_turn_of_its_execution_alone():
         ("finish", 6.25, 1, 0, 300),
         ("step", 10.5, 1, 2, 550),  # sleep 1 s, onload 0.5 s, train 2.75 s
     ], timeline(c.log)
+
+
+def test_a_deadline_cut_trains_only_what_it_produced():
+    """A cut execution trains its prompt, the turns it generated and the outputs of the tool calls it started,
+    never the turns its spec planned after the cut; the view never shows those either."""
+    # cut when its first tool call returns (14 > deadline 3 + 5): 100 prompt + 100 generated + 40 tool output
+    at_return = spec(0, 0, gen=[100, 100, 100], tool_s=[10.0, 10.0], tool_out=[40, 40], deadline_s=5.0)
+    # cut as its second turn ends (8 > deadline 3 + 3.5): 100 + (100 + 300) generated + 40; its second tool unrun
+    at_turn_end = spec(1, 1, gen=[100, 300, 100], tool_s=[1.0, 1.0], tool_out=[40, 40], deadline_s=3.5)
+    for ex, finish, trained in ((at_return, 14.0, 240), (at_turn_end, 8.0, 540)):
+        c = cluster([group(ex.group_id, ex)], n_gpus=1, groups_per_step=1)
+        c.run(make_policy("colocate"), steps=1)
+        # the engine sleeps 1 s, the trainer onloads 0.5 s, then trains `trained` tokens at 0.01 s each on 1 GPU
+        assert timeline(c.log, kinds=("finish", "step")) == [
+            ("finish", finish, ex.exec_id, 2, trained - 100 - 40),
+            ("step", round(finish + 1.5 + trained * 0.01, 9), 1, 1, trained),
+        ], timeline(c.log)
+        view = c.executions[ex.exec_id]
+        assert view.trajectory_tokens == trained, view.trajectory_tokens

@@ -222,14 +222,14 @@ class SimCluster(ClusterBase):
 
     def train(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
         gpus = self._check_train(gpus, groups)
-        tokens = sum(g.executions[0].spec.prompt + sum(e.spec.tokens - e.spec.prompt for e in g.executions)
-                     for g in groups)
+        done = [[e.produced() for e in g.executions] for g in groups]  # a deadline cut trains what it produced
+        tokens = sum(d[0].prompt + sum(x.tokens - x.prompt for x in d) for d in done)
         v = self._version
         self.trained_groups.extend(g.id for g in groups)
         self._book_trained(groups, v)
         self._hold_for_training(gpus)
         onload = self._switch_in_s(gpus, "trainer")
-        attn = sum(group_train_attention_ctx([e.spec for e in g.executions]) for g in groups)
+        attn = sum(group_train_attention_ctx(d) for d in done)
         compute = self.costs.train_time(tokens, len(gpus), attn)
         h = Handle(f"train{v}")
         if onload > 0:

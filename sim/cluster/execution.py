@@ -6,6 +6,7 @@ which knows the future, stays private to the backend.
 
 from __future__ import annotations
 
+import dataclasses
 from operator import add
 
 from gyre.cluster import Phase
@@ -69,15 +70,21 @@ class SimExecution:
         return int(self.ctx) if self.phase == Phase.DECODE else self.resident
 
     @property
-    def tokens(self) -> int:
-        return self.spec.tokens
-
-    @property
     def trajectory_tokens(self) -> int:
-        """Prompt, generated and tool-output tokens so far; once finished, what training trains (the spec's)."""
-        if self.phase == Phase.DONE:
+        """Prompt, generated and tool-output tokens so far; once finished, what training trains."""
+        if self.phase == Phase.DONE and self.end != "deadline":
             return self.spec.tokens
         return self.spec.prompt + self.generated + sum(self.tool_out[: min(self.seg, len(self.tool_out))])
+
+    def produced(self) -> ExecutionSpec:
+        """What this finished execution produced, as a spec: the whole spec unless its deadline cut it, else
+        its turns generated and the outputs of the tool calls it started (what training trains, and costs)."""
+        if self.end != "deadline":
+            return self.spec
+        seg = self.seg
+        n = seg + 1 if seg <= self.last and self.generated == sum(self.gen[: seg + 1]) else seg
+        return dataclasses.replace(self.spec, gen=self.gen[:n], kv=self.kv[:n], tool_s=self.tool_s[:seg],
+                                   tool_out=self.tool_out[:seg], branches=[b for b in self.spec.branches if b[0] < n])
 
     def __repr__(self) -> str:
         return f"<exec {self.id} {self.phase.name} seg={self.seg} engine={self.engine_id}>"
