@@ -190,6 +190,14 @@ class Costs:
                 + (attn_ctx_tokens * self.train_attn_flops_per_ctx_token / self.train_flops_per_s_gpu
                    if self.train_flops_per_s_gpu else 0.0)) / gpus
 
+    def switch_in_s(self, to: str, resident: str | None) -> float:
+        """Seconds one GPU takes to serve as `to` ("engine" or "trainer") while its memory holds `resident`: an
+        engine wakes and loads the latest weights (offloading a resident trainer first); a trainer onloads its
+        state unless it is resident already."""
+        if to == "engine":
+            return self.engine_wake_s + self.sync_s + (self.trainer_offload_s if resident == "trainer" else 0.0)
+        return 0.0 if resident == "trainer" else self.trainer_onload_s
+
     def best_decode_tokens_per_gpu_s(self, mean_context: float) -> float:
         """Peak decode throughput per GPU: an engine full of sequences of `mean_context` tokens."""
         n = max(1, int(self.kv_capacity_tokens // (max(mean_context, 1.0) + self.state_tokens)))
