@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from gyre.backend import TRANSITIONS, EngineLifecycle, EngineState
+from gyre.engine_lifecycle import TRANSITIONS, EngineLifecycle, EngineState
 from gyre.cluster import Cluster, EngineView, ExecutionView, Group, Phase
 from gyre.faults import FaultTarget
 from gyre.sim.cluster.backend import SimCluster
