@@ -74,7 +74,7 @@ class CostConfig:
     trainer_restart_fixed_s: float = 34.0  # a crashed trainer worker's process start-up, state aside
     request_s: float = 0.0  # latency outside the engine per turn (driver RPC, event loop); 0: none modelled
     ep_engines: int = 1  # an MoE served expert parallel: its experts spread over this many engines' GPUs
-    ep_backend: str = "allgather_reducescatter"  # or "all_to_all" (DeepEP / pplx): gyre.roofline.ep_comm_bytes
+    ep_backend: str = "allgather_reducescatter"  # or "all_to_all" (DeepEP / pplx): gyre.roofline_comm.ep_comm_bytes
     admission_fill: float = 1.0  # share of KV capacity the admission limit may commit (`admission_limit`)
 
     def __post_init__(self) -> None:
