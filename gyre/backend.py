@@ -9,10 +9,8 @@ policy note is written here once, so the two backends cannot drift apart.
 Handle completions caused by a backend's own events go to `_deferred` and are released by `_release_deferred`, after
 the event is fully booked: a policy never observes an engine half-way through an update.
 
-An engine's lifecycle is `EngineState`, moved only by `EngineLifecycle.transition` (the one writer of an engine's
-state and of the version it serves) along `TRANSITIONS`: starting -> ready -> stopping -> stopped, and
-ready -> restarting -> ready (or stopping) for an engine whose process died (gyre.faults). Both backends' engines
-are `EngineLifecycle`s.
+Both backends' engines are `gyre.engine_lifecycle.EngineLifecycle`s; which of its states each verb accepts is
+decided here (`LISTED`, `ACCEPTING`, `STOPPABLE`).
 
 Assumes the subclass sets, before use: `_engines` (id -> EngineLifecycle with `.gpus`, `.members`),
 `executions` (id -> execution with `.engine`, `.phase`, `.started_at`, `.migrate_to`), `groups`, `log`,
@@ -22,63 +20,14 @@ them all.
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Generator, Sequence
 from typing import Any
 
 from gyre.cluster import ClusterError, EngineView, ExecutionView, Phase, Role
 from gyre.handles import Handle, Process, done_handle
+from gyre.engine_lifecycle import READY, RESTARTING, STARTING, STOPPED
 from gyre.gpu_roles import TRAINER, GpuRoles
-
-
-class EngineState(str, enum.Enum):
-    STARTING = "starting"  # its GPUs switch to it (waking, loading weights)
-    READY = "ready"  # serving; admits, migrations and syncs go to it
-    RESTARTING = "restarting"  # its process died; a new one comes up with the latest weights
-    STOPPING = "stopping"  # going to sleep; its GPUs switch away
-    STOPPED = "stopped"  # gone from the cluster
-
-
-STARTING, READY, RESTARTING, STOPPING, STOPPED = EngineState
-TRANSITIONS: dict[EngineState, tuple[EngineState, ...]] = {
-    STARTING: (READY, RESTARTING),  # a real engine's actor may die while it wakes
-    READY: (STOPPING, RESTARTING),
-    RESTARTING: (READY,),
-    STOPPING: (STOPPED,),
-    STOPPED: (),
-}
-
-
-class EngineLifecycle:
-    """An engine's state and the version of the weights it serves, each written by one method."""
-
-    __slots__ = ("state", "_version")
-
-    def __init__(self, version: int) -> None:
-        self.state = STARTING
-        self._version = version
-
-    @property
-    def version(self) -> int:
-        """The version it serves; while starting or restarting, the one it will serve once ready."""
-        return self._version
-
-    @property
-    def ready(self) -> bool:
-        return self.state is READY
-
-    def transition(self, to: EngineState, version: int | None = None) -> None:
-        """Move to state `to` (one of TRANSITIONS[state]), serving `version` from now if given."""
-        if to not in TRANSITIONS[self.state]:
-            raise RuntimeError(f"engine {getattr(self, 'id', '?')}: no transition {self.state.value} -> {to.value}")
-        self.state = to
-        if version is not None:
-            self.serve(version)
-
-    def serve(self, version: int) -> None:
-        """From now on it serves (or, not ready, will serve) `version`: the one place a version is set."""
-        self._version = version
 
 
 class _Park:
@@ -91,6 +40,26 @@ class _Park:
 
 
 PARK = _Park()
+
+
+class BookedGroup:
+    """What both backends' groups share: a group is done once each of its `executions` is."""
+
+    __slots__ = ()
+
+    @property
+    def done(self) -> bool:
+        return all(e.phase == Phase.DONE for e in self.executions)
+
+
+class BookedExecution:
+    """What both backends' executions share of the ExecutionView: the id of the `engine` they are on."""
+
+    __slots__ = ()
+
+    @property
+    def engine_id(self) -> int | None:
+        return None if self.engine is None else self.engine.id
 
 
 class ClusterBase:

@@ -74,7 +74,7 @@ class CostConfig:
     trainer_restart_fixed_s: float = 34.0  # a crashed trainer worker's process start-up, state aside
     request_s: float = 0.0  # latency outside the engine per turn (driver RPC, event loop); 0: none modelled
     ep_engines: int = 1  # an MoE served expert parallel: its experts spread over this many engines' GPUs
-    ep_backend: str = "allgather_reducescatter"  # or "all_to_all" (DeepEP / pplx): gyre.roofline.ep_comm_bytes
+    ep_backend: str = "allgather_reducescatter"  # or "all_to_all" (DeepEP / pplx): gyre.roofline_comm.ep_comm_bytes
     admission_fill: float = 1.0  # share of KV capacity the admission limit may commit (`admission_limit`)
 
     def __post_init__(self) -> None:
@@ -189,6 +189,14 @@ class Costs:
         return (tokens * self.train_s_per_token_gpu
                 + (attn_ctx_tokens * self.train_attn_flops_per_ctx_token / self.train_flops_per_s_gpu
                    if self.train_flops_per_s_gpu else 0.0)) / gpus
+
+    def switch_in_s(self, to: str, resident: str | None) -> float:
+        """Seconds one GPU takes to serve as `to` ("engine" or "trainer") while its memory holds `resident`: an
+        engine wakes and loads the latest weights (offloading a resident trainer first); a trainer onloads its
+        state unless it is resident already."""
+        if to == "engine":
+            return self.engine_wake_s + self.sync_s + (self.trainer_offload_s if resident == "trainer" else 0.0)
+        return 0.0 if resident == "trainer" else self.trainer_onload_s
 
     def best_decode_tokens_per_gpu_s(self, mean_context: float) -> float:
         """Peak decode throughput per GPU: an engine full of sequences of `mean_context` tokens."""

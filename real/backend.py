@@ -34,7 +34,8 @@ from gyre.cluster import ClusterError, Phase, Role
 from gyre.estimate import CostEstimate
 from gyre.handles import Handle, Process
 from gyre.hardware import admission_limit
-from gyre.backend import READY, RESTARTING, STOPPING, ClusterBase
+from gyre.backend import ClusterBase
+from gyre.engine_lifecycle import READY, RESTARTING, STOPPING
 from gyre.real.component_config import RealClusterConfig
 from gyre.real.execution import RealExecution, RealGroup
 from gyre.real.engine_view import RealEngine

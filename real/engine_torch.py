@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from gyre.real.nn.hf_causal import build_model
-from gyre.real.nn.model import KVCache, TinyLlamaConfig
+from gyre.real.nn.kv_cache import KVCache
+from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real import collective as C
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from gyre.backend import EngineLifecycle
+from gyre.engine_lifecycle import EngineLifecycle
 from gyre.cluster import Phase
 
 

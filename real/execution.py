@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from gyre.backend import BookedExecution, BookedGroup
 from gyre.cluster import Phase
 from gyre.handles import Handle
 from gyre.real.task_api import Done, Generate
 
 
-class RealGroup:
+class RealGroup(BookedGroup):
     """One task's GRPO group as the backend books it: group `group_id`, the `index`-th task of the sequence."""
 
     def __init__(self, group_id: int, index: int, env, first_exec_id: int) -> None:
@@ -31,12 +32,8 @@ class RealGroup:
         self.prompt_tokens = len(env.prompt)
         self.executions = [RealExecution(first_exec_id + i, self, ep) for i, ep in enumerate(env.episodes)]
 
-    @property
-    def done(self) -> bool:
-        return all(e.phase == Phase.DONE for e in self.executions)
 
-
-class RealExecution:
+class RealExecution(BookedExecution):
     """ExecutionView of one rollout, driving its episode (see the module docstring)."""
 
     def __init__(self, exec_id: int, group: RealGroup, episode) -> None:
@@ -66,11 +63,7 @@ class RealExecution:
         self.segs: list[dict] = []  # per model segment: gen tokens, kv (context) at its start, tool_s after it
         self.branch_marks: list[tuple[int, str]] = []  # (segment index, compact | subagent | retry)
 
-    # --- ExecutionView ---
-    @property
-    def engine_id(self) -> int | None:
-        return None if self.engine is None else self.engine.id
-
+    # --- ExecutionView (engine_id: BookedExecution) ---
     @property
     def turns_done(self) -> int:
         return self.turns

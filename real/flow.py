@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 import ray
 
-from gyre.backend import PARK, READY, RESTARTING
+from gyre.backend import PARK
+from gyre.engine_lifecycle import READY, RESTARTING
 from gyre.cluster import ClusterError, Phase
 from gyre.real.execution import RealExecution
 from gyre.real.task_api import Done, Tool

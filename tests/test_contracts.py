@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from gyre.backend import TRANSITIONS, EngineLifecycle, EngineState
+from gyre.engine_lifecycle import TRANSITIONS, EngineLifecycle, EngineState
 from gyre.cluster import Cluster, EngineView, ExecutionView, Group, Phase
 from gyre.faults import FaultTarget
 from gyre.sim.cluster.backend import SimCluster
@@ -252,3 +252,46 @@ def test_engine_lifecycle_moves_only_along_its_transitions():
         with pytest.raises(RuntimeError):
             eng.transition(to)
     assert set(TRANSITIONS) == set(EngineState), "every state has its transitions"
+
+
+def test_both_engine_views_count_kv_alike():
+    """kv_used is the contexts of the members holding KV: on the simulator, one execution (prompt 100, turns of
+    150 and 100 tokens at 100 tokens/s, a 1 s tool call between) holds 100 tokens when admitted at 3 s, 200 at
+    4 s, its 250-token context through the tool call, 300 at 6 s and nothing once done at 6.5 s; on the real
+    backend a queued member holds none and a decoding, prefilling or between-turns one its context."""
+    g = GroupSpec(group_id=0, task_id=0, step=0, executions=[spec(0, 0, gen=[150, 100], tool_s=[1.0], prompt=100)])
+    c = SimCluster(n_gpus=1, costs=ROUND_COSTS, source=ReplaySource([g], workload(1, 1)), check=True)
+    seen: list[tuple] = []
+
+    class Probe:
+        name = "probe"
+
+        def run(self, cluster, steps):
+            e = yield cluster.start_engine([0])
+            x = cluster.next_group().executions[0]
+            done = cluster.admit(x, e)
+            for dt in (0.0, 1.0, 1.0, 0.5, 0.5):
+                yield cluster.timeout(dt)
+                seen.append((round(cluster.now, 9), x.phase, round(e.kv_used, 9)))
+            yield done
+            seen.append((round(cluster.now, 9), x.phase, round(e.kv_used, 9)))
+
+    c.run(Probe(), steps=0)
+    D, T = Phase.DECODE, Phase.TOOL
+    assert seen == [(3.0, D, 100.0), (4.0, D, 200.0), (5.0, T, 250.0), (5.5, D, 250.0), (6.0, D, 300.0),
+                    (6.5, Phase.DONE, 0.0)], seen
+
+    pytest.importorskip("ray")
+    from gyre.real.config import preset_tiny_test
+    from gyre.real.engine_view import RealEngine
+    from gyre.real.execution import RealGroup
+    from gyre.real.task_api import load_task
+
+    cfg = preset_tiny_test().cluster
+    grp = RealGroup(0, 0, load_task(cfg.task_class, cfg.task, cfg.seed, check=False).new_group(0, 4), 0)
+    eng = RealEngine(0, (0,), None, 0, 1000, 4)
+    for x, ph, ctx in zip(grp.executions, (D, Phase.PREFILL, T, Phase.QUEUED), (300, 200, 250, 400)):
+        x.phase, x.engine, x._ctx = ph, eng, ctx
+        eng.members[x.id] = x
+    eng.queue.append(grp.executions[3])
+    assert eng.kv_used == 750.0, f"real engine kv_used {eng.kv_used}: the three non-queued contexts are 750"

@@ -11,7 +11,8 @@ import pytest
 from gyre.config import override
 from gyre.hardware import CostConfig, derive_costs, engine_roofline
 from gyre.presets import GPUS, MODELS, get_preset
-from gyre.roofline import Coefficients, ep_comm_bytes, ep_group_step_time
+from gyre.roofline import Coefficients
+from gyre.roofline_comm import ep_comm_bytes, ep_group_step_time
 from gyre.sim.vllm_check.engine_fit import fit_report, simulate
 from gyre.sim.vllm_check.vllm_scheduler import DPBalancer, SchedulerArgs, replay
 from gyre.sim.vllm_check.serving_run import read_run

@@ -84,7 +84,8 @@ def test_kv_pressure_run_adds_up(policy):
     assert rollout == pytest.approx(gs["rollout_busy"] + gs["rollout_idle"], abs=1e-6), (rollout, gs)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.invariants
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), gpus=st.sampled_from([4, 6, 8]),
        policy=st.sampled_from(["colocate", "async", "elastic"]), eta=st.integers(0, 3))
 def test_terms_add_up_on_random_runs(seed, gpus, policy, eta):

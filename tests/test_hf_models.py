@@ -21,7 +21,7 @@ from gyre.real.nn.hf_folder import (  # noqa: E402
     tokenizer_dir,
     write_tiny_model,
 )
-from gyre.real.nn.model import KVCache  # noqa: E402
+from gyre.real.nn.kv_cache import KVCache  # noqa: E402
 
 FAMILIES = ("qwen3", "qwen2", "llama")
 

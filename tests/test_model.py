@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from gyre.real.nn.model import KVCache, TinyLlamaConfig, TinyLlama
+from gyre.real.nn.kv_cache import KVCache
+from gyre.real.nn.model import TinyLlamaConfig, TinyLlama
 
 CFG = TinyLlamaConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48)
 

@@ -186,7 +186,7 @@ def _ring_time_by_ports(nodes: int, per_node: int, nbytes: float, link: float, n
                                                      (3, 4, 100e9, 12.5e9), (4, 1, 31.5e9, 25e9)])
 def test_multi_node_all_reduce_matches_rings_laid_out_port_by_port(nodes, per_node, link, nic):
     """The engine's per-token all-reduce bytes cross nodes at the bus bandwidth of explicit rail rings."""
-    from gyre.roofline import ring_bytes_s
+    from gyre.roofline_comm import ring_bytes_s
 
     g, nbytes = nodes * per_node, 32_768.0
     want = _ring_time_by_ports(nodes, per_node, nbytes, link, nic)

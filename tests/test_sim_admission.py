@@ -83,7 +83,8 @@ def test_async_per_engine_cap_admits_one_at_a_time_below_the_engine_limit():
                    ("admit", 6.5, 2), ("finish", 8.5, 2), ("admit", 8.5, 3), ("finish", 9.5, 3)], got
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.invariants
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10**6), k=st.integers(0, 3), eta=st.integers(0, 2), math=st.booleans())
 def test_every_cap_of_async_grid_is_honoured_from_the_log(seed, k, eta, math):
     """Random small workloads, async at each per-engine cap its grid holds (the halvings of the engine's

@@ -122,7 +122,7 @@ def test_random_groups_reconstruct_and_respect_bound(seed, n_exec, n_ops, n_task
     check_batch(groups, deepest + slack, advantages)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(deadline=None)
 @given(seed=st.integers(0, 2**31))
 def test_merged_rows_preserve_coefficients_by_sign(seed):
     """Merging rows by (pred, target, sign) keeps, per sign, the sum of weight * advantage."""
@@ -157,7 +157,7 @@ def exhaustive_min_replay(depth: np.ndarray, bound: int) -> int:
     return f[n]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(deadline=None)
 @given(seed=st.integers(0, 2**31), slack=st.integers(0, 12))
 def test_cuts_replay_as_little_as_any_partition(seed, slack):
     """The chosen cut points replay exactly as few context tokens as the best of all possible partitions."""

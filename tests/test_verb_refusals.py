@@ -151,3 +151,33 @@ def test_a_context_larger_than_the_engine_is_refused_at_admission():
     with pytest.raises(ConfigError, match=r"execution 0 reaches a 1,050-token context; an engine holds 1,000 KV"):
         cluster([g], n_gpus=1, groups_per_step=1, costs=replace(ROUND_COSTS, kv_capacity_tokens=1000),
                 window=1000).run(Admit(), steps=1)
+
+
+def test_the_fault_target_refuses_to_kill_an_engine_that_is_not_running():
+    """kill_engine (gyre.faults.FaultTarget, the fault injector's verb) refuses an engine still starting and one
+    that does not exist, with one line each, and kills a ready one (it restarts: listed, not ready)."""
+    from gyre.sim.cluster.backend import SimCluster
+    from gyre.workload import ReplaySource
+    from tests.simkit import workload
+
+    g = GroupSpec(group_id=0, task_id=0, step=0, executions=[spec(0, 0, gen=[10])])
+    c = SimCluster(n_gpus=2, costs=ROUND_COSTS, source=ReplaySource([g], workload(1, 1)), check=True,
+                   faults=("kill-engine@1000000",))  # armed far past the run: only the calls below kill
+    seen: list[str] = []
+    states: list[str] = []
+
+    class Kill:
+        name = "kill"
+
+        def run(self, cluster, steps):
+            h = cluster.start_engine([0])
+            (starting,) = cluster.engines()
+            _refused(seen, f"kill_engine: engine {starting.id} is not running", c._faults.kill_engine, starting.id)
+            _refused(seen, "kill_engine: engine 99 is not running", c._faults.kill_engine, 99)
+            e = yield h
+            c._faults.kill_engine(e.id)
+            states.extend(x.state.value for x in cluster.engines())
+
+    c.run(Kill(), steps=0)
+    assert len(seen) == 2, seen
+    assert states == ["restarting"], f"a killed ready engine is listed as {states}"

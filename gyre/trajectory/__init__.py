@@ -5,7 +5,8 @@ naive per-branch loss. Importing this package pulls in numpy only; the torch sid
 """
 
 from gyre.trajectory.credit import AdvantageConfig, Score, group_advantages, score_group
-from gyre.trajectory.pack import LossRows, Pack, PackConfig, PackedBatch, PackStats, build_packs, merge_by_sign
+from gyre.trajectory.loss_rows import LossRows, merge_by_sign
+from gyre.trajectory.pack import Pack, PackConfig, PackedBatch, PackStats, build_packs
 from gyre.trajectory.record import Execution, Point, ReachedState, SubAgent, TaskRecorder
 from gyre.trajectory.tree import Preorder, TokenTree
 

@@ -15,9 +15,10 @@ parent. Here each such (token, branch) pair is one row: prediction index (the pa
 parent), target token, old log-prob, advantage and execution of the branch, and a normalization weight
 so that sum(weight * term) over all packs of the batch is the naive loss ("token": 1 / total rows;
 "sequence": 1 / (executions * rows of the row's execution)). Duplicates are counted, as in the naive one.
+The rows' layout, and their merge by advantage sign, are gyre.trajectory.loss_rows's.
 
 The steps of `build_packs` (cut, weight, place, assemble, locate leaves) share one chunk layout, so they
-live in this one module, a little over the usual size.
+live in this one module.
 
 Simplifications: children are visited in insertion order; a context deeper than the bound is an error
 (exact attention needs every ancestor in the pack); packs are not padded; tokens on no closed branch (an
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gyre.trajectory.loss_rows import LossRows
 from gyre.trajectory.tree import Preorder, TokenTree
 
 NORMALIZATIONS = ("token", "sequence")
@@ -48,22 +50,6 @@ class PackConfig:
             raise ValueError(f"PackConfig.max_tokens must be >= 1, got {self.max_tokens}")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"PackConfig.normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
-
-
-@dataclass(kw_only=True, frozen=True)
-class LossRows:
-    """Loss gather list of one pack: one entry per (trained token, branch through it) or merged group."""
-
-    pred: np.ndarray  # int64 pack index whose logits predict the target
-    target: np.ndarray  # int64 target token id
-    old_logprob: np.ndarray  # float64
-    advantage: np.ndarray  # float64
-    execution: np.ndarray  # int64 batch-global execution index (-1 after merging)
-    branch: np.ndarray  # int64 batch-global branch index (-1 after merging)
-    weight: np.ndarray  # float64 normalization weight
-
-    def __len__(self) -> int:
-        return int(self.pred.shape[0])
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -350,29 +336,3 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
     )
     return PackedBatch(packs=packs, stats=stats, branch_pack=_cat(b_pack, np.int64),
                        branch_index=_cat(b_index, np.int64), branch_execution=_cat(b_exec, np.int64))
-
-
-def merge_by_sign(rows: LossRows) -> LossRows:
-    """Merge rows with the same (pred, target, old log-prob, advantage sign) into one with weight 1.
-
-    The clipped PPO term of a row is -w*A*min(r, clip(r)) if A > 0 and -w*A*max(r, clip(r)) if A < 0, so
-    rows sharing a ratio and a sign add up exactly to one row with advantage sum(w*A).
-    """
-    coef = rows.weight * rows.advantage
-    sign = np.sign(coef)
-    keep = sign != 0
-    pred, tgt, olp, coef, sign = rows.pred[keep], rows.target[keep], rows.old_logprob[keep], coef[keep], sign[keep]
-    order = np.lexsort((sign, olp, tgt, pred))
-    pred, tgt, olp, coef, sign = pred[order], tgt[order], olp[order], coef[order], sign[order]
-    if pred.shape[0] == 0:
-        z = np.zeros(0, np.int64)
-        return LossRows(pred=z, target=z, old_logprob=np.zeros(0), advantage=np.zeros(0), execution=z,
-                        branch=z, weight=np.zeros(0))
-    new = np.ones(pred.shape[0], bool)
-    new[1:] = (pred[1:] != pred[:-1]) | (tgt[1:] != tgt[:-1]) | (olp[1:] != olp[:-1]) | (sign[1:] != sign[:-1])
-    heads = np.flatnonzero(new)
-    m = heads.shape[0]
-    return LossRows(
-        pred=pred[heads], target=tgt[heads], old_logprob=olp[heads], advantage=np.add.reduceat(coef, heads),
-        execution=np.full(m, -1, np.int64), branch=np.full(m, -1, np.int64), weight=np.ones(m),
-    )

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gyre.trajectory.pack import NORMALIZATIONS, LossRows, Pack
+from gyre.trajectory.loss_rows import LossRows
+from gyre.trajectory.pack import NORMALIZATIONS, Pack
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -9,7 +9,7 @@ trainer share. It offers
   or a FlexAttention BlockMask (with attn_implementation "flex_attention"); position ids are explicit
   (a packed tree's are depths);
 - `forward(...)`: full logits (tests, references);
-- `prefill` / `extend` / `decode_step` on a gyre.real.nn.model.KVCache: the torch engine's continuous batching.
+- `prefill` / `extend` / `decode_step` on a gyre.real.nn.kv_cache.KVCache: the torch engine's continuous batching.
   The cache's tensors become a transformers DynamicCache for one call and are read back after it, so
   right-padded slots stay invalid exactly as in TinyLlama.
 - `serving_state()` / `load_serving_state(state)`: the parameters without the tied head's alias (one
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gyre.real.nn.model import KVCache, extend_mask
+from gyre.real.nn.kv_cache import KVCache, extend_mask
 
 
 class CausalLM(nn.Module):

@@ -9,8 +9,8 @@ Two entry points share every weight and every kernel:
 - `forward(input_ids, position_ids, attn_mask=None)`: the training path. Position ids are explicit (a packed
   trajectory tree uses position id = depth), and `attn_mask` is a bool [B, T, T] tensor where True means
   "query may attend key" (default: causal). A FlexAttention `BlockMask` is accepted in its place.
-- `prefill` / `extend` / `decode_step` with a `KVCache`: the incremental path for a batch of sequences of
-  different lengths. New tokens are right-padded to a common width; padded slots are stored in the cache
+- `prefill` / `extend` / `decode_step` with a `KVCache` (gyre.real.nn.kv_cache): the incremental path for
+  a batch of sequences of different lengths. New tokens are right-padded to a common width; padded slots are stored in the cache
   but marked invalid, so they are never attended. Since RoPE is driven by the explicit position ids, a
   cache slot index need not equal a position.
 
@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
+
+from gyre.real.nn.kv_cache import KVCache, extend_mask
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -57,71 +59,6 @@ class TinyLlamaConfig:
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
-
-
-@dataclass(kw_only=True)
-class KVCache:
-    """Per-layer keys/values [B, n_kv_heads, S, head_dim] and `valid` [B, S]: which slots may be attended."""
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    valid: torch.Tensor
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.valid.shape[0])
-
-    @property
-    def num_slots(self) -> int:
-        return int(self.valid.shape[1])
-
-    def lengths(self) -> torch.Tensor:
-        """Number of valid (attendable) slots per sequence."""
-        return self.valid.sum(dim=1)
-
-    def select(self, rows: torch.Tensor | list[int]) -> KVCache:
-        """A cache holding only the given sequences (batch rows), in that order."""
-        idx = torch.as_tensor(rows, dtype=torch.long)
-        return KVCache(
-            keys=[k[idx] for k in self.keys], values=[v[idx] for v in self.values], valid=self.valid[idx]
-        )
-
-    @staticmethod
-    def concat(caches: list[KVCache]) -> KVCache:
-        """Stack several caches along the batch, right-padding slots (as invalid) to the longest."""
-        if not caches:
-            raise ValueError("KVCache.concat needs at least one cache")
-        width = max(c.num_slots for c in caches)
-
-        def pad(t: torch.Tensor, dim: int, value: float | bool) -> torch.Tensor:
-            extra = width - t.shape[dim]
-            if extra == 0:
-                return t
-            shape = list(t.shape)
-            shape[dim] = extra
-            return torch.cat([t, torch.full(shape, value, dtype=t.dtype, device=t.device)], dim=dim)
-
-        n_layers = len(caches[0].keys)
-        return KVCache(
-            keys=[torch.cat([pad(c.keys[i], 2, 0.0) for c in caches]) for i in range(n_layers)],
-            values=[torch.cat([pad(c.values[i], 2, 0.0) for c in caches]) for i in range(n_layers)],
-            valid=torch.cat([pad(c.valid, 1, False) for c in caches]),
-        )
-
-
-def extend_mask(valid: torch.Tensor, t: int, lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(mask [B, T, S + T], new_valid [B, T]) for appending T right-padded tokens to a cache whose slots are
-    `valid` [B, S]: token t of row b attends the valid slots and its row's real tokens 0..t (row b has
-    `lengths[b]` real ones; default all). A padded query attends itself so that no row is fully masked."""
-    b, dev = valid.shape[0], valid.device
-    if lengths is None:
-        lengths = torch.full((b,), t, dtype=torch.long, device=dev)
-    cols = torch.arange(t, device=dev)
-    new_valid = cols[None, :] < lengths[:, None]
-    causal = cols[None, :, None] >= cols[None, None, :]
-    diag = torch.eye(t, dtype=torch.bool, device=dev)[None]
-    new_mask = causal & (new_valid[:, None, :] | diag)
-    return torch.cat([valid[:, None, :].expand(b, t, valid.shape[1]), new_mask], dim=2), new_valid
 
 
 class RMSNorm(nn.Module):

@@ -30,12 +30,13 @@ from gyre.estimate import CostEstimate, from_costs
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process
 from gyre.hardware import Costs, group_train_attention_ctx
-from gyre.backend import PARK, READY, STOPPING, ClusterBase
-from gyre.gpu_roles import TRAINER
+from gyre.backend import PARK, ClusterBase
+from gyre.engine_lifecycle import READY, STOPPING
 from gyre.sim.cluster import engine_moves as moves
 from gyre.sim.cluster.engine import SimEngine
 from gyre.sim.cluster.execution import SimExecution, SimGroup
 from gyre.sim.cluster.faults import SimFaults
+from gyre.sim.cluster.invariants import check_cluster
 
 _END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third field (gyre.metrics)
 
@@ -99,10 +100,6 @@ class SimCluster(ClusterBase):
         """Re-plan the engine's next wakeup once the current event is fully processed."""
         self._dirty.append(engine)
 
-    def finish(self, ex: SimExecution, t: float, end: str) -> None:
-        """An execution ended at t: "done", "capped" (its last segment, at the length cap) or "deadline"."""
-        self._finish(ex, t, end)
-
     def migrate_at_boundary(self, ex: SimExecution, t: float) -> None:
         """Carry out an execution's pending migration: it reached a tool-call boundary at t."""
         self._do_migrate(ex, t)
@@ -121,7 +118,8 @@ class SimCluster(ClusterBase):
     def _migrate_now(self, ex: SimExecution) -> None:
         self._do_migrate(ex, self.now)
 
-    def _finish(self, ex: SimExecution, t: float, end: str) -> None:
+    def finish(self, ex: SimExecution, t: float, end: str) -> None:
+        """An execution ended at t: "done", "capped" (its last segment, at the length cap) or "deadline"."""
         ex.phase = Phase.DONE
         ex.finished_at = t
         ex.end = end
@@ -158,16 +156,9 @@ class SimCluster(ClusterBase):
         moves.add_migrated(engine, ex, t)
 
     def _switch_in_s(self, gpus: Sequence[int], to: str) -> float:
-        c = self.costs
-        out = 0.0
-        for g in gpus:
-            r = self.gpu_roles.resident[g]
-            if to == "engine":
-                s = c.engine_wake_s + c.sync_s + (c.trainer_offload_s if r == "trainer" else 0.0)
-            else:
-                s = 0.0 if r == "trainer" else c.trainer_onload_s
-            out = max(out, s)
-        return out
+        """Seconds until all of `gpus` serve as `to` ("engine" or "trainer"): the slowest one's switch."""
+        resident = self.gpu_roles.resident
+        return max([0.0] + [self.costs.switch_in_s(to, resident[g]) for g in gpus])
 
     # ------------------------------------------------------------------ verbs
     def next_group(self) -> SimGroup:
@@ -349,39 +340,5 @@ class SimCluster(ClusterBase):
             e.replan_pending()
 
     def check_invariants(self) -> None:
-        """GPUs conserved (one role and at most one owner each); executions in exactly one place."""
-        seen: dict[int, int] = {}
-        for e in self._engines.values():
-            for g in e.gpus:
-                assert self.gpu_roles.owner[g] == e.id, f"GPU {g} owner {self.gpu_roles.owner[g]} != engine {e.id}"
-            books = e.kv
-            assert books.n_dec == sum(1 for x in e.members.values() if x.phase == Phase.DECODE), "n_dec drift"
-            assert books.n_dec == len(e.batch), "heap size != decoding count"
-            assert books.n_dec + len(e.prefill) <= (self.costs.max_num_seqs or books.n_dec + len(e.prefill)), \
-                f"engine {e.id} runs {books.n_dec + len(e.prefill)} > max_num_seqs {self.costs.max_num_seqs}"
-            assert books.mem_fixed >= -1e-6, f"engine {e.id} negative memory"
-            assert e.kv_used <= self.costs.kv_capacity_tokens * (1 + 1e-12), f"engine {e.id} KV over capacity"
-            held = sum(x.resident for x in e.members.values() if x.phase != Phase.DECODE)
-            assert abs(held - books.mem_fixed) <= 1e-6 * (1 + held), f"engine {e.id} KV accounting {held} != {books.mem_fixed}"
-            if self.costs.state_tokens:  # counted from the members, not from the engine's sums
-                v = e.V + (self.now - e.t_last) * e.rate
-                kv = sum(x.ctx + v - x.v_start if x.phase == Phase.DECODE else x.resident for x in e.members.values())
-                holders = sum(1 for x in e.members.values() if x.phase == Phase.DECODE or x.resident > 0)
-                assert holders == books.holders, f"engine {e.id} counts {books.holders} state holders, its members {holders}"
-                total = kv + holders * self.costs.state_tokens
-                assert total <= self.costs.kv_capacity_tokens * (1 + 1e-9), \
-                    f"engine {e.id} KV {kv:,.0f} + {holders} states over capacity {self.costs.kv_capacity_tokens:,}"
-            pending = sum(x.pf_left for x in e.prefill)
-            assert abs(pending - books.pf_pending) <= 1e-6 * (1 + pending), f"engine {e.id} prefill {pending} != {books.pf_pending}"
-            for x in e.members.values():
-                assert x.engine is e and x.phase != Phase.DONE, f"{x} misplaced"
-                assert x.id not in seen, f"exec {x.id} on two engines"
-                seen[x.id] = e.id
-        for g in range(self.gpu_roles.n):
-            o = self.gpu_roles.owner[g]
-            if o is None:
-                assert self.gpu_roles.role[g] in (Role.IDLE, Role.SWITCHING), f"GPU {g} unowned but {self.gpu_roles.role[g].name}"
-            elif o == TRAINER:
-                assert self.gpu_roles.role[g] in (Role.TRAIN, Role.SWITCHING), f"GPU {g} training but {self.gpu_roles.role[g].name}"
-            else:
-                assert self.gpu_roles.role[g] in (Role.ROLLOUT, Role.SWITCHING), f"GPU {g} engine but {self.gpu_roles.role[g].name}"
+        """Assert the cluster's invariants now (gyre.sim.cluster.invariants.check_cluster)."""
+        check_cluster(self, self._engines.values())

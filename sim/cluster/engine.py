@@ -21,7 +21,7 @@ state at its end), and never exceeds capacity: when growth would fill it an even
 its KvPressure (`pressure`, gyre.sim.cluster.kv_pressure) decides who starts from the wait queue and whose KV goes
 when memory is short; its KvLedger (`kv`, gyre.sim.cluster.kv_ledger) alone writes the KV counters and each member's
 resident context; gyre.sim.cluster.engine_moves is what the cluster does to it from outside (admissions, migrations,
-a crash, a weight sync); gyre.backend.EngineLifecycle holds its state and served version. `admit_limit`
+a crash, a weight sync); gyre.engine_lifecycle.EngineLifecycle holds its state and served version. `admit_limit`
 (gyre.hardware.admission_limit of the KV capacity and the workload's `max_context`) is reported to policies,
 which hand the engine no more (policies.admit_queue); a larger context is an error (SimCluster.admit).
 
@@ -38,7 +38,7 @@ from collections import deque
 from heapq import heappush
 from typing import TYPE_CHECKING
 
-from gyre.backend import EngineLifecycle
+from gyre.engine_lifecycle import EngineLifecycle
 from gyre.cluster import Phase
 from gyre.hardware import admission_limit
 from gyre.sim.cluster.kv_ledger import KvLedger

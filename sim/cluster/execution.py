@@ -9,12 +9,13 @@ from __future__ import annotations
 import dataclasses
 from operator import add
 
+from gyre.backend import BookedExecution, BookedGroup
 from gyre.cluster import Phase
 from gyre.handles import Handle
 from gyre.workload import ExecutionSpec, GroupSpec
 
 
-class SimExecution:
+class SimExecution(BookedExecution):
     __slots__ = (
         "id", "group_id", "task_id", "spec", "engine", "phase", "seg", "first_version", "started_at",
         "deadline_at", "handle", "v_start", "ctx", "seg_done", "resident", "pf_left", "adm", "reserved",
@@ -56,11 +57,7 @@ class SimExecution:
         self.vsum = 0.0  # sum over its generated tokens of the version that generated each (per-token lag)
         self.seg_cred = 0.0  # tokens of the current segment already counted in vsum (a sync or preemption mid-segment)
 
-    # --- ExecutionView ---
-    @property
-    def engine_id(self) -> int | None:
-        return None if self.engine is None else self.engine.id
-
+    # --- ExecutionView (engine_id: BookedExecution) ---
     @property
     def turns_done(self) -> int:
         return self.seg
@@ -90,7 +87,7 @@ class SimExecution:
         return f"<exec {self.id} {self.phase.name} seg={self.seg} engine={self.engine_id}>"
 
 
-class SimGroup:
+class SimGroup(BookedGroup):
     __slots__ = ("id", "task_id", "step", "executions", "spec")
 
     def __init__(self, spec: GroupSpec, executions: list[SimExecution]) -> None:
@@ -99,10 +96,6 @@ class SimGroup:
         self.step = spec.step
         self.executions = executions
         self.spec = spec  # private to the backend, like SimExecution.spec
-
-    @property
-    def done(self) -> bool:
-        return all(e.phase == Phase.DONE for e in self.executions)
 
     @property
     def first_version(self) -> int | None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from gyre.backend import READY, RESTARTING
+from gyre.engine_lifecycle import READY, RESTARTING
 from gyre.cluster import ClusterError, EngineView, Role
 from gyre.faults import KILLS, SYNC_TIMEOUT_S, FaultInjector, parse_faults
 from gyre.handles import Handle

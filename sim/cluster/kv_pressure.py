@@ -27,7 +27,7 @@ import heapq
 import itertools
 from typing import TYPE_CHECKING
 
-from gyre.backend import READY
+from gyre.engine_lifecycle import READY
 from gyre.cluster import Phase
 
 if TYPE_CHECKING:

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 from scipy import optimize
 
-from gyre.roofline import Coefficients, ep_group_step_time
+from gyre.roofline import Coefficients
+from gyre.roofline_comm import ep_group_step_time
 from gyre.sim.vllm_check.vllm_scheduler import ReplayResult, replay
 from gyre.sim.vllm_check.serving_run import Requests, Run, RunError, read_json, setup
 from gyre.sim.vllm_check.sim_replay import sim_engine_replay, sim_errors

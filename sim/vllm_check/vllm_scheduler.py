@@ -27,7 +27,7 @@ least 4 x waiting + running, the first in rank order on a tie, from counts the D
 publishes every 100 ms plus one waiting request for each request the client routed since. An MoE's
 replicas under expert parallel (`group_step`) step in lockstep, as vLLM runs DP ranks of an MoE (every
 MoE layer waits for all ranks' tokens): each step starts on all replicas at once and lasts
-`group_step(batches)` (gyre.roofline.ep_group_step_time); replicas with nothing to run wait it out.
+`group_step(batches)` (gyre.roofline_comm.ep_group_step_time); replicas with nothing to run wait it out.
 
 Not modelled: prefix-cache hits (ShareGPT prompts barely share prefixes), async scheduling's overlap,
 the scheduling of requests that arrive during a step before that step ends (they wait for the next).
