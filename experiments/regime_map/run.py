@@ -26,14 +26,17 @@ rows); `elastic_vs_best` divides by the fastest baseline doing equal work (compa
 cell whose elastic row does not do equal work itself says so (`elastic_equal_work`, "unequal work" in the figure).
 
 python experiments/regime_map/run.py [--steps 6] [--jobs 2] [--cells core|all|1m|one] [--arch hybrid,gqa,mla]
-    [--name map]  ->  results/<name>.csv, .png (one row per cell), results/<name>_rows.csv (every policy row of
-    every cell, with its work columns)
+    [--name map] [--resume]  ->  results/<name>.csv, .png (one row per cell), results/<name>_rows.csv (every policy
+    row of every cell, with its work columns). Both CSVs are rewritten (tmp file, then rename) after every cell;
+    `--resume` skips the cells already in results/<name>.csv (matched by KEY) and refuses a CSV written at other
+    --steps or by an older run.py (without KEY, steps or executions columns).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -80,6 +83,7 @@ def cell_list(name: str, archs: list[str]) -> list[tuple]:
 ROWS = {"colocate": "colocate", "async": "async_best", "async-pilot": "async_pilot", "elastic": "elastic"}
 WORK = ["deadline_hit", "sched_cuts", "sched_cut_tokens_lost", "tokens_generated", "tokens_trained", "preemptions",
         "equal_work"]  # each row's work (policies.work, gyre.metrics) and compare's equal-work mark
+KEY = ["arch", "window", "gpus", "growth", "training"]  # a cell's identity in both CSVs
 KEEP = ["policy", "config", "eta", "engine_limit", "makespan_s", "executions", "completed", "capped", *WORK,
         "gpu_h_idle", "tuned"]
 
@@ -120,6 +124,37 @@ def cell_row(cell: tuple, steps: int, t: pd.DataFrame, params: dict) -> dict:
     return row
 
 
+def cell_key(cell: tuple) -> tuple:
+    """The KEY values of one cell (window, gpus, growth, heavy, arch) as its CSV rows write them."""
+    return cell[4], cell[0], cell[1], "3x" if cell[2] else "none", "heavy" if cell[3] else "light"
+
+
+def write_atomic(df: pd.DataFrame, path: Path) -> None:
+    """Write `df` to `path` through a tmp file renamed over it, so a killed run leaves the old or the new file."""
+    tmp = path.with_name(path.name + ".tmp")
+    df.to_csv(tmp, index=False)
+    tmp.replace(path)
+
+
+def resumed(map_path: Path, rows_path: Path, steps: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The map rows already in `map_path` and their cells' compare rows from `rows_path`; exits with one line
+    if the map was written at other --steps or by a run.py without the KEY, steps and executions columns."""
+    if not map_path.exists():
+        return pd.DataFrame(), pd.DataFrame()
+    prev = pd.read_csv(map_path)
+    missing = [k for k in (*KEY, "steps", "executions") if k not in prev.columns]
+    if missing:
+        sys.exit(f"--resume: {map_path} was written by an older run.py (no {', '.join(missing)} column); "
+                 "move it aside or pick another --name")
+    if set(prev.steps) != {steps}:
+        sys.exit(f"--resume: {map_path} was written at --steps {sorted(set(prev.steps))}, not {steps}")
+    rows = pd.read_csv(rows_path) if rows_path.exists() else pd.DataFrame(columns=[*KEEP, *KEY, "steps"])
+    # a cell whose rows were written but not its map row (killed in between) runs again: drop its rows
+    keys = set(prev[KEY].itertuples(index=False, name=None))
+    rows = rows[[k in keys for k in rows[KEY].itertuples(index=False, name=None)]]
+    return prev, rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=6)
@@ -134,6 +169,8 @@ def main() -> None:
                     help=f"comma-separated architectures, each a copy of the cells: {', '.join(ARCHS)}")
     ap.add_argument("--gpus", default="", help="comma-separated cluster sizes: only the cells on these (default: all)")
     ap.add_argument("--name", default="map", help="results/<name>.csv and .png")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip the cells already in results/<name>.csv (same --steps), append the rest")
     a = ap.parse_args()
     archs = a.arch.split(",")
     if not set(archs) <= set(ARCHS):
@@ -147,26 +184,35 @@ def main() -> None:
         cells = [c for c in cells if c[1] in keep]
         if not cells:
             ap.error(f"--gpus {a.gpus}: no cell of --cells {a.cells} has that cluster size; sizes: {CLUSTERS}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    map_path, rows_path = OUT / f"{a.name}.csv", OUT / f"{a.name}_rows.csv"
+    prev, prev_rows = resumed(map_path, rows_path, a.steps) if a.resume else (pd.DataFrame(), pd.DataFrame())
+    have = set(prev[KEY].itertuples(index=False, name=None)) if len(prev) else set()
+    todo = [c for c in cells if cell_key(c) not in have]
+    if a.resume:
+        print(f"--resume: {len(cells) - len(todo)} of {len(cells)} cells already in {map_path}", flush=True)
     t0 = time.perf_counter()
     done = progress_lines(None, "runs")
-    rows, tables = [], []
-    for i, cell in enumerate(cells):  # one cell at a time; each search round's runs in parallel
+    rows, tables = prev.to_dict("records"), [prev_rows] if len(prev_rows) else []
+    for i, cell in enumerate(todo):  # one cell at a time; each search round's runs in parallel
         t, params = cell_table(cell, a.steps, a.jobs, a.ray, done)
         rows.append(cell_row(cell, a.steps, t, params))
         tables.append(t.reset_index()[KEEP].assign(arch=cell[4], window=cell[0], gpus=cell[1], steps=a.steps,
                                                      growth="3x" if cell[2] else "none",
                                                      training="heavy" if cell[3] else "light"))
-        print(f"cell {i + 1}/{len(cells)} {cell}: {time.perf_counter() - t0:.0f} s", flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
+        write_atomic(pd.concat(tables), rows_path)  # rows first: a map row always has its compare rows
+        write_atomic(pd.DataFrame(rows), map_path)
+        el = time.perf_counter() - t0
+        eta = el / (i + 1) * (len(todo) - i - 1)
+        print(f"cell {i + 1}/{len(todo)} {cell_key(cell)}: elapsed {el:.0f} s, ETA {eta:.0f} s "
+              f"({len(rows)} cells in {map_path.name})", flush=True)
     df = pd.DataFrame(rows)
-    df.to_csv(OUT / f"{a.name}.csv", index=False)
-    pd.concat(tables).to_csv(OUT / f"{a.name}_rows.csv", index=False)
     heatmap(df, OUT / f"{a.name}.png")
     print(df[["arch", "window", "gpus", "growth", "training", "colocate_s", "async_best_s", "async_best_R",
               "async_best_cap", "elastic_s", "elastic_vs_best", "elastic_vs_pilot_async", "ceiling",
               "colocate_sched_cuts", "async_best_sched_cuts", "elastic_sched_cuts", "async_best_equal_work",
               "elastic_equal_work"]].round(3).to_string(index=False))
-    print(f"{len(cells)} cells in {time.perf_counter() - t0:.0f} s with {a.jobs} workers")
+    print(f"{len(todo)} cells run in {time.perf_counter() - t0:.0f} s with {a.jobs} workers ({len(df)} in {map_path})")
 
 
 def heatmap(df: pd.DataFrame, path: Path) -> None:
