@@ -62,11 +62,11 @@ future length. Then at each decision point it does one thing:
 
 Per-engine concurrency, at every admission: an engine is handed no more executions than the most at
 which each of its live executions is still predicted to meet its deadline (policies.elastic_pool.
-deadline_cap: its predicted remaining time at the engine's load now, scaled by the estimate's step time
-at n sequences; one that misses even alone sets no cap), within its admission limit and `max_running`
-(a fixed per-engine concurrency the equal-work search chooses, as async's: `grid`); a drain's migrants
-are placed within the admission limit alone (parked, a migrant's deadline clock runs; moved, it only
-slows).
+deadline_cap, DeadlineCaps: its predicted remaining time at the engine's load now, expected or, with
+`protect_level`, at that quantile of its remaining segments, scaled by the estimate's step time at n
+sequences; one that misses even alone sets no cap), within its admission limit and `max_running` (a
+fixed per-engine concurrency the equal-work search chooses, as async's: `grid`); a drain's migrants are
+placed within the admission limit alone (parked, a migrant's deadline clock runs; moved, it only slows).
 
 Every threshold is an `ElasticConfig` field with its reason. Simplifications: one drain at a time;
 GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
@@ -75,59 +75,19 @@ GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from gyre.cluster import Cluster, ClusterError, EngineView
 from gyre.estimate import batch_counts
 from gyre.handles import Handle, any_of
-from gyre.policies.admission import ForesightParams, OrderedAdmission
+from gyre.policies.admission import OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
+from gyre.policies.elastic_config import ElasticConfig
 from gyre.policies.elastic_history import History, Records, drawn_remaining_s
 from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate, plan_drain,
-                                       remaining_s)
-from gyre.policies.elastic_pool import EnginePool, deadline_cap
+                                       live_ends, load_scale, remaining_s)
+from gyre.policies.elastic_pool import DeadlineCaps, EnginePool
 from gyre.policies.elastic_start import first_ready_at, initial_engines, lend, release_reserve, tool_call_seen
 from gyre.policies.tuning import halvings
-
-
-@dataclass(frozen=True, kw_only=True)
-class ElasticConfig(ForesightParams):
-    eta: int = 1  # staleness bound: the learning algorithm's choice
-    # a staying engine is filled by migrants to at most this share of its KV: a live context about doubles
-    # before it ends (its expected remaining length equals its length so far, as `unseen_residual` assumes)
-    kv_fill: float = 0.5
-    # an execution longer than every finished one expects this many times its segments so far still to
-    # come: the mean residual life of a heavy (Pareto, index 2) tail grows as its age
-    unseen_residual: float = 1.0
-    # a decoding execution asked to move is expected this share of a segment from its next tool call
-    # (uniformly far into its current segment)
-    boundary_share: float = 0.5
-    # an engine holding less than this share of the most executions it held is consolidated onto others:
-    # a quarter of a full engine's load re-prefills little and leaves the targets most of their room
-    load_share: float = 0.25
-    # a trainer size may be expected to cut this share of a step's executions more than the least-cutting
-    # size: equal work allows 1% of a run's executions (DESIGN.md), one decision per step spends 1% of a step's
-    cut_share: float = 0.01
-    # executions an engine is handed at once, at most (None: its admission limit). Not derived: which
-    # concurrency lets a rollout's length tail meet its deadline depends on how much each added sequence
-    # slows an engine's step (the chunked prefill of tool outputs included), which the estimate does not
-    # give; like async's `max_running`, it is a choice the equal-work search makes (`grid`: the limit and
-    # its halvings at each eta, every one tried, the fastest within 1% of the least-cutting one kept)
-    max_running: int | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.eta < 0:
-            raise ValueError(f"elastic: eta must be >= 0, got {self.eta}")
-        for name in ("kv_fill", "boundary_share", "load_share", "cut_share"):
-            v = getattr(self, name)
-            if not 0 < v <= 1:
-                raise ValueError(f"elastic: {name} must be in (0, 1], got {v}")
-        if self.max_running is not None and (isinstance(self.max_running, bool) or not isinstance(self.max_running, int)
-                                             or self.max_running < 1):
-            raise ValueError(f"elastic: max_running must be an integer >= 1, got {self.max_running!r}")
-        if not 0 < self.unseen_residual < float("inf"):
-            raise ValueError(f"elastic: unseen_residual must be a positive number, got {self.unseen_residual}")
 
 
 class Elastic:
@@ -167,8 +127,7 @@ class Elastic:
         self.records = Records()
         self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share,
                                max_running=self.config.max_running)
-        self.pool.cap = self._cap
-        self._caps: tuple = (-1.0, {}, {}, None)  # (when, engine id -> cap, live by engine, History) this instant
+        self.pool.cap = DeadlineCaps(cluster, self.config, self._history, self._loads)
         self.gathering = False  # a batch's GPUs are being gathered
         order = OrderedAdmission(cluster, steps, self.config)
         self.batcher = batcher = Batcher(cluster, steps, self.eta, order, on_finish=self._finished)
@@ -194,34 +153,6 @@ class Elastic:
         self.pool.load.fire()
         if h.error is None:
             self.records.finished(h.value, len(group.executions), self.cluster.now)
-
-    def _cap(self, e: EngineView) -> int:
-        """Per-engine concurrency (module docstring): the most executions `e` may hold with each of its live
-        executions still predicted to meet its deadline (policies.elastic_pool.deadline_cap), from its
-        predicted remaining time at the engine's load now and the estimate's step time at n sequences.
-        The live executions with a deadline are grouped by engine once per instant."""
-        now = self.cluster.now
-        if self._caps[0] != now:
-            by_engine: dict[int, list] = {}
-            for x in self.cluster.live():
-                if x.deadline_at < float("inf"):
-                    by_engine.setdefault(x.engine_id, []).append(x)
-            self._caps = (now, {}, by_engine, None)
-        _, caps, by_engine, hist = self._caps
-        if e.id not in caps:
-            mine = by_engine.get(e.id)
-            if not mine:
-                caps[e.id] = e.admit_limit
-            else:
-                c = self.config
-                if hist is None:
-                    hist = self._history()
-                    self._caps = (now, caps, by_engine, hist)
-                f = self._loads().get(e.id, 1.0)
-                rem = [(remaining_s(x, hist, now, c.unseen_residual, f), x.deadline_at) for x in mine]
-                per = e.kv_used / max(e.n_live, 1)
-                caps[e.id] = deadline_cap(rem, now, lambda n: self.est.step_s(n, n * per), e.n_live, e.admit_limit)
-        return caps[e.id]
 
     def _history(self) -> History:
         return self.records.history(self.cluster.live())
@@ -272,20 +203,6 @@ class Elastic:
             return {}
         return {e.id: self.est.step_s(e.n_live, e.kv_used) / seen for e in self.pool.engines if e.ready and e.n_live}
 
-    def _scale(self, ready: list[EngineView], n_queued: int, hist: History):
-        """scale(n): the estimate's engine step time with the live and queued executions spread over n
-        engines (at most each one's admission limit), over the step time the finished ones were measured at."""
-        est = self.est
-        limit = max((e.admit_limit for e in ready), default=1)
-        n_work = sum(e.n_live for e in ready) + n_queued
-        seen = self.records.seen
-
-        def scale(n_engines: int) -> float:
-            n = min(n_work, n_engines * limit) / n_engines
-            return est.step_s(n, n * hist.ctx) / seen if seen > 0 and n > 0 else 1.0
-
-        return scale
-
     def _pending(self, exclude: set[int] = frozenset()) -> tuple[list[int], list[int], list[int]]:
         """The untrained groups (ids; those still to be admitted, up to what the staleness bound lets in
         next, get ids below 0), the group id of each execution waiting to start, in order, and each pending
@@ -312,7 +229,7 @@ class Elastic:
         pending, queued, due = self._pending(exclude={g.id for g in batch})
         ready = self.pool.ready()
         free = len(cluster.free_gpus())
-        scale = self._scale(ready, len(queued), hist)
+        scale = load_scale(self.est.step_s, ready, len(queued), hist.ctx, self.records.seen)
         load = self._loads()
         group_of = {x.id: x.group_id for x in live}
         limit = max((e.admit_limit for e in ready), default=1)
@@ -366,13 +283,13 @@ class Elastic:
             return free // per
         hist, now = self._history(), cluster.now
         finish, _ = self._predict(hist)
-        ends = self._live_ends(finish)
+        ends = live_ends(self.cluster.live(), finish, now)
         pending, queued, due = self._pending()
         tokens, attn = self.records.last_counts
         last = hist.segments[-1] if hist.segments else 1
         drain = hist.seg_s * (1 if last <= 1 else self.config.boundary_share)
         limit = max(e.admit_limit for e in ready)
-        scale = self._scale(ready, len(queued), hist)
+        scale = load_scale(self.est.step_s, ready, len(queued), hist.ctx, self.records.seen)
         return choose_grow(now=now, free_gpus=free, per=per, min_train=cluster.min_train_gpus, engines=len(ready),
                            limit=limit, live_free_at=list(finish.values()),
                            unused_slots=sum(max(0, e.admit_limit - e.n_live) for e in ready), live_ends=ends,
@@ -405,19 +322,12 @@ class Elastic:
         finish, _ = self._predict(hist)
         pending, queued, due = self._pending()
         durations = self.records.durations() or [finish[x.id] - x.started_at for x in live if x.started_at is not None]
-        ready = first_ready_at(now=now, live_ends=self._live_ends(finish), live_free_at=list(finish.values()),
+        ready = first_ready_at(now=now, live_ends=live_ends(live, finish, now), live_free_at=list(finish.values()),
                                unused_slots=sum(max(0, e.admit_limit - e.n_live) for e in self.pool.ready()),
                                queued=queued, durations=durations, pending=pending,
                                finished=set(self.batcher.finished), per_batch=self.batcher.gps, due=due)
         return release_reserve(tool_call=True, ready_in_s=ready - now, wait_s=self.config.boundary_share * hist.seg_s,
                                start_s=est.engine_start_s, stop_s=est.engine_stop_s, onload_s=est.trainer_start_s)
-
-    def _live_ends(self, finish: dict[int, float]) -> dict[int, float]:
-        """Each group's latest predicted finish over its live executions."""
-        now, ends = self.cluster.now, {}
-        for x in self.cluster.live():
-            ends[x.group_id] = max(ends.get(x.group_id, now), finish[x.id])
-        return ends
 
     def _release(self):
         """Once this instant's events are in (executions finishing together), lend the start's trainer GPUs

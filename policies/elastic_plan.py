@@ -75,6 +75,37 @@ def remaining_s(x: ExecutionView, hist: History, now: float, unseen_residual: fl
     return hist.residual_segments(x.turns_done, unseen_residual) * seg_s(x, hist, now, load)
 
 
+def protected_remaining_s(x: ExecutionView, hist: History, now: float, unseen_residual: float, level: float,
+                          load: float = 1.0) -> float:
+    """Seconds until a live execution finishes if it runs the remaining segments its conditional
+    distribution exceeds with probability 1 - `level` (History.draw_segments), at its seconds per segment
+    (`seg_s`): the remaining time an admission protects when it protects all but that share of the tail."""
+    return hist.draw_segments(x.turns_done, level, unseen_residual) * seg_s(x, hist, now, load)
+
+
+def load_scale(step_s: Callable[[float, float], float], ready: Sequence[EngineView], n_queued: int, ctx: float,
+               seen: float) -> Callable[[int], float]:
+    """scale(n): the estimate's engine step time with the live and queued executions spread over n engines
+    (at most each one's admission limit; `ctx` tokens each), over the step time `seen` the finished
+    executions were measured at (1 before any was)."""
+    limit = max((e.admit_limit for e in ready), default=1)
+    n_work = sum(e.n_live for e in ready) + n_queued
+
+    def scale(n_engines: int) -> float:
+        n = min(n_work, n_engines * limit) / n_engines
+        return step_s(n, n * ctx) / seen if seen > 0 and n > 0 else 1.0
+
+    return scale
+
+
+def live_ends(live: Sequence[ExecutionView], finish: dict[int, float], now: float) -> dict[int, float]:
+    """Each group's latest predicted finish (`finish`, absolute) over its live executions."""
+    ends: dict[int, float] = {}
+    for x in live:
+        ends[x.group_id] = max(ends.get(x.group_id, now), finish[x.id])
+    return ends
+
+
 def boundary_wait_s(x: ExecutionView, hist: History, now: float, rem: float, boundary_share: float,
                     unseen_residual: float, load: float = 1.0) -> float:
     """Expected seconds until a live execution can move: 0 unless it decodes; a decoding one at its next

@@ -22,7 +22,7 @@ from gyre.cluster import Cluster, EngineView, Phase
 from gyre.handles import Handle, all_of
 from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Signal, engine_slots
-from gyre.policies.elastic_plan import DrainPlan, frees_sooner, plan_drain
+from gyre.policies.elastic_plan import DrainPlan, frees_sooner, plan_drain, protected_remaining_s, remaining_s
 
 
 class EnginePool:
@@ -235,3 +235,38 @@ def deadline_cap(remaining: Sequence[tuple[float, float]], now: float, step_s: C
         else:
             hi = mid - 1
     return lo
+
+
+class DeadlineCaps:
+    """Per-engine concurrency (policies.elastic's docstring), the pool's `cap`: the most executions an engine
+    may hold with each of its live executions still predicted to meet its deadline (`deadline_cap`), from
+    its predicted remaining time at the engine's load now (expected, or at `protect_level` of its conditional
+    remaining segments: `protected_remaining_s`) and the estimate's step time at n sequences. The live
+    executions with a deadline are grouped by engine, and each engine's cap computed, once per instant."""
+
+    def __init__(self, cluster: Cluster, config, history: Callable, loads: Callable[[], dict[int, float]]) -> None:
+        self.cluster, self.config, self.history, self.loads = cluster, config, history, loads
+        self.at, self.caps, self.by_engine, self.hist = -1.0, {}, {}, None
+
+    def __call__(self, e: EngineView) -> int:
+        now, c = self.cluster.now, self.config
+        if self.at != now:
+            self.at, self.caps, self.by_engine, self.hist = now, {}, {}, None
+            for x in self.cluster.live():
+                if x.deadline_at < float("inf"):
+                    self.by_engine.setdefault(x.engine_id, []).append(x)
+        if e.id not in self.caps:
+            mine = self.by_engine.get(e.id)
+            if not mine:
+                self.caps[e.id] = e.admit_limit
+            else:
+                if self.hist is None:
+                    self.hist = self.history()
+                f = self.loads().get(e.id, 1.0)
+                u, hist = c.protect_level, self.hist
+                rem = [((remaining_s(x, hist, now, c.unseen_residual, f) if u is None else
+                         protected_remaining_s(x, hist, now, c.unseen_residual, u, f)), x.deadline_at) for x in mine]
+                per = e.kv_used / max(e.n_live, 1)
+                est = self.cluster.estimate
+                self.caps[e.id] = deadline_cap(rem, now, lambda n: est.step_s(n, n * per), e.n_live, e.admit_limit)
+        return self.caps[e.id]

@@ -10,7 +10,9 @@ import pytest
 
 from gyre.cluster import Phase
 from gyre.policies.elastic_history import History, Spread, drawn_remaining_s, level
-from gyre.policies.elastic_pool import deadline_cap
+from gyre.policies.elastic_config import ElasticConfig
+from gyre.policies.elastic_plan import protected_remaining_s, remaining_s
+from gyre.policies.elastic_pool import DeadlineCaps, deadline_cap
 
 
 @dataclass
@@ -108,3 +110,51 @@ def test_deadline_cap_by_hand():
     assert deadline_cap([(500.0, 100.0)], 0.0, step, 4, 60) == 60, "misses even alone (500 x 2 / 5 > 100): no cap"
     assert deadline_cap([(50.0, math.inf)], 0.0, step, 4, 60) == 60, "no deadline: the limit"
     assert deadline_cap([(50.0, 100.0)], 0.0, step, 4, 7) == 7, "never above the limit"
+
+
+def test_protected_remaining_by_hand():
+    """Finished executions of 2, 4 and 10 segments; one live 1 segment in at 6 s per segment: at level
+    0.99 it protects the longest (10 - 1 = 9 more, 54 s), the expectation protects 13/3 more (26 s);
+    before a segment of its own it runs at the finished ones' 4 s per segment times its engine's load."""
+    h = History(segments=(2, 4, 10), seg_s=4.0)
+    x = Ex(id=0, turns_done=1, started_at=0.0)
+    assert protected_remaining_s(x, h, 6.0, 1.0, 0.99) == 54.0, "9 segments at its own 6 s"
+    assert remaining_s(x, h, 6.0, 1.0) == pytest.approx(26.0), "13/3 segments expected"
+    assert protected_remaining_s(x, h, 6.0, 1.0, 0.3) == 6.0, "S(2) = 2/3 <= 0.7: the next segment only"
+    y = Ex(id=1, turns_done=0, started_at=5.0)
+    assert protected_remaining_s(y, h, 6.0, 1.0, 0.99, load=2.0) == 10 * 8.0, "10 segments at 4 s x 2"
+
+
+@dataclass
+class _Engine:
+    id: int = 0
+    admit_limit: int = 60
+    n_live: int = 4
+    kv_used: float = 0.0
+
+
+class _Cluster:
+    """A stand-in with a clock, live executions and an estimate whose step is 1 + n seconds."""
+
+    def __init__(self, now: float, live: list) -> None:
+        self.now, self._live = now, live
+        self.estimate = type("E", (), {"step_s": staticmethod(lambda n, kv: 1.0 + n)})()
+
+    def live(self) -> list:
+        return self._live
+
+
+def test_deadline_caps_protect_level_by_hand():
+    """The live execution above, 94 s before its deadline, on an engine at 4 sequences (5 s steps): the
+    expectation (26 s) affords steps of 5 x 94 / 26 = 18.1 s, 17 sequences; at level 0.99 (54 s) 8.70 s,
+    7 sequences; an engine holding no execution with a deadline keeps its admission limit."""
+    h = History(segments=(2, 4, 10), seg_s=4.0)
+    x = Ex(id=0, turns_done=1, started_at=0.0, deadline_at=100.0)
+    cl = _Cluster(6.0, [x])
+    mean = DeadlineCaps(cl, ElasticConfig(), lambda: h, lambda: {})
+    assert mean(_Engine()) == 17, "1 + 17 = 18 <= 18.08 s"
+    tail = DeadlineCaps(cl, ElasticConfig(protect_level=0.99), lambda: h, lambda: {})
+    assert tail(_Engine()) == 7, "1 + 7 = 8 <= 8.70 s"
+    assert tail(_Engine(id=1)) == 60, "nothing with a deadline on engine 1"
+    with pytest.raises(ValueError, match="protect_level"):
+        ElasticConfig(protect_level=1.0)
