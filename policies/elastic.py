@@ -83,8 +83,8 @@ from gyre.policies.admission import OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
 from gyre.policies.elastic_config import ElasticConfig
 from gyre.policies.elastic_history import History, Records, drawn_remaining_s
-from gyre.policies.elastic_plan import (Candidate, boundary_wait_s, choose, choose_grow, cut_p, evaluate, plan_drain,
-                                       live_ends, load_scale, remaining_s)
+from gyre.policies.elastic_plan import Candidate, choose, choose_grow, evaluate, plan_drain
+from gyre.policies.elastic_predict import boundary_wait_s, cut_p, live_ends, load_scale, remaining_s
 from gyre.policies.elastic_pool import DeadlineCaps, EnginePool
 from gyre.policies.elastic_start import first_ready_at, initial_engines, lend, release_reserve, tool_call_seen
 from gyre.policies.tuning import halvings

@@ -22,7 +22,8 @@ from gyre.cluster import Cluster, EngineView, Phase
 from gyre.handles import Handle, all_of
 from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Signal, engine_slots
-from gyre.policies.elastic_plan import DrainPlan, frees_sooner, plan_drain, protected_remaining_s, remaining_s
+from gyre.policies.elastic_plan import DrainPlan, plan_drain
+from gyre.policies.elastic_predict import frees_sooner, protected_remaining_s, remaining_s
 
 
 class EnginePool:

@@ -15,9 +15,9 @@ from gyre.config import override
 from gyre.hardware import Costs
 from gyre.policies.elastic import Elastic
 from gyre.policies.elastic_start import initial_engines, release_reserve, spread_moves, tool_call_seen
-from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, assign_targets, boundary_wait_s, choose,
-                                        batch_ready_times, choose_grow, evaluate, frees_sooner, last_batch_end, plan_drain,
-                                        remaining_s, run_queue)
+from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, assign_targets, batch_ready_times, choose,
+                                        choose_grow, evaluate, last_batch_end, plan_drain, run_queue)
+from gyre.policies.elastic_predict import boundary_wait_s, frees_sooner, remaining_s
 from gyre.presets import get_preset
 from gyre.sim.cluster.backend import SimCluster
 from gyre.sim.harness.runner import simulate

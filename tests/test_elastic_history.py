@@ -11,7 +11,7 @@ import pytest
 from gyre.cluster import Phase
 from gyre.policies.elastic_history import History, Spread, drawn_remaining_s, level
 from gyre.policies.elastic_config import ElasticConfig
-from gyre.policies.elastic_plan import protected_remaining_s, remaining_s
+from gyre.policies.elastic_predict import protected_remaining_s, remaining_s
 from gyre.policies.elastic_pool import DeadlineCaps, deadline_cap
 
 
