@@ -233,9 +233,12 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
             actor = e.actor
 
             def done(_dt, err) -> None:
-                if err is not None and not isinstance(err, ray.exceptions.RayActorError):
+                moot = err is not None and not e.ready and not isinstance(err, ray.exceptions.RayActorError)
+                if moot:  # stopped while its load was in flight (the engine refused it asleep): it wakes with the latest
+                    self._log(("note", self.now, "sync_moot", {"engine": e.id, "version": v, "error": str(err)[:200]}))
+                elif err is not None and not isinstance(err, ray.exceptions.RayActorError):
                     raise err
-                if err is not None:  # it died: its replacement wakes with (or catches up to) the latest
+                elif err is not None:  # it died: its replacement wakes with (or catches up to) the latest
                     self._on_engine_dead(e, actor)
                 else:
                     e.serve(max(e.version, v))

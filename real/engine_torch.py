@@ -111,6 +111,8 @@ class TorchEngine:
 
     async def load_weights(self, weights: dict, version: int) -> float:
         """In-place weight update; runs between decode steps (the event loop is single-threaded)."""
+        if self.model is None:
+            raise RuntimeError("load_weights: the engine is asleep")
         t0 = time.perf_counter()
         self._load(weights, version)
         dt = time.perf_counter() - t0

@@ -41,6 +41,26 @@ def test_torch_engine_satisfies_engine_actor():
     assert isinstance(eng, EngineActor), "a TorchEngine instance is not an EngineActor"
 
 
+def test_torch_engine_refuses_a_load_while_asleep_and_wakes_with_the_weights_it_is_given():
+    """A load that reaches a sleeping engine (stopped while the load was in flight) is refused in words, as
+    vLLM's is, and leaves its version; the next wake with weights serves them (the driver counts the load moot)."""
+    import asyncio
+
+    from gyre.real.engine_torch import TorchEngine
+    from gyre.real.nn.model import TinyLlamaConfig
+
+    eng = TorchEngine(TinyLlamaConfig(vocab_size=16, dim=32, n_heads=2, n_kv_heads=1, ffn_dim=64, n_layers=1))
+    asyncio.run(eng.wake(None, 0))
+    weights = {k: v.clone() + 1.0 for k, v in eng.get_weights().items()}
+    asyncio.run(eng.sleep())
+    with pytest.raises(RuntimeError, match="load_weights: the engine is asleep"):
+        asyncio.run(eng.load_weights(weights, 3))
+    assert eng.version != 3, "a refused load must not move the served version"
+    asyncio.run(eng.wake(weights, 3))
+    assert eng.version == 3 and all((eng.get_weights()[k] == w.to(eng.get_weights()[k].dtype)).all()
+                                    for k, w in weights.items())
+
+
 @pytest.mark.vllm
 def test_vllm_engine_satisfies_engine_actor():
     """VllmEngine has every EngineActor method with the same parameters and async-ness."""

@@ -77,12 +77,12 @@ def _task(tmp_path=None, **kw) -> CodeTask:
     ("import socket\nsocket.socket().connect(('10.0.0.1', 80))", "no network"),
     ("open('/etc/gyre_x', 'w')", "no writes outside its folder"),
     ("import os\nwhile True:\n    os.fork()", "no new processes"),
-    ("while True:\n    pass", "killed"),  # by its CPU limit, or its wall limit on a loaded machine
+    ("while True:\n    pass", "killed"),  # by its CPU limit
 ])
 def test_a_refused_run_is_reported_to_the_agent_and_the_episode_goes_on(code, needle):
     """Each refused or killed sandbox run comes back as the next observation and the episode asks the model
     again; the tool tokens are context, the model's tokens trained."""
-    task = _task(cpu_s=1, wall_s=4.0)
+    task = _task(cpu_s=1, wall_s=30.0)  # a refusal or the CPU limit ends each run; the wall limit only on a stall
     group = task.new_group(0, 1)
     ep = group.episodes[0]
     req = ep.start(0.0)
