@@ -11,7 +11,8 @@ within 1% of the run's executions of the least of the table's rows; a ratio agai
 is printed but marked).
 
 Outputs (results/): <preset>_<steps>steps_rows.csv (every row of every seed's compare table) and
-<preset>_<steps>steps.csv (the headline pairs). Usage:
+<preset>_<steps>steps.csv (the headline pairs), each rewritten as every seed finishes, keeping the other seeds'
+rows already there (`--seeds 1 2` adds to a file holding seed 0). Usage:
   python experiments/equal_work/run.py --preset xlong-swe-kv --steps 6 --seeds 0 1 2 [--jobs 1]
 """
 
@@ -63,6 +64,17 @@ def pairs(table: pd.DataFrame) -> list[dict]:
     return out
 
 
+def _merge_seed(path: Path, rows: pd.DataFrame, seed: int) -> pd.DataFrame:
+    """Write `rows` as `seed`'s rows of the CSV at `path`, keeping the other seeds' rows already there (so seeds
+    run one call at a time, or a run stopped between seeds, lose nothing); atomically (a temporary, renamed)."""
+    old = pd.read_csv(path) if path.exists() else rows.iloc[:0]
+    out = pd.concat([old[old["seed"] != seed], rows], ignore_index=True).sort_values("seed", kind="stable")
+    tmp = path.with_suffix(".tmp")
+    out.to_csv(tmp, index=False)
+    tmp.replace(path)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="xlong-swe-kv")
@@ -73,18 +85,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    tables, heads = [], []
+    stem = f"{a.preset}_{a.steps}steps"
     for seed in a.seeds:
         t0 = time.perf_counter()
         table = compare_table(a.preset, a.steps, seed, a.jobs, a.ray)
-        tables.append(table)
-        heads += pairs(table)
+        rows = table[[*KEEP, "preset", "steps", "seed"]]
+        _merge_seed(a.out / f"{stem}_rows.csv", rows, seed)
+        head = _merge_seed(a.out / f"{stem}.csv", pd.DataFrame(pairs(table)), seed)
         print(f"{a.preset} {a.steps} steps seed {seed}: {time.perf_counter() - t0:.0f} s wall, "
-              f"{table['sim_wall_s'].sum():.0f} s simulating the table's rows", flush=True)
-    stem = f"{a.preset}_{a.steps}steps"
-    pd.concat(tables)[[*KEEP, "preset", "steps", "seed"]].to_csv(a.out / f"{stem}_rows.csv", index=False)
-    head = pd.DataFrame(heads)
-    head.to_csv(a.out / f"{stem}.csv", index=False)
+              f"{table['sim_wall_s'].sum():.0f} s simulating the table's rows; written", flush=True)
     show = head.assign(elastic_h=head["elastic_makespan_s"] / 3600, other_h=head["other_makespan_s"] / 3600)
     cols = ["seed", "pair", "speedup", "equal_work", "elastic_h", "other_h", "other_config", "elastic_deadline_hit",
             "other_deadline_hit", "elastic_sched_cuts", "other_sched_cuts", "elastic_preemptions", "other_preemptions"]
