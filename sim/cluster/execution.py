@@ -68,9 +68,8 @@ class SimExecution(BookedExecution):
 
     @property
     def trajectory_tokens(self) -> int:
-        """Prompt, generated and tool-output tokens so far; once finished, what training trains."""
-        if self.phase == Phase.DONE and self.end != "deadline":
-            return self.spec.tokens
+        """Prompt, generated and tool-output tokens so far (the tool calls started); once finished, what training
+        trains (`produced().tokens`)."""
         return self.spec.prompt + self.generated + sum(self.tool_out[: min(self.seg, len(self.tool_out))])
 
     def produced(self) -> ExecutionSpec:
