@@ -3,7 +3,9 @@
   python experiments/equal_work/cut_starts.py --eta 4 [--preset xlong-swe-kv --steps 6 --seed 0 --cap 0]
 Runs elastic (eta; per-engine cap `max_running`, 0: none) and prints, for every scheduler-induced cut (cut
 by its deadline, solo latency within it: sim/cluster/bound.py), its first start and group, and how many
-started before any execution had finished: an admission then had no finished length to go by.
+started before any execution had finished: an admission then had no finished length to go by. Then how close
+to its deadline each cut's solo latency is, against the whole run's executions: an execution whose solo latency is
+within a few percent of its deadline is cut by any engine that runs it beside others (decode slows with batch).
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ def main() -> None:
     print(f"elastic eta {a.eta} cap {a.cap or 'none'}: first finish at {first:.1f} s; {len(cuts)} scheduler cuts, "
           f"{int((st < first).sum())} started before it; starts (h): {np.round(st / 3600, 2).tolist()}")
     print("their groups:", sorted(spec[x].group_id for x in cuts))
+    share = np.array([solo[x] / spec[x].deadline_s for x in cuts])
+    every = np.array([solo[e.exec_id] / e.deadline_s for e in execs if e.deadline_s < float("inf")])
+    edges = [0.0, 0.5, 0.8, 0.9, 0.95, 0.98, 1.0]
+    print("solo latency / deadline:  bin           cuts  executions")
+    for lo, hi in zip(edges, edges[1:]):
+        print(f"                          [{lo:.2f}, {hi:.2f})  {int(((share >= lo) & (share < hi)).sum()):4d}  "
+              f"{int(((every >= lo) & (every < hi)).sum()):10d}")
+    print(f"                          >= 1.00        {int((share >= 1).sum()):4d}  {int((every >= 1).sum()):10d}")
 
 
 if __name__ == "__main__":
