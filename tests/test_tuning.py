@@ -126,3 +126,21 @@ def test_compare_table_has_a_row_per_eta_and_divides_by_async_at_the_same_eta():
         assert t.loc[f"elastic-eta{e}", "speedup_vs_async_same_eta"] == want, e
     assert t.loc["colocate", "speedup_vs_async_same_eta"] == t.loc["async-eta0", "makespan_s"] / t.loc["colocate", "makespan_s"]
     assert t["equal_work"].all() and (t["sched_cuts"] == 0).all(), t[["sched_cuts", "equal_work"]]
+
+
+def test_tune_returns_every_row_with_its_full_run_though_searches_keep_runs_without_logs():
+    """A search keeps its runs without their event logs (a long run's log is gigabytes) and only each
+    search's best so far in full; every row `tune` returns still carries its run's whole log, equal to a
+    fresh run of the same candidate (a row whose log was dropped, or re-run differently, fails)."""
+    from gyre.config import override
+    from gyre.presets import get_preset
+    from gyre.sim.harness.compare import tune
+    from gyre.sim.harness.runner import simulate
+
+    cfg = override(get_preset("short-math"), **{"steps": 6, "cluster.gpus": 8, "workload.groups_per_step": 4})
+    tuned = tune(cfg, ["colocate", "async", "elastic"], etas=(0, 4), workers=1)
+    assert {"async-pilot", "async-eta4", "elastic-eta0"} <= set(tuned), list(tuned)
+    for key, t in tuned.items():
+        fresh = simulate(cfg, t.best.policy, t.best.params)
+        assert t.result.log and t.result.log == fresh.log, f"{key}: its log is not its run's"
+        assert t.result.groups == fresh.groups and t.result.makespan_s == fresh.makespan_s, key

@@ -123,13 +123,23 @@ def tune(
         if pilot and name in baselines() and len(grid) > 1 and pilot_cfg.steps < cfg.steps:
             searches[f"{name}-pilot"] = (pilot_cfg, name, tuner(name, shape, etas))
     tried: dict[str, list[tuple[RunConfig, Candidate, SimResult]]] = {k: [] for k in searches}
-    results: dict[tuple[int, str], SimResult] = {}  # (steps, label) -> result, shared by every search
+    # (steps, label) -> result, shared by every search. A search's runs are kept without their event logs
+    # and groups (`_light`: a long run's log is gigabytes, and a search makes ~100 runs); the full result
+    # is kept only for each search's best so far at each eta (`full`), and a best whose full result was
+    # dropped is run again at the end (the simulator is deterministic)
+    results: dict[tuple[int, str], SimResult] = {}
+    full: dict[tuple[int, str], SimResult] = {}
 
     def run_round(jobs: list[tuple[RunConfig, Candidate]]) -> None:
         todo = list({(c.steps, cand.label): (c, cand) for c, cand in jobs if (c.steps, cand.label) not in results}.values())
         if todo:
             for (c, cand), r in zip(todo, _run_jobs(todo, source_factory, workers, on_done, ray)):
-                results[(c.steps, cand.label)] = r
+                results[(c.steps, cand.label)], full[(c.steps, cand.label)] = _light(r), r
+
+    def keep_best() -> None:
+        want = {(c.steps, b.label) for c, bs in (_bests(t) for t in tried.values() if t) for b in bs}
+        for k in [k for k in full if k not in want]:
+            del full[k]
 
     # each search is sent makespans at equal work among its runs at the same eta (its per-eta rows' ranking)
     work: dict[tuple[str, Any], EqualWork] = {}
@@ -152,11 +162,10 @@ def tune(
             except StopIteration:
                 pass
         pending = nxt
-    out: dict[str, Tuned] = {}
+        keep_best()
     run_round([(cfg, cand) for cand in fixed.values()]
               + [(cfg, _best(t)) for t in tried.values() if t])
-    for name, cand in fixed.items():
-        out[name] = Tuned(cand, results[(cfg.steps, cand.label)], "as configured", [])
+    rows: list[tuple[str, Candidate, str, list]] = [(name, cand, "as configured", []) for name, cand in fixed.items()]
     for key, t in tried.items():
         if not t:
             continue
@@ -169,15 +178,19 @@ def tune(
         runs = [(c, cand, r.makespan_s) for c, cand, r in t]
         per_eta = sorted({cand.params["eta"] for _, cand, _ in t if "eta" in cand.params})
         if key.endswith("-pilot") or len(per_eta) < 2:
-            out[key] = Tuned(best, results[(cfg.steps, best.label)], how, runs)
+            rows.append((key, best, how, runs))
             continue
         if name in baselines():  # the baseline tuned over eta as well stays, labelled so
-            out[key] = Tuned(best, results[(cfg.steps, best.label)], f"{how}, any eta", runs)
+            rows.append((key, best, f"{how}, any eta", runs))
         for e in per_eta:
             at = [x for x in t if x[1].params.get("eta") == e]
-            b = _best(at)
-            out[f"{name}-eta{e}"] = Tuned(b, results[(cfg.steps, b.label)], f"hindsight, {len(at)} at eta {e}",
-                                          [(c, cand, r.makespan_s) for c, cand, r in at])
+            rows.append((f"{name}-eta{e}", _best(at), f"hindsight, {len(at)} at eta {e}",
+                         [(c, cand, r.makespan_s) for c, cand, r in at]))
+    again = list({(cfg.steps, cand.label): (cfg, cand) for _, cand, _, _ in rows
+                  if (cfg.steps, cand.label) not in full}.values())
+    for (c, cand), r in zip(again, _run_jobs(again, source_factory, workers, None, ray) if again else []):
+        full[(c.steps, cand.label)] = r
+    out = {k: Tuned(cand, full[(cfg.steps, cand.label)], how, runs) for k, cand, how, runs in rows}
     return {k: out[k] for k in sorted(out, key=lambda k: _row_order(k, names))}
 
 
@@ -216,6 +229,19 @@ def _best(tried: list[tuple[RunConfig, Candidate, SimResult]]) -> Candidate:
     i = fastest_at_equal_work([r.makespan_s for _, _, r in tried], [_cuts(r) for _, _, r in tried],
                               _executions(tried[0][0]), tie=[-cand.params.get("eta", 0) for _, cand, _ in tried])
     return tried[i][1]
+
+
+def _light(r: SimResult) -> SimResult:
+    """The result without its event log and groups: what a search ranks by (makespan, scheduler cuts) and the
+    table's figures (metrics) stay."""
+    return replace(r, log=[], groups=[])
+
+
+def _bests(tried: list[tuple[RunConfig, Candidate, SimResult]]) -> tuple[RunConfig, list[Candidate]]:
+    """A search's best run over all its runs and at each eta (the rows `tune` reports for it)."""
+    c = tried[0][0]
+    etas = sorted({cand.params["eta"] for _, cand, _ in tried if "eta" in cand.params})
+    return c, [_best(tried)] + [_best([x for x in tried if x[1].params.get("eta") == e]) for e in etas]
 
 
 def _run_jobs(jobs: list[tuple[RunConfig, Candidate]], source_factory, workers, on_done,
