@@ -32,8 +32,7 @@ def test_engine_killed_while_a_step_trains_serves_the_new_version(pool):
     longer than a tiny step); the replacement must serve the new version, or async (admitting by the oldest
     engine's version, syncing only after steps) waits on nothing. On-policy, every step's samples come from
     exactly the trainer's weights (log-prob mismatch at its floor). A replacement actor takes ~16 s to come up on
-    a loaded 2-core machine (a fresh process importing torch), ~5 tiny steps: 12 steps leave it time to, where 6
-    ended first in 2 of 2 runs at load 5."""
+    a loaded 2-core machine (a fresh process importing torch), ~5 tiny steps: 12 steps leave it time to."""
     cfg = dataclasses.replace(CFG, steps=12, policy_params={"async": {"eta": 0}})
     killed: list[tuple[int, int]] = []
 
