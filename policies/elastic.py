@@ -46,7 +46,9 @@ future length. Then at each decision point it does one thing:
    (policies.elastic_plan.choose_grow): the executions waiting to start (and the groups the staleness
    bound lets in next) take engine slots as they free, each taking what finished executions took,
    scaled by the estimate's step time at the load that many engines carry; the GPUs left free train the
-   next steps; the count whose last pending group is trained soonest wins (ties: fewer). With no engine
+   next steps (at eta 0, where every engine is empty when the next batch is ready, or every GPU but one
+   engine's after the engines' stop, whichever is sooner); the count whose last pending group is trained
+   soonest wins (ties: fewer). With no engine
    ready, every freed GPU starts one; at eta 0 and for single-turn rollouts the GPUs left free are the
    trainer's (not lent, 3.). Engines serving old weights sync; the started ones join the pool
    once they serve, and the next step does not wait for them. While they start, a ready engine is handed
@@ -295,7 +297,8 @@ class Elastic:
                            unused_slots=sum(max(0, e.admit_limit - e.n_live) for e in ready), live_ends=ends,
                            pending=pending, finished=set(b.finished), queued=queued, durations=self.records.durations(),
                            scale=scale, per_batch=b.gps, train_s=lambda g: est.train_s(tokens, attn, g) + est.trainer_start_s,
-                           start_s=est.engine_start_s, drain_s=drain + est.engine_stop_s, due=due)
+                           start_s=est.engine_start_s, drain_s=drain + est.engine_stop_s, due=due,
+                           empty_drain_s=est.engine_stop_s if self.eta == 0 else None)
 
     # ------------------------------------------------------------------ 3. between decisions
     def _react(self) -> list[Handle]:

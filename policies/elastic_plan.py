@@ -105,7 +105,7 @@ def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines
                 live_free_at: Sequence[float], unused_slots: int, live_ends: dict[int, float], pending: Sequence[int],
                 finished: set[int], queued: Sequence[int], durations: Sequence[float], scale: Callable[[int], float],
                 per_batch: int, train_s: Callable[[int], float], start_s: float, drain_s: float,
-                due: Sequence[int] | None = None) -> int:
+                due: Sequence[int] | None = None, empty_drain_s: float | None = None) -> int:
     """Engines to start on the free GPUs when a step ends (the rest stay free for the next step).
 
     For k new engines (serving after `start_s`, `limit` executions each): the executions waiting to start
@@ -114,7 +114,10 @@ def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines
     finished executions took (`durations`, cycled), times `scale(engines + k)` (the estimate's step time
     at the load that many engines carry, over the load those durations were measured at); the next steps
     train on the GPUs left free (at least the memory minimum: below it a step first drains engines,
-    `drain_s`; `due`: each pending group's batch index, `batch_ready_times`). Returns the k whose last pending group (`pending`; `live_ends`: the live executions'
+    `drain_s`; `due`: each pending group's batch index, `batch_ready_times`). `empty_drain_s`, where every
+    engine is empty when the next batch is ready (eta 0: every admitted group is in it): the next steps may
+    instead train on every GPU but one engine's, each paying that drain (the engines' stop), whichever ends
+    sooner. Returns the k whose last pending group (`pending`; `live_ends`: the live executions'
     latest predicted finish per group) is trained soonest (ties: fewer engines)."""
     best, best_end = 0, float("inf")
     for k in range(free_gpus // per + 1):
@@ -126,6 +129,9 @@ def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines
         free_at = list(live_free_at) + [now] * unused_slots + [now + start_s] * (k * limit)
         last = pending_ends(now, live_ends, free_at, queued, durations, scale(e), pending, finished)
         end = last_batch_end(now + wait, last, per_batch, train_s(g), due) if last else now
+        if last and empty_drain_s is not None and e > 1:
+            drained = free_gpus + (engines - 1) * per  # all but one engine (plan_drain), k of them new
+            end = min(end, last_batch_end(now, last, per_batch, train_s(drained) + empty_drain_s, due))
         if end < best_end - 1e-9:
             best, best_end = k, end
     return best

@@ -198,6 +198,13 @@ def test_choose_grow_exact_cases():
     # the same job twice as fast per engine added (scale 2 / engines): k=0: 20 + 4 = 24; k=1: 10 + 8 = 18;
     # k=2: 6.67, then a step on the 1 GPU drained back: 6.67 + 8 = 14.67
     assert choose_grow(**kw, **dict(few, scale=lambda e: 2.0 / e)) == 2, "a faster rollout can be worth the trainer"
+    # eta 0 (every engine empty when the next batch is ready): the next trainer may also take every GPU but
+    # one engine's after the engines' stop (1 s). Rollout 10 s x 3 / (engines + 2): 10, 7.5, 6 s. Without
+    # that: k=0: 10 + 4 = 14; k=1: 7.5 + 8 = 15.5; k=2: 6 + 8 = 14 (tie: fewer) -> 0. With it: k=0 has no
+    # engine to drain beside the one that stays: 14; k=1: 7.5 + 1 + 8 / 2 = 12.5; k=2: 6 + 1 + 4 = 11 -> 2
+    faster = dict(few, scale=lambda e: 3.0 / (e + 2))
+    assert choose_grow(**kw, **faster) == 0, "the GPUs kept free train the next step"
+    assert choose_grow(**kw, **faster, empty_drain_s=1.0) == 2, "at eta 0 the engines' GPUs train it after a stop"
 
 
 # ---------------------------------------------------------------- exact timelines on hand-built workloads
@@ -548,3 +555,22 @@ def test_choose_avoids_parking_past_a_deadline():
     slow = Candidate(gpus=1, plan=plan, step_end=2.0, next_ready=2.0, last_end=9.0, train_s=2.0)
     assert choose([fast, slow]) is slow, "the plan that parks past a deadline is passed over"
     assert choose([fast]) is fast, "with no other, it stands"
+
+
+def test_eta0_timeline_keeps_the_trainer_where_more_engines_buy_nothing():
+    """At eta 0 with 1 s engine steps whatever the load (step_b = step_c = 0), more engines cannot speed a
+    rollout up, so after a step no engine starts (starting one, then draining it for the next trainer, costs
+    its stop and the trainer's onload for nothing).
+
+    By hand: engines up at 1 (every engine at eta 0); group 0's executions of 5 and 7 tokens end at 6 and 8;
+    engine 0 is consolidated at 6; at 8 the batch trains on 3 GPUs (engines 1, 2 drained: 1 s stop, 1 s
+    onload, 112 tokens / 3): 8 + 2 + 37.33 = 47.33; the kept engine 3 rolls out group 1 out to 47.33 + 7 =
+    54.33, trained on the 3 free GPUs with no onload (they kept the trainer): 91.67; group 2 likewise: 136."""
+    gs = [GroupSpec(group_id=i, task_id=i, step=i, executions=[_spec(2 * i, i, [5]), _spec(2 * i + 1, i, [7])])
+          for i in range(3)]
+    c = _cluster(gs, 1.0)
+    c.run(Elastic(eta=0), 3)
+    assert _decisions(c) == [("grow", 0, 4), ("drain:consolidate", 6.0, (0,)), ("train", 8.0, 3),
+                             ("drain:train", 8.0, (1, 2)), ("step", 47.3333, 3), ("train", 54.3333, 3),
+                             ("step", 91.6667, 3), ("train", 98.6667, 3), ("step", 136.0, 3)], _decisions(c)
+    check_staleness(c.log, 0, exact=True)

@@ -12,8 +12,12 @@ is printed but marked).
 
 Outputs (results/): <preset>_<steps>steps_rows.csv (every row of every seed's compare table) and
 <preset>_<steps>steps.csv (the headline pairs), each rewritten as every seed finishes, keeping the other seeds'
-rows already there (`--seeds 1 2` adds to a file holding seed 0). Usage:
+rows already there (`--seeds 1 2` adds to a file holding seed 0). After a change to one policy,
+`--rerun elastic --etas 0` runs only that policy's search at those etas and replaces its per-eta rows in each
+seed's stored table (the other rows stay; every row's equal-work mark is recomputed over the new table).
+Usage:
   python experiments/equal_work/run.py --preset xlong-swe-kv --steps 6 --seeds 0 1 2 [--jobs 1]
+  python experiments/equal_work/run.py --preset short-math --steps 4 --rerun elastic --etas 0
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from gyre.config import override
+from gyre.policies.tuning import equal_work
 from gyre.presets import get_preset
 from gyre.sim.harness.compare import ETAS, tune, tuned_table
 from gyre.sim.harness.sweep import RAY_HELP, progress_lines
@@ -42,6 +47,29 @@ def compare_table(preset: str, steps: int, seed: int, jobs: int, ray: str | None
     tuned = tune(cfg, ["colocate", "async", "elastic"], pilot=False, workers=jobs, ray=ray, on_done=lambda c, r: done(0, r))
     _, table, _ = tuned_table(tuned)
     return table.assign(preset=preset, steps=steps, seed=seed)
+
+
+def rerun_rows(preset: str, steps: int, seed: int, jobs: int, policy: str, etas: tuple[int, ...], stored: pd.DataFrame,
+               ray: str | None = None) -> pd.DataFrame:
+    """`stored` (one seed's rows) with `policy`'s rows at `etas` replaced by a fresh run of its search at those
+    etas, and every row's equal-work mark recomputed (policies.tuning.equal_work) over the new rows."""
+    cfg = override(get_preset(preset), steps=steps, seed=seed).validate()
+    done = progress_lines(None, f"seed {seed}: {policy} runs")
+    fresh = []
+    for eta in etas:  # one search per eta: its row is the policy's row at that eta
+        tuned = tune(cfg, [policy], etas=(eta,), pilot=False, workers=jobs, ray=ray, on_done=lambda c, r: done(0, r))
+        _, table, _ = tuned_table(tuned)
+        fresh.append(table.assign(policy=f"{policy}-eta{eta}", preset=preset, steps=steps, seed=seed))
+    new = pd.concat(fresh, ignore_index=True)
+    rows = stored.set_index("policy")
+    missing = [p for p in new["policy"] if p not in rows.index]
+    if missing:
+        raise SystemExit(f"{preset} {steps} steps seed {seed}: no stored row {missing[0]} to replace (run the seed whole)")
+    for _, r in new.iterrows():
+        rows.loc[r["policy"], [k for k in KEEP if k != "policy"]] = [r[k] for k in KEEP if k != "policy"]
+    out = rows.reset_index()
+    out["equal_work"] = equal_work(out["sched_cuts"].astype(int).tolist(), int(out["executions"].max()))
+    return out
 
 
 def pairs(table: pd.DataFrame) -> list[dict]:
@@ -83,12 +111,22 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="worker processes per seed's comparison")
     ap.add_argument("--ray", default=None, help=RAY_HELP)
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--rerun", default=None, metavar="POLICY",
+                    help="rerun only this policy's search (at --etas) and replace its rows in the stored tables")
+    ap.add_argument("--etas", type=int, nargs="+", default=list(ETAS), help="with --rerun: the etas to rerun")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     stem = f"{a.preset}_{a.steps}steps"
     for seed in a.seeds:
         t0 = time.perf_counter()
-        table = compare_table(a.preset, a.steps, seed, a.jobs, a.ray)
+        if a.rerun:
+            path = a.out / f"{stem}_rows.csv"
+            stored = pd.read_csv(path) if path.exists() else None
+            if stored is None or not (stored["seed"] == seed).any():
+                raise SystemExit(f"{path}: no rows for seed {seed} to rerun {a.rerun} into (run the seed whole first)")
+            table = rerun_rows(a.preset, a.steps, seed, a.jobs, a.rerun, tuple(a.etas), stored[stored["seed"] == seed], a.ray)
+        else:
+            table = compare_table(a.preset, a.steps, seed, a.jobs, a.ray)
         rows = table[[*KEEP, "preset", "steps", "seed"]]
         _merge_seed(a.out / f"{stem}_rows.csv", rows, seed)
         head = _merge_seed(a.out / f"{stem}.csv", pd.DataFrame(pairs(table)), seed)
