@@ -1,11 +1,14 @@
 """One 48-step equal-work row on xlong-swe-kv: a policy at one eta, per-engine cap and (async) split.
 
 Runs `model_based.run` (makespan, deadline and scheduler-induced cuts, tokens generated, preemptions) for
-one configuration and appends its row to results/run48_<preset>_seed<seed>.csv, so each row of the
-README's 48-step table can be rerun alone (each takes minutes to tens of minutes of CPU).
+one configuration and appends its row to results/run48_<preset>_s<steps>_seed<seed>.csv (with `--gpus N`,
+the preset on N GPUs: results/run48_<preset>_g<N>_s<steps>_seed<seed>.csv; on 640 and 768 GPUs these are the
+regime map's 48-step preset cells, experiments/regime_map/run.py's cell_config for the 1M window, 3x growth,
+heavy training), so each row of the README's 48-step tables can be rerun alone (each takes minutes of CPU).
 
 Usage: python experiments/elastic_vs_baselines/run48.py --policy elastic --eta 4 --cap 4
        python experiments/elastic_vs_baselines/run48.py --policy async --eta 4 --split 640 --cap 8
+       python experiments/elastic_vs_baselines/run48.py --policy async --eta 4 --split 288 --cap 4 --gpus 640
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def main() -> None:
     ap.add_argument("--eta", type=int, default=4)
     ap.add_argument("--cap", type=int, default=0, help="per-engine cap (max_running); 0: none")
     ap.add_argument("--split", type=int, default=0, help="async's rollout GPUs (required for async)")
+    ap.add_argument("--gpus", type=int, default=0, help="the cluster's GPUs; 0: the preset's")
     a = ap.parse_args()
     if a.policy == "async" and a.split <= 0:
         ap.error("--split: async needs its rollout GPUs (> 0)")
@@ -40,10 +44,15 @@ def main() -> None:
         params["rollout_gpus"] = a.split
     if a.cap:
         params["max_running"] = a.cap
-    cfg = override(get_preset(a.preset), steps=a.steps, seed=a.seed)
-    row = {"preset": a.preset, "steps": a.steps, "seed": a.seed, **run(cfg, a.policy, params)}
+    if a.gpus < 0:
+        ap.error("--gpus: a positive GPU count, or 0 for the preset's")
+    cfg = override(get_preset(a.preset), steps=a.steps, seed=a.seed, **({"cluster.gpus": a.gpus} if a.gpus else {}))
+    cfg.validate()
+    row = {"preset": a.preset, "steps": a.steps, "seed": a.seed, **({"gpus": a.gpus} if a.gpus else {}),
+           **run(cfg, a.policy, params)}
     print(row, flush=True)
-    out = HERE / "results" / f"run48_{a.preset}_s{a.steps}_seed{a.seed}.csv"
+    tag = f"_g{a.gpus}" if a.gpus else ""
+    out = HERE / "results" / f"run48_{a.preset}{tag}_s{a.steps}_seed{a.seed}.csv"
     pd.DataFrame([row]).to_csv(out, mode="a", header=not out.exists(), index=False)
     print(f"appended to {out}")
 
