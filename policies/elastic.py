@@ -60,7 +60,9 @@ future length. Then at each decision point it does one thing:
    drained if every one of its executions fits elsewhere and the drain frees it sooner than their
    finishes would (a single-turn rollout reaches no boundary: draining it frees nothing sooner and would
    hold up the next decision; all such engines at once): the tail is consolidated and its GPUs wait free
-   for the next step.
+   for the next step. At eta 0 only engines left empty stop early: every live execution is in the batch
+   the trainer waits for and a freed GPU has nothing to train before it is ready, while a moved
+   execution decodes in a larger batch on its new engine and so slows that batch's tail.
 
 Per-engine concurrency, at every admission: an engine is handed no more executions than the most at
 which each of its live executions is still predicted to meet its deadline (policies.elastic_pool.
@@ -128,7 +130,7 @@ class Elastic:
         self.steps = steps
         self.records = Records()
         self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share,
-                               max_running=self.config.max_running)
+                               max_running=self.config.max_running, move_to_consolidate=self.eta > 0)
         self.pool.cap = DeadlineCaps(cluster, self.config, self._history, self._loads)
         self.gathering = False  # a batch's GPUs are being gathered
         order = OrderedAdmission(cluster, steps, self.config)

@@ -27,8 +27,12 @@ from gyre.policies.elastic_predict import frees_sooner, protected_remaining_s, r
 
 
 class EnginePool:
-    def __init__(self, cluster: Cluster, *, kv_fill: float, load_share: float, max_running: int | None = None) -> None:
+    def __init__(self, cluster: Cluster, *, kv_fill: float, load_share: float, max_running: int | None = None,
+                 move_to_consolidate: bool = True) -> None:
         self.cluster = cluster
+        # may a consolidation move live executions (policies.elastic sets it: not at eta 0), or only stop
+        # engines with none left
+        self.move_to_consolidate = move_to_consolidate
         self.kv_fill = kv_fill  # a target engine takes migrants up to this share of its KV (ElasticConfig)
         self.load_share = load_share  # below this share of its peak load an engine is consolidated (ElasticConfig)
         self.engines: list[EngineView] = []  # engines that accept admissions (starting or ready)
@@ -194,11 +198,14 @@ class EnginePool:
 
     def consolidate(self, ready: Sequence[EngineView], predict: Callable[[], tuple[dict, dict]]) -> None:
         """Drain the engines below load_share of their peak (the thinnest first) whose executions all fit
-        elsewhere and can all move before they would finish (policies.elastic_plan.frees_sooner)."""
+        elsewhere and can all move before they would finish (policies.elastic_plan.frees_sooner); without
+        `move_to_consolidate`, only engines that hold no live execution."""
         thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0)}
+        live = self.cluster.live()
+        if not self.move_to_consolidate:
+            thin -= {x.engine_id for x in live}
         if not thin or len(ready) < 2:
             return
-        live = self.cluster.live()
         finish, waits = predict()
         now = self.cluster.now
         thin = {i for i in thin if frees_sooner([x for x in live if x.engine_id == i], finish, waits, now)}

@@ -220,9 +220,10 @@ def _spec(eid, gid, gen, tool_s=(), tool_out=()):
                          deadline_s=1e9)
 
 
-def _cluster(groups, train_s_per_token: float):
-    """Four 1-GPU engines' worth of GPUs, 1 s engine steps, free prefill, wake / sleep / trainer onload 1 s."""
-    costs = Costs(engine_gpus=1, kv_capacity_tokens=10_000, step_a=1.0, step_b=0.0, step_c=0.0,
+def _cluster(groups, train_s_per_token: float, step_b: float = 0.0):
+    """Four 1-GPU engines' worth of GPUs, engine steps of 1 s + `step_b` s per decoding sequence, free
+    prefill, wake / sleep / trainer onload 1 s."""
+    costs = Costs(engine_gpus=1, kv_capacity_tokens=10_000, step_a=1.0, step_b=step_b, step_c=0.0,
                   prefill_s_per_token=0.0, train_s_per_token_gpu=train_s_per_token, min_train_gpus=1, sync_s=0.0,
                   engine_wake_s=1.0, engine_sleep_s=1.0, trainer_onload_s=1.0, trainer_offload_s=0.0,
                   kv_transfer_s_per_token=0.0, migration="reprefill")
@@ -414,6 +415,30 @@ def test_thinning_tail_timeline():
     got = _decisions(c)
     assert got[:5] == [("grow", 0, 4), ("drain:consolidate", 4.0, (0,)), ("drain:consolidate", 5.0, (1, 2)),
                        ("train", 24.0, 3), ("step", 25.48, 3)], got
+
+
+def test_eta0_keeps_a_thinning_tail_on_its_engines():
+    """At eta 0 every live execution is in the batch the trainer waits for, so a thinning engine is not
+    consolidated while it holds one (only empty engines stop early): moving the tail onto fewer engines
+    would only run it in a larger decode batch.
+
+    By hand: one group of 20 executions on the 4 engines (up at 1), 5 each: four of 3 tokens and one of
+    five 3-token segments with 2 s tool calls; a step takes 1 s + 1 s per decoding sequence. At batch 5 (6
+    s a token) the short ones and the long ones' first segments end at 1 + 18 = 19; each engine then holds
+    its one long execution, under a quarter of its peak of 5, and keeps it: alone (2 s a token), each of its
+    four tool call + segment rounds takes 2 + 6 s, so all four finish at 19 + 32 = 51 (consolidated onto one
+    engine at 19-20 as before, they ran at batch 4, 5 s a token, to 87). At 51 every engine is empty: engine
+    0 stops (1 s), then the batch trains on 3 GPUs (engines 1 and 2 stopped, 1 s; onload 1 s): the group's
+    prefix-shared 288 tokens (a 100-token prompt, 16 x 3, 4 x (15 + 4 x 5 tool output)) x 0.01 s / 3 =
+    0.96: 52 + 2 + 0.96 = 54.96."""
+    ex = [_spec(j, 0, [3, 3, 3, 3, 3], [2.0] * 4, [5] * 4) if j % 5 == 4 else _spec(j, 0, [3]) for j in range(20)]
+    c = _cluster([GroupSpec(group_id=0, task_id=0, step=0, executions=ex)], 0.01, step_b=1.0)
+    c.run(Elastic(eta=0), 1)
+    assert not [r for r in c.log if r[0] in ("migrate", "park")], "nothing moves at eta 0"
+    assert [(r[1], r[2]) for r in c.log if r[0] == "finish" and r[4] > 3] == [(51.0, 4), (51.0, 9), (51.0, 14), (51.0, 19)]
+    assert _decisions(c) == [("grow", 0, 4), ("drain:consolidate", 51.0, (0,)), ("train", 52.0, 3),
+                             ("drain:train", 52.0, (1, 2)), ("step", 54.96, 3)], _decisions(c)
+    check_staleness(c.log, 0, exact=True)
 
 
 # ---------------------------------------------------------------- properties over seeds
