@@ -201,11 +201,11 @@ class EnginePool:
         elsewhere and can all move before they would finish (policies.elastic_plan.frees_sooner); without
         `move_to_consolidate`, only engines that hold no live execution."""
         thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0)}
-        live = self.cluster.live()
         if not self.move_to_consolidate:
-            thin -= {x.engine_id for x in live}
+            thin = {e.id for e in ready if e.id in thin and not e.n_live}
         if not thin or len(ready) < 2:
             return
+        live = self.cluster.live()
         finish, waits = predict()
         now = self.cluster.now
         thin = {i for i in thin if frees_sooner([x for x in live if x.engine_id == i], finish, waits, now)}

@@ -15,7 +15,8 @@ Same seed, so the same groups and the same lower bound (sim/cluster/bound.py, wi
 Per run: makespan, makespan / bound, speedup over drawn order, staleness and per-token version lag
 (max, token-weighted mean; gyre.metrics), and the predictor's quality on the run (Spearman rank
 correlation of predicted and observed longest turns per group; share of the observed longest 5% in the
-predicted top 5%).
+predicted top 5%), and its work: executions, deadline cuts, scheduler-induced cuts (sim/harness/sched_cuts.py),
+tokens generated, KV preemptions.
 
 Outputs: results/{preset}_foresight.csv and results/{preset}_foresight.png.
 
@@ -81,10 +82,12 @@ def run_one(job: dict) -> dict:
            "bound_staleness_s": r.bound.staleness_s, "over_bound": r.makespan_s / r.bound.makespan_s,
            "staleness_max": s["staleness_max"], "lag_max": s["lag_max"], "lag_mean": s["lag_mean"],
            "spearman": q.get("spearman"), "top5_share": q.get("top5_share"),
-           "trained_other_groups": s["trained_other_groups"], "wall_s": r.wall_s}
+           "trained_other_groups": s["trained_other_groups"], "executions": s["executions"],
+           "deadline_hit": s["deadline_hit"], "sched_cuts": s["sched_cuts"], "tokens_generated": s["tokens_generated"],
+           "preemptions": s["preemptions"], "wall_s": r.wall_s}
     print(f"{row['policy']:8s} {row['variant']:28s} {r.makespan_s / 3600:7.2f} h  x{row['over_bound']:.2f} of bound  "
           f"lag max {row['lag_max']} mean {row['lag_mean']:.2f}  spearman {row['spearman']}  top5 {row['top5_share']}"
-          f"  ({r.wall_s:.0f} s)", flush=True)
+          f"  cuts {row['deadline_hit']} (sched {row['sched_cuts']})  ({r.wall_s:.0f} s)", flush=True)
     return row
 
 
