@@ -79,8 +79,9 @@ GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-from gyre.cluster import Cluster, ClusterError, EngineView
+from gyre.cluster import Cluster, ClusterError, EngineView, ExecutionView
 from gyre.estimate import batch_counts
 from gyre.handles import Handle, any_of
 from gyre.policies.admission import OrderedAdmission
@@ -182,15 +183,15 @@ class Elastic:
         self.gathering = False
         return cluster.free_gpus()
 
-    def _predict(self, hist: History):
-        """Each live execution's predicted finish (absolute: its remaining time drawn at its quantile level,
-        policies.elastic_history) and wait for its next tool-call boundary."""
+    def _predict(self, hist: History, only: Sequence[ExecutionView] | None = None):
+        """Each live execution's (or each of `only`'s) predicted finish (absolute: its remaining time drawn at
+        its quantile level, policies.elastic_history) and wait for its next tool-call boundary."""
         c, now = self.config, self.cluster.now
         finish, waits = {}, {}
         load = self._loads()
         live = self.cluster.live()
-        spread = self.records.spread(live, now, c.unseen_residual)
-        for x in live:
+        spread = self.records.spread(live, now, c.unseen_residual)  # over every live execution's age
+        for x in live if only is None else only:
             f = load.get(x.engine_id, 1.0)
             rem = drawn_remaining_s(x, hist, spread, now, c.unseen_residual, f)
             if rem is None:
@@ -314,7 +315,7 @@ class Elastic:
             if seen and pool.idle and not batch_waiting:
                 pool.draining = self.cluster.spawn(self._release(), "elastic-release")
             else:
-                pool.between_decisions(batch_waiting, lambda: self._predict(self._history()))
+                pool.between_decisions(batch_waiting, lambda xs: self._predict(self._history(), xs))
         return [pool.load.wait()]
 
     # ------------------------------------------------------------------ 0. the start's trainer GPUs

@@ -32,6 +32,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from gyre.cluster import ExecutionView
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0  # the golden-ratio sequence i x 0.618... mod 1 is the most even of its kind
@@ -129,19 +131,22 @@ class History:
 
 class Spread:
     """The Kaplan-Meier distribution of execution durations (seconds from first run to finish): finished
-    executions are events, live ones censored at their ages. Sorted once; each query is a binary search."""
+    executions are events, live ones censored at their ages. Sorted once; each query is a binary search.
+
+    The estimate is the product, over the marks in time order (events before censorings at a tie), of
+    1 - 1 / (marks not yet passed) at each event; it is taken with numpy's running product, which multiplies
+    in order, so it equals the loop over the marks bit for bit."""
 
     def __init__(self, durations: Iterable[float], live_ages: Iterable[float], unseen_residual: float) -> None:
-        marks = sorted([(d, 0) for d in durations] + [(a, 1) for a in live_ages])  # events before censorings at a tie
-        at_risk, s = len(marks), 1.0
-        self.times: list[float] = []  # event times, ascending
-        self.neg_s: list[float] = []  # minus the survival just after each (ascending, for bisect)
-        for t, censored in marks:
-            if not censored:
-                s *= 1.0 - 1.0 / at_risk
-                self.times.append(t)
-                self.neg_s.append(-s)
-            at_risk -= 1
+        d = np.fromiter(durations, dtype=float)
+        t = np.concatenate([d, np.fromiter(live_ages, dtype=float)])
+        censored = np.arange(len(t)) >= len(d)
+        order = np.lexsort((censored, t))  # by time, events first at a tie
+        event = ~censored[order]
+        at_risk = len(t) - np.flatnonzero(event)  # marks not yet passed at each event
+        self.times: list[float] = t[order][event].tolist()  # event times, ascending
+        self.neg_s: list[float] = (-np.multiply.accumulate(1.0 - 1.0 / at_risk)).tolist()  # minus the survival
+        # just after each event (ascending, for bisect)
         self.r = unseen_residual
 
     def __bool__(self) -> bool:
@@ -182,6 +187,7 @@ class Records:
         self.seen_step = [0.0, 0]  # sum and count of the mean engine step time sampled at finishes
         self.max_ctx = 0  # the largest context seen on a live execution (what compaction bounds contexts at)
         self.last_counts = (0.0, 0.0)  # the last batch's trained tokens and attention sum
+        self._segs_sorted: list[int] = []  # `segs`, sorted (kept as they come: History wants them sorted)
 
     FIELDS = ("segs", "ctx", "seg_s", "started_durations", "group_size", "seen_step", "last_counts", "max_ctx")
 
@@ -192,12 +198,14 @@ class Records:
         for k in self.FIELDS:
             if k in state:
                 setattr(self, k, state[k])
+        self._segs_sorted = sorted(self.segs)
 
     def finished(self, x: ExecutionView, group_size: int, now: float) -> None:
         self.group_size = group_size
         segs = x.turns_done + 1
         t0 = x.started_at if x.started_at is not None else now
         self.segs.append(segs)
+        bisect.insort(self._segs_sorted, segs)
         self.ctx.append(0.5 * x.trajectory_tokens)
         self.seg_s.append((now - t0) / segs)
         bisect.insort(self.started_durations, (t0, x.id, now - t0))
@@ -217,7 +225,7 @@ class Records:
 
     def history(self, live: Sequence[ExecutionView]) -> History:
         mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-        return History(segments=tuple(sorted(self.segs)), seg_s=mean(self.seg_s), ctx=mean(self.ctx),
+        return History(segments=tuple(self._segs_sorted), seg_s=mean(self.seg_s), ctx=mean(self.ctx),
                        live_done=tuple(x.turns_done for x in live))
 
     def spread(self, live: Sequence[ExecutionView], now: float, unseen_residual: float) -> Spread:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from gyre.cluster import Cluster, EngineView, Phase
+from gyre.cluster import Cluster, EngineView, ExecutionView, Phase
 from gyre.handles import Handle, all_of
 from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Signal, engine_slots
@@ -150,10 +150,11 @@ class EnginePool:
         self.draining = None  # done: whoever wakes on the pool's change may start the next drain
         self.load.fire()
 
-    def between_decisions(self, batch_waiting: bool, predict: Callable[[], tuple[dict, dict]]) -> None:
+    def between_decisions(self, batch_waiting: bool, predict: Callable[[Sequence[ExecutionView]], tuple[dict, dict]]
+                          ) -> None:
         """With no batch ready and no drain in flight: lend free GPUs or rebalance queues where executions
-        wait for room, else consolidate a thinning engine (`predict()`: each live execution's predicted
-        finish and wait for its next tool-call boundary)."""
+        wait for room, else consolidate a thinning engine (`predict(xs)`: the predicted finish and wait for
+        the next tool-call boundary of the live executions xs)."""
         ready = self.ready()
         for e in ready:
             self.peak[e.id] = max(self.peak.get(e.id, 0), e.n_live)
@@ -196,19 +197,26 @@ class EnginePool:
             if not room:
                 return
 
-    def consolidate(self, ready: Sequence[EngineView], predict: Callable[[], tuple[dict, dict]]) -> None:
+    def consolidate(self, ready: Sequence[EngineView], predict: Callable[[Sequence[ExecutionView]], tuple[dict, dict]]
+                    ) -> None:
         """Drain the engines below load_share of their peak (the thinnest first) whose executions all fit
         elsewhere and can all move before they would finish (policies.elastic_plan.frees_sooner); without
-        `move_to_consolidate`, only engines that hold no live execution."""
+        `move_to_consolidate`, only engines that hold no live execution. `predict(xs)`: the predicted finish
+        and boundary wait of the live executions `xs` (those on the thin engines)."""
         thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0)}
         if not self.move_to_consolidate:
             thin = {e.id for e in ready if e.id in thin and not e.n_live}
         if not thin or len(ready) < 2:
             return
         live = self.cluster.live()
-        finish, waits = predict()
-        now = self.cluster.now
-        thin = {i for i in thin if frees_sooner([x for x in live if x.engine_id == i], finish, waits, now)}
+        on: dict[int, list[ExecutionView]] = {}  # thin engine -> its live executions
+        for x in live:
+            if x.engine_id in thin:
+                on.setdefault(x.engine_id, []).append(x)
+        if on:  # an empty engine frees at once
+            finish, waits = predict([x for xs in on.values() for x in xs])
+            now = self.cluster.now
+            thin = {i for i in thin if i not in on or frees_sooner(on[i], finish, waits, now)}
         if not thin:
             return
         for k in range(len(thin), 0, -1):

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gyre.cluster import Phase
 from gyre.policies.elastic_history import History, Spread, drawn_remaining_s, level
@@ -53,6 +55,21 @@ def test_spread_tail_past_every_observation_is_its_mean():
     assert sp.remaining(0, 0.9) == pytest.approx(2 * 10), "from the start, the tail reached at 10"
     assert Spread([10], [15], unseen_residual=0.5).remaining(15, 0.9) == pytest.approx(1.5 * 15 - 15), "residual 0.5"
     assert not Spread([], [5], 1.0), "nothing finished: no spread to draw from"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 12), max_size=40), st.lists(st.integers(0, 12), max_size=40))
+def test_spread_is_the_kaplan_meier_product_over_distinct_times(durations, ages):
+    """The survival just after each event time t equals the textbook estimate: the product, over the distinct
+    event times u <= t, of 1 - (events at u) / (at risk at u: durations >= u and live ages >= u, a live
+    execution censored at its age still at risk at it). Integer times, so ties of every kind occur."""
+    sp = Spread([float(d) for d in durations], [float(a) for a in ages], unseen_residual=1.0)
+    assert sp.times == sorted(float(d) for d in durations)
+    s = 1.0
+    for u in sorted(set(durations)):
+        at_risk = sum(d >= u for d in durations) + sum(a >= u for a in ages)
+        s *= 1.0 - durations.count(u) / at_risk
+        assert sp.survival(float(u)) == pytest.approx(s, rel=1e-12, abs=1e-15), u
 
 
 def test_draw_segments_by_hand():
