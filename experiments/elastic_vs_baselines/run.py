@@ -2,7 +2,8 @@
 and short-math: the comparison of the paper this project follows.
 
 Protocol: async is tuned by a sweep over its rollout GPUs R (multiples of the engine size leaving
->= min_train_gpus to train) and eta in {0, 1, 2, 4}; elastic is swept over the same eta range. To keep
+>= min_train_gpus to train), eta in {0, 1, 2, 4} and its per-engine cap (the engine's admission limit and its
+halvings, as `gyre-sim compare` searches it); elastic is swept over the same etas and caps (Elastic.grid). To keep
 the sweep affordable the selection runs use `--select-steps` steps of the same workload (same seed);
 the chosen configurations are then run for the full `--steps`. Outputs (results/):
 - {preset}_selection.csv: every selection run;
@@ -25,7 +26,9 @@ import pandas as pd
 from gyre import plots
 from gyre.config import override
 from gyre.presets import get_preset
-from gyre.policies.tuning import fastest_at_equal_work
+from gyre.policies.elastic import Elastic
+from gyre.policies.tuning import fastest_at_equal_work, halvings
+from gyre.sim.harness.compare import shape_of
 from gyre.sim.harness.runner import simulate
 from gyre.sim.harness.sweep import RAY_HELP, progress_lines, run_map
 
@@ -55,13 +58,22 @@ def run_one(job: tuple[str, int, str, dict]) -> dict:
 
 
 def async_grid(preset: str) -> list[dict]:
+    """Four rollout splits x every eta x every per-engine cap compare's search tries (the engine's admission
+    limit, omitted, and its halvings: policies.tuning.halvings)."""
     cfg = get_preset(preset)
     c = cfg.costs()
     per, n = c.engine_gpus, cfg.cluster.gpus
     rs = [r for r in range(per, n - c.min_train_gpus + 1, per)]
     if len(rs) > 4:  # the top of the range and three evenly spread points below it
         rs = sorted({rs[-1], rs[(3 * len(rs)) // 4], rs[len(rs) // 2], rs[len(rs) // 4]})
-    return [dict(rollout_gpus=r, eta=e) for r in rs for e in ETAS]
+    limit = shape_of(cfg).admit_limit
+    caps = [{}] + [{"max_running": k} for k in (halvings(limit)[1:] if limit else [])]
+    return [dict(rollout_gpus=r, eta=e, **k) for r in rs for e in ETAS for k in caps]
+
+
+def elastic_grid(preset: str) -> list[dict]:
+    """Elastic's own search grid (policies.elastic.Elastic.grid: every eta at every cap async tries)."""
+    return Elastic.grid(shape_of(get_preset(preset)), ETAS)
 
 
 def run_jobs(jobs, n_jobs: int, ray: str | None = None) -> list[dict]:
@@ -93,7 +105,7 @@ def main() -> None:
     t0 = time.perf_counter()
 
     sel_jobs = [(a.preset, a.select_steps, "async", p) for p in async_grid(a.preset)]
-    sel_jobs += [(a.preset, a.select_steps, "elastic", dict(eta=e)) for e in ETAS]
+    sel_jobs += [(a.preset, a.select_steps, "elastic", p) for p in elastic_grid(a.preset)]
     if a.reuse_selection:
         sel = pd.read_csv(a.out / f"{a.preset}_selection.csv")
     else:
