@@ -203,9 +203,8 @@ class EnginePool:
         elsewhere and can all move before they would finish (policies.elastic_plan.frees_sooner); without
         `move_to_consolidate`, only engines that hold no live execution. `predict(xs)`: the predicted finish
         and boundary wait of the live executions `xs` (those on the thin engines)."""
-        thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0)}
-        if not self.move_to_consolidate:
-            thin = {e.id for e in ready if e.id in thin and not e.n_live}
+        thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0)
+                and (self.move_to_consolidate or not e.n_live)}
         if not thin or len(ready) < 2:
             return
         live = self.cluster.live()
