@@ -16,7 +16,9 @@ future length. Then at each decision point it does one thing:
    and the live executions spread evenly onto them at their next tool-call boundaries (`spread_moves`).
    A single-turn workload never shows a tool call and keeps the split through its first step.
 1. A batch is ready (the first one too). For each trainer size the free GPUs plus the first k engines of the drain order
-   allow (fewest live executions first; at least one engine stays; at least the memory minimum), predict
+   allow (fewest live executions first; at least one engine stays; at least the memory minimum), up to the first
+   whose drain would park an execution of a group due at the next step (that batch would wait, the execution not
+   decoding, for a slot the slowest staying executions free: the least certain prediction there is), predict
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
      `boundary_share` of a segment from one, or its finish if its segment is expected to be its last;
      others move at once), then the batch's training time from the estimate;
@@ -244,11 +246,12 @@ class Elastic:
         def risk(x, delay: float, stretch: float) -> float:
             return cut_p(x, hist, now, c.unseen_residual, delay, stretch, load.get(x.engine_id, 1.0))
 
+        due_next = {g.id for a, g in self.batcher.admitted if a + self.eta <= self.batcher.step + 1}  # by the next step
         cands = []
         for k in range(len(ready)):
             plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.drain_room)
-            if len(plan.victims) < k:
-                break
+            if len(plan.victims) < k or any(x.group_id in due_next for x in plan.parks):
+                break  # the sizes beyond drain these engines and more, onto fewer
             g = free + len(plan.gpus)
             if g < cluster.min_train_gpus:
                 continue

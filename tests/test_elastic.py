@@ -599,3 +599,30 @@ def test_eta0_timeline_keeps_the_trainer_where_more_engines_buy_nothing():
                              ("drain:train", 8.0, (1, 2)), ("step", 47.3333, 3), ("train", 54.3333, 3),
                              ("step", 91.6667, 3), ("train", 98.6667, 3), ("step", 136.0, 3)], _decisions(c)
     check_staleness(c.log, 0, exact=True)
+
+
+def test_train_drain_never_parks_the_next_batch():
+    """A trainer size whose drain would park an execution of a group due at the next step is not a
+    candidate (and neither is any larger one), however cheap the model predicts the park to be.
+
+    By hand (eta 1, training 0.1 s per token on one GPU): the split keeps engines 1-3 and GPU 0 for the
+    trainer; group 0's four 4-token rollouts and group 1's eleven (four 4-token segments, 3 s tool calls)
+    go round-robin, 5 per engine, from 1. At 5 group 0 is done and ready; engine 1 holds 3 of group 1,
+    engines 2 and 3 hold 4 each (room for 1 each). Draining engine 1 would park one of group 1, which is
+    due at step 2, so the trainer is GPU 0 alone: 5 + 1 (onload) + 116 tokens x 0.1 = 17.6. Group 1 runs
+    on its engines to 1 + 16 + 9 = 26; engine 1, empty, is consolidated (to 27), then step 2 drains engine
+    2 (1 s stop, 1 s onload) and trains 606 tokens (100 + 11 x 46) on three GPUs: 27 + 2 + 20.2 = 49.2.
+    (Without the rule the finished rollouts, all one segment, make group 1 look nearly done: at 5 the
+    controller drained engines 1 and 2 for a 3-GPU step, parked 6 executions of group 1 until engine 3's
+    slots freed at 26 and 44, and step 2 ended at 82.2.)"""
+    def run(e, g, n):
+        return _spec(e, g, [4] * n, [3.0] * (n - 1), [10] * (n - 1))
+
+    gs = [GroupSpec(group_id=0, task_id=0, step=0, executions=[run(j, 0, 1) for j in range(4)]),
+          GroupSpec(group_id=1, task_id=1, step=1, executions=[run(10 + j, 1, 4) for j in range(11)])]
+    c = _cluster(gs, 0.1)
+    c.run(Elastic(eta=1), 2)
+    assert not [r for r in c.log if r[0] in ("park", "migrate")], "nothing of group 1 moves or waits"
+    assert _decisions(c) == [("grow", 0, 4), ("train", 5.0, 1), ("step", 17.6, 1), ("drain:consolidate", 26.0, (1,)),
+                             ("train", 27.0, 3), ("drain:train", 27.0, (2,)), ("step", 49.2, 3)], _decisions(c)
+    check_staleness(c.log, 1, exact=True)
