@@ -17,8 +17,10 @@ future length. Then at each decision point it does one thing:
    A single-turn workload never shows a tool call and keeps the split through its first step.
 1. A batch is ready (the first one too). For each trainer size the free GPUs plus the first k engines of the drain order
    allow (fewest live executions first; at least one engine stays; at least the memory minimum), up to the first
-   whose drain would park an execution of a group due at the next step (that batch would wait, the execution not
-   decoding, for a slot the slowest staying executions free: the least certain prediction there is), predict
+   whose migrants do not all fit on the staying engines (KV below `kv_fill` of capacity, a slot under the
+   admission limit and `max_running`): a drain never parks, since a parked execution's deadline clock runs with
+   nothing decoding and its batch waits for a slot the slowest staying executions free, and a drain never
+   fills an engine past the concurrency at which the equal-work search found deadlines met; predict
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
      `boundary_share` of a segment from one, or its finish if its segment is expected to be its last;
      others move at once), then the batch's training time from the estimate;
@@ -27,23 +29,19 @@ future length. Then at each decision point it does one thing:
      distribution at its own seconds per segment; before it has finished one, its duration from the
      Kaplan-Meier durations given its age, times its engine's step time at its load over theirs), so a
      batch is predicted ready at its last finish, not at its executions' mean; stretched by the
-     estimate's step time of the engine it ends up on over that of its engine now; one no staying engine has room for (KV below `kv_fill` of capacity, a
-     slot under the admission limit) is parked and resumes in the next slot a staying execution frees
-     (their predicted finishes, in order), or when the step ends and engines restart;
+     estimate's step time of the engine it ends up on over that of its engine now;
    - so when each later batch of the groups admitted so far is ready (the groups the staleness bound
      makes due first, then in order of predicted finish; queued executions take finished durations in
      start order), and when the last of them is trained (each batch as long as this one, once it is ready and
      the trainer free);
    - how many more executions its delays are expected to push past their deadline (each execution's
      budget is observed; the probability from the Kaplan-Meier segment distribution);
-   and, among the sizes whose plan parks no execution past the deadline it would meet unparked (if any
-   size's does not) and expected to cut at most `cut_share` of a step's executions more than the
+   and, among the sizes expected to cut at most `cut_share` of a step's executions more than the
    least-cutting one (a cut is lost work, never a speed-up), train on the one that trains that last
    group soonest (ties: the sooner step end, then the larger trainer); the drained engines restart for the
    rollout after the step, so each later batch a candidate trains on its GPUs pays its switch again (the
    migrants' wait and the engines' stop). Its engines are drained: executions
-   migrate at their next tool-call boundary, never aborted; those with no room are parked there and
-   resumed where room frees (policies.admit_queue).
+   migrate at their next tool-call boundary, never aborted.
 2. A step ends. The number of engines to start on the freed GPUs is predicted the same way
    (policies.elastic_plan.choose_grow): the executions waiting to start (and the groups the staleness
    bound lets in next) take engine slots as they free, each taking what finished executions took,
@@ -72,7 +70,7 @@ deadline_cap, DeadlineCaps: its predicted remaining time at the engine's load no
 `protect_level`, at that quantile of its remaining segments, scaled by the estimate's step time at n
 sequences; one that misses even alone sets no cap), within its admission limit and `max_running` (a
 fixed per-engine concurrency the equal-work search chooses, as async's: `grid`); a drain's migrants are
-placed within the admission limit alone (parked, a migrant's deadline clock runs; moved, it only slows).
+placed within the admission limit and `max_running`, not the deadline caps.
 
 Every threshold is an `ElasticConfig` field with its reason. Simplifications: one drain at a time;
 GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
@@ -246,11 +244,10 @@ class Elastic:
         def risk(x, delay: float, stretch: float) -> float:
             return cut_p(x, hist, now, c.unseen_residual, delay, stretch, load.get(x.engine_id, 1.0))
 
-        due_next = {g.id for a, g in self.batcher.admitted if a + self.eta <= self.batcher.step + 1}  # by the next step
         cands = []
         for k in range(len(ready)):
             plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.drain_room)
-            if len(plan.victims) < k or any(x.group_id in due_next for x in plan.parks):
+            if len(plan.victims) < k or plan.parks:
                 break  # the sizes beyond drain these engines and more, onto fewer
             g = free + len(plan.gpus)
             if g < cluster.min_train_gpus:

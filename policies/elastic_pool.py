@@ -8,8 +8,9 @@ executions waiting for room (`lend`), move executions queued on a full engine to
 An engine is handed at most an even share of the work while engines start (`share`), and at most what the
 controller's cap allows (`deadline_cap`: the most executions at which each of its live executions is still
 predicted to meet its deadline).
-No execution is ever aborted: a migrant moves at its next tool-call boundary, one with no room anywhere is
-parked (policies.admit_queue) and resumed where room frees.
+No execution is ever aborted: a migrant moves at its next tool-call boundary; the controller drains only
+engines whose executions all have room elsewhere, and one left on a drained engine all the same (moved back
+by a fault's restart, or joined meanwhile) is parked (policies.admit_queue) and resumed where room frees.
 
 Simplifications: one drain in flight at a time; engines are started and stopped whole.
 """
@@ -46,9 +47,10 @@ class EnginePool:
         self.queue = AdmissionQueue(cluster, self.ready, limit=self.limit)
 
     def drain_room(self, e: EngineView) -> int:
-        """Migrants `e` may still take in a drain: its admission limit, not the admission caps (a migrant
-        left without room is parked, its deadline clock running, which a slower engine beats)."""
-        return e.admit_limit - e.n_live - self.queue.incoming.get(e.id, 0)
+        """Migrants `e` may still take in a drain: within its admission limit and `max_running`, not the
+        deadline caps (policies.elastic, Per-engine concurrency)."""
+        most = e.admit_limit if self.max_running is None else min(e.admit_limit, self.max_running)
+        return most - e.n_live - self.queue.incoming.get(e.id, 0)
 
     def limit(self, e: EngineView) -> int:
         """The executions `e` may be handed: its even `share` while engines start, within `max_running` and

@@ -220,10 +220,10 @@ def _spec(eid, gid, gen, tool_s=(), tool_out=()):
                          deadline_s=1e9)
 
 
-def _cluster(groups, train_s_per_token: float, step_b: float = 0.0):
+def _cluster(groups, train_s_per_token: float, step_b: float = 0.0, kv: int = 10_000):
     """Four 1-GPU engines' worth of GPUs, engine steps of 1 s + `step_b` s per decoding sequence, free
-    prefill, wake / sleep / trainer onload 1 s."""
-    costs = Costs(engine_gpus=1, kv_capacity_tokens=10_000, step_a=1.0, step_b=step_b, step_c=0.0,
+    prefill, wake / sleep / trainer onload 1 s; `kv` KV tokens an engine (a 2,000-token window: 5 at once)."""
+    costs = Costs(engine_gpus=1, kv_capacity_tokens=kv, step_a=1.0, step_b=step_b, step_c=0.0,
                   prefill_s_per_token=0.0, train_s_per_token_gpu=train_s_per_token, min_train_gpus=1, sync_s=0.0,
                   engine_wake_s=1.0, engine_sleep_s=1.0, trainer_onload_s=1.0, trainer_offload_s=0.0,
                   kv_transfer_s_per_token=0.0, migration="reprefill")
@@ -601,9 +601,31 @@ def test_eta0_timeline_keeps_the_trainer_where_more_engines_buy_nothing():
     check_staleness(c.log, 0, exact=True)
 
 
+def _live_peaks(log) -> dict[int, int]:
+    """The most executions each engine held at once, replayed from the log's admit, migrate, park and
+    finish records."""
+    on, live, peak = {}, {}, {}
+
+    def put(x, e):
+        on[x] = e
+        live[e] = live.get(e, 0) + 1
+        peak[e] = max(peak.get(e, 0), live[e])
+
+    for r in log:
+        if r[0] == "admit":
+            put(r[2], r[3])
+        elif r[0] in ("migrate", "park", "finish") and r[2] in on:
+            live[on.pop(r[2])] -= 1
+            if r[0] == "migrate":
+                put(r[2], r[4])
+        elif r[0] == "resume":
+            put(r[2], r[3])
+    return peak
+
+
 def test_train_drain_never_parks_the_next_batch():
-    """A trainer size whose drain would park an execution of a group due at the next step is not a
-    candidate (and neither is any larger one), however cheap the model predicts the park to be.
+    """A trainer size whose drain would park an execution is not a candidate (and neither is any larger
+    one), however cheap the model predicts the park to be.
 
     By hand (eta 1, training 0.1 s per token on one GPU): the split keeps engines 1-3 and GPU 0 for the
     trainer; group 0's four 4-token rollouts and group 1's eleven (four 4-token segments, 3 s tool calls)
@@ -625,4 +647,33 @@ def test_train_drain_never_parks_the_next_batch():
     assert not [r for r in c.log if r[0] in ("park", "migrate")], "nothing of group 1 moves or waits"
     assert _decisions(c) == [("grow", 0, 4), ("train", 5.0, 1), ("step", 17.6, 1), ("drain:consolidate", 26.0, (1,)),
                              ("train", 27.0, 3), ("drain:train", 27.0, (2,)), ("step", 49.2, 3)], _decisions(c)
+    check_staleness(c.log, 1, exact=True)
+
+
+def test_train_drain_stays_within_max_running():
+    """A drain places its migrants within `max_running` (the per-engine cap the equal-work search chose),
+    so a trainer size whose migrants would fill an engine past it is not a candidate.
+
+    By hand (eta 1, a 10-execution admission limit, max_running 5, training 0.1 s per token on one GPU):
+    the split keeps engines 2 and 3 and GPUs 0 and 1 for the trainer; three 4-token rollouts of group 0 and
+    six of group 1 (four 4-token segments, 3 s tool calls) go round-robin from 1, five to engine 2 and four
+    to engine 3. At 5 group 0 is ready and each engine holds three of group 1: draining either would put
+    six on the other, past the cap, so the trainer is GPUs 0-1: 5 + 1 (onload) + 112 tokens x 0.1 / 2 =
+    11.6. Group 1 ends at 1 + 16 + 9 = 26; engine 2, empty, is consolidated (to 27) and step 2 trains 376
+    tokens (100 + 6 x 46) on GPUs 0-2 (GPU 2 loads the trainer, 1 s): 27 + 1 + 12.53 = 40.53. (With steps
+    of 1 s whatever the batch the cap costs time here: uncapped, engine 2 is drained at 5 onto engine 3,
+    six there, and the run ends at 38.53; the cap is the search's to choose.)"""
+    def run(e, g, n):
+        return _spec(e, g, [4] * n, [3.0] * (n - 1), [10] * (n - 1))
+
+    gs = [GroupSpec(group_id=0, task_id=0, step=0, executions=[run(j, 0, 1) for j in range(3)]),
+          GroupSpec(group_id=1, task_id=1, step=1, executions=[run(10 + j, 1, 4) for j in range(6)])]
+    c = _cluster(gs, 0.1, kv=20_000)
+    c.run(Elastic(eta=1, max_running=5), 2)
+    assert max(_live_peaks(c.log).values()) <= 5, _live_peaks(c.log)
+    assert _decisions(c) == [("grow", 0, 4), ("train", 5.0, 2), ("step", 11.6, 2), ("drain:consolidate", 26.0, (2,)),
+                             ("train", 27.0, 3), ("step", 40.5333, 3)], _decisions(c)
+    uncapped = _cluster(gs, 0.1, kv=20_000)
+    uncapped.run(Elastic(eta=1), 2)
+    assert _live_peaks(uncapped.log)[3] == 6, "the limit alone lets the drain fill engine 3 to six"
     check_staleness(c.log, 1, exact=True)
