@@ -12,13 +12,12 @@ in policies/elastic.py's docstring.
   segments so far times `unseen_residual`) times its own observed seconds per segment.
 - `drain_order` / `plan_drain`: engines to drain for a trainer of a given size (fewest live executions
   first; at least one engine stays), each migrant (largest context first) to the staying engine with the
-  most free KV below `kv_fill` of capacity and a slot under its admission limit (policies.admit_queue);
-  migrants that fit nowhere are parked and resumed where room frees (after the step, engines restart).
+  most free KV below `kv_fill` of capacity and a slot (`slots`: the pool's drain room); the migrants that
+  fit nowhere are the plan's `parks` (a plan with any is not a candidate: policies.elastic, 1.).
 - `evaluate`: for one candidate plan, when the step would end (the slowest migrant's wait for its
   tool-call boundary, then training at the estimate's speed) and when the following batch would be ready
   (each live execution's predicted remaining time, stretched by its engine's step time after the moves
-  over its own engine's now, for the rest of its run; a parked one resumes in the next slot a staying
-  execution frees, or when the step ends), and so
+  over its own engine's now, for the rest of its run), and so
   when each later batch of the groups admitted so far would be trained (in order of predicted finish,
   each as long as this one), and how many more executions its delays are expected to push past their
   deadline (`cut_p`); `choose` keeps the candidates within a tolerance of the least-cutting one (a cut
@@ -141,7 +140,7 @@ def choose_grow(*, now: float, free_gpus: int, per: int, min_train: int, engines
 class DrainPlan:
     victims: tuple[EngineView, ...]
     moves: tuple[tuple[ExecutionView, EngineView], ...]
-    parks: tuple[ExecutionView, ...] = ()  # migrants no staying engine can hold: parked until one has room
+    parks: tuple[ExecutionView, ...] = ()  # migrants no staying engine has room for
 
     @property
     def gpus(self) -> list[int]:
@@ -204,7 +203,6 @@ class Candidate:
     last_end: float  # the last batch of the groups admitted so far trained
     train_s: float
     cuts: float = 0.0  # executions the plan's delays are expected to push past their deadline
-    park_breaks: int = 0  # parked executions predicted to meet their deadline unparked and to miss it parked
 
     @property
     def key(self) -> tuple[float, float, int]:
@@ -231,9 +229,11 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     pushed past the deadline; `scale(n)`: how much longer than the finished ones a job takes with the
     work spread over n engines (the staying ones until the drained ones are back, then all); `due`: each
     pending group's batch index by the staleness bound (`batch_ready_times`); `starting`: when each slot of
-    the engines being started (not yet in `engines`) is expected to serve."""
+    the engines being started (not yet in `engines`) is expected to serve. The plan places every migrant
+    (`parks` empty: a drain never parks)."""
+    if plan.parks:
+        raise ValueError("evaluate: a candidate plan places every migrant (it parks none)")
     gather = max((waits_s[x.id] for x, _ in plan.moves), default=0.0)
-    gather = max([gather] + [waits_s[x.id] for x in plan.parks])
     end = now + gather + (stop_s if plan.victims else 0.0) + train_s
     # each engine's step time now and after the moves: executions stay where they are put until they finish,
     # so an engine's slowdown stretches the whole remaining time of everything it holds
@@ -246,7 +246,6 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     before = {e.id: step_s(max(e.n_live, 1), e.kv_used) for e in engines}
     after = {i: step_s(by_id[i].n_live + add_n[i], by_id[i].kv_used + add_k[i]) for i in add_n}
     target = {x.id: t.id for x, t in plan.moves}
-    parked = [x.id for x in plan.parks]
     vids = {e.id for e in plan.victims}
     t_of: dict[int, float] = {}
     stretch: dict[int, float] = {}
@@ -255,8 +254,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
             dst = target.get(x.id, x.engine_id)
             stretch[x.id] = after.get(dst, before.get(dst, 1.0)) / before.get(x.engine_id, 1.0)
             t_of[x.id] = now + (finish[x.id] - now) * stretch[x.id]
-    # parked executions, then the unstarted ones (`queued`: their group ids, in admission order), take engine
-    # slots as they free: a staying execution's finish, a slot free now, the drained engines' back at step end
+    # the unstarted executions (`queued`: their group ids, in admission order) take engine slots as they
+    # free: a staying execution's finish, a slot free now, the drained engines' back at step end
     limit = {e.id: e.admit_limit for e in engines}
     used: dict[int, int] = {}
     for x in live:
@@ -266,26 +265,21 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     free_at = list(t_of.values()) + [now] * sum(max(0, limit[e.id] - used.get(e.id, 0)) for e in engines
                                                 if e.id not in vids) + [end + start_s] * sum(limit[i] for i in vids)
     free_at += list(starting)
-    jobs = [finish[xid] - now for xid in parked] + [durations[i % len(durations)] if durations else 0.0
-                                                     for i in range(len(queued))]
+    jobs = [durations[i % len(durations)] if durations else 0.0 for i in range(len(queued))]
     n_all, n_stay, back = len(engines), len(engines) - len(vids), end + start_s
-    parked_n = len(parked)
     f_stay, f_all = scale(max(n_stay, 1)), scale(max(n_all, 1))
-    done_at = run_queue(free_at, jobs, lambda i, t: 1.0 if i < parked_n else f_stay if t < back else f_all)
-    for xid, t in zip(parked, done_at):
-        t_of[xid] = t
-    resume = {xid: t - (finish[xid] - now) for xid, t in zip(parked, done_at)}
+    done_at = run_queue(free_at, jobs, lambda i, t: f_stay if t < back else f_all)
     group_end: dict[int, float] = {}
     cuts = 0.0
     for x in live:
         t = t_of[x.id]
         if risk is not None:
-            cuts += risk(x, resume.get(x.id, now) - now, stretch.get(x.id, 1.0)) - risk(x, 0.0, 1.0)
+            cuts += risk(x, 0.0, stretch.get(x.id, 1.0)) - risk(x, 0.0, 1.0)
         else:
             cuts += finish[x.id] <= x.deadline_at < t
         gid = group_of[x.id]
         group_end[gid] = max(group_end.get(gid, now), t)
-    for gid, t in zip(queued, done_at[len(parked):]):
+    for gid, t in zip(queued, done_at):
         group_end[gid] = max(group_end.get(gid, now), t)
     ends = [now if g in finished else group_end.get(g, now) for g in pending]
     ready = batch_ready_times(ends, n_next, due)[0] if n_next > 0 and ends else now
@@ -293,18 +287,12 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     # by draining them again: each pays this step's switch (the wait for the migrants' boundaries, the stop)
     again = train_s + ((gather + stop_s) if plan.victims else 0.0)
     last = last_batch_end(end, ends, n_next, again, due) if n_next > 0 and ends else end
-    breaks = sum(1 for x in plan.parks if finish[x.id] <= x.deadline_at < t_of[x.id])
-    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts,
-                     park_breaks=breaks)
+    return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts)
 
 
 def choose(candidates: Sequence[Candidate], cut_tolerance: float = 0.0) -> Candidate:
-    """Among the candidates that park no execution past the deadline it would otherwise meet (when any
-    does not: a parked execution's deadline clock runs while it waits) and are expected to cut at most
-    `cut_tolerance` executions more than the least-cutting one, the one training every admitted group
-    soonest (ties: sooner step end, then larger)."""
-    safe = [c for c in candidates if not c.park_breaks]
-    candidates = safe or candidates
+    """Among the candidates expected to cut at most `cut_tolerance` executions more than the least-cutting
+    one, the one training every admitted group soonest (ties: sooner step end, then larger)."""
     least = min(c.cuts for c in candidates)
     return min((c for c in candidates if c.cuts <= least + cut_tolerance + 1e-12), key=lambda c: c.key)
 

@@ -572,16 +572,6 @@ def test_elastic_beats_the_fixed_split_under_kv_pressure():
     assert el < min(fixed.values()), f"elastic {el:.1f} s, fixed splits {fixed}"
 
 
-def test_choose_avoids_parking_past_a_deadline():
-    """A candidate that parks an execution past the deadline it would meet unparked is not chosen while
-    another parks none, even if it trains sooner."""
-    plan = DrainPlan((), (), ())
-    fast = Candidate(gpus=3, plan=plan, step_end=1.0, next_ready=1.0, last_end=5.0, train_s=1.0, park_breaks=1)
-    slow = Candidate(gpus=1, plan=plan, step_end=2.0, next_ready=2.0, last_end=9.0, train_s=2.0)
-    assert choose([fast, slow]) is slow, "the plan that parks past a deadline is passed over"
-    assert choose([fast]) is fast, "with no other, it stands"
-
-
 def test_eta0_timeline_keeps_the_trainer_where_more_engines_buy_nothing():
     """At eta 0 with 1 s engine steps whatever the load (step_b = step_c = 0), more engines cannot speed a
     rollout up, so after a step no engine starts (starting one, then draining it for the next trainer, costs
