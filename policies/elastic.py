@@ -18,9 +18,8 @@ future length. Then at each decision point it does one thing:
 1. A batch is ready (the first one too). For each trainer size the free GPUs plus the first k engines of the drain order
    allow (fewest live executions first; at least one engine stays; at least the memory minimum), up to the first
    whose migrants do not all fit on the staying engines (KV below `kv_fill` of capacity, a slot under the
-   admission limit and `max_running`): a drain never parks, since a parked execution's deadline clock runs with
-   nothing decoding and its batch waits for a slot the slowest staying executions free, and a drain never
-   fills an engine past the concurrency at which the equal-work search found deadlines met; predict
+   admission limit and `max_running`): a parked execution's deadline clock runs with nothing decoding, its batch
+   waiting for a slot the slowest staying executions free, and past `max_running` deadlines were missed; predict
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
      `boundary_share` of a segment from one, or its finish if its segment is expected to be its last;
      others move at once), then the batch's training time from the estimate;
@@ -60,8 +59,9 @@ future length. Then at each decision point it does one thing:
    drained if every one of its executions fits elsewhere and the drain frees it sooner than their
    finishes would (a single-turn rollout reaches no boundary: draining it frees nothing sooner and would
    hold up the next decision; all such engines at once): the tail is consolidated and its GPUs wait free
-   for the next step. At eta 0 only engines left empty stop early: every live execution is in the batch
-   the trainer waits for and a freed GPU has nothing to train before it is ready, while a moved
+   for the next step. Where no group beyond the next batch's can run before that batch trains (at eta 0
+   always, at any eta in the last step) only engines left empty stop early: every live execution is in
+   the batch the trainer waits for and a freed GPU has nothing to train before it is ready, while a moved
    execution decodes in a larger batch on its new engine and so slows that batch's tail.
 
 Per-engine concurrency, at every admission: an engine is handed no more executions than the most at
@@ -131,7 +131,7 @@ class Elastic:
         self.steps = steps
         self.records = Records()
         self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share,
-                               max_running=self.config.max_running, move_to_consolidate=self.eta > 0)
+                               max_running=self.config.max_running, move_to_consolidate=self._beyond_next_batch)
         self.pool.cap = DeadlineCaps(cluster, self.config, self._history, self._loads)
         self.gathering = False  # a batch's GPUs are being gathered
         order = OrderedAdmission(cluster, steps, self.config)
@@ -217,12 +217,20 @@ class Elastic:
         pending = [g.id for _, g in b.admitted if g.id not in exclude]
         due = [max(0, a + self.eta - b.step) for a, g in b.admitted if g.id not in exclude]
         queued = [x.group_id for x, _ in self.pool.queue.waiting]
-        new = max(0, min(b.steps * b.gps - b.n_admitted, (self.eta + 1) * b.gps - len(b.admitted)))
+        new = self._admissible()
         for i in range(new):
             pending.append(-1 - i)
             due.append(self.eta)
             queued += [-1 - i] * self.records.group_size
         return pending, queued, due
+
+    def _admissible(self) -> int:  # groups the staleness bound lets in before the next step, of those still to come
+        b = self.batcher
+        return max(0, min(b.steps * b.gps - b.n_admitted, (self.eta + 1) * b.gps - len(b.admitted)))
+
+    def _beyond_next_batch(self) -> bool:
+        """More untrained groups admitted or admissible than the next batch takes (3.)?"""
+        return len(self.batcher.admitted) + self._admissible() > self.batcher.gps
 
     def _choose(self, batch) -> Candidate | None:
         cluster, est, c, rec = self.cluster, self.est, self.config, self.records
@@ -267,12 +275,8 @@ class Elastic:
         self.start_reserve = False
         if self.cluster.version < self.steps:
             k = self._engines_to_start()
-            # the GPUs choose_grow leaves free train the next step, and are kept free (not lent) where its
-            # prediction covers what lending would serve or a drain could not return them soon: at eta 0 (every
-            # group admitted is in the next batch, which its prediction covers whole) and for single-turn
-            # rollouts (no finished execution ran more than one segment: lent to them, the GPUs come back only
-            # when they finish). Elsewhere executions waiting for room are lent them (a drain returns them
-            # within a segment)
+            # the GPUs choose_grow leaves free are the trainer's at eta 0 and for single-turn rollouts (2.: its
+            # prediction covers the whole next batch, or a drain would not return them before they finish)
             segs = self.records.segs
             keep = self.eta == 0 or (bool(segs) and max(segs) <= 1)
             self.pool.reserve = len(self.cluster.free_gpus()) - k * self.cluster.gpus_per_engine if keep else 0
@@ -305,9 +309,8 @@ class Elastic:
 
     # ------------------------------------------------------------------ 3. between decisions
     def _react(self) -> list[Handle]:
-        """Between decisions: lend the start's trainer GPUs where that pays (0.), else
-        policies.elastic_pool.EnginePool.between_decisions (lend, rebalance, consolidate). Returns the
-        handles the loop also wakes on."""
+        """Between decisions: lend the start's trainer GPUs where that pays (0.), else EnginePool.between_decisions
+        (lend, rebalance, consolidate). Returns the handles the loop also wakes on."""
         pool = self.pool
         if not self.gathering:
             batch_waiting = self.batcher.next_batch() is not None

@@ -29,10 +29,9 @@ from gyre.policies.elastic_predict import frees_sooner, protected_remaining_s, r
 
 class EnginePool:
     def __init__(self, cluster: Cluster, *, kv_fill: float, load_share: float, max_running: int | None = None,
-                 move_to_consolidate: bool = True) -> None:
+                 move_to_consolidate: Callable[[], bool] = lambda: True) -> None:
         self.cluster = cluster
-        # may a consolidation move live executions (policies.elastic sets it: not at eta 0), or only stop
-        # engines with none left
+        # may a consolidation move live executions now (policies.elastic, 3.), or only stop engines with none left
         self.move_to_consolidate = move_to_consolidate
         self.kv_fill = kv_fill  # a target engine takes migrants up to this share of its KV (ElasticConfig)
         self.load_share = load_share  # below this share of its peak load an engine is consolidated (ElasticConfig)
@@ -203,10 +202,10 @@ class EnginePool:
                     ) -> None:
         """Drain the engines below load_share of their peak (the thinnest first) whose executions all fit
         elsewhere and can all move before they would finish (policies.elastic_plan.frees_sooner); without
-        `move_to_consolidate`, only engines that hold no live execution. `predict(xs)`: the predicted finish
+        `move_to_consolidate()`, only engines that hold no live execution. `predict(xs)`: the predicted finish
         and boundary wait of the live executions `xs` (those on the thin engines)."""
-        thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0)
-                and (self.move_to_consolidate or not e.n_live)}
+        move = self.move_to_consolidate()
+        thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0) and (move or not e.n_live)}
         if not thin or len(ready) < 2:
             return
         live = self.cluster.live()

@@ -667,3 +667,26 @@ def test_train_drain_stays_within_max_running():
     uncapped.run(Elastic(eta=1), 2)
     assert _live_peaks(uncapped.log)[3] == 6, "the limit alone lets the drain fill engine 3 to six"
     check_staleness(c.log, 1, exact=True)
+
+
+def test_consolidation_moves_executions_only_while_other_groups_can_run():
+    """A consolidation moves live executions only while a group outside the next batch can run before that
+    batch trains (more untrained groups admitted or admissible than one batch takes): never at eta 0, and
+    at any eta not in the last step, where every live execution is in the batch the trainer waits for."""
+    @dataclass
+    class B:
+        admitted: list
+        steps: int
+        n_admitted: int
+        gps: int = 2
+
+    def beyond(eta, admitted, n_admitted, steps=10):
+        pol = Elastic(eta=eta)
+        pol.batcher = B(admitted=[(0, None)] * admitted, steps=steps, n_admitted=n_admitted)
+        return pol._beyond_next_batch()
+
+    assert not beyond(0, admitted=2, n_admitted=4), "eta 0: only the next batch's groups are ever admitted"
+    assert beyond(1, admitted=4, n_admitted=6), "eta 1 mid-run: two batches' groups admitted"
+    assert beyond(1, admitted=2, n_admitted=6), "eta 1 after a step: the bound admits two more groups now"
+    assert not beyond(1, admitted=2, n_admitted=20), "the last step: all 20 groups admitted, two untrained"
+    assert beyond(4, admitted=3, n_admitted=20), "three untrained at the end: the last two batches"
