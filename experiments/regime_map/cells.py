@@ -1,10 +1,11 @@
 """Some of the regime map's cells, rerun alone: run.py's protocol (compare's tuning, eta 4) on the cells named.
 
-Each `--cell WINDOW_K,GPUS` is a core cell with 3x growth and heavy training (run.py's `cell_list`), on the
-hybrid model; the rows go to results/<name>.csv and results/<name>_rows.csv in run.py's formats, rewritten
+Each `--cell WINDOW_K,GPUS[,none|light]` is a cell on the hybrid model with 3x growth and heavy training, or
+with no growth (`none`) or light training (`light`) (run.py's `cell_list`); the rows go to results/<name>.csv and results/<name>_rows.csv in run.py's formats, rewritten
 after every cell, so a rerun of the cells a change could move need not rerun the whole map.
 
 Usage: python experiments/regime_map/cells.py --cell 256,768 --cell 512,768 --cell 512,1024 --name map_core_hybrid_misses
+       python experiments/regime_map/cells.py --cell 1024,640,none --cell 1024,640,light --name map_core_hybrid_offaxis
 """
 
 from __future__ import annotations
@@ -24,20 +25,24 @@ from gyre.sim.harness.sweep import progress_lines  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cell", action="append", required=True, help="WINDOW_K,GPUS, e.g. 512,1024 (repeatable)")
+    ap.add_argument("--cell", action="append", required=True,
+                    help="WINDOW_K,GPUS[,none|light], e.g. 512,1024 or 1024,640,none (repeatable)")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--name", default="map_cells")
     a = ap.parse_args()
     cells = []
     for text in a.cell:
+        parts = text.split(",")
         try:
-            w, n = (int(x) for x in text.split(","))
-        except ValueError:
-            ap.error(f"--cell {text!r}: expected WINDOW_K,GPUS such as 512,1024")
-        if w * 1024 not in WINDOWS or n not in CLUSTERS:
-            ap.error(f"--cell {text}: windows (K) {[x // 1024 for x in WINDOWS]}, clusters {list(CLUSTERS)}")
-        cells.append((w * 1024, n, True, True, "hybrid"))
+            w, n = int(parts[0]), int(parts[1])
+        except (ValueError, IndexError):
+            ap.error(f"--cell {text!r}: expected WINDOW_K,GPUS[,none|light] such as 512,1024")
+        axis = parts[2] if len(parts) > 2 else ""
+        if w * 1024 not in WINDOWS or n not in CLUSTERS or len(parts) > 3 or axis not in ("", "none", "light"):
+            ap.error(f"--cell {text}: windows (K) {[x // 1024 for x in WINDOWS]}, clusters {list(CLUSTERS)}, "
+                     f"then optionally none (no growth) or light (light training)")
+        cells.append((w * 1024, n, axis != "none", axis != "light", "hybrid"))
     rows, tables = [], []
     for cell in cells:
         t0 = time.perf_counter()
@@ -45,10 +50,11 @@ def main() -> None:
         r = cell_row(cell, a.steps, t, params)
         rows.append(r)
         tables.append(t.reset_index()[KEEP].assign(arch=cell[4], window=cell[0], gpus=cell[1], steps=a.steps,
-                                                     growth="3x", training="heavy"))
+                                                     growth="3x" if cell[2] else "none",
+                                                     training="heavy" if cell[3] else "light"))
         write_atomic(pd.concat(tables), OUT / f"{a.name}_rows.csv")
         write_atomic(pd.DataFrame(rows), OUT / f"{a.name}.csv")
-        print(f"{cell[0] // 1024}K, {cell[1]} GPUs: colocate {r['colocate_s'] / 3600:.2f} h, async {r['async_best_s'] / 3600:.2f}"
+        print(f"{cell[0] // 1024}K, {cell[1]} GPUs, {r['growth']} growth, {r['training']}: colocate {r['colocate_s'] / 3600:.2f} h, async {r['async_best_s'] / 3600:.2f}"
               f" h (R {r['async_best_R']}, cap {r['async_best_cap']}), elastic {r['elastic_s'] / 3600:.2f} h: "
               f"{r['elastic_vs_best']:.3f}x the best equal-work baseline; sched cuts {r['colocate_sched_cuts']} / "
               f"{r['async_best_sched_cuts']} / {r['elastic_sched_cuts']} ({time.perf_counter() - t0:.0f} s)", flush=True)
