@@ -18,8 +18,8 @@ future length. Then at each decision point it does one thing:
 1. A batch is ready (the first one too). For each trainer size the free GPUs plus the first k engines of the drain order
    allow (fewest live executions first; at least one engine stays; at least the memory minimum), up to the first
    whose migrants do not all fit on the staying engines (KV below `kv_fill` of capacity, a slot under the
-   admission limit and `max_running`): a parked execution's deadline clock runs with nothing decoding, its batch
-   waiting for a slot the slowest staying executions free, and past `max_running` deadlines were missed; predict
+   admission limit and `max_running`, the concurrency the search finds deadlines met at): a parked execution's
+   deadline clock runs with nothing decoding, its batch waiting for a slot the slowest staying ones free; predict
    - when the step ends: the slowest migrant's wait for its tool-call boundary (a decoding execution is
      `boundary_share` of a segment from one, or its finish if its segment is expected to be its last;
      others move at once), then the batch's training time from the estimate;
@@ -249,8 +249,8 @@ class Elastic:
         starting = [now + est.engine_start_s] * (self.pool.starting * limit)  # engines started after the last step
         durations = rec.durations()
 
-        def risk(x, delay: float, stretch: float) -> float:
-            return cut_p(x, hist, now, c.unseen_residual, delay, stretch, load.get(x.engine_id, 1.0))
+        def risk(x, stretch: float) -> float:
+            return cut_p(x, hist, now, c.unseen_residual, stretch, load.get(x.engine_id, 1.0))
 
         cands = []
         for k in range(len(ready)):

@@ -214,7 +214,7 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
              group_of: dict[int, int], pending: Sequence[int], finished: set[int], n_next: int,
              queued: Sequence[int], durations: Sequence[float], step_s: Callable[[int, float], float],
              stop_s: float = 0.0, start_s: float = 0.0,
-             risk: Callable[[ExecutionView, float, float], float] | None = None,
+             risk: Callable[[ExecutionView, float], float] | None = None,
              scale: Callable[[int], float] = lambda n: 1.0, due: Sequence[int] | None = None,
              starting: Sequence[float] = ()) -> Candidate:
     """The candidate for `plan` (a trainer of `gpus` GPUs; see the module docstring).
@@ -224,8 +224,8 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     (ids), `finished` those of them done; `n_next`: groups the following batch needs; `queued`: the group
     id of each execution waiting unstarted (admitted or still to be), in order; `durations`: what finished
     executions took, cycled over the queued ones; `stop_s` / `start_s`: an engine's stop and (re)start
-    (the drained engines' slots come back `start_s` after the step ends); `risk(x, delay, stretch)`: the
-    probability x is cut if delayed and stretched so (`cut_p`); without it, a cut is a predicted finish
+    (the drained engines' slots come back `start_s` after the step ends); `risk(x, stretch)`: the
+    probability x is cut if stretched so (`cut_p`); without it, a cut is a predicted finish
     pushed past the deadline; `scale(n)`: how much longer than the finished ones a job takes with the
     work spread over n engines (the staying ones until the drained ones are back, then all); `due`: each
     pending group's batch index by the staleness bound (`batch_ready_times`); `starting`: when each slot of
@@ -274,7 +274,7 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     for x in live:
         t = t_of[x.id]
         if risk is not None:
-            cuts += risk(x, 0.0, stretch.get(x.id, 1.0)) - risk(x, 0.0, 1.0)
+            cuts += risk(x, stretch[x.id]) - risk(x, 1.0)
         else:
             cuts += finish[x.id] <= x.deadline_at < t
         gid = group_of[x.id]

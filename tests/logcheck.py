@@ -1,12 +1,14 @@
 """What a run did, rebuilt from its event log alone: the reference the invariant tests hold the simulator to.
 
-Nothing here reads an engine's or an execution's own counters. Two reconstructions:
+Nothing here reads an engine's or an execution's own counters. The reconstructions:
 
 - `staleness`: the version each engine serves over time (the trainer's version when it came up, then each
   of its syncs and restarts after a fault, in log order), so the version that generated an execution's oldest token is bounded by what
   its engine served at its "start" record and at every engine it was later moved to ("migrate", "resume").
   Where prefill is free an execution decodes at the instant it starts, so its first token's version is
   exactly what its engine served then (`exact=True`).
+- `occupancy`: how many executions each engine holds over time, from the admit, migrate, park, resume and
+  finish records.
 - `kv_occupancy`: for single-turn executions on an engine that decodes `rate` tokens per second per
   sequence whatever its batch (linear step cost a, b = c = 0: rate = 1 / a) with free prefill, each
   execution's decoding intervals: the first begins at its "start" record; each ends at a "preempt" (whose
@@ -180,3 +182,29 @@ def kv_occupancy(intervals: list[Interval], rate: float, sync_s: float, log: lis
             best = max(best, kv)
         peak[e] = best
     return peak
+
+
+def occupancy(log: list[tuple]) -> dict[int, list[tuple[float, int]]]:
+    """Per engine, (time, executions it holds) after every change, from admit/migrate/park/resume/finish records."""
+    where: dict[int, int] = {}
+    held: dict[int, int] = defaultdict(int)
+    out: dict[int, list[tuple[float, int]]] = defaultdict(list)
+
+    def put(e: int, d: int, t: float) -> None:
+        held[e] += d
+        out[e].append((t, held[e]))
+
+    for r in log:
+        kind = r[0]
+        if kind in ("admit", "resume"):
+            where[r[2]] = r[3]
+            put(r[3], +1, r[1])
+        elif kind == "migrate":
+            where[r[2]] = r[4]
+            put(r[3], -1, r[1])
+            put(r[4], +1, r[1])
+        elif kind == "park":
+            put(where.pop(r[2]), -1, r[1])
+        elif kind == "finish":
+            put(where.pop(r[2]), -1, r[1])
+    return out

@@ -22,7 +22,7 @@ from gyre.presets import get_preset
 from gyre.sim.cluster.backend import SimCluster
 from gyre.sim.harness.runner import simulate
 from gyre.workload import ExecutionSpec, GroupSpec, LogNormal, ReplaySource
-from tests.logcheck import check_staleness
+from tests.logcheck import check_staleness, occupancy
 
 
 @dataclass
@@ -591,28 +591,6 @@ def test_eta0_timeline_keeps_the_trainer_where_more_engines_buy_nothing():
     check_staleness(c.log, 0, exact=True)
 
 
-def _live_peaks(log) -> dict[int, int]:
-    """The most executions each engine held at once, replayed from the log's admit, migrate, park and
-    finish records."""
-    on, live, peak = {}, {}, {}
-
-    def put(x, e):
-        on[x] = e
-        live[e] = live.get(e, 0) + 1
-        peak[e] = max(peak.get(e, 0), live[e])
-
-    for r in log:
-        if r[0] == "admit":
-            put(r[2], r[3])
-        elif r[0] in ("migrate", "park", "finish") and r[2] in on:
-            live[on.pop(r[2])] -= 1
-            if r[0] == "migrate":
-                put(r[2], r[4])
-        elif r[0] == "resume":
-            put(r[2], r[3])
-    return peak
-
-
 def test_train_drain_never_parks_the_next_batch():
     """A trainer size whose drain would park an execution is not a candidate (and neither is any larger
     one), however cheap the model predicts the park to be.
@@ -660,12 +638,13 @@ def test_train_drain_stays_within_max_running():
           GroupSpec(group_id=1, task_id=1, step=1, executions=[run(10 + j, 1, 4) for j in range(6)])]
     c = _cluster(gs, 0.1, kv=20_000)
     c.run(Elastic(eta=1, max_running=5), 2)
-    assert max(_live_peaks(c.log).values()) <= 5, _live_peaks(c.log)
+    peaks = {e: max(n for _, n in series) for e, series in occupancy(c.log).items()}
+    assert max(peaks.values()) <= 5, peaks
     assert _decisions(c) == [("grow", 0, 4), ("train", 5.0, 2), ("step", 11.6, 2), ("drain:consolidate", 26.0, (2,)),
                              ("train", 27.0, 3), ("step", 40.5333, 3)], _decisions(c)
     uncapped = _cluster(gs, 0.1, kv=20_000)
     uncapped.run(Elastic(eta=1), 2)
-    assert _live_peaks(uncapped.log)[3] == 6, "the limit alone lets the drain fill engine 3 to six"
+    assert max(n for _, n in occupancy(uncapped.log)[3]) == 6, "the limit alone lets the drain fill engine 3 to six"
     check_staleness(c.log, 1, exact=True)
 
 

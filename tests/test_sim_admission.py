@@ -3,7 +3,6 @@ and every registered policy, the invariants reconstructed from the event log alo
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import replace
 
 import pytest
@@ -13,34 +12,8 @@ from hypothesis import strategies as st
 from gyre.config import ConfigError, override
 from gyre.policies import REGISTRY, make_policy
 from gyre.workload import GroupSpec
-from tests.logcheck import check_staleness
+from tests.logcheck import check_staleness, occupancy
 from tests.simkit import ROUND_COSTS, cluster, spec, tiny_config
-
-
-def occupancy(log: list[tuple]) -> dict[int, list[tuple[float, int]]]:
-    """Per engine, (time, executions it holds) after every change, from admit/migrate/park/resume/finish records."""
-    where: dict[int, int] = {}
-    held: dict[int, int] = defaultdict(int)
-    out: dict[int, list[tuple[float, int]]] = defaultdict(list)
-
-    def put(e: int, d: int, t: float) -> None:
-        held[e] += d
-        out[e].append((t, held[e]))
-
-    for r in log:
-        kind = r[0]
-        if kind in ("admit", "resume"):
-            where[r[2]] = r[3]
-            put(r[3], +1, r[1])
-        elif kind == "migrate":
-            where[r[2]] = r[4]
-            put(r[3], -1, r[1])
-            put(r[4], +1, r[1])
-        elif kind == "park":
-            put(where.pop(r[2]), -1, r[1])
-        elif kind == "finish":
-            put(where.pop(r[2]), -1, r[1])
-    return out
 
 
 def test_queued_execution_starts_its_deadline_clock_when_it_first_runs():
