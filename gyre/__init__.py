@@ -6,3 +6,7 @@ cost derivations, configs and metrics. It imports no simpy, ray, vllm or torch: 
 """
 
 __version__ = "0.1.0"
+
+from gyre import compiled as _compiled
+
+_compiled.install()  # the hot path's C build, when one of these sources exists (gyre.compiled)

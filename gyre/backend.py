@@ -53,7 +53,8 @@ class BookedGroup:
 
 
 class BookedExecution:
-    """What both backends' executions share of the ExecutionView: the id of the `engine` they are on."""
+    """The ExecutionView's `engine_id`: the id of the `engine` an execution is on (the real backend's; the
+    simulator's SimExecution, a C type in the compiled build (gyre.compiled), states it itself)."""
 
     __slots__ = ()
 

@@ -49,9 +49,8 @@ ring's bus bandwidth, expert parallel's exchanges, the replicas' lockstep step) 
 
 This module is pure (no simulator imports): `gyre.hardware` builds an `EngineRoofline` from model and
 GPU presets, the simulator asks it for step times, and the engine calibrator fits `Coefficients`.
-It runs a little over 350 lines as one unit: the formula this docstring states whole is EngineRoofline's
-and its stepper's (the same formula closed over the step's constants), which must stay side by side; the
-communication terms are gyre.roofline_comm's.
+The formula this docstring states is EngineRoofline's; gyre.roofline_step computes the same one with the
+per-step constants bound (the simulator's per-event call); the communication terms are gyre.roofline_comm's.
 """
 
 from __future__ import annotations
@@ -59,6 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gyre.roofline_comm import ep_costs, ring_bytes_s
+from gyre.roofline_step import StepCost
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,20 +244,20 @@ class EngineRoofline:
     def step_and_ideal(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> tuple[float, float]:
         """(step_time, the part of it the hardware peak needs: both kernel classes' max(bytes / BW,
         FLOPs / peak) at 100% efficiency, without overheads or all-reduces)."""
-        return self.stepper()(n, ctx, m, p)
+        return self.stepper().both(n, ctx, m, p)
 
-    def stepper(self):
-        """step_and_ideal as a plain function of (n, ctx, m=0, p=0) with this engine's constants bound in:
-        the simulator calls it once per event. Built once per roofline and kept out of pickles."""
+    def stepper(self) -> StepCost:
+        """step_and_ideal with this engine's constants bound in (gyre.roofline_step): the simulator calls it
+        once per event. Built once per roofline and kept out of pickles."""
         f = self.__dict__.get("_stepper")
         if f is None:
-            f = _make_stepper(self)
+            f = StepCost(self)
             object.__setattr__(self, "_stepper", f)
         return f
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.pop("_stepper", None)  # a closure: rebuilt on first use
+        state.pop("_stepper", None)  # rebuilt on first use
         return state
 
     def ideal_share(self, n: int, ctx: float, m: float = 0.0, p: float = 0.0) -> float:
@@ -329,43 +329,3 @@ class EngineRoofline:
     def hybrid(self) -> bool:
         """Some layers are linear attention (a per-sequence state, FLOPs linear in tokens)."""
         return bool(self.state_bytes or self.lin_decode_flops or self.lin_prefill_flops)
-
-
-def _make_stepper(r: EngineRoofline):
-    """The one step formula (see the module docstring), closed over r's per-step constants. With
-    linear-attention layers each sequence in the step (the n decodes and the prefilling one) reads and
-    writes its state, in the attention kernel class at the weights' bandwidth share (a contiguous, unpaged
-    read), and their FLOPs are linear in tokens; without them those terms are exact zeros."""
-    dense, routed, miss, kvb, attn = r._dense, r._routed, r._miss, r.kv_bytes_per_token, r._attn
-    two_p, two_h, bw, bk, pk, bw1, pk1 = r._2p, r._2h, r._bw, r._bk, r._pk, r._bw1, r._pk1
-    fixed, comm, ep_comm, fan = r._fixed, r._tp_comm, r._ep_comm, r._ep_fan
-    two_ra = 2.0 * r.routed_active_params if r.expert_parallel else 0.0
-    sb, ld, lp = 2.0 * r.state_bytes, r.lin_decode_flops, r.lin_prefill_flops
-
-    def step_and_ideal(n: int, ctx: float, m: float = 0.0, p: float = 0.0,
-                       group: float | None = None) -> tuple[float, float]:
-        """`group`: the tokens of every expert-parallel replica in this step (None: `fan` x this one's)."""
-        tokens = n + m
-        if tokens <= 0:
-            return 0.0, 0.0
-        big = tokens * fan if group is None else group
-        w = dense + routed * (1.0 - miss ** big) if routed else dense
-        if m > 0:
-            sampled = n + 1
-            kv = kvb * (ctx + p)
-            st = sb * (n + 1)
-            fa = attn * (ctx + m * p + 0.5 * m * m) + ld * n + lp * m
-        else:
-            sampled = n
-            kv = kvb * ctx
-            st = sb * n
-            fa = attn * ctx + ld * n
-        fl = two_p * tokens + two_h * sampled
-        if group is not None:  # this replica's GPUs compute their experts' share of the group's tokens
-            fl += two_ra * (group / fan - tokens)
-        lb, lf, ab, af = w / bw, fl / pk, kv / bk + st / bw, fa / pk
-        t = (lb if lb > lf else lf) + (ab if ab > af else af) + fixed + comm * tokens + ep_comm * big
-        lb, lf, ab, af = w / bw1, fl / pk1, (kv + st) / bw1, fa / pk1
-        return t, (lb if lb > lf else lf) + (ab if ab > af else af)
-
-    return step_and_ideal

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gyre.sim.cluster.execution import SimExecution
 from gyre.sim.cluster.kv_ledger import KvLedger
+from tests.simkit import spec
 
 _tokens = st.floats(min_value=0.0, max_value=1e6, allow_nan=False)
 _ctx = st.integers(min_value=0, max_value=1_000_000)
@@ -17,10 +17,18 @@ def _books(kv: KvLedger) -> tuple:
     return tuple(getattr(kv, k) for k in KvLedger.__slots__)
 
 
-def _exec(f: dict) -> SimpleNamespace:
-    """The execution fields the ledger reads and writes (SimExecution's names)."""
-    return SimpleNamespace(resident=f["resident"], holds=f["holds"], ctx=f["ctx"], v_start=f["v_start"],
-                           pf_left=0.0, reserved=0)
+_FIELDS = ("resident", "holds", "ctx", "v_start", "pf_left", "reserved")  # what the ledger reads and writes
+
+
+def _exec(f: dict) -> SimExecution:
+    """An execution with these ledger fields (a real SimExecution: the compiled ledger takes no other type)."""
+    x = SimExecution(spec(0, 0, gen=[10]))
+    x.resident, x.holds, x.ctx, x.v_start = f["resident"], f["holds"], f["ctx"], f["v_start"]
+    return x
+
+
+def _fields(x: SimExecution) -> dict:
+    return {k: getattr(x, k) for k in _FIELDS}
 
 
 def _ledger(state_tokens: float, books: dict) -> KvLedger:
@@ -45,7 +53,7 @@ def test_end_turn_is_leave_decode_then_cache(books, ex, ctx, state):
     b.leave_decode(xb)
     b.cache(xb, ctx)
     assert _books(a) == _books(b), f"books {_books(a)} != {_books(b)}"
-    assert vars(xa) == vars(xb), f"execution {vars(xa)} != {vars(xb)}"
+    assert _fields(xa) == _fields(xb), f"execution {_fields(xa)} != {_fields(xb)}"
 
 
 @given(books=_books_st, ex=_exec_st, need=_tokens, state=st.sampled_from([0.0, 4096.0]))
@@ -58,4 +66,4 @@ def test_load_prefill_is_load_then_queue_prefill(books, ex, need, state):
     b.load(xb, need)
     b.queue_prefill(xb, need)
     assert _books(a) == _books(b), f"books {_books(a)} != {_books(b)}"
-    assert vars(xa) == vars(xb), f"execution {vars(xa)} != {vars(xb)}"
+    assert _fields(xa) == _fields(xb), f"execution {_fields(xa)} != {_fields(xb)}"

@@ -15,7 +15,6 @@ carried out once it is back), as on the real backend. With no faults no code pat
 
 from __future__ import annotations
 
-import functools
 import heapq
 import itertools
 import math
@@ -36,6 +35,7 @@ from gyre.sim.cluster import engine_moves as moves
 from gyre.sim.cluster.engine import SimEngine
 from gyre.sim.cluster.execution import SimExecution, SimGroup
 from gyre.sim.cluster.faults import SimFaults
+from gyre.sim.cluster.fine_events import run_fine
 from gyre.sim.cluster.invariants import check_cluster
 
 _END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third field (gyre.metrics)
@@ -91,10 +91,10 @@ class SimCluster(ClusterBase):
         """Call fn(t, arg) at simulated time t (a fine event; ties go in insertion order)."""
         heapq.heappush(self._q, (t, next(self._seq), fn, arg))
 
-    def wakeups(self) -> tuple[Callable[[tuple], None], itertools.count]:
-        """(push, tie-break counter) of the fine-event heap, for an engine's own wakeups: push((t, next(counter),
-        fn, arg)) is schedule(t, fn, arg) without a Python call on the hottest path."""
-        return functools.partial(heapq.heappush, self._q), self._seq
+    def wakeups(self) -> tuple[list, itertools.count]:
+        """(the fine-event heap, its tie-break counter), for an engine's own wakeups: heappush(heap, (t,
+        next(counter), fn, arg)) is schedule(t, fn, arg) without a Python call on the hottest path."""
+        return self._q, self._seq
 
     def replan(self, engine: SimEngine) -> None:
         """Re-plan the engine's next wakeup once the current event is fully processed."""
@@ -286,7 +286,6 @@ class SimCluster(ClusterBase):
             faults.start(steps * self.groups_per_step * self.source.config.group_size)
         q, env = self._q, self.env
         simq = env._queue  # SimPy's heap of (time, priority, id, event); read-only peek
-        pop = heapq.heappop
         inf = math.inf
         last_version = -1
         events, check = 0, self.check
@@ -299,15 +298,9 @@ class SimCluster(ClusterBase):
             while not ended:
                 ts = simq[0][0] if simq else inf
                 if q and q[0][0] <= ts:
-                    # fine events, in time order, while no coarse event is due and none leaves work behind
-                    while True:
-                        t, _, fn, arg = pop(q)
-                        env._now = t
-                        fn(t, arg)
-                        events += 1
-                        # (SimPy's queue is as it was: a fine event that schedules a coarse one defers a handle)
-                        if not plain or self._deferred or self._dirty or not q or q[0][0] > ts:
-                            break
+                    # fine events, in time order, while no coarse event is due and none leaves work behind (SimPy's
+                    # queue is as it was: a fine event that schedules a coarse one defers a handle)
+                    events += run_fine(q, env, ts, self._deferred, self._dirty, plain)
                 elif ts == inf:
                     if proc.error is not None:  # the policy failed: its error, not the deadlock it left
                         raise proc.error

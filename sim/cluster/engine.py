@@ -32,15 +32,15 @@ each turn's request, on admission and after each tool call, as a timer (no KV be
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import deque
-from heapq import heappush
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 from gyre.engine_lifecycle import EngineLifecycle
 from gyre.cluster import Phase
 from gyre.hardware import admission_limit
+from gyre.roofline_step import StepCost
 from gyre.sim.cluster.kv_ledger import KvLedger
 from gyre.sim.cluster.kv_pressure import KvPressure
 
@@ -59,7 +59,7 @@ class SimEngine(EngineLifecycle):
     __slots__ = (
         "cluster", "id", "gpus", "costs", "members", "queue", "batch", "timers", "prefill", "kv", "pressure",
         "_pf_due", "V", "t_last", "rate", "pf_rate", "paused", "epoch", "_budget", "_reserve", "kv_capacity",
-        "_full", "_req", "_push", "_tick", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq", "_dirty",
+        "_full", "_req", "_q", "_tick", "_fire", "_log", "kv_peak", "roof_s", "_roof", "_step2", "_seq", "_dirty",
         "admit_limit", "_finish",
     )
 
@@ -85,7 +85,7 @@ class SimEngine(EngineLifecycle):
         self.kv_capacity: int = c.kv_capacity_tokens  # EngineView
         self._full = self.pressure.full  # KV tokens that count as full
         self._req = c.request_s
-        self._push, self._tick = cluster.wakeups()
+        self._q, self._tick = cluster.wakeups()
         self._finish = cluster.finish
         self._fire = self.fire
         self._log = cluster.log.append
@@ -93,8 +93,7 @@ class SimEngine(EngineLifecycle):
         # time, and that share in the current plan
         self.kv_peak = self.roof_s = self._roof = 0.0
         # (step time, its ideal part at hardware peak) of a step: the roofline's, or the linear form's (no ideal)
-        self._step2 = c.roofline.stepper() if c.roofline is not None else (
-            lambda n, k, m=0.0, p=0.0: (c.step_time(n, k, m, p), 0.0))
+        self._step2 = c.roofline.stepper() if c.roofline is not None else StepCost(linear=c.step_time)
         self._seq = itertools.count()
         self.admit_limit: int = admission_limit(c.kv_capacity_tokens, cluster.source.config.max_context,  # EngineView
                                                 c.admission_fill, c.state_tokens)
@@ -164,13 +163,13 @@ class SimEngine(EngineLifecycle):
                     m = pend
                 head = pf[0]
                 left = head.pf_left
-                step, ideal = self._step2(n, dec, m, head.resident - left)
+                step, ideal = self._step2.both(n, dec, m, head.resident - left)
                 self.pf_rate = m / step
                 t_pf = self._pf_due = tl + left * step / m
                 if t_pf < wake:
                     wake = t_pf
             else:
-                step, ideal = self._step2(n, dec)
+                step, ideal = self._step2.both(n, dec)
                 self.pf_rate = 0.0
                 self._pf_due = _INF
             self._roof = ideal / step
@@ -187,7 +186,7 @@ class SimEngine(EngineLifecycle):
             else:
                 self.rate = 0.0
         if wake < _INF:  # SimCluster.schedule(wake, fire, ep), without the call
-            self._push((wake, next(self._tick), self._fire, ep))
+            heappush(self._q, (wake, next(self._tick), self._fire, ep))
 
     def touch(self, t: float) -> None:
         """After a change made from outside a wakeup (admission, migration): re-plan the next wakeup, once,
@@ -210,9 +209,9 @@ class SimEngine(EngineLifecycle):
         heap = self.batch
         limit = V + _EPS * (V if V > 1.0 else 1.0)
         if heap and heap[0][0] <= limit:
-            pop, push, ready, seq = heapq.heappop, heapq.heappush, self.timers, self._seq
+            ready, seq = self.timers, self._seq
             while heap and heap[0][0] <= limit:
-                ex = pop(heap)[2]
+                ex = heappop(heap)[2]
                 seg = ex.seg
                 if seg == ex.last or t >= ex.deadline_at or ex.migrate_to is not None or ex.seg_done or ex.seg_cred:
                     kv.leave_decode(ex)
@@ -231,7 +230,7 @@ class SimEngine(EngineLifecycle):
                 ex.ctx = nxt
                 ex.seg = seg + 1
                 r = ex.ready_at = t + ex.tool_s[seg] + self._req
-                push(ready, (r, next(seq), ex))
+                heappush(ready, (r, next(seq), ex))
             if kv.n_dec == 0:
                 self._log(("busy", t, self.id, 0))
         pf = self.prefill
@@ -250,7 +249,7 @@ class SimEngine(EngineLifecycle):
         if ready and ready[0][0] <= t:
             queue = self.queue
             while ready and ready[0][0] <= t:
-                ex = heapq.heappop(ready)[2]
+                ex = heappop(ready)[2]
                 ex.ready_at = None
                 if t >= ex.deadline_at:
                     self.drop(ex)
@@ -306,7 +305,7 @@ class SimEngine(EngineLifecycle):
         ex.ctx = nxt
         ex.seg = seg + 1
         r = ex.ready_at = t + ex.tool_s[seg] + self._req
-        heapq.heappush(self.timers, (r, next(self._seq), ex))
+        heappush(self.timers, (r, next(self._seq), ex))
         if ex.migrate_to is not None:
             self.cluster.migrate_at_boundary(ex, t)
 
@@ -335,7 +334,7 @@ class SimEngine(EngineLifecycle):
     # --- the engine's places, for gyre.sim.cluster.engine_moves ---
     def start_timer(self, ex: SimExecution, at: float) -> None:
         """Its tool call (or request) returns at `at`."""
-        heapq.heappush(self.timers, (at, next(self._seq), ex))
+        heappush(self.timers, (at, next(self._seq), ex))
 
     def clear(self) -> None:
         """Its process died: no members, nothing queued, decoding or in a tool call (their KV: KvLedger.wipe)."""

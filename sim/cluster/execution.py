@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 from operator import add
 
-from gyre.backend import BookedExecution, BookedGroup
+from gyre.backend import BookedGroup
 from gyre.cluster import Phase
 from gyre.handles import Handle
 from gyre.workload import ExecutionSpec, GroupSpec
 
 
-class SimExecution(BookedExecution):
+class SimExecution:
     __slots__ = (
         "id", "group_id", "task_id", "spec", "engine", "phase", "seg", "first_version", "started_at",
         "deadline_at", "handle", "v_start", "ctx", "seg_done", "resident", "pf_left", "adm", "reserved",
@@ -57,7 +57,11 @@ class SimExecution(BookedExecution):
         self.vsum = 0.0  # sum over its generated tokens of the version that generated each (per-token lag)
         self.seg_cred = 0.0  # tokens of the current segment already counted in vsum (a sync or preemption mid-segment)
 
-    # --- ExecutionView (engine_id: BookedExecution) ---
+    # --- ExecutionView ---
+    @property
+    def engine_id(self) -> int | None:
+        return None if self.engine is None else self.engine.id
+
     @property
     def turns_done(self) -> int:
         return self.seg

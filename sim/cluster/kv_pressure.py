@@ -39,13 +39,14 @@ _FULL = 1.0 - 1e-9  # memory counts as full at this share of capacity (the engin
 
 
 class KvPressure:
-    __slots__ = ("engine", "kv", "_adm", "_n", "full", "_st", "_reserve", "_max_seqs", "_log", "_prefill_time",
-                 "_gpus", "_free_prefill")
+    __slots__ = ("engine", "kv", "queue", "prefill", "_adm", "_n", "full", "_st", "_reserve", "_max_seqs", "_log",
+                 "_prefill_time", "_gpus", "_free_prefill")
 
     def __init__(self, engine: SimEngine) -> None:
         c = engine.costs
         self.engine = engine
         self.kv = engine.kv
+        self.queue, self.prefill = engine.queue, engine.prefill  # its wait and prefill queues (emptied in place)
         self._adm: list[tuple[int, SimExecution]] = []  # (admission number, execution), ascending; stale skipped
         self._n = itertools.count()
         self.full = c.kv_capacity_tokens * _FULL  # KV tokens that count as full
@@ -66,10 +67,10 @@ class KvPressure:
         """Start the prefill of waiting executions in order while their missing context fits (head-of-line)
         and fewer than max_num_seqs run; one whose context is all resident decodes at once."""
         e = self.engine
-        queue = e.queue
+        queue = self.queue
         if not queue or e.state is not READY:
             return
-        reserve, kv, full, st, prefill = self._reserve, self.kv, self.full, self._st, e.prefill
+        reserve, kv, full, st, prefill = self._reserve, self.kv, self.full, self._st, self.prefill
         while queue:
             if kv.n_dec + len(prefill) >= self._max_seqs:
                 break
@@ -79,7 +80,7 @@ class KvPressure:
                 if not ex.reserved and kv.reserved + ex.max_ctx + st > full:
                     # an execution behind it that holds a reservation needs no new memory: it goes first
                     # (it may be what the head waits for)
-                    ex = next((x for x in queue if x.reserved), None)
+                    ex = _first_reserved(queue)
                     if ex is None:
                         break
                     need = ex.ctx - ex.resident
@@ -165,20 +166,23 @@ class KvPressure:
                 lost -= ex.pf_left
                 e.leave_prefill(ex)
             elif ex.phase == _QUEUED and requeue:
-                e.queue.remove(ex)
+                self.queue.remove(ex)
             kv.free(ex)
         ex.adm = -1
         self._log(("preempt", t, ex.id, e.id, lost, self._prefill_time(lost) * self._gpus))
         if ex.phase != _TOOL and requeue:
             ex.phase = _QUEUED
-            e.queue.appendleft(ex)
+            self.queue.appendleft(ex)
 
     def _idle_kv(self, keep: SimExecution) -> float:
         """KV (with their states) held by members that are not running, but for `keep`: what eviction can free."""
         idle = self.kv.mem_fixed - self.kv.pf_resident - keep.resident
         if self._st:
-            idle += self._st * sum(1 for x in self.engine.members.values()
-                                   if x is not keep and x.resident > 0 and x.phase in (_TOOL, _QUEUED))
+            n = 0
+            for x in self.engine.members.values():
+                if x is not keep and x.resident > 0 and x.phase in (_TOOL, _QUEUED):
+                    n += 1
+            idle += self._st * n
         return idle
 
     def _evict_idle(self, over: float, keep: SimExecution, t: float) -> None:
@@ -191,3 +195,11 @@ class KvPressure:
                     and ex.phase in (_TOOL, _QUEUED):
                 over -= ex.resident + self._st
                 self.preempt(ex, t, requeue=False)
+
+
+def _first_reserved(queue):
+    """The first waiting execution that holds a reservation, if any."""
+    for x in queue:
+        if x.reserved:
+            return x
+    return None

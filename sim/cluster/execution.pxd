@@ -1,0 +1,11 @@
+# Declarations for the hot-path build (gyre.compiled): an execution's cursor as a C type. Attributes a log or an
+# output shows as ints or floats keep their Python objects; the clock and credit fields are always floats.
+cdef class SimExecution:
+    cdef public object id, group_id, task_id, spec, engine, phase, first_version, started_at, handle, ctx
+    cdef public object resident, pf_left, reserved, max_ctx, migrate_to, migrate_handle, finished_at, truncated
+    cdef public object deadline_at  # compared with event times, which are Python floats
+    cdef public object end, generated, ready_at
+    cdef public list gen, kv, tool_s, tool_out  # the spec's per-segment lists
+    cdef public Py_ssize_t seg, last, adm
+    cdef public double v_start, seg_done, vsum, seg_cred
+    cdef public bint holds

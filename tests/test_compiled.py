@@ -1,0 +1,110 @@
+"""The hot path's C build (gyre.compiled) is what runs when it is built, and it runs the simulator exactly as the
+pure-Python sources do: the same event log, record for record and repr for repr, on workloads that take every
+branch of the compiled code (dense and hybrid roofline steps, expert routing, linear hand-built costs with free
+prefill, KV preemption and eviction, reservation mode, request latency, a running-sequence cap, engine crashes
+and migrations, dropped and delayed syncs), under every policy. The pure side runs in a subprocess with
+GYRE_PURE=1."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gyre.compiled as compiled
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sha(log: list) -> str:
+    return hashlib.sha256("\n".join(repr(r) for r in log).encode()).hexdigest()
+
+
+def _logs() -> dict[str, str]:
+    """sha256 of the event log of each case, run in this process (compiled or not, as imports loaded it)."""
+    from gyre.config import override
+    from gyre.policies import make_policy, takes
+    from gyre.presets import get_preset
+    from gyre.sim.harness.runner import simulate
+    from tests.simkit import ROUND_COSTS, cluster, tiny_config
+    from tests.test_log_invariants import _groups
+
+    out = {}
+    for seed in range(3):
+        for pol, params in (("colocate", {}), ("async", {"eta": 1}), ("elastic", {"eta": 2})):
+            for wl in ("xlong", "math"):
+                cfg = tiny_config(gpus=6, steps=2, seed=seed, workload_name=wl)
+                if seed == 1:  # reservation mode, request latency and a running-sequence cap
+                    cfg = override(cfg, **{"cluster.cost.kv_reserve": True, "cluster.cost.request_s": 0.05,
+                                           "cluster.cost.max_num_seqs": 2})
+                if seed == 2:
+                    cfg = override(cfg, faults=("random-engines:2", "delay-sync:5@60", "drop-sync@200"),
+                                   checkpoint_every=1)
+                out[f"tiny-{wl}-{pol}-{seed}"] = _sha(simulate(cfg, pol, params).log)
+    for preset, gpus, pol in (("xlong-swe-kv", 384, "elastic"), ("xlong-swe-small", 64, "async"),
+                              ("short-math", 64, "elastic")):
+        cfg = override(get_preset(preset), steps=1, **{"cluster.gpus": gpus})
+        out[f"{preset}-{pol}"] = _sha(simulate(cfg, pol, {}).log)
+    for seed in range(4):  # linear costs, free prefill, contexts that outgrow a small engine: preempt and evict
+        groups = _groups(np.random.default_rng(seed), 8, 4, turns=3, gen=(400, 1700), prompt=(100, 400))
+        c = cluster(groups, n_gpus=3, groups_per_step=1, costs=replace(ROUND_COSTS, kv_capacity_tokens=6000),
+                    window=1200)
+        pol = "async" if seed % 2 else "elastic"
+        c.run(make_policy(pol, **({"eta": 1} if takes(pol, "eta") else {})), 3)
+        out[f"round-{pol}-{seed}"] = _sha(c.log)
+    return out
+
+
+def _built() -> bool:
+    return all(compiled._so(compiled.build_dir(), n).exists() for n in compiled.MODULES)
+
+
+def test_the_build_is_what_runs():
+    """With a build of these sources (make install makes one), importing the simulator loads every compiled
+    module; without Cython installed there is nothing to check."""
+    pytest.importorskip("Cython")
+    if os.environ.get("GYRE_PURE"):
+        pytest.skip("GYRE_PURE set: the pure-Python path is asked for")
+    assert _built(), f"no build of these sources in {compiled.build_dir()}: run `make install`"
+    import gyre.sim.cluster.backend  # noqa: F401 (imports every compiled module)
+
+    assert compiled.active() == list(compiled.MODULES)
+
+
+@pytest.mark.slow
+def test_compiled_and_pure_runs_write_the_same_log():
+    if not compiled.active():
+        pytest.skip("the compiled build is not loaded in this process")
+    here = _logs()
+    env = dict(os.environ, GYRE_PURE="1")
+    code = "import json; from tests.test_compiled import _logs; print(json.dumps(_logs()))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    pure = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(here) == len(pure) == 25
+    diff = sorted(k for k in here if here[k] != pure[k])
+    assert not diff, f"compiled and pure logs differ on {diff}"
+
+
+def test_an_edited_source_is_not_loaded_from_an_old_build(tmp_path):
+    """The build key covers every compiled source and declaration: one changed byte in either gives another key,
+    so a stale extension is never loaded for an edited module."""
+    for rel in compiled.MODULES.values():
+        for f in (ROOT / rel, (ROOT / rel).with_suffix(".pxd")):
+            dest = tmp_path / f.relative_to(ROOT)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(f.read_bytes())
+    base = compiled.key(tmp_path)
+    assert base == compiled.key(ROOT)
+    keys = {base}
+    for rel in ("sim/cluster/engine.py", "sim/cluster/kv_ledger.pxd"):
+        f = tmp_path / rel
+        f.write_bytes(f.read_bytes() + b"\n")
+        keys.add(compiled.key(tmp_path))
+    assert len(keys) == 3
