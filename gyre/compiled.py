@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODULES = {
     "gyre.roofline_step": "gyre/roofline_step.py",
     "gyre.engine_lifecycle": "gyre/engine_lifecycle.py",
+    "gyre.sim.cluster.time_heap": "sim/cluster/time_heap.py",
     "gyre.sim.cluster.kv_ledger": "sim/cluster/kv_ledger.py",
     "gyre.sim.cluster.execution": "sim/cluster/execution.py",
     "gyre.sim.cluster.kv_pressure": "sim/cluster/kv_pressure.py",
@@ -112,7 +113,7 @@ def build(quiet: bool = False) -> Path:
     if not all(_so(out, n).exists() for n in MODULES):
         _build(out, quiet)
     for old in out.parent.iterdir():  # builds of earlier sources are never loaded again
-        if old != out:
+        if old != out and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
     return out
 
@@ -161,10 +162,32 @@ def _build(out: Path, quiet: bool) -> None:
 
 
 def main() -> None:
-    """Build, or say in one line why not (the simulator then runs as pure Python)."""
+    """Build, or say in one line why not (the simulator then runs as pure Python). What Cython and the C
+    compiler print (the generated C's warnings) goes to build/compiled/build.log."""
+    log = ROOT / "build" / "compiled" / "build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
     try:
-        build()
-    except Exception as e:  # noqa: BLE001 (no Cython, no compiler: the pure-Python path stays)
-        print(f"gyre.compiled: not built ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-              "the simulator runs as pure Python", file=sys.stderr)
+        with open(log, "w") as f:  # the compiler is a subprocess: redirect the file descriptors themselves
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+            try:
+                out, err = build(quiet=True), None
+            except Exception as e:  # noqa: BLE001 (no Cython, no compiler: the pure-Python path stays)
+                out, err = None, e
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+    finally:
+        os.close(saved[0])
+        os.close(saved[1])
+    if err is not None:
+        print(f"gyre.compiled: not built ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}; "
+              f"see {log.relative_to(ROOT)}); the simulator runs as pure Python", file=sys.stderr)
+    else:
+        print(f"gyre.compiled: {len(MODULES)} hot-path modules built in {out.relative_to(ROOT)}")
 

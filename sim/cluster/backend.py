@@ -15,7 +15,6 @@ carried out once it is back), as on the real backend. With no faults no code pat
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -36,6 +35,7 @@ from gyre.sim.cluster.engine import SimEngine
 from gyre.sim.cluster.execution import SimExecution, SimGroup
 from gyre.sim.cluster.faults import SimFaults
 from gyre.sim.cluster.fine_events import run_fine
+from gyre.sim.cluster.time_heap import heappush
 from gyre.sim.cluster.invariants import check_cluster
 
 _END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third field (gyre.metrics)
@@ -89,7 +89,7 @@ class SimCluster(ClusterBase):
     # ------------------------------------------------------------------ the scheduling surface of SimEngine
     def schedule(self, t: float, fn: Callable[[float, Any], None], arg: Any) -> None:
         """Call fn(t, arg) at simulated time t (a fine event; ties go in insertion order)."""
-        heapq.heappush(self._q, (t, next(self._seq), fn, arg))
+        heappush(self._q, (t, next(self._seq), fn, arg))
 
     def wakeups(self) -> tuple[list, itertools.count]:
         """(the fine-event heap, its tie-break counter), for an engine's own wakeups: heappush(heap, (t,

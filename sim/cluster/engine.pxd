@@ -6,6 +6,7 @@ from gyre.roofline_step cimport StepCost
 from gyre.sim.cluster.kv_ledger cimport KvLedger
 from gyre.sim.cluster.kv_pressure cimport KvPressure
 from gyre.sim.cluster.execution cimport SimExecution
+from gyre.sim.cluster.time_heap cimport heappop, heappush
 
 cdef double _EPS, _INF
 cdef object _TOOL, _PREFILL, _DECODE, _QUEUED

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
-from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 from gyre.engine_lifecycle import EngineLifecycle
@@ -43,6 +42,7 @@ from gyre.hardware import admission_limit
 from gyre.roofline_step import StepCost
 from gyre.sim.cluster.kv_ledger import KvLedger
 from gyre.sim.cluster.kv_pressure import KvPressure
+from gyre.sim.cluster.time_heap import heappop, heappush
 
 if TYPE_CHECKING:
     from gyre.sim.cluster.backend import SimCluster

@@ -11,10 +11,10 @@ new version, crediting the tokens decoded so far to the old one (`pause`, `resum
 
 from __future__ import annotations
 
-import heapq
 from typing import TYPE_CHECKING
 
 from gyre.cluster import Phase
+from gyre.sim.cluster.time_heap import heapify
 
 if TYPE_CHECKING:
     from gyre.sim.cluster.engine import SimEngine
@@ -55,7 +55,7 @@ def remove(engine: SimEngine, ex: SimExecution) -> int:
     engine.advance(t)
     if ex.ready_at is not None:  # its pending tool call leaves with it
         engine.timers = [x for x in engine.timers if x[2] is not ex]
-        heapq.heapify(engine.timers)
+        heapify(engine.timers)
     engine.drop(ex)
     engine.pressure.start_queued(t)
     engine.touch(t)

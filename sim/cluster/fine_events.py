@@ -10,8 +10,9 @@ that the hot-path build (gyre.compiled) compiles it.
 
 from __future__ import annotations
 
-from heapq import heappop
 from typing import Any
+
+from gyre.sim.cluster.time_heap import heappop
 
 
 def run_fine(q: list, env: Any, ts: float, deferred: list, dirty: list, plain: bool) -> int:

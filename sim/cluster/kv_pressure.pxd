@@ -3,6 +3,7 @@ cimport cython
 from gyre.engine_lifecycle cimport EngineLifecycle
 from gyre.sim.cluster.kv_ledger cimport KvLedger
 from gyre.sim.cluster.execution cimport SimExecution
+from gyre.sim.cluster.time_heap cimport heapify
 
 cdef object _TOOL, _PREFILL, _DECODE, _QUEUED
 

@@ -23,12 +23,12 @@ recomputation costs at the engine's prefill speed).
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from typing import TYPE_CHECKING
 
 from gyre.engine_lifecycle import READY
 from gyre.cluster import Phase
+from gyre.sim.cluster.time_heap import heapify
 
 if TYPE_CHECKING:
     from gyre.sim.cluster.engine import SimEngine
@@ -151,7 +151,7 @@ class KvPressure:
             done = e.V - ex.v_start
             batch = e.batch
             batch[:] = [x for x in batch if x[2] is not ex]
-            heapq.heapify(batch)
+            heapify(batch)
             kv.leave_decode(ex)
             ex.seg_done += done
             ex.vsum += (ex.seg_done - ex.seg_cred) * e.version
