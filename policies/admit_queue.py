@@ -33,6 +33,7 @@ room: a restarting engine accepts admissions and starts them when it is back.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -101,9 +102,12 @@ class AdmissionQueue:
             return
         given = list(self._engines())
         ready = [e for e in given if e.ready]
-        cands = [e for e in (ready or given) if self.room(e) > 0]
+        # engines with room, least loaded first (ties: lower id): a heap, re-keyed when one is handed an execution
+        # (only that engine's load moves meanwhile), so a pump costs O(log engines) per execution
+        cands = [(e.n_live / max(e.kv_capacity, 1), e.id, e) for e in (ready or given) if self.room(e) > 0]
+        heapq.heapify(cands)
         while cands and (self.held or self.waiting):
-            e = min(cands, key=lambda e: (e.n_live / max(e.kv_capacity, 1), e.id))
+            e = cands[0][2]
             if self.held:
                 x = self.held.popleft()
                 if ready:
@@ -116,7 +120,9 @@ class AdmissionQueue:
             else:
                 self._admit(e)
             if self.room(e) <= 0:
-                cands.remove(e)
+                heapq.heappop(cands)
+            else:
+                heapq.heapreplace(cands, (e.n_live / max(e.kv_capacity, 1), e.id, e))
 
     def _admit(self, e: EngineView) -> None:
         x, proxy = self.waiting.popleft()
