@@ -240,7 +240,8 @@ class EnginePool:
         `move_to_consolidate()`, only engines that hold no live execution. `predict(xs)`: the predicted finish
         and boundary wait of the live executions `xs` (those on the thin engines)."""
         move = self.move_to_consolidate()
-        thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0) and (move or not e.n_live)}
+        thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0) and (move or not e.n_live)
+                and not self.queue.incoming.get(e.id)}  # one with a move on its way is a target, not thin
         if not thin or len(ready) < 2:
             return
         live = self.cluster.live()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from gyre.cluster import Phase
+from gyre.policies.elastic import Elastic
 from gyre.policies.elastic_config import ElasticConfig
 from gyre.policies.elastic_tiers import engine_tiers, sort_moves, tier_of
-from tests.test_elastic import Eng, Ex
+from gyre.workload import GroupSpec
+from tests.test_elastic import Eng, Ex, _cluster, _spec
 
 TIERS = ((0.0, 4), (10.0, 2))
 
@@ -57,3 +59,34 @@ def test_bad_tiers_one_line(tiers):
     """Tiers that do not start at age 0, ascend in age and descend in n (>= 1) are refused, naming the field."""
     with pytest.raises(ValueError, match="tiers"):
         ElasticConfig(tiers=tiers)
+
+
+def test_old_executions_spread_to_their_tier_timeline():
+    """Eight rollouts of one group on four engines, two per engine; the two long ones share engine 0. With
+    tiers (2 from age 0, 1 from age 3) the first to be sorted moves to an engine emptied by the short ones, at
+    its tool call, and both long ones finish 4 s sooner; without tiers they share engine 0 to the end.
+
+    By hand (eta 0, engine steps of 1 s + 0.5 s per decoding sequence, free prefill, 1 s wakes and sleeps):
+    engines up at 1 take ids 0-7 round-robin (0 and 4 on engine 0). The short ones (5 tokens) finish at
+    1 + 5 x 2 = 11. The long ones (three 4-token segments, 3 s tool calls) end their first segment at 9 and
+    are in their tool call at 11, aged 10 (tier 1) on an engine holding two: id 0 (ties: the lower id)
+    moves at once to engine 1, empty and the lowest id (engines 2 and 3 still hold two at that instant),
+    which consolidation leaves alone for the move on its way; engines 2 and 3 stop. Alone, each long
+    one runs its segments at 1.5 s per token: 12 + 6 + 3 + 6 = 27 (sharing engine 0: 12 + 8 + 3 + 8 = 31).
+    Engine 0 stops at 27 (1 s) and the step trains 194 tokens at 0.001 s per token on 3 GPUs after a 1 s
+    onload: 28 + 1 + 0.0647 = 29.0647 (without tiers 32.0647)."""
+    def long(e):
+        return _spec(e, 0, [4, 4, 4], [3.0, 3.0], [10, 10])
+
+    ex = [long(j) if j in (0, 4) else _spec(j, 0, [5]) for j in range(8)]
+    cases = ((((0.0, 2), (3.0, 1)), [(11.0, 0, 0, 1)], 27.0, 29.0647), (None, [], 31.0, 32.0647))
+    for tiers, moves, ends, step in cases:
+        c = _cluster([GroupSpec(group_id=0, task_id=0, step=0, executions=ex)], 0.001, step_b=0.5)
+        c.run(Elastic(eta=0, tiers=tiers), 1)
+        got = [r[1:5] for r in c.log if r[0] == "migrate"]
+        assert got == moves, f"tiers {tiers}: migrations {got}"
+        fin = {r[2]: r[1] for r in c.log if r[0] == "finish"}
+        assert (fin[0], fin[4], max(v for k, v in fin.items() if k not in (0, 4))) == (ends, ends, 11.0), fin
+        steps = [round(r[1], 4) for r in c.log if r[0] == "step"]
+        assert steps == [step], f"tiers {tiers}: step ends {steps}"
+        assert not [r for r in c.log if r[0] == "park"], "nothing parks"
