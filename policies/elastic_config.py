@@ -37,9 +37,9 @@ class ElasticConfig(ForesightParams):
     protect_level: float | None = None
     # placement by age (policies.elastic_tiers): ((age_s, n), ...), ages ascending from 0, n descending: an
     # engine holding an execution that has run age_s seconds runs at most n sequences, and an execution over
-    # its tier moves to an engine within it. None: one concurrency (`max_running`) for every execution. Like
-    # `max_running` a choice of the equal-work search: which ages the long tail reaches depends on the
-    # workload's length distribution and deadline
+    # its tier moves to an engine within it. None: one concurrency (`max_running`) for every execution. Not
+    # derived, like `max_running` (which ages the long tail reaches depends on the workload's lengths and
+    # deadline), and not in `grid`: on xlong-swe-kv they sit on the uniform cap's frontier (README)
     tiers: tuple[tuple[float, int], ...] | None = None
 
     def __post_init__(self) -> None:

@@ -17,8 +17,13 @@ execution may run):
   are preferred, the fullest first, so the old ones gather on few engines and the rest keep the high tier.
 
 Functions of observations only (ages, engine loads, contexts). Simplifications: the tiers are fixed for
-the run (chosen like `max_running`, by the equal-work search); a move re-prefills the context on its
-target, which this rule does not price.
+the run (a choice like `max_running`, which `Elastic.grid` does not search yet: run48.py --tiers); a move
+re-prefills the context on its target, which this rule does not price.
+
+Measured (experiments/elastic_vs_baselines/README.md, first section): on xlong-swe-kv over 48 steps the tiers
+sit on the uniform cap's makespan-vs-cuts frontier (a finer knob than an integer cap, not a better one), and
+no rule on an execution's progress alone can save more than ~10% of the decode GPU-time at equal cuts
+(placement_bound.py); only length foresight would.
 """
 
 from __future__ import annotations
