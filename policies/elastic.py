@@ -66,11 +66,14 @@ future length. Then at each decision point it does one thing:
 
 Per-engine concurrency, at every admission: an engine is handed no more executions than the most at
 which each of its live executions is still predicted to meet its deadline (policies.elastic_pool.
-deadline_cap, DeadlineCaps: its predicted remaining time at the engine's load now, expected or, with
-`protect_level`, at that quantile of its remaining segments, scaled by the estimate's step time at n
-sequences; one that misses even alone sets no cap), within its admission limit and `max_running` (a
-fixed per-engine concurrency the equal-work search chooses, as async's: `grid`); a drain's migrants are
-placed within the admission limit and `max_running`, not the deadline caps.
+DeadlineCaps: its predicted remaining time at the engine's load now, expected or at `protect_level` of its
+remaining segments, scaled by the estimate's step time at n; one that misses even alone sets no cap),
+within its admission limit and `max_running` (fixed, chosen by the equal-work search as async's: `grid`),
+and with `tiers` within the tier of its oldest execution (policies.elastic_tiers, which says why: the
+concurrency falls with age, as the long tail needs). A drain's migrants are placed within the limit,
+`max_running` and the tiers, not the deadline caps. With `tiers`, at every wake-up with no drain in flight
+(3.) an execution on an engine holding more than its tier allows moves, at its next tool-call boundary, to
+an engine within its tier and every resident's (the least-tier engines first, then the fullest).
 
 Every threshold is an `ElasticConfig` field with its reason. Simplifications: one drain at a time;
 GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
@@ -131,7 +134,8 @@ class Elastic:
         self.steps = steps
         self.records = Records()
         self.pool = EnginePool(cluster, kv_fill=self.config.kv_fill, load_share=self.config.load_share,
-                               max_running=self.config.max_running, move_to_consolidate=self._beyond_next_batch)
+                               max_running=self.config.max_running, move_to_consolidate=self._beyond_next_batch,
+                               tiers=self.config.tiers)
         self.pool.cap = DeadlineCaps(cluster, self.config, self._history, self._loads)
         self.gathering = False  # a batch's GPUs are being gathered
         order = OrderedAdmission(cluster, steps, self.config)
@@ -234,24 +238,18 @@ class Elastic:
 
     def _choose(self, batch) -> Candidate | None:
         cluster, est, c, rec = self.cluster, self.est, self.config, self.records
-        now, hist = cluster.now, self._history()
-        live = cluster.live()
+        now, hist, live = cluster.now, self._history(), cluster.live()
         finish, waits = self._predict(hist)
         rec.max_ctx = max([rec.max_ctx] + [x.context_tokens for x in live])
         tokens, attn = rec.last_counts = batch_counts((x for g in batch for x in g.executions), rec.max_ctx or math.inf)
         pending, queued, due = self._pending(exclude={g.id for g in batch})
-        ready = self.pool.ready()
-        free = len(cluster.free_gpus())
+        ready, free = self.pool.ready(), len(cluster.free_gpus())
         scale = load_scale(self.est.step_s, ready, len(queued), hist.ctx, self.records.seen)
-        load = self._loads()
-        group_of = {x.id: x.group_id for x in live}
+        load, group_of = self._loads(), {x.id: x.group_id for x in live}
         limit = max((e.admit_limit for e in ready), default=1)
         starting = [now + est.engine_start_s] * (self.pool.starting * limit)  # engines started after the last step
         durations = rec.durations()
-
-        def risk(x, stretch: float) -> float:
-            return cut_p(x, hist, now, c.unseen_residual, stretch, load.get(x.engine_id, 1.0))
-
+        risk = lambda x, s: cut_p(x, hist, now, c.unseen_residual, s, load.get(x.engine_id, 1.0))  # noqa: E731
         cands = []
         for k in range(len(ready)):
             plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.drain_room)
@@ -313,6 +311,7 @@ class Elastic:
         (lend, rebalance, consolidate). Returns the handles the loop also wakes on."""
         pool = self.pool
         if not self.gathering:
+            pool.sort_by_age()
             batch_waiting = self.batcher.next_batch() is not None
             seen = self.start_reserve and tool_call_seen([x.turns_done for x in self.cluster.live()], self.records.segs)
             if seen and pool.idle and not batch_waiting:

@@ -35,6 +35,12 @@ class ElasticConfig(ForesightParams):
     # conditional distribution (None: their expected number). 1 - cut_share: an execution the cap protects
     # then runs past its predicted remaining length with probability cut_share, the cut equal work allows
     protect_level: float | None = None
+    # placement by age (policies.elastic_tiers): ((age_s, n), ...), ages ascending from 0, n descending: an
+    # engine holding an execution that has run age_s seconds runs at most n sequences, and an execution over
+    # its tier moves to an engine within it. None: one concurrency (`max_running`) for every execution. Not
+    # derived, like `max_running` (which ages the long tail reaches depends on the workload's lengths and
+    # deadline), and not in `grid`: on xlong-swe-kv they sit on the uniform cap's frontier (README)
+    tiers: tuple[tuple[float, int], ...] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -49,5 +55,9 @@ class ElasticConfig(ForesightParams):
             raise ValueError(f"elastic: max_running must be an integer >= 1, got {self.max_running!r}")
         if self.protect_level is not None and not 0 < self.protect_level < 1:
             raise ValueError(f"elastic: protect_level must be in (0, 1), got {self.protect_level}")
+        t = self.tiers
+        if t is not None and (not t or t[0][0] != 0 or any(n < 1 for _, n in t)
+                              or any(b[0] <= a[0] or b[1] > a[1] for a, b in zip(t, t[1:]))):
+            raise ValueError(f"elastic: tiers must start at age 0, ages ascending, n >= 1 descending, got {t!r}")
         if not 0 < self.unseen_residual < float("inf"):
             raise ValueError(f"elastic: unseen_residual must be a positive number, got {self.unseen_residual}")

@@ -25,11 +25,13 @@ from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Signal, engine_slots
 from gyre.policies.elastic_plan import DrainPlan, plan_drain
 from gyre.policies.elastic_predict import frees_sooner, protected_remaining_s, remaining_s
+from gyre.policies.elastic_tiers import TierCaps, sort_moves
 
 
 class EnginePool:
     def __init__(self, cluster: Cluster, *, kv_fill: float, load_share: float, max_running: int | None = None,
-                 move_to_consolidate: Callable[[], bool] = lambda: True) -> None:
+                 move_to_consolidate: Callable[[], bool] = lambda: True,
+                 tiers: Sequence[tuple[float, int]] | None = None) -> None:
         self.cluster = cluster
         # may a consolidation move live executions now (policies.elastic, 3.), or only stop engines with none left
         self.move_to_consolidate = move_to_consolidate
@@ -41,20 +43,52 @@ class EnginePool:
         self.load = Signal()  # an execution finished, or the pool changed
         self.starting = 0  # engines started and not yet serving
         self.cap: Callable[[EngineView], int] | None = None  # the controller's own per-engine cap, if any
+        self.tiers = tiers  # placement by age (ElasticConfig.tiers; policies.elastic_tiers), if any
+        self.tier_cap = TierCaps(cluster, tiers) if tiers else None
         self.reserve = 0  # free GPUs kept for the trainer: never lent to executions waiting for room
         self.max_running = max_running  # executions an engine is handed at most (ElasticConfig); None: its limit
         self.queue = AdmissionQueue(cluster, self.ready, limit=self.limit)
+        self.moving: dict[int, tuple[Handle, int]] = {}  # execution id -> its move in flight and its target
+
+    def move(self, x: ExecutionView, target: EngineView) -> Handle:
+        """Migrate `x` to `target` at its next tool-call boundary; one already moving keeps its move (the
+        handle returned is that one's)."""
+        if x.id in self.moving:
+            return self.moving[x.id][0]
+        h = self.queue.move(x, target)
+        self.moving[x.id] = (h, target.id)
+        h.on_done(lambda _h, i=x.id: self.moving.pop(i, None))
+        return h
+
+    def park(self, x: ExecutionView) -> Handle:
+        """Park `x` at its next tool-call boundary (one moving: its move's handle; the caller looks again)."""
+        return self.moving[x.id][0] if x.id in self.moving else self.queue.park(x)
+
+    def sort_by_age(self) -> None:
+        """With no drain in flight, move each execution over its tier to an engine within it (policies.
+        elastic_tiers.sort_moves), at its next tool-call boundary."""
+        if self.tiers and self.idle:
+            for x, t in sort_moves(self.ready(), self.cluster.live(), self.cluster.now, self.tiers,
+                                   kv_fill=self.kv_fill, incoming=self.queue.incoming, moving=set(self.moving)):
+                self.move(x, t)
+
+    def moves_into(self, ids: set[int]) -> list[Handle]:
+        """The moves in flight to the engines `ids` (a drain waits for them before it stops those engines)."""
+        return [h for h, t in self.moving.values() if t in ids]
 
     def drain_room(self, e: EngineView) -> int:
         """Migrants `e` may still take in a drain: within its admission limit and `max_running`, not the
         deadline caps (policies.elastic, Per-engine concurrency)."""
         most = e.admit_limit if self.max_running is None else min(e.admit_limit, self.max_running)
+        if self.tier_cap is not None:  # within the tier of its oldest execution (policies.elastic_tiers)
+            most = min(most, self.tier_cap(e))
         return most - e.n_live - self.queue.incoming.get(e.id, 0)
 
     def limit(self, e: EngineView) -> int:
         """The executions `e` may be handed: its even `share` while engines start, within `max_running` and
         the controller's `cap`."""
         n = self.share(e) if self.max_running is None else min(self.share(e), self.max_running)
+        n = n if self.tier_cap is None else min(n, self.tier_cap(e))
         return n if self.cap is None else min(n, self.cap(e))
 
     def share(self, e: EngineView) -> int:
@@ -142,10 +176,11 @@ class EnginePool:
         ids = {e.id for e in plan.victims}
         self.engines = [e for e in self.engines if e.id not in ids]
         cluster.note("elastic_drain", why=why, engines=sorted(ids), moves=len(plan.moves), parks=len(plan.parks))
-        yield all_of([self.queue.move(x, t) for x, t in plan.moves] + [self.queue.park(x) for x in plan.parks])
+        yield all_of([self.move(x, t) for x, t in plan.moves] + [self.park(x) for x in plan.parks]
+                     + self.moves_into(ids))
         left = [x for x in cluster.live() if x.engine_id in ids]
         while left:
-            yield all_of([self.queue.park(x) for x in left])
+            yield all_of([self.park(x) for x in left] + self.moves_into(ids))
             left = [x for x in cluster.live() if x.engine_id in ids]
         yield all_of([cluster.stop_engine(e) for e in plan.victims])
         self.draining = None  # done: whoever wakes on the pool's change may start the next drain
@@ -194,7 +229,7 @@ class EnginePool:
             room[tid] -= need
             if q.room(by_id[tid]) <= 1:
                 del room[tid]
-            q.move(x, by_id[tid])
+            self.move(x, by_id[tid])
             if not room:
                 return
 
@@ -205,7 +240,8 @@ class EnginePool:
         `move_to_consolidate()`, only engines that hold no live execution. `predict(xs)`: the predicted finish
         and boundary wait of the live executions `xs` (those on the thin engines)."""
         move = self.move_to_consolidate()
-        thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0) and (move or not e.n_live)}
+        thin = {e.id for e in ready if e.n_live < self.load_share * self.peak.get(e.id, 0) and (move or not e.n_live)
+                and not self.queue.incoming.get(e.id)}  # one with a move on its way is a target, not thin
         if not thin or len(ready) < 2:
             return
         live = self.cluster.live()

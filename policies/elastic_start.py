@@ -127,4 +127,4 @@ def lend(cluster: Cluster, pool, kv_fill: float):
     moves = spread_moves(pool.ready(), cluster.live(), kv_fill=kv_fill, slots=pool.drain_room)
     cluster.note("elastic_release", engines=len(pool.engines), moves=len(moves))
     if moves:
-        yield all_of([pool.queue.move(x, t) for x, t in moves])
+        yield all_of([pool.move(x, t) for x, t in moves])

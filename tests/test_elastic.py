@@ -459,7 +459,7 @@ def _scarce(seed: int, steps: int = 3):
     return override(_small("xlong-swe-small", seed, steps), **{"workload.tool_out_tokens": LogNormal(median=4000, p99_ratio=4.0)})
 
 
-def _checked_run(cfg, eta, monkeypatch):
+def _checked_run(cfg, eta, monkeypatch, tiers=None):
     phases = []
     orig = SimCluster._do_migrate
 
@@ -468,18 +468,18 @@ def _checked_run(cfg, eta, monkeypatch):
         orig(self, ex, t)
 
     monkeypatch.setattr(SimCluster, "_do_migrate", spy)
-    return simulate(cfg, "elastic", {"eta": eta}, check=True), phases
+    return simulate(cfg, "elastic", {"eta": eta, **({"tiers": tiers} if tiers else {})}, check=True), phases
 
 
 @pytest.mark.invariants
 @settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), preset=st.sampled_from(["xlong-swe-small", "short-math", "scarce"]),
-       eta=st.sampled_from([0, 1, 2]))
-def test_properties_over_seeds(seed, preset, eta, monkeypatch):
+       eta=st.sampled_from([0, 1, 2]), tiers=st.sampled_from([None, ((0.0, 4), (30.0, 2), (120.0, 1))]))
+def test_properties_over_seeds(seed, preset, eta, tiers, monkeypatch):
     """No abort or restart, migrations only off the decode batch, GPUs conserved (checked per event), staleness <= eta
-    (rebuilt from the log), over 2 steps."""
+    (rebuilt from the log), over 2 steps; with placement by age (tiers) too."""
     cfg = _scarce(seed, steps=2) if preset == "scarce" else _small(preset, seed, steps=2)
-    r, phases = _checked_run(cfg, eta, monkeypatch)
+    r, phases = _checked_run(cfg, eta, monkeypatch, tiers)
     assert all(p != Phase.DECODE for p, _, _ in phases), f"a migration interrupted decoding: {phases}"
     starts = [rec[2] for rec in r.log if rec[0] == "start"]
     finishes = [rec[2] for rec in r.log if rec[0] == "finish"]

@@ -44,6 +44,7 @@ def run(cfg, policy: str, params: dict) -> dict:
     gpus = r.metrics.steps["gpus"].astype(int).tolist()
     return {"policy": policy, "eta": params.get("eta", 0), "rollout_gpus": params.get("rollout_gpus"),
             "max_running": params.get("max_running"),
+            **({"tiers": " ".join(f"{a:g}:{n}" for a, n in params["tiers"])} if params.get("tiers") else {}),
             "makespan_s": r.makespan_s, "deadline_cuts": int(s.get("deadline_hit", 0)), "sched_cuts": scheduler_cuts(r),
             "tokens_generated": int(s.get("tokens_generated", 0)), "preemptions": int(s.get("preemptions", 0)),
             "migrations": int(s.get("migrations", 0)), "train_gpus": " ".join(map(str, gpus)),

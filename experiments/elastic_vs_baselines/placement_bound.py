@@ -1,0 +1,169 @@
+"""What placing executions by their length can buy at equal work: a fluid model of each execution alone at its concurrency.
+
+Each execution of the workload decodes at the concurrency n a rule gives it: its tokens take step_time(n, n x
+its context) each (the roofline, the context at each segment), plus its tool seconds; it is cut if that passes
+its deadline, and it is charged step_time / n engine-seconds per token (x the engine's GPUs): its share of an
+engine that runs n such sequences. No queueing, no prefill, no migrations; yet on xlong-swe-kv, 48 steps, seed
+0, uniform n = 4 / 5 / 6 cut 989 / 1,049 / 1,107 here and elastic at caps 4 / 5 / 6 1,011 / 1,061 / 1,127 in the
+simulator (818 miss alone here, ~828 there): the model's cuts track the simulator's. The rules compared:
+
+- uniform n (one `max_running` for every execution, what elastic and async run today);
+- tiers by age (`ElasticConfig.tiers`: n falls as the execution's age passes each threshold);
+- the oracle: each execution at the largest n at which it meets its deadline, from its true length (foresight,
+  which no policy has: the most any placement could buy);
+- `--dp`: the best rule that sees only an execution's progress (tokens generated, seconds used), given even the
+  true length distribution: a dynamic program over (tokens done, seconds used) in 5K-token chunks, minimizing
+  expected GPU-time + lam x P(cut), on a fitted context ctx(k) = a + b k (so its GPU-time runs ~10% under the
+  per-segment model's: compare it with the uniform rows it prints in the same model).
+
+A makespan is then at least (decode GPU-h + tool-output prefill + training GPU-h) / N (equal_work_floor.py's
+terms; at cap 5 elastic's measured makespan is within 3% of it).
+
+Usage: python experiments/elastic_vs_baselines/placement_bound.py [--steps 48] [--seed 0] [--dp]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from gyre.config import override
+from gyre.presets import get_preset
+from gyre.workload import sample_group
+
+NS = [63, 48, 32, 24, 16, 12, 10, 8, 6, 5, 4, 3, 2, 1]  # concurrencies, descending
+RULES = {"uniform 4": ([4], []), "uniform 5": ([5], []), "uniform 6": ([6], []), "uniform 8": ([8], []),
+         "uniform 16": ([16], []), "tiers 8/5/3 @2000/6000 s": ([8, 5, 3], [2000, 6000]),
+         "tiers 12/6/3 @2000/6000 s": ([12, 6, 3], [2000, 6000]),
+         "tiers 16/8/4 @2000/6000 s": ([16, 8, 4], [2000, 6000])}
+
+
+def step_groups(cfg, step: int, seed: int):
+    w = cfg.workload
+    return [sample_group(w, g, step, seed) for g in range(step * w.groups_per_step, (step + 1) * w.groups_per_step)]
+
+
+def per_segment(cfg, steps: int, seed: int):
+    """Cuts and decode GPU-h of each rule, and of the oracle, execution by execution (per-segment contexts)."""
+    c = cfg.costs()
+    out = {k: [0, 0.0] for k in RULES}
+    oracle = [0, 0.0]
+    for s in range(steps):
+        ex = [e for g in step_groups(cfg, s, seed) for e in g.executions]
+        S, E = max(len(e.gen) for e in ex), len(ex)
+        gen, ctx, tool = np.zeros((E, S)), np.zeros((E, S)), np.zeros((E, S))
+        for i, e in enumerate(ex):
+            m = len(e.gen)
+            gen[i, :m], ctx[i, :m] = e.gen, np.asarray(e.kv) + np.asarray(e.gen) / 2
+            tool[i, :len(e.tool_s)] = e.tool_s
+        dl = np.array([e.deadline_s for e in ex])
+        grid = np.linspace(0, max(ctx.max(), 1.0) * 1.01, 200)
+        dt, cost = {}, {}
+        for n in NS:
+            st = np.interp(ctx, grid, [c.step_time(n, n * x) for x in grid])
+            dt[n], cost[n] = gen * st + tool, gen * st / n
+        for k, (ns, ages) in RULES.items():
+            t, tier, cc = np.zeros(E), np.zeros(E, int), np.zeros(E)
+            for j in range(S):
+                for p, n in enumerate(ns):
+                    m = tier == p
+                    t[m] += dt[n][m, j]
+                    cc[m] += cost[n][m, j]
+                for p, age in enumerate(ages):  # the next segment runs at the next tier once its age passes
+                    tier = np.where((tier == p) & (t > age), p + 1, tier)
+            out[k][0] += int((t > dl).sum())
+            out[k][1] += cc.sum()
+        best = np.full(E, np.nan)
+        for n in sorted(NS, reverse=True):
+            best = np.where(np.isnan(best) & (dt[n].sum(1) <= dl), cost[n].sum(1), best)
+        oracle[0] += int(np.isnan(best).sum())  # miss even alone: cut whatever the rule, charged nothing
+        oracle[1] += np.nansum(best)
+    g = c.engine_gpus / 3600
+    return {k: (m, v * g) for k, (m, v) in out.items()}, (oracle[0], oracle[1] * g)
+
+
+def progress_dp(cfg, steps: int, seed: int, lams: list[float]):
+    """The best progress-only rule (module docstring): (lam, cuts, GPU-h) per lam, and uniform n in the same model."""
+    c = cfg.costs()
+    T, tool, kvg, dl = [], [], [], 0.0
+    for s in range(steps):
+        for g in step_groups(cfg, s, seed):
+            for e in g.executions:
+                x = np.asarray(e.gen, float)
+                T.append(x.sum())
+                tool.append(float(np.sum(e.tool_s)))
+                kvg.append(float(np.dot(x, np.asarray(e.kv, float) + x / 2)))
+                dl = e.deadline_s
+    T, tool, kvg = map(np.array, (T, tool, kvg))
+    tool_pt = tool.sum() / T.sum()
+    b, a = np.polyfit(T / 2, kvg / T, 1)
+    dk = 5000.0
+    J = int(np.ceil(T.max() / dk)) + 1
+    k = np.arange(J) * dk
+    st = np.array([[c.step_time(n, n * (a + b * (kk + dk / 2))) for kk in k] for n in NS])
+    dt = dk * (st + tool_pt)
+    dc = dk * st / np.array(NS)[:, None] * c.engine_gpus / 3600
+    surv = np.array([(T > kk).sum() for kk in k], float)
+    TB = 1440
+    tg = np.linspace(0, dl, TB + 1)
+
+    def run(rule) -> tuple[int, float]:
+        cut, gpu_h = 0, 0.0
+        for tx in T:
+            t = done = 0.0
+            j = 0
+            while done < tx:
+                i, part = rule(j, t), min(dk, tx - done)
+                t += part * (st[i, j] + tool_pt)
+                gpu_h += part * st[i, j] / NS[i] * c.engine_gpus / 3600
+                done += part
+                j += 1
+                if t > dl:
+                    cut += 1
+                    break
+        return cut, gpu_h
+
+    rows = [(f"uniform {n}", *run(lambda j, t, i=NS.index(n): i)) for n in (4, 5, 6, 8)]
+    for lam in lams:
+        V, pol = np.zeros(TB + 1), [None] * J
+        for j in range(J - 1, -1, -1):
+            if surv[j] == 0:
+                continue
+            more = surv[j + 1] / surv[j] if j + 1 < J else 0.0
+            best, arg = np.full(TB + 1, np.inf), np.zeros(TB + 1, int)
+            for i in range(len(NS)):
+                t2 = tg + dt[i, j]
+                cont = np.where(t2 > dl, lam, V[np.minimum(np.searchsorted(tg, t2), TB)])
+                fin = np.where(tg + dt[i, j] / 2 > dl, lam, 0.0)  # one ending in this chunk uses half of it
+                val = dc[i, j] * (more + (1 - more) / 2) + more * cont + (1 - more) * fin
+                arg = np.where(val < best, i, arg)
+                best = np.minimum(val, best)
+            V, pol[j] = best, arg
+        rows.append((f"progress-only, lam {lam:g}", *run(lambda j, t: int(pol[j][min(np.searchsorted(tg, t), TB)]))))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="xlong-swe-kv")
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dp", action="store_true", help="also the best progress-only rule (a lam sweep)")
+    ap.add_argument("--lams", default="100,200,300,500", help="the DP's price of a cut, GPU-h")
+    a = ap.parse_args()
+    cfg = override(get_preset(a.preset), steps=a.steps, seed=a.seed)
+    rules, (om, oh) = per_segment(cfg, a.steps, a.seed)
+    print(f"{a.preset}, {a.steps} steps, seed {a.seed}: cuts (deadline, all causes) and decode GPU-h, each execution "
+          f"alone at its rule's concurrency")
+    for k, (m, h) in rules.items():
+        print(f"  {k:>28}: cuts {m:6,d}  decode {h:9,.0f} GPU-h")
+    print(f"  {'oracle (its true length)':>28}: cuts {om:6,d}  decode {oh:9,.0f} GPU-h (the cuts miss even alone)")
+    if a.dp:
+        print("in the DP's model (a fitted context; compare with its own uniform rows):")
+        for name, m, h in progress_dp(cfg, a.steps, a.seed, [float(x) for x in a.lams.split(",")]):
+            print(f"  {name:>28}: cuts {m:6,d}  decode {h:9,.0f} GPU-h")
+
+
+if __name__ == "__main__":
+    main()
