@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 .PHONY: install compiled demo test test-deep bench
 install: compiled
 
-# the simulator's hot path as C extensions (gyre.compiled: ~15 s once, then a no-op until its sources change);
+# the simulator's hot path as C extensions (gyre.compiled: ~20 s once, then a no-op until its sources change);
 # without a C compiler it says so in one line and the simulator runs as pure Python
 compiled: $(STAMP)
 	$(BIN)/python -c "import gyre.compiled as c; c.main()"

@@ -2,15 +2,16 @@
 they were built from the sources in this tree; pure Python otherwise.
 
 What is compiled (`MODULES`): the step cost (gyre.roofline_step), the engine lifecycle every engine inherits
-(gyre.engine_lifecycle), and the simulated engine with its KV books, KV pressure and executions
-(gyre.sim.cluster). Each keeps its `.py` source unchanged, as its own pure-Python fallback: a `.pxd` beside it
-(Cython's augmenting declarations) makes its classes C types with typed attributes and C-level method calls.
+(gyre.engine_lifecycle), and from gyre.sim.cluster the simulated engine with its KV books, KV pressure and
+executions, the event heaps and the fine-event loop. Each keeps its `.py` source as its own pure-Python
+fallback: a `.pxd` beside it (Cython's augmenting declarations) makes its classes C types with typed attributes
+and C-level method calls.
 A value that a log or an output shows keeps its Python type (an attribute that is sometimes an int, sometimes
 a float, stays an object), and every float operation is the same one in the same order (no contraction into
 fused multiply-adds), so a compiled run writes the same log, byte for byte, as a pure one (tests/test_compiled.py).
 
-`python -c 'import gyre.compiled as c; c.main()'` (run by `make install`) builds them with Cython into build/compiled/<key>/, the key a
-hash of the sources, the declarations and the interpreter's extension suffix; importing gyre installs a finder
+`main()` (`make install` runs it) builds them with Cython into build/compiled/<key>/, the key a hash of the
+sources, the declarations, the build's flags and the interpreter's extension suffix; importing gyre installs a finder
 that loads them from there when the key of the sources now in the tree has a complete build, so an edited
 source runs as pure Python until it is built again, never as a stale extension. `GYRE_PURE=1` in the
 environment loads none. Without Cython or a C compiler the build says so in one line and everything runs pure.
@@ -28,6 +29,7 @@ import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"  # an extension module's file ending
 # module -> its source, relative to ROOT (pyproject's package-dir: gyre.sim is sim/)
 MODULES = {
     "gyre.roofline_step": "gyre/roofline_step.py",
@@ -49,7 +51,7 @@ DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True, 
 def key(root: Path = ROOT) -> str:
     """The build key of the sources now in the tree at `root`."""
     h = hashlib.sha256()
-    h.update((sysconfig.get_config_var("EXT_SUFFIX") or "").encode())
+    h.update(SUFFIX.encode())
     h.update(repr((CFLAGS, sorted(DIRECTIVES.items()))).encode())
     for name, rel in sorted(MODULES.items()):
         src = root / rel
@@ -64,7 +66,7 @@ def build_dir(k: str | None = None) -> Path:
 
 
 def _so(folder: Path, name: str) -> Path:
-    return folder / (name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+    return folder / (name + SUFFIX)
 
 
 class _Finder:
@@ -101,24 +103,24 @@ def install() -> bool:
 
 def active() -> list[str]:
     """The modules of `MODULES` this process has loaded compiled (imported ones only)."""
-    return [n for n in MODULES if str(getattr(sys.modules.get(n), "__file__", "")).endswith(_so(Path(), "").name)]
+    return [n for n in MODULES if str(getattr(sys.modules.get(n), "__file__", "")).endswith(SUFFIX)]
 
 
-def build(quiet: bool = False) -> Path:
+def build() -> Path:
     """Build the extensions of the sources now in the tree (nothing if that build exists); return its folder.
     The sources are staged under their import names (gyre/sim/cluster/...) so the declarations cimport each
     other by module name."""
     k = key()
     out = build_dir(k)
     if not all(_so(out, n).exists() for n in MODULES):
-        _build(out, quiet)
+        _build(out)
     for old in out.parent.iterdir():  # builds of earlier sources are never loaded again
         if old != out and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
     return out
 
 
-def _build(out: Path, quiet: bool) -> None:
+def _build(out: Path) -> None:
     import tempfile
 
     from Cython.Build import cythonize
@@ -157,8 +159,6 @@ def _build(out: Path, quiet: bool) -> None:
             shutil.copy(_so(stage, name.replace(".", "/")), _so(part, name))
         shutil.rmtree(out, ignore_errors=True)
         part.rename(out)
-    if not quiet:
-        print(f"gyre.compiled: built {len(MODULES)} modules into {out.relative_to(ROOT)}")
 
 
 def main() -> None:
@@ -174,7 +174,7 @@ def main() -> None:
             os.dup2(f.fileno(), 1)
             os.dup2(f.fileno(), 2)
             try:
-                out, err = build(quiet=True), None
+                out, err = build(), None
             except Exception as e:  # noqa: BLE001 (no Cython, no compiler: the pure-Python path stays)
                 out, err = None, e
             finally:

@@ -3,8 +3,8 @@ decodes at total context ctx plus a prefill chunk of m tokens at offset p.
 
 `StepCost(r)` is gyre.roofline's step formula (that module's docstring states it) with the roofline's per-step
 constants bound in; `StepCost(linear=f)` is an engine without a roofline, whose step takes f(n, ctx, m, p)
-seconds and has no ideal part. A class rather than a closure so that the hot-path build (gyre.compiled) can
-compile it with its constants as C doubles; the arithmetic is the same operations in the same order either way.
+seconds and has no ideal part. A class, so that the hot-path build (gyre.compiled) compiles it with its
+constants as C doubles; the arithmetic is the same operations in the same order either way.
 With linear-attention layers each sequence in the step (the n decodes and the prefilling one) reads and writes
 its state, in the attention kernel class at the weights' bandwidth share (a contiguous, unpaged read), and
 their FLOPs are linear in tokens; without them those terms are exact zeros.
