@@ -136,6 +136,7 @@ class GroupSpec:
     task_id: int
     step: int
     executions: list[ExecutionSpec]
+    scale: float = 1.0  # the scale its turn counts were drawn at (task difficulty x growth); 1.0 from a trace
 
 
 def _kv_footprint(prompt: int, gen: np.ndarray, tool_out: np.ndarray, events: np.ndarray, w: WorkloadConfig):
@@ -264,7 +265,7 @@ def sample_group(w: WorkloadConfig, group_id: int, step: int, seed: int) -> Grou
                 deadline_s=w.deadline_s,
             )
         )
-    return GroupSpec(group_id=group_id, task_id=task, step=step, executions=execs)
+    return GroupSpec(group_id=group_id, task_id=task, step=step, executions=execs, scale=float(scale))
 
 
 class WorkloadSource:

@@ -15,11 +15,17 @@ simulator (818 miss alone here, ~828 there): the model's cuts track the simulato
   true length distribution: a dynamic program over (tokens done, seconds used) in 5K-token chunks, minimizing
   expected GPU-time + lam x P(cut), on a fitted context ctx(k) = a + b k (so its GPU-time runs ~10% under the
   per-segment model's: compare it with the uniform rows it prints in the same model).
+- `--bins B`: the same DP knowing also which of B quantiles of its group's scale (task difficulty x the step's
+  growth) an execution's task is in, one DP per quantile: a bound on what a rule can learn from a GRPO group's
+  other executions and the step, since given the scale an execution's length is independent of its siblings'.
+
+`--cuts` compares the DP's rows with uniform n at that many cuts, on the lower convex hull of each family's
+(cuts, GPU-h) points.
 
 A makespan is then at least (decode GPU-h + tool-output prefill + training GPU-h) / N (equal_work_floor.py's
 terms; at cap 5 elastic's measured makespan is within 3% of it).
 
-Usage: python experiments/elastic_vs_baselines/placement_bound.py [--steps 48] [--seed 0] [--dp]
+Usage: python experiments/elastic_vs_baselines/placement_bound.py [--steps 48] [--seed 0] [--dp [--bins 1,16,64]]
 """
 
 from __future__ import annotations
@@ -83,10 +89,17 @@ def per_segment(cfg, steps: int, seed: int):
     return {k: (m, v * g) for k, (m, v) in out.items()}, (oracle[0], oracle[1] * g)
 
 
-def progress_dp(cfg, steps: int, seed: int, lams: list[float]):
-    """The best progress-only rule (module docstring): (lam, cuts, GPU-h) per lam, and uniform n in the same model."""
+def progress_dp(cfg, steps: int, seed: int, lams: list[float], bins: int = 1):
+    """The best rule that sees an execution's progress and, with `bins` > 1, its group's scale (module
+    docstring): (lam, cuts, GPU-h) per lam, and uniform n in the same model.
+
+    With bins > 1 the executions are split into `bins` quantiles of their group's scale (the task's difficulty
+    x the step's growth, `GroupSpec.scale`) and each quantile gets its own DP over its own length distribution:
+    the rule knows which quantile an execution's task is in and that quantile's exact length distribution, more
+    than a policy can learn from a group's other executions and the step (given the scale, an execution's length
+    is independent of its siblings'). In-sample: the DP is fitted on the executions it is scored on."""
     c = cfg.costs()
-    T, tool, kvg, dl = [], [], [], 0.0
+    T, tool, kvg, scale, dl = [], [], [], [], 0.0
     for s in range(steps):
         for g in step_groups(cfg, s, seed):
             for e in g.executions:
@@ -94,8 +107,9 @@ def progress_dp(cfg, steps: int, seed: int, lams: list[float]):
                 T.append(x.sum())
                 tool.append(float(np.sum(e.tool_s)))
                 kvg.append(float(np.dot(x, np.asarray(e.kv, float) + x / 2)))
+                scale.append(g.scale)
                 dl = e.deadline_s
-    T, tool, kvg = map(np.array, (T, tool, kvg))
+    T, tool, kvg, scale = map(np.array, (T, tool, kvg, scale))
     tool_pt = tool.sum() / T.sum()
     b, a = np.polyfit(T / 2, kvg / T, 1)
     dk = 5000.0
@@ -104,44 +118,67 @@ def progress_dp(cfg, steps: int, seed: int, lams: list[float]):
     st = np.array([[c.step_time(n, n * (a + b * (kk + dk / 2))) for kk in k] for n in NS])
     dt = dk * (st + tool_pt)
     dc = dk * st / np.array(NS)[:, None] * c.engine_gpus / 3600
-    surv = np.array([(T > kk).sum() for kk in k], float)
     TB = 1440
     tg = np.linspace(0, dl, TB + 1)
+    rank = np.argsort(np.argsort(scale, kind="stable"), kind="stable")
+    which = rank * bins // len(T)  # the scale quantile of each execution
 
-    def run(rule) -> tuple[int, float]:
+    def run(pol) -> tuple[int, float]:
+        """Every execution chunk by chunk at pol[its quantile, chunk, time bin]'s concurrency: cuts, GPU-h."""
+        t, done = np.zeros(len(T)), np.zeros(len(T))
+        live = np.ones(len(T), bool)
         cut, gpu_h = 0, 0.0
-        for tx in T:
-            t = done = 0.0
-            j = 0
-            while done < tx:
-                i, part = rule(j, t), min(dk, tx - done)
-                t += part * (st[i, j] + tool_pt)
-                gpu_h += part * st[i, j] / NS[i] * c.engine_gpus / 3600
-                done += part
-                j += 1
-                if t > dl:
-                    cut += 1
-                    break
+        for j in range(J):
+            live &= done < T
+            if not live.any():
+                break
+            i = pol[which[live], j, np.minimum(np.searchsorted(tg, t[live]), TB)]
+            part = np.minimum(dk, T[live] - done[live])
+            t[live] += part * (st[i, j] + tool_pt)
+            gpu_h += float(np.sum(part * st[i, j] / np.array(NS)[i])) * c.engine_gpus / 3600
+            done[live] += part
+            over = live & (t > dl)
+            cut += int(over.sum())
+            live &= ~over
         return cut, gpu_h
 
-    rows = [(f"uniform {n}", *run(lambda j, t, i=NS.index(n): i)) for n in (4, 5, 6, 8)]
-    for lam in lams:
-        V, pol = np.zeros(TB + 1), [None] * J
+    def solve(Tq: np.ndarray, lam: float) -> np.ndarray:
+        """The DP's concurrency index at (chunk, time bin) for executions of lengths Tq, a cut priced lam."""
+        surv = np.array([(Tq > kk).sum() for kk in k], float)
+        V, pol = np.zeros(TB + 1), np.zeros((J, TB + 1), int)
         for j in range(J - 1, -1, -1):
             if surv[j] == 0:
                 continue
             more = surv[j + 1] / surv[j] if j + 1 < J else 0.0
-            best, arg = np.full(TB + 1, np.inf), np.zeros(TB + 1, int)
-            for i in range(len(NS)):
-                t2 = tg + dt[i, j]
-                cont = np.where(t2 > dl, lam, V[np.minimum(np.searchsorted(tg, t2), TB)])
-                fin = np.where(tg + dt[i, j] / 2 > dl, lam, 0.0)  # one ending in this chunk uses half of it
-                val = dc[i, j] * (more + (1 - more) / 2) + more * cont + (1 - more) * fin
-                arg = np.where(val < best, i, arg)
-                best = np.minimum(val, best)
-            V, pol[j] = best, arg
-        rows.append((f"progress-only, lam {lam:g}", *run(lambda j, t: int(pol[j][min(np.searchsorted(tg, t), TB)]))))
+            t2 = tg[None, :] + dt[:, j, None]
+            cont = np.where(t2 > dl, lam, V[np.minimum(np.searchsorted(tg, t2), TB)])
+            fin = np.where(tg[None, :] + dt[:, j, None] / 2 > dl, lam, 0.0)  # one ending in this chunk uses half
+            val = dc[:, j, None] * (more + (1 - more) / 2) + more * cont + (1 - more) * fin
+            pol[j], V = val.argmin(0), val.min(0)
+        return pol
+
+    rows = [(f"uniform {n}", *run(np.full((bins, J, TB + 1), NS.index(n)))) for n in (4, 5, 6, 8)]
+    for lam in lams:
+        pol = np.stack([solve(T[which == q], lam) for q in range(bins)])
+        name = "progress-only" if bins == 1 else f"progress + scale ({bins} bins)"
+        rows.append((f"{name}, lam {lam:g}", *run(pol)))
     return rows
+
+
+def at_cuts(points: list[tuple[int, float]], cuts: float) -> float:
+    """GPU-h at `cuts` on the lower convex hull of (cuts, GPU-h) points: two rules mixed over the executions
+    reach any point between them, so the hull is what a family of rules buys."""
+    pts = sorted(set(points))
+    hull: list[tuple[int, float]] = []
+    for p in pts:
+        while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (p[1] - hull[-2][1])
+                                  - (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0])) <= 0:
+            hull.pop()
+        hull.append(p)
+    xs, ys = zip(*hull)
+    if not xs[0] <= cuts <= xs[-1]:
+        return float("nan")
+    return float(np.interp(cuts, xs, ys))
 
 
 def main() -> None:
@@ -151,6 +188,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dp", action="store_true", help="also the best progress-only rule (a lam sweep)")
     ap.add_argument("--lams", default="100,200,300,500", help="the DP's price of a cut, GPU-h")
+    ap.add_argument("--cuts", type=float, default=1083,
+                    help="compare the rules at this many cuts (xlong-swe-kv 48 steps seed 0: 818 miss alone + 265)")
+    ap.add_argument("--bins", default="1", help="comma-separated: the DP also knows the group's scale quantile "
+                    "among this many (1: progress only)")
     a = ap.parse_args()
     cfg = override(get_preset(a.preset), steps=a.steps, seed=a.seed)
     rules, (om, oh) = per_segment(cfg, a.steps, a.seed)
@@ -161,8 +202,15 @@ def main() -> None:
     print(f"  {'oracle (its true length)':>28}: cuts {om:6,d}  decode {oh:9,.0f} GPU-h (the cuts miss even alone)")
     if a.dp:
         print("in the DP's model (a fitted context; compare with its own uniform rows):")
-        for name, m, h in progress_dp(cfg, a.steps, a.seed, [float(x) for x in a.lams.split(",")]):
-            print(f"  {name:>28}: cuts {m:6,d}  decode {h:9,.0f} GPU-h")
+        uni = None
+        for bins in [int(x) for x in a.bins.split(",")]:
+            rows = progress_dp(cfg, a.steps, a.seed, [float(x) for x in a.lams.split(",")], bins)
+            for name, m, h in rows if uni is None else rows[4:]:
+                print(f"  {name:>36}: cuts {m:6,d}  decode {h:9,.0f} GPU-h", flush=True)
+            uni = uni or at_cuts([(m, h) for _, m, h in rows[:4]], a.cuts)
+            h = at_cuts([(m, h) for _, m, h in rows[4:]], a.cuts)
+            print(f"  at {a.cuts:,.0f} cuts (lower hull): uniform {uni:,.0f} GPU-h, the DP with {bins} scale bin(s) "
+                  f"{h:,.0f} ({1 - h / uni:.1%} less)", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--name", default="map_cells")
+    ap.add_argument("--seed", type=int, default=0, help="the workload's seed (the map itself is seed 0)")
     a = ap.parse_args()
     cells = []
     for text in a.cell:
@@ -46,10 +47,11 @@ def main() -> None:
     rows, tables = [], []
     for cell in cells:
         t0 = time.perf_counter()
-        t, params = cell_table(cell, a.steps, a.jobs, None, progress_lines(None, "runs"))
-        r = cell_row(cell, a.steps, t, params)
+        t, params = cell_table(cell, a.steps, a.jobs, None, progress_lines(None, "runs"), seed=a.seed)
+        r = cell_row(cell, a.steps, t, params, seed=a.seed)
         rows.append(r)
         tables.append(t.reset_index()[KEEP].assign(arch=cell[4], window=cell[0], gpus=cell[1], steps=a.steps,
+                                                     seed=a.seed,
                                                      growth="3x" if cell[2] else "none",
                                                      training="heavy" if cell[3] else "light"))
         write_atomic(pd.concat(tables), OUT / f"{a.name}_rows.csv")
