@@ -89,39 +89,50 @@ def per_segment(cfg, steps: int, seed: int):
     return {k: (m, v * g) for k, (m, v) in out.items()}, (oracle[0], oracle[1] * g)
 
 
-def progress_dp(cfg, steps: int, seed: int, lams: list[float], bins: int = 1):
-    """The best rule that sees an execution's progress and, with `bins` > 1, its group's scale (module
-    docstring): (lam, cuts, GPU-h) per lam, and uniform n in the same model.
-
-    With bins > 1 the executions are split into `bins` quantiles of their group's scale (the task's difficulty
-    x the step's growth, `GroupSpec.scale`) and each quantile gets its own DP over its own length distribution:
-    the rule knows which quantile an execution's task is in and that quantile's exact length distribution, more
-    than a policy can learn from a group's other executions and the step (given the scale, an execution's length
-    is independent of its siblings'). In-sample: the DP is fitted on the executions it is scored on."""
-    c = cfg.costs()
-    T, tool, kvg, scale, dl = [], [], [], [], 0.0
+def lengths(cfg, steps: int, seed: int) -> dict:
+    """Each execution's generated tokens T, tool seconds, sum of gen x context, its group's scale and step."""
+    cols: dict = {"T": [], "tool": [], "kvg": [], "scale": [], "step": []}
     for s in range(steps):
         for g in step_groups(cfg, s, seed):
             for e in g.executions:
                 x = np.asarray(e.gen, float)
-                T.append(x.sum())
-                tool.append(float(np.sum(e.tool_s)))
-                kvg.append(float(np.dot(x, np.asarray(e.kv, float) + x / 2)))
-                scale.append(g.scale)
-                dl = e.deadline_s
-    T, tool, kvg, scale = map(np.array, (T, tool, kvg, scale))
-    tool_pt = tool.sum() / T.sum()
-    b, a = np.polyfit(T / 2, kvg / T, 1)
+                for key, v in (("T", x.sum()), ("tool", float(np.sum(e.tool_s))), ("scale", g.scale), ("step", s),
+                               ("kvg", float(np.dot(x, np.asarray(e.kv, float) + x / 2)))):
+                    cols[key].append(v)
+    return {k: np.array(v) for k, v in cols.items()} | {"deadline": cfg.workload.deadline_s}
+
+
+def progress_dp(cfg, steps: int, seed: int, lams: list[float], bins: int = 1, by: str = "scale",
+                fit_seed: int | None = None):
+    """The best rule that sees an execution's progress and, with `bins` > 1, which of `bins` bins of its group's
+    scale (`by="scale"`: quantiles of the task's difficulty x the step's growth, `GroupSpec.scale`) or of the
+    step (`by="step"`: runs of consecutive steps) it is in (module docstring): (name, cuts, GPU-h) per lam, after
+    uniform n in the same model.
+
+    Each bin gets its own DP over its executions' length distribution. In-sample (`fit_seed` None) the DP is
+    fitted on the executions it is scored on: the rule knows its bin's exact distribution, more than a policy
+    can learn (given the scale, an execution's length is independent of its siblings'). With `fit_seed` the DP
+    is fitted on that seed's workload (scale bins at its quantiles) and scored on `seed`'s: what a rule learned
+    from another run buys."""
+    c = cfg.costs()
+    ev = lengths(cfg, steps, seed)
+    fit = ev if fit_seed is None else lengths(cfg, steps, fit_seed)
+    T, dl = ev["T"], ev["deadline"]
+    tool_pt = ev["tool"].sum() / T.sum()
+    b, a = np.polyfit(T / 2, ev["kvg"] / T, 1)
     dk = 5000.0
-    J = int(np.ceil(T.max() / dk)) + 1
+    J = int(np.ceil(max(T.max(), fit["T"].max()) / dk)) + 1
     k = np.arange(J) * dk
     st = np.array([[c.step_time(n, n * (a + b * (kk + dk / 2))) for kk in k] for n in NS])
     dt = dk * (st + tool_pt)
     dc = dk * st / np.array(NS)[:, None] * c.engine_gpus / 3600
     TB = 1440
     tg = np.linspace(0, dl, TB + 1)
-    rank = np.argsort(np.argsort(scale, kind="stable"), kind="stable")
-    which = rank * bins // len(T)  # the scale quantile of each execution
+    if by == "step":
+        which, fit_which = ev["step"] * bins // steps, fit["step"] * bins // steps
+    else:
+        edges = np.quantile(fit["scale"], np.arange(1, bins) / bins)
+        which, fit_which = np.searchsorted(edges, ev["scale"]), np.searchsorted(edges, fit["scale"])
 
     def run(pol) -> tuple[int, float]:
         """Every execution chunk by chunk at pol[its quantile, chunk, time bin]'s concurrency: cuts, GPU-h."""
@@ -159,8 +170,9 @@ def progress_dp(cfg, steps: int, seed: int, lams: list[float], bins: int = 1):
 
     rows = [(f"uniform {n}", *run(np.full((bins, J, TB + 1), NS.index(n)))) for n in (4, 5, 6, 8)]
     for lam in lams:
-        pol = np.stack([solve(T[which == q], lam) for q in range(bins)])
-        name = "progress-only" if bins == 1 else f"progress + scale ({bins} bins)"
+        pol = np.stack([solve(fit["T"][fit_which == q], lam) for q in range(bins)])
+        name = "progress-only" if bins == 1 else f"progress + {by} ({bins} bins)"
+        name += "" if fit_seed is None else f", fitted on seed {fit_seed}"
         rows.append((f"{name}, lam {lam:g}", *run(pol)))
     return rows
 
@@ -191,7 +203,9 @@ def main() -> None:
     ap.add_argument("--cuts", type=float, default=1083,
                     help="compare the rules at this many cuts (xlong-swe-kv 48 steps seed 0: 818 miss alone + 265)")
     ap.add_argument("--bins", default="1", help="comma-separated: the DP also knows the group's scale quantile "
-                    "among this many (1: progress only)")
+                    "(or step bin, --by step) among this many (1: progress only)")
+    ap.add_argument("--by", choices=["scale", "step"], default="scale", help="what the DP's bins split")
+    ap.add_argument("--fit-seed", type=int, default=None, help="fit the DP on this seed's workload (default: in-sample)")
     a = ap.parse_args()
     cfg = override(get_preset(a.preset), steps=a.steps, seed=a.seed)
     rules, (om, oh) = per_segment(cfg, a.steps, a.seed)
@@ -204,12 +218,12 @@ def main() -> None:
         print("in the DP's model (a fitted context; compare with its own uniform rows):")
         uni = None
         for bins in [int(x) for x in a.bins.split(",")]:
-            rows = progress_dp(cfg, a.steps, a.seed, [float(x) for x in a.lams.split(",")], bins)
+            rows = progress_dp(cfg, a.steps, a.seed, [float(x) for x in a.lams.split(",")], bins, a.by, a.fit_seed)
             for name, m, h in rows if uni is None else rows[4:]:
                 print(f"  {name:>36}: cuts {m:6,d}  decode {h:9,.0f} GPU-h", flush=True)
             uni = uni or at_cuts([(m, h) for _, m, h in rows[:4]], a.cuts)
             h = at_cuts([(m, h) for _, m, h in rows[4:]], a.cuts)
-            print(f"  at {a.cuts:,.0f} cuts (lower hull): uniform {uni:,.0f} GPU-h, the DP with {bins} scale bin(s) "
+            print(f"  at {a.cuts:,.0f} cuts (lower hull): uniform {uni:,.0f} GPU-h, the DP with {bins} {a.by} bin(s) "
                   f"{h:,.0f} ({1 - h / uni:.1%} less)", flush=True)
 
 
