@@ -41,6 +41,11 @@ future length. Then at each decision point it does one thing:
    rollout after the step, so each later batch a candidate trains on its GPUs pays its switch again (the
    migrants' wait and the engines' stop). Its engines are drained: executions
    migrate at their next tool-call boundary, never aborted.
+   Where no size that reaches the trainer's minimum fits (where the minimum is most of the cluster), the
+   smallest that does is drained now, parking the migrants that fit nowhere until the drained engines serve
+   again after the step, if the next batch is so predicted to train sooner than by holding and the parks'
+   delay to cut at most `cut_share` of a step's executions more (policies.elastic_plan.park_pays); else
+   admission holds (nothing new starts) until enough live executions finish for its migrants to fit.
 2. A step ends. The number of engines to start on the freed GPUs is predicted the same way
    (policies.elastic_plan.choose_grow): the executions waiting to start (and the groups the staleness
    bound lets in next) take engine slots as they free, each taking what finished executions took,
@@ -77,6 +82,9 @@ an engine within its tier and every resident's (the least-tier engines first, th
 
 Every threshold is an `ElasticConfig` field with its reason. Simplifications: one drain at a time;
 GPUs are taken in engine-sized pieces; a step's GPU count is fixed for the step.
+
+Over 350 lines: the controller's state and one method per decision point, read beside the rule above; every
+pure decision is in policies.elastic_plan, elastic_predict, elastic_start, elastic_pool and elastic_tiers.
 """
 
 from __future__ import annotations
@@ -91,7 +99,7 @@ from gyre.policies.admission import OrderedAdmission
 from gyre.policies.common import Batcher, ClusterShape, train_loop
 from gyre.policies.elastic_config import ElasticConfig
 from gyre.policies.elastic_history import History, Records, drawn_remaining_s
-from gyre.policies.elastic_plan import Candidate, choose, choose_grow, evaluate, plan_drain
+from gyre.policies.elastic_plan import Candidate, choose, choose_grow, evaluate, park_pays, plan_drain
 from gyre.policies.elastic_predict import boundary_wait_s, cut_p, live_ends, load_scale, remaining_s
 from gyre.policies.elastic_pool import DeadlineCaps, EnginePool
 from gyre.policies.elastic_start import first_ready_at, initial_engines, lend, release_reserve, tool_call_seen
@@ -171,12 +179,16 @@ class Elastic:
         """The step's GPUs: the candidate size the rule picks (module docstring, 1), its engines drained."""
         cluster, pool = self.cluster, self.pool
         self.gathering = True  # the GPUs being freed are the trainer's: no engine starts on them
+        held = False
         while True:
             while not pool.idle:
                 yield pool.draining
             best = self._choose(batch)
             if best is not None:
                 break
+            if pool.hold and not held:  # admission held until the live executions fit (1.)
+                cluster.note("elastic_hold", live=len(cluster.live()))
+            held = pool.hold
             # engines restarting after a fault: no trainer fits until one is back, which takes at least an
             # engine start (and any engine at least a step)
             yield any_of([pool.load.wait(), cluster.timeout(self.est.engine_start_s or self.est.step_s(1, 0))])
@@ -250,10 +262,11 @@ class Elastic:
         starting = [now + est.engine_start_s] * (self.pool.starting * limit)  # engines started after the last step
         durations = rec.durations()
         risk = lambda x, s: cut_p(x, hist, now, c.unseen_residual, s, load.get(x.engine_id, 1.0))  # noqa: E731
-        cands = []
+        cands, self.pool.hold = [], False
         for k in range(len(ready)):
             plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.drain_room)
             if len(plan.victims) < k or plan.parks:
+                self.pool.hold = not cands and bool(plan.parks)  # nothing fits: let the rollout thin (1.)
                 break  # the sizes beyond drain these engines and more, onto fewer
             g = free + len(plan.gpus)
             if g < cluster.min_train_gpus:
@@ -265,6 +278,25 @@ class Elastic:
                                   durations=durations, step_s=est.step_s, stop_s=est.engine_stop_s,
                                   start_s=est.engine_start_s, risk=risk, scale=scale, due=due, starting=starting))
         tol = c.cut_share * self.batcher.gps * rec.group_size
+        if not cands and self.pool.hold:  # nothing fits: park the smallest size's overflow, or hold (1.)
+            for k in range(len(ready)):
+                plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.drain_room)
+                if free + len(plan.gpus) >= cluster.min_train_gpus:
+                    break
+            g = free + len(plan.gpus)
+            train = est.train_s(tokens, attn, g) + est.trainer_start_s
+            gather = max([waits[x.id] for x, _ in plan.moves] + [waits[x.id] for x in plan.parks])
+            extra = lambda d: sum(cut_p(x, hist, now, c.unseen_residual, 1.0, load.get(x.engine_id, 1.0), d)  # noqa: E731
+                                  - risk(x, 1.0) for x in plan.parks)
+            if g >= cluster.min_train_gpus and park_pays(
+                    now=now, finish=finish, group_of=group_of, pending=pending, finished=set(self.batcher.finished),
+                    due=due, per_batch=self.batcher.gps, parks=[x.id for x in plan.parks],
+                    capacity=sum(self.pool.most(e) for e in ready if e not in plan.victims),
+                    gather_s=gather, stop_s=est.engine_stop_s, train_s=train, start_s=est.engine_start_s,
+                    extra_cuts=extra, tolerance=tol):
+                self.pool.hold = False
+                end = now + gather + est.engine_stop_s + train
+                return Candidate(gpus=g, plan=plan, step_end=end, next_ready=end, last_end=end, train_s=train)
         return choose(cands, tol) if cands else None
 
     # ------------------------------------------------------------------ 2. a step ends

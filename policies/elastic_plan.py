@@ -35,6 +35,7 @@ durations, in start order.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -288,6 +289,38 @@ def evaluate(plan: DrainPlan, *, gpus: int, now: float, train_s: float, finish: 
     again = train_s + ((gather + stop_s) if plan.victims else 0.0)
     last = last_batch_end(end, ends, n_next, again, due) if n_next > 0 and ends else end
     return Candidate(gpus=gpus, plan=plan, step_end=end, next_ready=ready, last_end=last, train_s=train_s, cuts=cuts)
+
+
+def park_pays(*, now: float, finish: dict[int, float], group_of: dict[int, int], pending: Sequence[int],
+              finished: set[int], due: Sequence[int], per_batch: int, capacity: int, parks: Sequence[int],
+              gather_s: float, stop_s: float, train_s: float, start_s: float, extra_cuts: Callable[[float], float],
+              tolerance: float) -> bool:
+    """With no trainer size whose migrants all fit (policies.elastic, 1.): drain the smallest size that reaches
+    the trainer's minimum now, parking the migrants that fit nowhere (`parks`), rather than hold admission until
+    the live executions fit on the staying engines? Holding, they fit once enough have finished (`finish`: each
+    live execution's predicted finish) to leave no more than the staying engines' `capacity`, and the step trains
+    then; parking, it trains now, and the parked executions resume when the drained engines serve again after
+    the step, that much later. Parks pay where the next batch (formed from the `pending` groups' predicted ends
+    as `batch_ready_times` forms it; a group neither live nor `finished` has not started: unknown) is so trained
+    sooner and the parks are expected to cut (`extra_cuts(delay)`) at most `tolerance` more executions."""
+    over = len(finish) - capacity
+    fit_at = now if over <= 0 else sorted(finish.values())[over - 1]
+    park_end = now + gather_s + stop_s + train_s
+    delay = park_end + start_s - now
+
+    def next_end(step_end: float, shift: float) -> float:
+        ends: dict[int, float] = {}
+        for xid, t in finish.items():
+            g = group_of[xid]
+            ends[g] = max(ends.get(g, now), t + (shift if xid in parked else 0.0))
+        group_ends = [ends.get(g, now if g in finished else math.inf) for g in pending]
+        ready = batch_ready_times(group_ends, per_batch, due)[0] if pending and per_batch > 0 else now
+        return max(step_end, ready) + train_s
+
+    parked = set(parks)
+    if next_end(park_end, delay) >= next_end(fit_at + gather_s + stop_s + train_s, 0.0):
+        return False
+    return extra_cuts(delay) <= tolerance
 
 
 def choose(candidates: Sequence[Candidate], cut_tolerance: float = 0.0) -> Candidate:

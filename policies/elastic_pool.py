@@ -47,6 +47,7 @@ class EnginePool:
         self.tier_cap = TierCaps(cluster, tiers) if tiers else None
         self.reserve = 0  # free GPUs kept for the trainer: never lent to executions waiting for room
         self.max_running = max_running  # executions an engine is handed at most (ElasticConfig); None: its limit
+        self.hold = False  # a ready batch has no trainer size whose migrants fit: hand nothing (policies.elastic, 1.)
         self.queue = AdmissionQueue(cluster, self.ready, limit=self.limit)
         self.moving: dict[int, tuple[Handle, int]] = {}  # execution id -> its move in flight and its target
 
@@ -79,14 +80,19 @@ class EnginePool:
     def drain_room(self, e: EngineView) -> int:
         """Migrants `e` may still take in a drain: within its admission limit and `max_running`, not the
         deadline caps (policies.elastic, Per-engine concurrency)."""
+        return self.most(e) - e.n_live - self.queue.incoming.get(e.id, 0)
+
+    def most(self, e: EngineView) -> int:
+        """The executions `e` may hold after a drain: its admission limit, `max_running` and its tier."""
         most = e.admit_limit if self.max_running is None else min(e.admit_limit, self.max_running)
-        if self.tier_cap is not None:  # within the tier of its oldest execution (policies.elastic_tiers)
-            most = min(most, self.tier_cap(e))
-        return most - e.n_live - self.queue.incoming.get(e.id, 0)
+        # within the tier of its oldest execution (policies.elastic_tiers)
+        return most if self.tier_cap is None else min(most, self.tier_cap(e))
 
     def limit(self, e: EngineView) -> int:
-        """The executions `e` may be handed: its even `share` while engines start, within `max_running` and
-        the controller's `cap`."""
+        """The executions `e` may be handed: none while `hold`, else its even `share` while engines start,
+        within `max_running` and the controller's `cap`."""
+        if self.hold:
+            return 0
         n = self.share(e) if self.max_running is None else min(self.share(e), self.max_running)
         n = n if self.tier_cap is None else min(n, self.tier_cap(e))
         return n if self.cap is None else min(n, self.cap(e))

@@ -15,9 +15,9 @@ from gyre.cluster import EngineView, ExecutionView, Phase
 from gyre.policies.elastic_history import History
 
 def cut_p(x: ExecutionView, hist: History, now: float, unseen_residual: float, stretch: float = 1.0,
-          load: float = 1.0) -> float:
-    """Probability that a live execution is cut by its deadline if it runs each of its remaining segments
-    `stretch` times as long as it has so far: P(segments > done + the segments its
+          load: float = 1.0, delay: float = 0.0) -> float:
+    """Probability that a live execution is cut by its deadline if it resumes its remaining segments `delay`
+    from now and runs each `stretch` times as long as it has so far: P(segments > done + the segments its
     budget leaves | segments > done) from the Kaplan-Meier survival; past the largest observation the tail
     falls as a Pareto of index 1 + 1 / unseen_residual (whose mean residual life is unseen_residual x age)."""
     if x.deadline_at == float("inf"):
@@ -26,7 +26,7 @@ def cut_p(x: ExecutionView, hist: History, now: float, unseen_residual: float, s
     seg = seg_s(x, hist, now, load)
     if seg <= 0:
         return 0.0
-    budget = (x.deadline_at - now) / (seg * stretch)  # segments it can still run
+    budget = (x.deadline_at - now - delay) / (seg * stretch)  # segments it can still run
     if budget <= 0:
         return 1.0
     return hist.p_more(done, done + budget, unseen_residual)
