@@ -279,6 +279,7 @@ class Elastic:
                                   start_s=est.engine_start_s, risk=risk, scale=scale, due=due, starting=starting))
         tol = c.cut_share * self.batcher.gps * rec.group_size
         if not cands and self.pool.hold:  # nothing fits: park the smallest size's overflow, or hold (1.)
+            self.pool.hold = c.hold
             for k in range(len(ready)):
                 plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.drain_room)
                 if free + len(plan.gpus) >= cluster.min_train_gpus:

@@ -41,6 +41,11 @@ class ElasticConfig(ForesightParams):
     # derived, like `max_running` (which ages the long tail reaches depends on the workload's lengths and
     # deadline), and not in `grid`: on xlong-swe-kv they sit on the uniform cap's frontier (README)
     tiers: tuple[tuple[float, int], ...] | None = None
+    # where no trainer size's migrants fit and parking does not pay, admission holds until they fit (policies.
+    # elastic, 1.); False: it goes on while the batch waits. Holding pays where the staleness bound would keep
+    # admitting for many steps (xlong-swe-kv, 48 steps) and costs where admission stops soon anyway (6 steps at
+    # eta 4): experiments/elastic_vs_baselines/README.md
+    hold: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,5 +64,7 @@ class ElasticConfig(ForesightParams):
         if t is not None and (not t or t[0][0] != 0 or any(n < 1 for _, n in t)
                               or any(b[0] <= a[0] or b[1] > a[1] for a, b in zip(t, t[1:]))):
             raise ValueError(f"elastic: tiers must start at age 0, ages ascending, n >= 1 descending, got {t!r}")
+        if not isinstance(self.hold, bool):
+            raise ValueError(f"elastic: hold must be true or false, got {self.hold!r}")
         if not 0 < self.unseen_residual < float("inf"):
             raise ValueError(f"elastic: unseen_residual must be a positive number, got {self.unseen_residual}")

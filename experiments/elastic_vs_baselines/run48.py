@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--split", type=int, default=0, help="async's rollout GPUs (required for async)")
     ap.add_argument("--tiers", default="", help="elastic's placement by age, AGE_S:N,... (ElasticConfig.tiers)")
     ap.add_argument("--gpus", type=int, default=0, help="the cluster's GPUs; 0: the preset's")
+    ap.add_argument("--no-hold", action="store_true", help="elastic: admission never held (ElasticConfig.hold)")
     a = ap.parse_args()
     if a.policy == "async" and a.split <= 0:
         ap.error("--split: async needs its rollout GPUs (> 0)")
@@ -47,6 +48,8 @@ def main() -> None:
         params["max_running"] = a.cap
     if a.tiers:
         params["tiers"] = tuple((float(t.split(":")[0]), int(t.split(":")[1])) for t in a.tiers.split(","))
+    if a.no_hold:
+        params["hold"] = False
     if a.gpus < 0:
         ap.error("--gpus: a positive GPU count, or 0 for the preset's")
     cfg = override(get_preset(a.preset), steps=a.steps, seed=a.seed, **({"cluster.gpus": a.gpus} if a.gpus else {}))
@@ -54,7 +57,8 @@ def main() -> None:
     row = {"preset": a.preset, "steps": a.steps, "seed": a.seed, **({"gpus": a.gpus} if a.gpus else {}),
            **run(cfg, a.policy, params)}
     print(row, flush=True)
-    tag = (f"_g{a.gpus}" if a.gpus else "") + ("_tiers" if a.tiers else "")  # a tiers column: its own file
+    # tiers, or no hold: its own file
+    tag = (f"_g{a.gpus}" if a.gpus else "") + ("_tiers" if a.tiers else "") + ("_nohold" if a.no_hold else "")
     out = HERE / "results" / f"run48_{a.preset}{tag}_s{a.steps}_seed{a.seed}.csv"
     pd.DataFrame([row]).to_csv(out, mode="a", header=not out.exists(), index=False)
     print(f"appended to {out}")

@@ -56,6 +56,8 @@ def main() -> None:
     caps = {int(c) for c in a.caps.split(",")}
     rows = []
     for path in sorted((HERE / "results").glob("run48_*_s48_seed*.csv")):
+        if "_tiers_" in path.name or "_nohold_" in path.name:  # their own rows (README), not this grid
+            continue
         m = re.match(r"run48_(.+?)(?:_g(\d+))?_s48_seed(\d+)\.csv", path.name)
         d = latest_rows(path, caps)
         gpus = int(m.group(2)) if m.group(2) else 1024
