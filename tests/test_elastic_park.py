@@ -89,3 +89,14 @@ def test_both_ways_are_taken_over_seeds():
     notes = [rec for s in range(6) for rec in simulate(_tight(s), "elastic", {"eta": 2}).log if rec[0] == "note"]
     assert any(n[2] == "elastic_hold" for n in notes)
     assert any(n[2] == "elastic_drain" and n[3]["why"] == "train" and n[3]["parks"] for n in notes)
+
+
+def test_hold_off_never_holds_and_a_non_bool_is_refused():
+    """`hold=False`: no `elastic_hold` note on the seeds where the default holds; `hold="no"` names the field."""
+    from gyre.policies.elastic_config import ElasticConfig
+
+    with pytest.raises(ValueError, match="hold must be true or false"):
+        ElasticConfig(hold="no")
+    notes = [rec for s in range(6) for rec in simulate(_tight(s), "elastic", {"eta": 2, "hold": False}).log
+             if rec[0] == "note"]
+    assert not any(n[2] == "elastic_hold" for n in notes)
