@@ -45,7 +45,8 @@ future length. Then at each decision point it does one thing:
    smallest that does is drained now, parking the migrants that fit nowhere until the drained engines serve
    again after the step, if the next batch is so predicted to train sooner than by holding and the parks'
    delay to cut at most `cut_share` of a step's executions more (policies.elastic_plan.park_pays); else
-   admission holds (nothing new starts) until enough live executions finish for its migrants to fit.
+   admission holds (nothing new starts; with `hold` off it goes on) until enough live executions finish for its
+   migrants to fit.
 2. A step ends. The number of engines to start on the freed GPUs is predicted the same way
    (policies.elastic_plan.choose_grow): the executions waiting to start (and the groups the staleness
    bound lets in next) take engine slots as they free, each taking what finished executions took,
