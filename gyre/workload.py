@@ -136,7 +136,9 @@ class GroupSpec:
     task_id: int
     step: int
     executions: list[ExecutionSpec]
-    scale: float = 1.0  # the scale its turn counts were drawn at (task difficulty x growth); 1.0 from a trace
+    # the scale its turn counts were drawn at (task difficulty x growth): the generator's, not the spec's (a trace
+    # does not record it, reads back 1.0, and compares equal)
+    scale: float = field(default=1.0, compare=False)
 
 
 def _kv_footprint(prompt: int, gen: np.ndarray, tool_out: np.ndarray, events: np.ndarray, w: WorkloadConfig):
