@@ -263,11 +263,11 @@ class Elastic:
         starting = [now + est.engine_start_s] * (self.pool.starting * limit)  # engines started after the last step
         durations = rec.durations()
         risk = lambda x, s: cut_p(x, hist, now, c.unseen_residual, s, load.get(x.engine_id, 1.0))  # noqa: E731
-        cands, self.pool.hold = [], False
+        cands, blocked, self.pool.hold = [], None, False
         for k in range(len(ready)):
             plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.drain_room)
             if len(plan.victims) < k or plan.parks:
-                self.pool.hold = not cands and bool(plan.parks)  # nothing fits: let the rollout thin (1.)
+                blocked = k if plan.parks and not cands else None  # the first drain whose migrants do not fit
                 break  # the sizes beyond drain these engines and more, onto fewer
             g = free + len(plan.gpus)
             if g < cluster.min_train_gpus:
@@ -279,15 +279,14 @@ class Elastic:
                                   durations=durations, step_s=est.step_s, stop_s=est.engine_stop_s,
                                   start_s=est.engine_start_s, risk=risk, scale=scale, due=due, starting=starting))
         tol = c.cut_share * self.batcher.gps * rec.group_size
-        if not cands and self.pool.hold:  # nothing fits: park the smallest size's overflow, or hold (1.)
-            self.pool.hold = c.hold
-            for k in range(len(ready)):
+        if blocked is not None:  # nothing fits: park the smallest size's overflow, or hold (1.)
+            for k in range(blocked, len(ready)):
                 plan = plan_drain(ready, live, k, kv_fill=c.kv_fill, slots=self.pool.drain_room)
                 if free + len(plan.gpus) >= cluster.min_train_gpus:
                     break
             g = free + len(plan.gpus)
             train = est.train_s(tokens, attn, g) + est.trainer_start_s
-            gather = max([waits[x.id] for x, _ in plan.moves] + [waits[x.id] for x in plan.parks])
+            gather = max([waits[x.id] for x, _ in plan.moves] + [waits[x.id] for x in plan.parks], default=0.0)
             extra = lambda d: sum(cut_p(x, hist, now, c.unseen_residual, 1.0, load.get(x.engine_id, 1.0), d)  # noqa: E731
                                   - risk(x, 1.0) for x in plan.parks)
             if g >= cluster.min_train_gpus and park_pays(
@@ -296,9 +295,9 @@ class Elastic:
                     capacity=sum(self.pool.most(e) for e in ready if e not in plan.victims),
                     gather_s=gather, stop_s=est.engine_stop_s, train_s=train, start_s=est.engine_start_s,
                     extra_cuts=extra, tolerance=tol):
-                self.pool.hold = False
                 end = now + gather + est.engine_stop_s + train
                 return Candidate(gpus=g, plan=plan, step_end=end, next_ready=end, last_end=end, train_s=train)
+            self.pool.hold = c.hold
         return choose(cands, tol) if cands else None
 
     # ------------------------------------------------------------------ 2. a step ends
