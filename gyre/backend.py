@@ -68,13 +68,20 @@ class ClusterBase:
     ACCEPTING = (READY, RESTARTING)  # engine states admit() accepts (a restarting engine's wait for it)
     STOPPABLE = (READY, RESTARTING)  # engine states stop_engine() accepts (carried out once it is back)
 
-    def init_books(self, n_gpus: int, *, gpus_per_engine: int, min_train_gpus: int, groups_per_step: int) -> None:
+    def init_books(self, n_gpus: int, *, gpus_per_engine: int, min_train_gpus: int, groups_per_step: int,
+                   cell_gpus: int = 0, standalone_gpus: int = 0, steps_per_burst: int = 1) -> None:
         """The driver-side bookkeeping both backends keep: engines, groups, executions, GPU roles, the log; and
-        the cluster's shape (GPUs per engine, the fewest GPUs a step trains on, groups per step)."""
+        the cluster's shape (GPUs per engine, the fewest GPUs a step trains on, groups per step, the training
+        cells' size (0: `min_train_gpus`), the standalone rollout pool's GPUs, steps per weight publication)."""
         self._shape = (gpus_per_engine, min_train_gpus, groups_per_step)
+        self._cell_gpus = cell_gpus or min_train_gpus
+        self._standalone = standalone_gpus
+        self._mu = steps_per_burst
         self._engines: dict[int, Any] = {}
         self._next_engine = 0
         self._version = 0
+        self._published = 0  # the latest version engines may serve: a multiple of steps_per_burst
+        self._step: Any = None  # the open streaming step (a backend's StepView), if any
         self._deferred: list[tuple[Handle, Any]] = []
         self.log: list[tuple] = []
         self.gpu_roles = GpuRoles(n_gpus, self.log)
@@ -105,6 +112,30 @@ class ClusterBase:
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def published_version(self) -> int:
+        return self._published
+
+    @property
+    def steps_per_burst(self) -> int:
+        return self._mu
+
+    @property
+    def cell_gpus(self) -> int:
+        return self._cell_gpus
+
+    @property
+    def standalone_gpus(self) -> int:
+        return self._standalone
+
+    def cells(self) -> list[tuple[int, ...]]:
+        c, n = self._cell_gpus, self.n_gpus - self._standalone
+        return [tuple(range(i, i + c)) for i in range(0, n - c + 1, c)]
+
+    @property
+    def training(self):
+        return self._step
 
     def role(self, gpu: int) -> Role:
         return self.gpu_roles.role[gpu]
@@ -169,6 +200,47 @@ class ClusterBase:
                 raise ClusterError(f"train: group {g.id} has unfinished executions")
         return gpus
 
+    def _check_open(self, gpus: Sequence[int], groups: Sequence) -> tuple[int, ...]:
+        """An open_step's cell and batch: free GPUs, at least min_train_gpus; groups of this run, untrained, no
+        group twice; no other step open (one version moves at a time)."""
+        if self._step is not None:
+            raise ClusterError(f"open_step: the step training version {self._step.version} is still open")
+        gpus = self._check_cell(gpus, "open_step")
+        if not groups:
+            raise ClusterError("open_step: empty batch")
+        ids = [g.id for g in groups]
+        if len(set(ids)) != len(ids):
+            raise ClusterError(f"open_step: a group appears twice in the batch {ids}")
+        for g in groups:
+            if self.groups.get(g.id) is not g:
+                raise ClusterError(f"open_step: group {g.id} is not a group of this run")
+        return gpus
+
+    def _check_cell(self, gpus: Sequence[int], what: str) -> tuple[int, ...]:
+        gpus = self.gpu_roles.check_free(gpus, what)
+        if len(gpus) < self.min_train_gpus:
+            raise ClusterError(f"{what}: a cell needs >= {self.min_train_gpus} GPUs to hold the training state, "
+                               f"got {len(gpus)}")
+        return gpus
+
+    def _check_join(self, gpus: Sequence[int]) -> tuple[int, ...]:
+        if self._step is None or self._step.ending:
+            raise ClusterError("join_step: no streaming step is open (or it is reducing)")
+        return self._check_cell(gpus, "join_step")
+
+    def _check_leave(self, gpus: Sequence[int]):
+        """The satellite cell these GPUs form in the open step (the core cannot leave: it holds the optimizer)."""
+        step = self._step
+        cell = tuple(int(g) for g in gpus)
+        if step is None or step.ending:
+            raise ClusterError("leave_step: no streaming step is open (or it is reducing)")
+        cells = step.cells
+        if cell not in cells:
+            raise ClusterError(f"leave_step: {cell} is not a cell of the open step (cells: {cells})")
+        if cell == cells[0]:
+            raise ClusterError("leave_step: the core cell holds the optimizer state and cannot leave its step")
+        return cell
+
     @staticmethod
     def _check_sync(engines: Sequence) -> None:
         for e in engines:
@@ -215,6 +287,7 @@ class ClusterBase:
     def _step_done(self, gpus: Sequence[int], tokens: int) -> None:
         """A training step ended: the version advances and its GPUs are free."""
         self._version += 1
+        self._published = self._version - self._version % self._mu
         self.gpu_roles.hold(gpus, None)
         self.gpu_roles.set_role(gpus, Role.IDLE, self.now)
         self._log(("step", self.now, self._version, len(gpus), tokens))
@@ -233,14 +306,14 @@ class ClusterBase:
         return h
 
     def sync(self, engines: Sequence[EngineView]) -> Handle:
-        """Bring `engines` to the latest version; those serving it already, and restarting ones (they come back
-        with the latest), need nothing."""
-        todo = [self._engines[e.id] for e in engines if e.id in self._engines and e.version < self._version]
+        """Bring `engines` to the latest published version; those serving it already, and restarting ones (they
+        come back with it), need nothing."""
+        todo = [self._engines[e.id] for e in engines if e.id in self._engines and e.version < self._published]
         todo = [e for e in todo if e.state is not RESTARTING]
         if not todo:
             return done_handle(None, "sync")
         self._check_sync(todo)
-        v = self._version
+        v = self._published
         return self._sync_now(todo, v, Handle(f"sync{v}"))
 
     def migrate(self, execution: ExecutionView, engine: EngineView) -> Handle:

@@ -3,8 +3,10 @@
 Why exactly this surface: a scheduling policy for agent RL decides (1) which GPUs host inference
 engines and which train, (2) which engine runs each execution, and when to move a live execution
 (only at a tool-call boundary, never interrupting it) or park it off every engine and resume it later
-on any engine (partial rollouts: its KV is freed and re-prefilled on resume; nothing is lost), and (3) when to train on which finished
-groups and when engines receive the new weights. Those are the verbs below; each returns a Handle
+on any engine (partial rollouts: its KV is freed and re-prefilled on resume; nothing is lost), and (3) when to train on which groups, on
+which GPUs, and when engines receive the new weights. Training is either one step on a fixed GPU set once its
+batch has finished (`train`) or a streaming step on cells (`open_step`, `join_step`, `leave_step`: the batch
+trains in micro-steps as its groups finish, and cells join or leave while it runs). Those are the verbs below; each returns a Handle
 that completes later. Observations are the pool's roles, the engines and their load, the live
 executions' observable progress (never their future length), the trainer's version, the clock, and a
 cost estimate (gyre.estimate.CostEstimate: what a training step of a batch and an engine step cost here,
@@ -111,6 +113,32 @@ class Group(Protocol):
 
 
 @runtime_checkable
+class StepView(Protocol):
+    """A streaming training step (`Cluster.open_step`) as a policy sees it.
+
+    The step trains one batch on the weights of `version`, fixed while it runs (gradients accumulate), in
+    micro-steps: each finished group of the batch becomes trainable micro-steps (one per execution: its
+    trajectory's packed tree), queued in finish order; each cell trains one micro-step at a time, taking
+    the next from the queue as it frees up. The first cell is the core (it holds the optimizer state);
+    satellites join with a pull of the core's weight snapshot and may leave between micro-steps. The step
+    ends once every micro-step is trained and the cells' gradients are reduced into the core, which steps
+    the optimizer: the version moves then."""
+
+    @property
+    def version(self) -> int: ...  # the weights it trains on; it produces version + 1
+    @property
+    def groups(self) -> Sequence[Group]: ...  # its batch
+    @property
+    def cells(self) -> list[tuple[int, ...]]: ...  # GPU sets in the step (joining ones too), the core first
+    @property
+    def n_queued(self) -> int: ...  # micro-steps trainable and not taken by a cell
+    @property
+    def n_untrained(self) -> int: ...  # micro-steps not trained yet, those of unfinished groups included
+    @property
+    def done(self) -> bool: ...  # the version has moved
+
+
+@runtime_checkable
 class Cluster(Protocol):
     # --- observations ---
     @property
@@ -125,6 +153,15 @@ class Cluster(Protocol):
     def version(self) -> int: ...  # trainer's latest policy version (steps done)
     @property
     def groups_per_step(self) -> int: ...
+    @property
+    def cell_gpus(self) -> int: ...  # GPUs in one training cell (a cluster setting; gyre.config.ClusterConfig)
+    @property
+    def standalone_gpus(self) -> int: ...  # GPUs of the standalone rollout pool: the last ones, never training
+    def cells(self) -> list[tuple[int, ...]]: ...  # the cells in order (cell 0 first), the pool excluded
+    @property
+    def training(self) -> StepView | None: ...  # the open streaming step, if any
+    @property
+    def published_version(self) -> int: ...  # the latest version engines may serve (every mu steps: a burst)
     def role(self, gpu: int) -> Role: ...
     def free_gpus(self) -> list[int]: ...  # IDLE and not held by an engine or a training step
     def engines(self) -> list[EngineView]: ...
@@ -142,7 +179,10 @@ class Cluster(Protocol):
     def park(self, execution: ExecutionView) -> Handle: ...  # -> bool (parked at its next tool-call boundary)
     def resume(self, execution: ExecutionView, engine: EngineView) -> Handle: ...  # -> True (re-prefills there)
     def train(self, gpus: Sequence[int], groups: Sequence[Group]) -> Handle: ...  # -> new version
-    def sync(self, engines: Sequence[EngineView]) -> Handle: ...  # engines serve the latest version
+    def open_step(self, gpus: Sequence[int], groups: Sequence[Group]) -> Handle: ...  # -> new version (streaming)
+    def join_step(self, gpus: Sequence[int]) -> Handle: ...  # -> True once the cell trains (switched, weights pulled)
+    def leave_step(self, gpus: Sequence[int]) -> Handle: ...  # -> None once the cell is free (between micro-steps)
+    def sync(self, engines: Sequence[EngineView]) -> Handle: ...  # engines serve the latest published version
     def timeout(self, seconds: float) -> Handle: ...
     def spawn(self, gen: Generator[Handle, Any, Any], label: str = "") -> Handle: ...
     def note(self, kind: str, **fields: Any) -> None: ...  # a policy's own annotation in the event log

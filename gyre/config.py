@@ -28,6 +28,8 @@ class ClusterConfig:
     gpu: GpuConfig
     model: ModelConfig
     cost: CostConfig = field(default_factory=CostConfig)
+    cell_gpus: int = 0  # GPUs in one training cell (a streaming step's unit); 0: the model's training minimum
+    standalone_gpus: int = 0  # a standalone rollout pool: the last GPUs, which never train
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +67,25 @@ class RunConfig:
                 f"cluster.gpus={self.cluster.gpus} cannot train {self.cluster.model.name} "
                 f"(needs >= {costs.min_train_gpus} GPUs)"
             )
+        c = self.cluster
+        for name in ("cell_gpus", "standalone_gpus"):
+            v = getattr(c, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"cluster.{name} must be an integer >= 0, got {v!r}")
+        if c.standalone_gpus % costs.engine_gpus:
+            raise ConfigError(f"cluster.standalone_gpus={c.standalone_gpus} must be a multiple of the engine's "
+                              f"{costs.engine_gpus} GPUs")
+        cell, rest = c.cell_gpus or costs.min_train_gpus, c.gpus - c.standalone_gpus
+        if c.cell_gpus and c.cell_gpus < costs.min_train_gpus:
+            raise ConfigError(f"cluster.cell_gpus={c.cell_gpus} cannot hold the core's training state of "
+                              f"{c.model.name} (weights, gradients, optimizer: needs >= {costs.min_train_gpus} GPUs)")
+        if not (c.cell_gpus or c.standalone_gpus):  # no cells asked for: cells() lists whole training minima
+            return self
+        if rest < cell or rest % cell:
+            raise ConfigError(f"cluster.cell_gpus={cell} must divide the {rest} GPUs left after the standalone pool "
+                              f"(cluster.gpus={c.gpus}, cluster.standalone_gpus={c.standalone_gpus})")
+        if cell % costs.engine_gpus:
+            raise ConfigError(f"cluster.cell_gpus={cell} must be a multiple of the engine's {costs.engine_gpus} GPUs")
         return self
 
     def costs(self):

@@ -155,6 +155,31 @@ class Costs:
     request_s: float = 0.0  # per-turn latency outside the engine, charged to the execution alone
     state_tokens: float = 0.0  # linear-attention state of one sequence holding KV, in KV tokens (0: none)
     admission_fill: float = 1.0  # share of KV capacity the admission limit commits (admission_limit)
+    # streaming steps on cells (gyre.cluster.StepView): what a satellite pulls (the core's bf16 weights) and what
+    # every cell's gradients weigh (bf16, the same size), over each GPU's own inter-node link; 0: free
+    train_weight_bytes: float = 0.0
+    link_bytes_s: float = 0.0
+    link_latency_s: float = 0.0
+
+    def _over_link(self, nbytes: float) -> float:
+        return nbytes / self.link_bytes_s + self.link_latency_s if self.link_bytes_s else 0.0
+
+    def snapshot_pull_s(self, cell_gpus: int) -> float:
+        """A joining satellite pulls the core's weight snapshot: each of its GPUs its shard, from its
+        counterpart in the core, over its own link (all shards in parallel)."""
+        return self._over_link(self.train_weight_bytes / cell_gpus)
+
+    def grad_send_s(self, cell_gpus: int) -> float:
+        """A satellite leaving a step sends the gradients it accumulated to the core (one shard per GPU)."""
+        return self._over_link(self.train_weight_bytes / cell_gpus)
+
+    def grad_reduce_s(self, cells: int, cell_gpus: int) -> float:
+        """The cells' gradients summed into the core at a step's end: a ring reduction over `cells` cells, each
+        GPU shard with its counterparts, moves 2 (k - 1) / k of a shard per link (Patarasuk & Yuan 2009, "Bandwidth
+        optimal all-reduce algorithms"; the core then holds the sum). One cell: nothing to reduce."""
+        if cells <= 1:
+            return 0.0
+        return self._over_link(2.0 * (cells - 1) / cells * self.train_weight_bytes / cell_gpus)
 
     def step_time(self, batch: int, kv_tokens: float, chunk: float = 0.0, offset: float = 0.0) -> float:
         """One engine step: `batch` decodes at total context `kv_tokens`, plus `chunk` prefill tokens at `offset`."""
@@ -327,6 +352,9 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         request_s=cost.request_s,
         state_tokens=model.state_bytes_per_seq / model.kv_bytes_per_token,
         admission_fill=cost.admission_fill,
+        train_weight_bytes=2.0 * model.total_params_b * 1e9,  # bf16 weights (and bf16 gradients: the same bytes)
+        link_bytes_s=gpu.internode_gb_s * 1e9,
+        link_latency_s=cost.sync_latency_s,
     )
 
 

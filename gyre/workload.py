@@ -80,6 +80,7 @@ class WorkloadConfig:
     deadline_s: float = math.inf  # wall-clock budget per execution from its start
     task_set: int = 0  # recurring tasks: size of the task set the groups cycle through (0: every group a fresh task)
     task_epoch_corr: float = 0.0  # correlation of a task's log-difficulty between consecutive epochs
+    steps_per_burst: int = 1  # mu: training steps per weight publication (engines serve every mu-th version)
 
     def __post_init__(self) -> None:
         for name in ("groups_per_step", "group_size", "max_turns", "context_window"):
@@ -90,6 +91,9 @@ class WorkloadConfig:
             raise ValueError(f"workload.deadline_s must be a positive number of seconds, got {d!r}")
         if self.summary_tokens >= self.context_window:
             raise ValueError("workload.summary_tokens must be below workload.context_window")
+        mu = self.steps_per_burst
+        if isinstance(mu, bool) or not isinstance(mu, int) or mu < 1:
+            raise ValueError(f"workload.steps_per_burst must be an integer >= 1, got {mu!r}")
         if self.task_set < 0:
             raise ValueError(f"workload.task_set must be >= 0, got {self.task_set}")
         if not -1.0 <= self.task_epoch_corr <= 1.0:

@@ -35,6 +35,7 @@ from gyre.sim.cluster.engine import SimEngine
 from gyre.sim.cluster.execution import SimExecution, SimGroup
 from gyre.sim.cluster.faults import SimFaults
 from gyre.sim.cluster.fine_events import run_fine
+from gyre.sim.cluster.streaming import SimStep
 from gyre.sim.cluster.time_heap import heappush
 from gyre.sim.cluster.invariants import check_cluster
 
@@ -43,12 +44,13 @@ _END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third
 
 class SimCluster(ClusterBase):
     def __init__(self, *, n_gpus: int, costs: Costs, source, check: bool = False, faults: tuple[str, ...] = (),
-                 seed: int = 0, checkpoint_every: int = 0) -> None:
+                 seed: int = 0, checkpoint_every: int = 0, cell_gpus: int = 0, standalone_gpus: int = 0) -> None:
         self.env = simpy.Environment()
         self.costs = costs
         self.source = source
         self.init_books(n_gpus, gpus_per_engine=costs.engine_gpus, min_train_gpus=costs.min_train_gpus,
-                        groups_per_step=source.config.groups_per_step)
+                        groups_per_step=source.config.groups_per_step, cell_gpus=cell_gpus,
+                        standalone_gpus=standalone_gpus, steps_per_burst=getattr(source.config, "steps_per_burst", 1))
         self._q: list[tuple[float, int, Callable, Any]] = []
         self._seq = itertools.count()
         self._dirty: list[SimEngine] = []  # engines whose next wakeup must be re-planned (SimEngine._touch)
@@ -169,14 +171,14 @@ class SimCluster(ClusterBase):
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
         gpus, eid = self._check_start(gpus)
-        eng = SimEngine(self, eid, gpus, self._version)
+        eng = SimEngine(self, eid, gpus, self._published)
         dt = self._switch_in_s(gpus, "engine")
         self._place_engine(eng)
         h = Handle(f"start_engine{eid}")
 
         def up() -> None:
             self.gpu_roles.load(gpus, "engine")
-            eng.transition(READY, self._version)
+            eng.transition(READY, self._published)
             eng.t_last = self.now
             self._engine_up(eng)
             h.succeed(eng)
@@ -249,6 +251,21 @@ class SimCluster(ClusterBase):
             begin = self._faults.before_step(gpus, begin)
         begin()
         return h
+
+    def open_step(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
+        """A streaming step on `gpus` (the core cell) for `groups`, finished or not (gyre.sim.cluster.streaming)."""
+        gpus = self._check_open(gpus, groups)
+        if self._faults is not None:
+            raise ClusterError("open_step: injected faults during streaming steps are not modelled by the simulator")
+        h = Handle(f"step{self._version}")
+        self._step = SimStep(self, gpus, groups, h)
+        return h
+
+    def join_step(self, gpus: Sequence[int]) -> Handle:
+        return self._step.join(self._check_join(gpus))
+
+    def leave_step(self, gpus: Sequence[int]) -> Handle:
+        return self._step.leave(self._check_leave(gpus))
 
     def _sync_now(self, todo: list[SimEngine], v: int, h: Handle) -> Handle:
         if self._faults is not None and self._faults.faulty_sync(todo, v, h):

@@ -114,7 +114,7 @@ class SimFaults:
         if eng is None or not eng.ready:
             raise ClusterError(f"kill_engine: engine {engine_id} is not running")
         execs, lost = moves.wipe(eng, t)
-        eng.transition(RESTARTING, c.version)  # the version it will serve (see step_ended)
+        eng.transition(RESTARTING, c.published_version)  # the version it will serve (see step_ended)
         self._killed_at[eng.id] = t
         c.gpu_roles.set_role(eng.gpus, Role.SWITCHING, t)
         others = [e for e in c._engines.values() if e.ready]
@@ -135,9 +135,9 @@ class SimFaults:
 
     def _restarted(self, eng: SimEngine) -> None:
         c, t = self.c, self.c.now
-        eng.transition(READY, c.version)
+        eng.transition(READY, c.published_version)
         c.gpu_roles.set_role(eng.gpus, Role.ROLLOUT, t)
-        c.note("engine_restarted", engine=eng.id, version=c.version, recovery_s=t - self._killed_at[eng.id])
+        c.note("engine_restarted", engine=eng.id, version=c.published_version, recovery_s=t - self._killed_at[eng.id])
         h = self._stop_after.pop(eng.id, None)
         if h is not None:
             c._stop(eng, h)
@@ -263,4 +263,4 @@ class SimFaults:
             self.ckpt_version, self.step_s = v, {}
         for e in self.c._engines.values():
             if e.state is RESTARTING:
-                e.serve(v)
+                e.serve(self.c.published_version)

@@ -53,7 +53,8 @@ def check_cluster(c: SimCluster, engines: Iterable[SimEngine]) -> None:
         o = c.gpu_roles.owner[g]
         if o is None:
             assert c.gpu_roles.role[g] in (Role.IDLE, Role.SWITCHING), f"GPU {g} unowned but {c.gpu_roles.role[g].name}"
-        elif o == TRAINER:
-            assert c.gpu_roles.role[g] in (Role.TRAIN, Role.SWITCHING), f"GPU {g} training but {c.gpu_roles.role[g].name}"
+        elif o == TRAINER:  # IDLE: a cell of an open streaming step waiting for a micro-step
+            ok = (Role.TRAIN, Role.SWITCHING, Role.IDLE) if c.training is not None else (Role.TRAIN, Role.SWITCHING)
+            assert c.gpu_roles.role[g] in ok, f"GPU {g} training but {c.gpu_roles.role[g].name}"
         else:
             assert c.gpu_roles.role[g] in (Role.ROLLOUT, Role.SWITCHING), f"GPU {g} engine but {c.gpu_roles.role[g].name}"
