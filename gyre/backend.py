@@ -211,10 +211,28 @@ class ClusterBase:
         ids = [g.id for g in groups]
         if len(set(ids)) != len(ids):
             raise ClusterError(f"open_step: a group appears twice in the batch {ids}")
+        if len(ids) > self.groups_per_step:
+            raise ClusterError(f"open_step: {len(ids)} groups, more than groups_per_step={self.groups_per_step}")
         for g in groups:
             if self.groups.get(g.id) is not g:
                 raise ClusterError(f"open_step: group {g.id} is not a group of this run")
         return gpus
+
+    def _check_extend(self, groups: Sequence) -> list:
+        step = self._step
+        if step is None or step.ending:
+            raise ClusterError("extend_step: no streaming step is open (or it is reducing)")
+        have = {g.id for g in step.groups}
+        for g in groups:
+            if self.groups.get(g.id) is not g:
+                raise ClusterError(f"extend_step: group {g.id} is not a group of this run")
+            if g.id in have:
+                raise ClusterError(f"extend_step: group {g.id} is in the batch already")
+            have.add(g.id)
+        if len(have) > self.groups_per_step:
+            raise ClusterError(f"extend_step: the batch would hold {len(have)} groups, more than groups_per_step="
+                               f"{self.groups_per_step}")
+        return list(groups)
 
     def _check_cell(self, gpus: Sequence[int], what: str) -> tuple[int, ...]:
         gpus = self.gpu_roles.check_free(gpus, what)

@@ -122,7 +122,8 @@ class StepView(Protocol):
     the next from the queue as it frees up. The first cell is the core (it holds the optimizer state);
     satellites join with a pull of the core's weight snapshot and may leave between micro-steps. The step
     ends once every micro-step is trained and the cells' gradients are reduced into the core, which steps
-    the optimizer: the version moves then."""
+    the optimizer: the version moves then. A batch may open with fewer than `groups_per_step` groups and
+    grow (`extend_step`) while it trains; the step ends only once its batch holds `groups_per_step`."""
 
     @property
     def version(self) -> int: ...  # the weights it trains on; it produces version + 1
@@ -161,6 +162,8 @@ class Cluster(Protocol):
     @property
     def training(self) -> StepView | None: ...  # the open streaming step, if any
     @property
+    def steps_per_burst(self) -> int: ...  # mu: training steps per weight publication
+    @property
     def published_version(self) -> int: ...  # the latest version engines may serve (every mu steps: a burst)
     def role(self, gpu: int) -> Role: ...
     def free_gpus(self) -> list[int]: ...  # IDLE and not held by an engine or a training step
@@ -180,6 +183,7 @@ class Cluster(Protocol):
     def resume(self, execution: ExecutionView, engine: EngineView) -> Handle: ...  # -> True (re-prefills there)
     def train(self, gpus: Sequence[int], groups: Sequence[Group]) -> Handle: ...  # -> new version
     def open_step(self, gpus: Sequence[int], groups: Sequence[Group]) -> Handle: ...  # -> new version (streaming)
+    def extend_step(self, groups: Sequence[Group]) -> Handle: ...  # -> None at once: groups join the open batch
     def join_step(self, gpus: Sequence[int]) -> Handle: ...  # -> True once the cell trains (switched, weights pulled)
     def leave_step(self, gpus: Sequence[int]) -> Handle: ...  # -> None once the cell is free (between micro-steps)
     def sync(self, engines: Sequence[EngineView]) -> Handle: ...  # engines serve the latest published version

@@ -3,7 +3,9 @@ the trainer takes a batch when one is ready (policies.common.Batcher enforces st
 admission control), then engines receive the new weights in place.
 Executions wait unstarted in one policies.admit_queue.AdmissionQueue until an engine has room.
 
-R defaults to every GPU the trainer does not need. `max_running` caps the executions each engine holds
+R defaults to every GPU the trainer does not need. With `streaming`, each batch trains in a streaming step on
+the trainer's cells (gyre.cluster.StepView), opened as soon as the batch is chosen: its groups train as they
+finish instead of after the last one (the paper's "Async + streaming"). `max_running` caps the executions each engine holds
 at once below the engine's own admission limit (gyre.hardware.admission_limit; None: that limit).
 
 A fair comparison needs async at its best split, staleness bound and per-engine concurrency: its grid
@@ -41,6 +43,7 @@ class AsyncConfig(ForesightParams):
     rollout_gpus: int | None = None  # R; None: every GPU the trainer does not need
     eta: int = 1  # staleness bound
     max_running: int | None = None  # executions an engine holds at once, at most; None: its admission limit
+    streaming: bool = False  # train each batch in a streaming step on the trainer's cells (groups as they finish)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -111,5 +114,5 @@ class AsyncSplit:
             yield cluster.sync(engines)
 
         yield from train_loop(cluster, steps, batcher, queue, engines=lambda: engines, gather=gather,
-                              after_step=after_step, label="async-producer")
+                              after_step=after_step, label="async-producer", streaming=self.config.streaming)
         order.report()

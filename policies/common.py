@@ -25,7 +25,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gyre.cluster import Cluster, EngineView, Group
+from gyre.cluster import Cluster, ClusterError, EngineView, Group
 from gyre.handles import Handle, any_of
 from gyre.policies.admit_queue import AdmissionQueue
 
@@ -83,6 +83,10 @@ class Batcher:
         Batcher has counted its group finished, if it was the group's last)."""
         if eta < 0:
             raise ValueError(f"eta must be >= 0, got {eta}")
+        mu = getattr(cluster, "steps_per_burst", 1)
+        if eta < mu - 1:  # engines serve every mu-th version: a group admitted at a burst's start waits mu - 1 steps
+            raise ClusterError(f"eta={eta} is below steps_per_burst - 1 = {mu - 1}: engines serve a new version "
+                               f"only every {mu} steps")
         self.cluster = cluster
         self.order = order
         self.on_finish = on_finish
@@ -94,12 +98,14 @@ class Batcher:
         self.n_admitted = 0
         self.n_trained = 0
         self.step = 0  # the step the next batch trains (batches are taken in step order)
+        self.open: list[Group] = []  # a streaming step's batch so far (step `self.step`), filled by `take_ready`
         self.changed = Signal()
 
-    def _feasible(self, deadlines: list[int], first_step: int) -> bool:
-        """Can groups with these deadlines all be trained in steps first_step, first_step + 1, ...?"""
+    def _feasible(self, deadlines: list[int], first_step: int, used: int = 0) -> bool:
+        """Can groups with these deadlines all be trained in steps first_step, first_step + 1, ..., when `used`
+        of first_step's places are taken already?"""
         for i, d in enumerate(sorted(deadlines)):  # the i+1 earliest must fit by step d
-            if i + 1 > (d - first_step + 1) * self.gps:
+            if i + 1 > (d - first_step + 1) * self.gps - used:
                 return False
         return True
 
@@ -109,7 +115,7 @@ class Batcher:
         a = self.cluster.version if version is None else version
         if self.n_admitted >= self.steps * self.gps or a + self.eta < v:
             return False
-        return self._feasible([x + self.eta for x, _ in self.admitted] + [a + self.eta], v)
+        return self._feasible([x + self.eta for x, _ in self.admitted] + [a + self.eta], v, len(self.open))
 
     def admit_group(self, version: int) -> Group:
         """Take the next group; the caller admits its executions and calls `watch`."""
@@ -156,6 +162,35 @@ class Batcher:
             return None
         return batch
 
+    def take_ready(self) -> list[Group]:
+        """Groups that join the open streaming batch of step `self.step` now: every due group, finished or not (it
+        must train in this step), then finished groups in (admission version, finish order), each only while the
+        groups left stay feasible for the places left; at most groups_per_step in all. The groups join `open`."""
+        v = self.step
+        if v >= self.steps:
+            return []
+        rank = {gid: i for i, gid in enumerate(self.finished)}
+        out = [g for a, g in self.admitted if a + self.eta <= v]
+        ids = {g.id for g in out}
+        for a, _, g in sorted((a, rank[g.id], g) for a, g in self.admitted if g.id in rank and g.id not in ids):
+            if len(self.open) + len(out) >= self.gps:
+                break
+            rest = [x + self.eta for x, h in self.admitted if h.id not in ids and h.id != g.id]
+            if self._feasible(rest, v, len(self.open) + len(out) + 1):
+                out.append(g)
+                ids.add(g.id)
+        self.admitted = [(a, g) for a, g in self.admitted if g.id not in ids]
+        self.finished = [gid for gid in self.finished if gid not in ids]
+        self.open += out
+        return out
+
+    def close(self) -> None:
+        """The open streaming batch is complete (groups_per_step groups): the next batch is the next step's."""
+        assert len(self.open) == self.gps, f"closing a batch of {len(self.open)} groups, not {self.gps}"
+        self.n_trained += len(self.open)
+        self.open = []
+        self.step += 1
+
     def trained(self, batch: Sequence[Group]) -> None:
         ids = {g.id for g in batch}
         self.admitted = [(a, g) for a, g in self.admitted if g.id not in ids]
@@ -167,17 +202,39 @@ class Batcher:
 Steps = Generator[Handle, Any, Any]
 
 
+def cells_of(cluster: Cluster, gpus: Sequence[int]) -> list[tuple[int, ...]]:
+    """Training GPUs as cells of the cluster's `cell_gpus` (the first the core); a remainder too small for a
+    cell joins the last one, and fewer GPUs than a cell are one cell."""
+    gpus, c = list(gpus), cluster.cell_gpus
+    cells = [tuple(gpus[i: i + c]) for i in range(0, len(gpus) - c + 1, c)] or [tuple(gpus)]
+    rest = tuple(gpus[sum(len(x) for x in cells):])
+    if rest:
+        cells[-1] += rest
+    return cells
+
+
+def stream(cluster: Cluster, gpus: Sequence[int], batch: Sequence[Group]) -> Handle:
+    """Train `batch` in a streaming step on `gpus`: the first cell opens it, the others join at once."""
+    cells = cells_of(cluster, gpus)
+    h = cluster.open_step(cells[0], batch)
+    for cell in cells[1:]:
+        cluster.join_step(cell)
+    return h
+
+
 def train_loop(cluster: Cluster, steps: int, batcher: Batcher, queue: AdmissionQueue, *,
                engines: Callable[[], Sequence[EngineView]], gather: Callable[[Sequence[Group]], Steps],
                after_step: Callable[[], Steps], wait: Callable[[], Sequence[Handle]] = lambda: (),
-               label: str = "producer") -> Steps:
+               label: str = "producer", streaming: bool = False) -> Steps:
     """The producer and train loop of a policy whose generation never stops (async, elastic).
 
     Producer: while the staleness bound allows, admit the next group: its executions go to `queue`
     (policies.admit_queue: handed to engines as they have room); the oldest weights among `engines()` is
     the group's version.
     Trainer: when the Batcher has a batch, `gather(batch)` yields until the step's GPUs are free and
-    returns them; the step trains; `after_step()` yields until the engines serve the new weights. Both
+    returns them; the step trains; `after_step()` yields until the engines serve the new weights. With
+    `streaming`, a streaming step opens on those GPUs' cells as soon as any group can join its batch (a due one,
+    or a finished one: `Batcher.take_ready`), and the batch fills as groups finish while it trains. Both
     sleep on the Batcher's changes and on the handles `wait()` gives (a policy's own wake-ups); `wait()`
     is called once per wake-up: the loop that sleeps second, before anything has fired, sleeps on the
     handles the first was given (a policy may react to what woke it inside `wait()`)."""
@@ -200,7 +257,23 @@ def train_loop(cluster: Cluster, steps: int, batcher: Batcher, queue: AdmissionQ
             batcher.watch(g, queue.submit(g.executions))
 
     producer = cluster.spawn(produce(), label)
-    while cluster.version < steps:
+    while streaming and cluster.version < steps:
+        batch = batcher.take_ready()
+        if not batch:
+            yield sleep()
+            continue
+        gpus = yield from gather(batch)
+        h = stream(cluster, gpus, batch)
+        while len(batcher.open) < batcher.gps:  # the batch fills as groups finish, while it trains
+            yield sleep()
+            more = batcher.take_ready()
+            if more:
+                cluster.extend_step(more)
+        batcher.close()
+        yield h
+        yield from after_step()
+        batcher.changed.fire()
+    while not streaming and cluster.version < steps:
         batch = batcher.next_batch()
         if batch is None:
             yield sleep()

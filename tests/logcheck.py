@@ -38,7 +38,8 @@ class Staleness:
     tokens: dict[int, int] = field(default_factory=dict)
 
 
-def staleness(log: list[tuple]) -> Staleness:
+def staleness(log: list[tuple], mu: int = 1) -> Staleness:
+    """`mu`: steps per weight publication (an engine comes up serving the latest multiple of mu)."""
     version, served = 0, {}
     out = Staleness()
     for r in log:
@@ -46,7 +47,7 @@ def staleness(log: list[tuple]) -> Staleness:
         if kind == "step":
             version = r[2]
         elif kind == "engine_up":
-            served[r[2]] = version
+            served[r[2]] = version - version % mu
         elif kind == "sync":
             served[r[2]] = r[3]
         elif kind == "note" and r[2] == "engine_restarted":  # a killed engine is back, serving the latest weights
@@ -63,11 +64,11 @@ def staleness(log: list[tuple]) -> Staleness:
     return out
 
 
-def check_staleness(log: list[tuple], eta: int, exact: bool) -> None:
+def check_staleness(log: list[tuple], eta: int, exact: bool, mu: int = 1) -> None:
     """Every trained execution's staleness is what the log says: its recorded oldest version lies within the
     log's bounds (equals its start's when `exact` and it never moved to an older engine), its staleness is <= eta,
     and its per-token lag sum is between 0 and its tokens x the largest lag the log allows."""
-    s = staleness(log)
+    s = staleness(log, mu)
     for x, v in s.trained_v.items():
         lo, start, got = s.low_v[x], s.start_v[x], s.recorded_v[x]
         if s.tokens[x]:

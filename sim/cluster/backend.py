@@ -261,6 +261,10 @@ class SimCluster(ClusterBase):
         self._step = SimStep(self, gpus, groups, h)
         return h
 
+    def extend_step(self, groups: Sequence[SimGroup]) -> Handle:
+        self._step.add(self._check_extend(groups))
+        return Handle("extend_step").succeed(None)
+
     def join_step(self, gpus: Sequence[int]) -> Handle:
         return self._step.join(self._check_join(gpus))
 

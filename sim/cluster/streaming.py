@@ -1,6 +1,7 @@
 """A streaming training step in simulated time: the simulator's StepView (gyre.cluster.StepView).
 
-Micro-steps. A batch's group becomes trainable when its last execution ends: one micro-step per execution, its
+Micro-steps. A batch's group (given at open, or added by extend_step
+until the batch holds groups_per_step) becomes trainable when its last execution ends: one micro-step per execution, its
 produced trajectory (a deadline cut trains what it produced), the group's shared prompt carried by its first
 execution's micro-step. A micro-step costs Costs.train_time(tokens, cell GPUs, attention context), which is
 linear in both, so a group's micro-steps on one cell cost what `train` charges the group. Micro-steps queue in
@@ -75,15 +76,27 @@ class SimStep:
         self.sending = 0  # leaving satellites' gradients on their way to the core
         self.ending = False  # reducing into the core: no join, no leave
         self.tokens = 0
+        self._gps = c.groups_per_step
         c._log(("step_open", c.now, self._version, core, len(self._groups)))
-        for g in self._groups:
+        self._watch(self._groups)
+        self._add(core, pull=False, h=None)
+
+    def add(self, groups: list) -> None:
+        """More groups join the batch (extend_step)."""
+        self._groups += groups
+        self._untrained += sum(len(g.executions) for g in groups)
+        self.c._log(("step_extend", self.c.now, self._version, tuple(g.id for g in groups)))
+        self._watch(groups)
+        self._dispatch()
+
+    def _watch(self, groups: list) -> None:
+        for g in groups:
             if g.done:
                 self.queue.extend(micro_steps(g))
             else:
                 queued = [False]
                 for ex in g.executions:
                     ex.handle.on_done(lambda _h, g=g, queued=queued: self._finished(g, queued))
-        self._add(core, pull=False, h=None)
 
     # ------------------------------------------------------------------ StepView
     @property
@@ -233,7 +246,8 @@ class SimStep:
         self._maybe_end()
 
     def _maybe_end(self) -> None:
-        if self.ending or self._untrained or self.sending or any(x.busy for x in self._cells):
+        if self.ending or self._untrained or self.sending or len(self._groups) < self._gps \
+                or any(x.busy for x in self._cells):
             return
         self.ending = True
         c = self.c
