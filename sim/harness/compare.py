@@ -115,9 +115,11 @@ def tune(
     searches: dict[str, tuple[RunConfig, str, Any]] = {}
     fixed: dict[str, Candidate] = {}
     for name in names:
-        if name in cfg.policy_params:
-            fixed[name] = Candidate(name, dict(cfg.policy_params[name]))
+        given = cfg.policy_params.get(name, {})
+        if given and set(given) & {k for p in sweep(name, shape, etas) for k in p}:  # it sets what a search would
+            fixed[name] = Candidate(name, dict(given))
             continue
+        # else its search runs, each run with the given params too (`simulate` merges cfg.policy_params)
         searches[name] = (cfg, name, tuner(name, shape, etas))
         grid = sweep(name, shape, etas)
         if pilot and name in baselines() and len(grid) > 1 and pilot_cfg.steps < cfg.steps:

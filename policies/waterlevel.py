@@ -1,0 +1,218 @@
+"""Waterlevel: the paper's elastic scheduler (PAPER.md, "Elastic scheduler") on cells and streaming steps.
+
+The rule, per burst of mu = steps_per_burst steps:
+1. At a burst boundary, executions are dispatched: groups are admitted while the staleness bound allows
+   (policies.common.Batcher: the dispatch depth Q_b = (phi + mu) B with eta = phi + mu - 1), and queued for room
+   on the rollout engines (policies.admit_queue). Nothing else is dispatched until the next boundary, so the
+   outstanding work w(t) = dispatched - finished only falls within a burst.
+2. The next cell in order (the core first, then the satellites) moves from rollout to training only while
+   w(t) <= C_R(t) - C_e: the rollout capacity left without it still holds every outstanding execution. Moves
+   are serial (one cell at a time). A moving cell takes no new execution; its live ones move to engines that
+   stay on rollout longer (the standalone pool first, then the later cells), each counted at its destination
+   until it arrives (`AdmissionQueue.move`); once it is empty its engines stop and it trains: the core opens the
+   burst's streaming step, satellites join it.
+3. Training streams: a step's batch fills with groups as they finish (Batcher.take_ready); when a step ends
+   inside a burst the next opens at once on the cells already training.
+4. After the burst's last step the weights are published (engines sync), the satellites return to rollout,
+   the next burst is dispatched, and the core stays on training only if the next batch is ready (groups_per_step
+   finished, untrained groups) and the rollout capacity without it covers the outstanding executions.
+
+Readings of the summaries (choices the paper leaves open): C_R and C_e count executions an engine may hold at
+once, its admission limit (gyre.hardware.admission_limit: the concurrency its KV allows at the workload's
+window), summed over the engines that take work (the standalone pool's and those of cells on rollout that are not
+moving); w counts executions dispatched and not finished, those waiting unstarted for room included. A move is
+carried out with the cluster's migration (`Cluster.migrate`: at the next tool-call boundary, or at the model
+request where the cluster moves requests). A cell that finishes moving after its burst's last micro-step is
+trained waits for the next step. The standalone pool (`cluster.standalone_gpus`) never trains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gyre.cluster import Cluster, ClusterError, EngineView
+from gyre.handles import all_of, any_of
+from gyre.policies.admit_queue import AdmissionQueue
+from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots
+
+
+@dataclass(frozen=True, kw_only=True)
+class WaterlevelConfig:
+    eta: int = 1  # staleness bound (>= steps_per_burst - 1); the dispatch depth is (eta + 1) x groups_per_step
+
+    def __post_init__(self) -> None:
+        if isinstance(self.eta, bool) or not isinstance(self.eta, int) or self.eta < 0:
+            raise ValueError(f"waterlevel: eta must be an integer >= 0, got {self.eta!r}")
+
+
+class Waterlevel:
+    name = "waterlevel"
+    Config = WaterlevelConfig
+
+    def __init__(self, config: WaterlevelConfig | None = None, **params) -> None:
+        self.config = config if config is not None else WaterlevelConfig(**params)
+        self.eta = self.config.eta
+
+    @staticmethod
+    def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
+        return [{"eta": e} for e in etas]
+
+    def run(self, cluster: Cluster, steps: int):
+        yield from _Run(cluster, steps, self.eta).run()
+
+
+class _Run:
+    """One run's state: which cells roll out, move or train; the counters; the queue and the Batcher."""
+
+    def __init__(self, c: Cluster, steps: int, eta: int) -> None:
+        self.c, self.steps = c, steps
+        self.cells = c.cells()
+        if not self.cells:
+            raise ClusterError(f"waterlevel: no cell of {c.cell_gpus} GPUs fits in {c.n_gpus} GPUs")
+        in_cells = {g for cell in self.cells for g in cell}
+        self.pool_gpus = [g for g in range(c.n_gpus) if g not in in_cells]
+        self.rollout: dict[int, list[EngineView]] = {}  # cell index -> its engines, while it rolls out
+        self.pool: list[EngineView] = []
+        self.moving: int | None = None  # the cell being vacated (moves are serial)
+        self.training: list[int] = []  # cells on training, in the order they moved (the core first)
+        self.queue = AdmissionQueue(c, self.targets)
+        self.batcher = Batcher(c, steps, eta)
+        self.dispatched = self.finished = 0
+        self.changed = Signal()
+        self.joins: dict[int, object] = {}  # cell index -> its last join_step handle
+
+    # ------------------------------------------------------------------ capacity
+    def targets(self) -> list[EngineView]:
+        """Engines that take work: the pool's, then those of cells on rollout and not moving, later cells first
+        (a moved execution goes where it will stay longest)."""
+        cells = [k for k in sorted(self.rollout, reverse=True) if k != self.moving]
+        return self.pool + [e for k in cells for e in self.rollout[k]]
+
+    @staticmethod
+    def capacity(engines: list[EngineView]) -> int:
+        return sum(e.admit_limit for e in engines)
+
+    def outstanding(self) -> int:
+        return self.dispatched - self.finished
+
+    # ------------------------------------------------------------------ the loop
+    def run(self):
+        c = self.c
+        gpe = c.gpus_per_engine
+        slots = [(k, s) for k, cell in enumerate(self.cells) for s in engine_slots(cell, gpe)]
+        slots += [(None, s) for s in engine_slots(self.pool_gpus, gpe)]
+        engines = yield all_of([c.start_engine(s) for _, s in slots])
+        for (k, _), e in zip(slots, engines):
+            (self.pool if k is None else self.rollout.setdefault(k, [])).append(e)
+        self.dispatch()
+        c.spawn(self.level(), "waterlevel")
+        while c.version < self.steps:
+            yield from self.train_step()
+            if c.version % c.steps_per_burst == 0 or c.version == self.steps:
+                yield from self.boundary()
+
+    def dispatch(self) -> None:
+        """A burst boundary: admit groups while the staleness bound allows, each execution counted as it ends."""
+        b, c = self.batcher, self.c
+        while b.n_admitted < self.steps * b.gps and b.can_admit(c.published_version):
+            g = b.admit_group(c.published_version)
+            handles = self.queue.submit(g.executions)
+            b.watch(g, handles)
+            self.dispatched += len(handles)
+            for h in handles:
+                h.on_done(self._ended)
+        self.changed.fire()
+
+    def _ended(self, _h) -> None:
+        self.finished += 1
+        self.changed.fire()
+
+    def wake(self):
+        return any_of([self.changed.wait(), self.batcher.changed.wait()])
+
+    def level(self):
+        """The waterlevel trigger: move the next cell while the capacity left covers the outstanding work."""
+        while self.c.version < self.steps:
+            if self.moving is None and self.rollout:
+                k = min(self.rollout)
+                rest = self.capacity(self.targets()) - self.capacity(self.rollout[k])
+                if self.outstanding() <= rest:
+                    self.moving = k
+                    self.c.note("waterlevel_move", cell=k, outstanding=self.outstanding(), capacity_left=rest)
+                    self.c.spawn(self.vacate(k), f"vacate{k}")
+                    continue
+            yield self.wake()
+
+    def vacate(self, k: int):
+        """Move cell k's live executions off it, stop its engines, and hand it to training."""
+        c = self.c
+        engines = self.rollout[k]
+        ids = {e.id for e in engines}
+        sent: dict[int, object] = {}
+        while any(e.n_live for e in engines):
+            for x in c.live():
+                if x.engine_id in ids and (x.id not in sent or sent[x.id].done):
+                    dst = next((e for e in self.targets() if e.ready and self.queue.room(e) > 0), None)
+                    if dst is None:
+                        break
+                    sent[x.id] = self.queue.move(x, dst)
+            yield any_of([self.changed.wait(), *[h for h in sent.values() if not h.done]])
+        yield all_of([c.stop_engine(e) for e in engines])
+        del self.rollout[k]
+        self.moving = None
+        self.training.append(k)
+        self.changed.fire()
+
+    def train_step(self):
+        """One streaming step: opened by the core once it trains and a group can join; the training satellites
+        join; the batch fills as groups finish; cells that finish moving meanwhile join while there is work."""
+        c, b = self.c, self.batcher
+        while True:
+            batch = b.take_ready() if 0 in self.training else []
+            if batch:
+                break
+            yield self.wake()
+        h = c.open_step(self.cells[0], batch)
+        joined, filling = {0}, True
+        while not h.done:
+            if filling:
+                more = b.take_ready() if len(b.open) < b.gps else []
+                if more:
+                    c.extend_step(more)
+                if len(b.open) == b.gps:
+                    b.close()
+                    filling = False
+            step = c.training
+            for k in self.training:
+                if k not in joined and step is not None and (step.n_untrained or filling):
+                    self.joins[k] = c.join_step(self.cells[k])
+                    joined.add(k)
+            yield any_of([h, self.wake()])
+
+    def boundary(self):
+        """Publish; satellites back to rollout; the next dispatch; the core stays only if it may."""
+        c = self.c
+        yield c.sync(self.targets())
+        back = [k for k in self.training if k != 0]
+        yield from self.to_rollout(back)
+        self.dispatch()
+        if 0 in self.training:
+            ready = sum(1 for _ in self.batcher.finished)  # finished, untrained groups
+            if ready < self.batcher.gps or self.outstanding() > self.capacity(self.targets()):
+                yield from self.to_rollout([0])
+
+    def to_rollout(self, cells: list[int]):
+        c = self.c
+        if not cells:
+            return
+        switching = [self.joins[k] for k in cells if k in self.joins and not self.joins[k].done]
+        if switching:  # a join still switching in when its step ended: its GPUs are free once it is up
+            yield all_of(switching)
+        slots = [(k, s) for k in cells for s in engine_slots(self.cells[k], c.gpus_per_engine)]
+        for k in cells:
+            self.training.remove(k)
+        engines = yield all_of([c.start_engine(s) for _, s in slots])
+        for (k, _), e in zip(slots, engines):
+            self.rollout.setdefault(k, []).append(e)
+        self.queue.pump()
+        self.changed.fire()
