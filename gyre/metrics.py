@@ -12,6 +12,8 @@ Log records are tuples whose first two fields are (kind, time):
   ("trained", t, exec, group, version, staleness, lag_tokens, tokens)  staleness: lag of its oldest token;
                                      lag_tokens: sum over its `tokens` generated tokens of (version - generating version)
   ("step", t, version, gpus, tokens) ("note", t, kind, fields)
+  streaming steps (gyre.cluster.StepView): ("step_open", t, version, core_gpus, groups)  ("step_extend", t, version, group_ids)
+  ("cell_join", t, version, gpus)  ("micro", t_end, version, exec, t_start, first_gpu, tokens)  ("cell_leave", t, version, gpus)
 """
 
 from __future__ import annotations

@@ -20,6 +20,12 @@ runner = CliRunner()
         (["run", "--steps", "0"], "steps must be >= 1"),
         (["compare", "--policy", "nope"], "unknown policy 'nope'"),
         (["run", "--policy", "no.such.module:Policy"], "cannot load policy"),
+        (["run", "--set", "cluster.cell_gpus=7"], "cluster.cell_gpus=7 cannot hold the core's training state"),
+        (["run", "--set", "cluster.cell_gpus=24"], "cluster.cell_gpus=24 must divide the 64 GPUs"),
+        (["run", "--set", "cluster.standalone_gpus=16", "--set", "cluster.cell_gpus=32"], "must divide the 48 GPUs"),
+        (["run", "--set", "workload.steps_per_burst=0"], "workload.steps_per_burst must be an integer >= 1"),
+        (["run", "--set", "cluster.cell_gpus"], "expected KEY=VALUE"),
+        (["run", "--set", "nope.streaming=true"], "unknown policy 'nope'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):
@@ -47,10 +53,10 @@ def test_flag_set_is_frozen():
     assert set(cmd.commands) == {"run", "compare", "presets", "calibrate", "replay", "calibrate-engine"}, sorted(cmd.commands)
     run_flags = {o for p in cmd.commands["run"].params for o in p.opts}
     assert run_flags == {"--policy", "--preset", "-p", "--gpus", "--steps", "--seed", "--eta", "--out", "-o",
-                         "--workload", "--trace-out", "--engine", "--faults", "--checkpoint-every"}, sorted(run_flags)
+                         "--workload", "--trace-out", "--engine", "--faults", "--checkpoint-every", "--set"}, sorted(run_flags)
     compare_flags = {o for p in cmd.commands["compare"].params for o in p.opts}
     assert compare_flags == {"--preset", "-p", "--gpus", "--steps", "--seed", "--policy", "--out", "-o",
-                             "--engine", "--faults", "--checkpoint-every", "--ray"}, sorted(compare_flags)
+                             "--engine", "--faults", "--checkpoint-every", "--ray", "--set"}, sorted(compare_flags)
 
 
 def test_presets_lists_models_with_kv_and_state_bytes():

@@ -24,10 +24,30 @@ from gyre.sim.harness.sweep import RAY_HELP
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulator: compare RL scheduling policies.")
 
 
+def parse_sets(sets: list[str] | None) -> dict:
+    """`--set KEY=VALUE` pairs: a dotted field of the run's config (`cluster.cell_gpus=352`,
+    `workload.steps_per_burst=3`) or a policy's parameter (`async.streaming=true`, `colocate.streaming=true`);
+    a value reads as JSON (numbers, true / false) or else as text."""
+    import json
+
+    out: dict = {}
+    for item in sets or []:
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE (e.g. cluster.cell_gpus=352)")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        out[key.strip()] = value
+    return out
+
+
 def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | None, eta: int | None = None,
                  policies: list[str] | None = None, faults: list[str] | None = None,
-                 checkpoint_every: int | None = None) -> RunConfig:
-    """The preset with the flags applied; `eta` goes to the named policies (default: every one that has it)."""
+                 checkpoint_every: int | None = None, sets: list[str] | None = None) -> RunConfig:
+    """The preset with the flags applied; `eta` goes to the named policies (default: every one that has it);
+    `sets` (--set) override dotted fields or, as `POLICY.PARAM=VALUE`, a policy's parameters."""
     bad = spec_error(faults or [])
     if bad:
         fail(bad)
@@ -37,6 +57,18 @@ def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | N
         cfg = override(get_preset(preset), **{"cluster.gpus": gpus, "steps": steps, "seed": seed,
                                               "faults": tuple(faults) if faults else None,
                                               "checkpoint_every": checkpoint_every})
+        fields, params = {}, {}
+        for key, value in parse_sets(sets).items():
+            head, _, rest = key.partition(".")
+            if rest and head not in ("cluster", "workload") and "." not in rest:
+                policy_class(head)
+                params.setdefault(head, {})[rest] = value
+            else:
+                fields[key] = value
+        cfg = override(cfg, **fields)
+        if params:
+            merged = {p: {**cfg.policy_params.get(p, {}), **kv} for p, kv in params.items()}
+            cfg = override(cfg, policy_params={**cfg.policy_params, **merged})
         if eta is not None:
             targets = policies or [p for p in REGISTRY if takes(p, "eta")]
             params = {p: {**cfg.policy_params.get(p, {}), "eta": eta} for p in targets}
@@ -55,6 +87,9 @@ Seed = Annotated[Optional[int], typer.Option("--seed", help="workload seed")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="results folder")]
 Faults = traces.FaultsOpt
 CheckpointEvery = traces.CheckpointEveryOpt
+Sets = Annotated[Optional[list[str]], typer.Option("--set", help="KEY=VALUE: a dotted config field (cluster.cell_gpus=352, "
+                                                   "workload.steps_per_burst=3) or POLICY.PARAM (async.streaming=true); "
+                                                   "repeatable")]
 
 
 @app.command()
@@ -71,12 +106,13 @@ def run(
     engine: calibrate_engine.EngineOpt = None,
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
+    sets: Sets = None,
 ) -> None:
     """Simulate one policy and write its metrics."""
     from gyre.sim.harness.compare import Candidate, comparison_table, write_outputs
     from gyre.sim.harness.runner import simulate
 
-    cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every),
+    cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every, sets),
                                        engine)
     with progress_bar() as prog:
         task = prog.add_task(f"{policy} on {cfg.name}", total=cfg.steps)
@@ -110,12 +146,13 @@ def compare(
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help=RAY_HELP)] = None,
+    sets: Sets = None,
 ) -> None:
     """Run every registered policy on the same workload and seed, each tuned (async also on a pilot)."""
     from gyre.sim.harness.compare import tune, tuned_table, write_outputs
 
     cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy, faults=faults,
-                                                    checkpoint_every=checkpoint_every), engine)
+                                                    checkpoint_every=checkpoint_every, sets=sets), engine)
     report_infeasible(cfg, policy)
     with progress_bar() as prog:
         task = prog.add_task(f"tuning on {cfg.name}" + (f" (Ray: {ray})" if ray else ""), total=None)
