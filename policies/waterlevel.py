@@ -108,7 +108,7 @@ class _Run:
         c.spawn(self.level(), "waterlevel")
         while c.version < self.steps:
             yield from self.train_step()
-            if c.version % c.steps_per_burst == 0 or c.version == self.steps:
+            if c.version % c.steps_per_burst == 0 and c.version < self.steps:
                 yield from self.boundary()
 
     def dispatch(self) -> None:
@@ -183,11 +183,13 @@ class _Run:
                     b.close()
                     filling = False
             step = c.training
+            busy = [j for j in self.joins.values() if not j.done]  # a join from an ended step still switching in
             for k in self.training:
-                if k not in joined and step is not None and (step.n_untrained or filling):
+                free = k not in self.joins or self.joins[k].done
+                if k not in joined and free and step is not None and (step.n_untrained or filling):
                     self.joins[k] = c.join_step(self.cells[k])
                     joined.add(k)
-            yield any_of([h, self.wake()])
+            yield any_of([h, self.wake(), *busy])
 
     def boundary(self):
         """Publish; satellites back to rollout; the next dispatch; the core stays only if it may."""
