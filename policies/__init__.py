@@ -22,11 +22,13 @@ from gyre.policies.colocate import Colocate
 from gyre.policies.common import ClusterShape
 from gyre.policies.elastic import Elastic
 from gyre.policies.tuning import Search, exhaustive
+from gyre.policies.waterlevel import Waterlevel
 
 REGISTRY: dict[str, type] = {
     "colocate": Colocate,
     "async": AsyncSplit,
     "elastic": Elastic,
+    "waterlevel": Waterlevel,
 }
 
 __all__ = ["REGISTRY", "ClusterShape", "UnknownPolicy", "baselines", "check_params", "make_policy", "policy_class", "policy_config",
