@@ -314,9 +314,7 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
     train_per_token_gpu = ((6 + 2 * cost.train_extra_forwards) * active
                            + (3 + cost.train_extra_forwards) * lin_fwd) / train_flops
     width = (model.q_heads or model.kv_heads) * model.head_dim
-    activations = cost.train_seq_tokens * model.width * (2 * model.layers + 34) \
-        + _chunk_states(model, cost.train_seq_tokens)
-    state_bytes = model.total_params_b * 1e9 * model.train_bytes_per_param
+    state_bytes, activations = train_memory_bytes(model, cost)
     train_bytes = state_bytes + activations
     min_train = _pow2_at_least(train_bytes / (0.85 * hbm))  # within a node: a power of two
     if min_train > gpu.gpus_per_node:  # across nodes: whole nodes
@@ -356,6 +354,16 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         link_bytes_s=gpu.internode_gb_s * 1e9,
         link_latency_s=cost.sync_latency_s,
     )
+
+
+def train_memory_bytes(model: ModelConfig, cost: CostConfig) -> tuple[float, float]:
+    """(training state, activations) in bytes that a trainer must hold, summed over its GPUs: `train_bytes_per_param`
+    per parameter, and the activations of its longest sequence (`train_seq_tokens`) under full activation
+    checkpointing (2 S d bytes per layer plus one layer's backward working set of 34 S d, plus a hybrid model's
+    chunk states; see the module docstring). derive_costs sizes the trainer's minimum from their sum."""
+    activations = cost.train_seq_tokens * model.width * (2 * model.layers + 34) \
+        + _chunk_states(model, cost.train_seq_tokens)
+    return model.total_params_b * 1e9 * model.train_bytes_per_param, activations
 
 
 def _chunk_states(model: ModelConfig, seq_tokens: int) -> float:
