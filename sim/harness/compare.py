@@ -293,6 +293,7 @@ def comparison_table(best: dict[str, tuple[Candidate, SimResult]], how: dict[str
         s["engine_limit"] = c.params.get("max_running") or shape_of(r.config).admit_limit  # executions per engine
         s["tuned"] = (how or {}).get(name, "as configured")
         s["eta"] = c.params.get("eta", r.bound.eta)
+        s["steps_per_burst"] = getattr(r.config.workload, "steps_per_burst", 1)  # mu: steps per weight publication
         s["bound_s"] = bound
         s["vs_bound"] = r.makespan_s / bound
         s["eta_bound_s"] = r.bound.makespan_s  # the bound under this policy's own staleness bound
