@@ -49,13 +49,13 @@ def test_calibrate_and_replay_flag_sets_are_frozen():
 
     cmd = typer.main.get_command(app)
     reading = {"--format", "--skip-bad", "--group-size", "--groups-per-step", "--time-field", "--input-field",
-               "--output-field", "--sessions-field", "--tool-field", "--time-unit", "--tool-unit"}
+               "--output-field", "--sessions-field", "--tool-field", "--time-unit", "--tool-unit", "--task-field"}
     cal = {o for p in cmd.commands["calibrate"].params for o in p.opts if o.startswith("-")}
     assert cal == reading | {"--out", "-o", "--split", "--cap", "--k", "--figures", "--seed", "--drift",
                             "--recent"}, sorted(cal)
     rep = {o for p in cmd.commands["replay"].params for o in p.opts if o.startswith("-")}
     assert rep == reading | {"--policy", "--preset", "-p", "--gpus", "--steps", "--out", "-o", "--engine",
-                             "--faults", "--checkpoint-every"}, sorted(rep)
+                             "--faults", "--checkpoint-every", "--partial", "--rows"}, sorted(rep)
 
 
 def _requests(path, n=400):

@@ -70,6 +70,7 @@ class SessionFields:
     time: str = "timestamp"  # session start (optional), in time_unit when a number
     time_unit: str = "s"
     tool_unit: str = "ns"
+    task: str = "task_id"  # the session's task (optional): sessions of one task form one group
 
     def __post_init__(self) -> None:
         unit_seconds(self.time_unit), unit_seconds(self.tool_unit)
@@ -324,6 +325,7 @@ def read_sessions(path: str | Path, *, fields: SessionFields = SessionFields(), 
 def _read_sessions(path, fields: SessionFields, grouping: Grouping, bad: BadLines, specs: list) -> Trace:
     t_raw: list = []
     lines: list[int] = []
+    tasks: list = []
     for lineno, obj in _json_lines(path, bad):
         try:
             spec = _session_spec(obj, fields, grouping)
@@ -336,7 +338,38 @@ def _read_sessions(path, fields: SessionFields, grouping: Grouping, bad: BadLine
         specs.append(spec)
         lines.append(lineno)
         t_raw.append(obj.get(fields.time, len(specs)))
+        tasks.append(obj.get(fields.task))
     t = _to_seconds(t_raw, lines, bad, fields.time_unit) if specs else np.zeros(0)
     keep = np.flatnonzero(np.isfinite(t))
     bad.skipped.sort()
+    given = [tasks[i] for i in keep]
+    if given and all(v is not None for v in given):
+        return group_by_task([specs[i] for i in keep], t[keep], [str(v) for v in given], grouping, str(path), bad)
+    if any(v is not None for v in given):
+        missing = next(lines[i] for i in keep if tasks[i] is None)
+        bad.bad(missing, f"field {fields.task!r} (the task) is on some sessions but not this one")
     return _group([specs[i] for i in keep], t[keep], grouping, str(path), bad)
+
+
+def group_by_task(specs: list[ExecutionSpec], times: np.ndarray, tasks: list[str], g: Grouping, path: str,
+                  bad: BadLines) -> Trace:
+    """One group per task (its executions, however many), tasks in the order of their first execution's time;
+    ids renumbered in that order, step = group index // groups_per_step."""
+    if not specs:
+        raise TraceError(f"{path}: no executions (every line was bad or the file is empty)")
+    order = np.argsort(times, kind="stable").tolist()
+    by_task: dict[str, list[int]] = {}
+    for i in order:
+        by_task.setdefault(tasks[i], []).append(i)
+    groups, out_t, k = [], {}, 0
+    for gid, idx in enumerate(by_task.values()):
+        ex = []
+        for i in idx:
+            s = specs[i]
+            s.exec_id, s.group_id, s.task_id, s.step = k, gid, gid, gid // g.groups_per_step
+            out_t[k] = float(times[i])
+            ex.append(s)
+            k += 1
+        groups.append(GroupSpec(group_id=gid, task_id=gid, step=gid // g.groups_per_step, executions=ex))
+    return Trace(path=path, groups=groups, times=out_t, skipped=bad.skipped, task_groups=True,
+                 task_names=list(by_task))

@@ -232,7 +232,7 @@ def fit_workload(trace: Trace, opts: WorkloadFitOptions = WorkloadFitOptions()) 
     y = np.log(np.maximum(length, 1e-9))
     foreign = bool(trace.times)
     slope, drift_info = choose_drift(y[~at_cap], q["step"][~at_cap], opts.drift, foreign)
-    if foreign:  # groups are windows of arrivals, not tasks, so no difficulty
+    if foreign and not trace.task_groups:  # groups are windows of arrivals, not tasks, so no difficulty
         sigma, effect = 0.0, np.zeros(int((~at_cap).sum()))
     else:
         sigma, effect = _difficulty(y[~at_cap] - slope * q["step"][~at_cap], q["group"][~at_cap])

@@ -88,6 +88,16 @@ InF = Annotated[Optional[str], typer.Option("--input-field", help="context/input
 OutF = Annotated[Optional[str], typer.Option("--output-field", help="generated/output tokens column/field")]
 SessF = Annotated[Optional[str], typer.Option("--sessions-field", help="a session's list of sub-requests")]
 ToolF = Annotated[Optional[str], typer.Option("--tool-field", help="a sub-request's tool duration field")]
+TaskF = Annotated[Optional[str], typer.Option("--task-field", help="a session's task field (default task_id): "
+                                                                   "the sessions of one task form one group")]
+ROWS = ("all", "requested")
+RowsOpt = Annotated[str, typer.Option("--rows", help="all: each policy's per-eta rows and pilot too; requested: "
+                                                     "one row per policy named")]
+
+
+def _rows_ok(rows: str) -> None:
+    if rows not in ROWS:
+        _fail(ValueError(f"unknown --rows {rows!r}; known: {', '.join(ROWS)}"))
 TimeU = Annotated[str, typer.Option("--time-unit", help=f"unit of numeric timestamps: {', '.join(TIME_UNITS)}")]
 ToolU = Annotated[str, typer.Option("--tool-unit", help=f"unit of tool durations: {', '.join(TIME_UNITS)}")]
 # run, compare and replay: injected faults (gyre.faults)
@@ -110,13 +120,19 @@ def _load(trace, fmt, skip_bad, group_size, groups_per_step, names: FieldNames, 
         raise
     if skip_bad:
         console.print(tr.skip_summary(), highlight=False)
+    for note in tr.notes:
+        console.print(f"note: {note}", highlight=False)
+    if tr.n_executions < 4:
+        console.print(f"warning: {tr.path} holds only {tr.n_executions} executions: a workload fitted or replayed "
+                      "from so few says little", highlight=False)
     return tr, g
 
 
-def _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit) -> FieldNames:
+def _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit,
+           task_field=None) -> FieldNames:
     try:
         n = FieldNames(time=time_field, input=input_field, output=output_field, sessions=sessions_field,
-                       tool=tool_field, time_unit=time_unit, tool_unit=tool_unit)
+                       tool=tool_field, time_unit=time_unit, tool_unit=tool_unit, task=task_field)
         n.session(), n.requests("requests-jsonl")  # validates the units
     except TraceError as exc:
         _fail(exc)
@@ -179,12 +195,13 @@ def calibrate_cmd(
                                                          "or all")] = "auto",
     skip_bad: SkipBad = False, group_size: GroupSize = 8, groups_per_step: GroupsPerStep = 64,
     time_field: TimeF = None, input_field: InF = None, output_field: OutF = None, sessions_field: SessF = None,
-    tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns",
+    tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns", task_field: TaskF = None,
 ) -> None:
     """Fit a workload (empirical body + GPD tail + cap mass, difficulty, drift) to a trace; report held-out fit."""
     from gyre.sim.cli.console import console
 
-    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
+    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit,
+                   task_field)
     tr, _ = _load(trace, fmt, skip_bad, group_size, groups_per_step, names, cap)
     try:
         opts = WorkloadFitOptions(split=split, cap=cap, k=k, seed=seed, drift=drift, recent=recent)
@@ -213,23 +230,47 @@ def replay_cmd(
     engine: Annotated[Optional[Path], typer.Option("--engine", help="engine calibration JSON (calibrate-engine -o)")] = None,
     faults: FaultsOpt = None,
     checkpoint_every: CheckpointEveryOpt = None,
+    partial: Annotated[bool, typer.Option("--partial", help="run a trace smaller than one step as one partial "
+                                                            "step (else it stops with the counts)")] = False,
+    rows: RowsOpt = "all",
+    task_field: TaskF = None,
 ) -> None:
     """Replay a trace's executions exactly (not resampled) through policies; same comparison as `compare`."""
-    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
+    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit,
+                   task_field)
+    _rows_ok(rows)
     with no_gc():  # a million executions and their run's log live to the end: see gyre.gc_pause
         _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names, engine,
-                faults, checkpoint_every)
+                faults, checkpoint_every, partial, rows)
+
+
+def partial_step(tr: Trace, g: Grouping) -> str:
+    """'' when a foreign trace fills at least one step of the grouping flags; else the one-line reason, with the
+    counts and the flags that would fit it (a rollout trace carries its own batch: '' always)."""
+    if tr.workload is not None or len(tr.groups) >= g.groups_per_step:
+        return ""
+    n, gs = tr.n_executions, len(tr.groups)
+    if tr.task_groups:
+        fits = [d for d in (gs, gs // 2, gs // 4) if d >= 1]
+        return (f"{tr.path}: {gs} tasks ({n} executions) fill no step of {g.groups_per_step} groups; "
+                f"--groups-per-step {' or '.join(f'{d} ({gs // d} steps)' for d in dict.fromkeys(fits))} fits it, "
+                f"or --partial runs them as one partial step")
+    need = g.groups_per_step * g.group_size
+    fits = [(p, s) for p, s in ((gs, 1), (gs // 2, 2), (gs // 4, 4)) if p >= 1]
+    return (f"{tr.path}: {n} executions fill no step of {g.groups_per_step} groups x {g.group_size} ({need}); "
+            f"{' or '.join(f'--groups-per-step {p} ({s} steps)' for p, s in dict.fromkeys(fits))} "
+            f"with --group-size {g.group_size} fits it, or --partial runs them as one partial step")
 
 
 def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names,
-            engine=None, faults=None, checkpoint_every=None) -> None:
+            engine=None, faults=None, checkpoint_every=None, partial=False, rows="all") -> None:
     from dataclasses import replace
 
     from gyre.config import ConfigError, override
     from gyre.policies import UnknownPolicy, policy_class
     from gyre.presets import DEFAULT_PRESET, get_preset
     from gyre.sim.cli.console import console, print_table
-    from gyre.sim.harness.compare import candidates, tune, tuned_table, write_outputs
+    from gyre.sim.harness.compare import candidates, requested_rows, run_title, tune, tuned_table, write_outputs
 
     from gyre.faults import spec_error
 
@@ -240,6 +281,12 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
     w = trace_workload(tr)
     whole = len(tr.groups) // w.groups_per_step
     try:
+        short = partial_step(tr, g)
+        if short and not partial:
+            raise TraceError(short)
+        if short:
+            console.print(f"warning: {short.split(': ', 1)[1].split('; ')[0]}; running it as one partial step "
+                          "(--partial)", highlight=False)
         if whole < 1:
             raise TraceError(f"{trace}: {len(tr.groups)} groups do not fill one step of {w.groups_per_step}")
         if steps is not None and not 1 <= steps <= whole:
@@ -274,9 +321,13 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
         _fail(exc)
         raise
     best, table, sweep = tuned_table(tuned)
+    if rows == "requested":
+        table = requested_rows(table, policy)
     write_outputs(out, cfg, best, table, sweep)
-    print_table(table, f"replay of {trace.name} ({tr.n_executions} executions) on {cfg.cluster.gpus} GPUs, "
-                        f"{cfg.steps} steps")
+    used = tr.groups[: cfg.steps * w.groups_per_step]
+    n_used = sum(len(x.executions) for x in used)
+    print_table(table, f"replay of {trace.name}: {n_used:,} of {tr.n_executions:,} executions ({len(used):,} groups, "
+                       f"{cfg.steps} steps) on {run_title(cfg)}")
     console.print(f"wrote {out}/")
 
 
