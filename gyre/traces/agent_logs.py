@@ -23,7 +23,7 @@ Formats, each from its public documentation (the version followed is named):
   `openhands/events/serialization`): events with `id`, `timestamp` (ISO 8601), `source`, `action` or
   `observation`, `cause` (the action an observation answers) and, on agent actions,
   `tool_call_metadata.model_response` (an OpenAI response: `id`, `usage`). One model call per response
-  id; tool_s = the answering observation's timestamp minus the action's. An agent `condensation` action
+  id; tool_s = the last answering observation's timestamp minus the response's first action's. An agent `condensation` action
   is a compact branch at the next call, a `delegate` action a subagent branch. Task: `instance_id`, else
   the file name.
 - ATIF (Agent Trajectory Interchange Format, harbor RFC 0001, v1.0-1.5): `schema_version` "ATIF-v1.x",
@@ -228,7 +228,7 @@ def openhands(doc: Any, path: Path) -> Run:
                 action_call[e["id"]] = c
         if "observation" in e and e.get("cause") in action_call and t is not None:
             c = action_call[e["cause"]]
-            start = at.get(e["cause"])
+            start = c.t if c.t is not None else at.get(e["cause"])  # from the response: its actions run in turn
             if start is not None:
                 c.tool_s = max(c.tool_s or 0.0, t - start)
     if not calls:

@@ -139,23 +139,37 @@ def _request_specs(inp: np.ndarray, outp: np.ndarray, g: Grouping) -> list[Execu
     ]
 
 
-def _check_tokens(name: str, lo: int, lines: list[int], raw, bad: BadLines) -> np.ndarray:
+def _is_count(v) -> bool:
+    """A token count as written: a JSON integer, or a CSV field of digits (not "7" in JSON, not 12.0)."""
+    if type(v) is int:
+        return True
+    return isinstance(v, str) and v.strip().lstrip("+-").isdigit()
+
+
+def _check_tokens(name: str, lo: int, lines: list[int], raw, bad: BadLines, csv_text: bool = False) -> np.ndarray:
+    """Token counts: integers >= lo; a string in JSON, a float or a decimal point is a bad value, reported with
+    the value as written (a plain Python repr, never numpy's)."""
     if isinstance(raw, np.ndarray) and raw.dtype.kind in "iu":  # already parsed (the CSV fast path)
         num = raw.astype(float)
+        typed = np.ones(len(num), bool)
     else:
         num = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(dtype=float, copy=True)
-    ok = np.isfinite(num) & (num >= lo) & (num == np.floor(num))
+        typed = np.fromiter((_is_count(v) if csv_text else type(v) is int for v in raw), bool, len(raw))
+    ok = typed & np.isfinite(num) & (num >= lo) & (num == np.floor(num))
     for i in np.flatnonzero(~ok):
-        bad.bad(lines[i], f"bad {name} {raw[i]!r} (an integer >= {lo})")
+        v = raw[i].item() if isinstance(raw[i], np.generic) else raw[i]
+        kind = "" if typed[i] else (" is a string; write it as a JSON number" if isinstance(v, str) else
+                                    f" is a {type(v).__name__}")
+        bad.bad(lines[i], f"bad {name} {v!r}{kind} (an integer >= {lo})")
     num[~ok] = np.nan
     return num
 
 
 def _finish_requests(path: str, lines: list[int], t_raw: list | None, in_raw: list, out_raw: list,
-                     f: RequestFields, g: Grouping, bad: BadLines) -> Trace:
+                     f: RequestFields, g: Grouping, bad: BadLines, csv_text: bool = False) -> Trace:
     n = len(lines)
-    inp = _check_tokens(f.input, 0, lines, in_raw, bad)
-    outp = _check_tokens(f.output, 1, lines, out_raw, bad)
+    inp = _check_tokens(f.input, 0, lines, in_raw, bad, csv_text)
+    outp = _check_tokens(f.output, 1, lines, out_raw, bad, csv_text)
     t = _to_seconds(t_raw, lines, bad, f.time_unit) if t_raw is not None else np.arange(n, dtype=float)
     keep = np.isfinite(inp) & np.isfinite(outp) & np.isfinite(t)
     bad.skipped = sorted(dict(reversed(bad.skipped)).items())  # one entry per line (its first reason)
@@ -214,7 +228,8 @@ def read_request_csv(path: str | Path, *, fields: RequestFields = AZURE_FIELDS, 
         need = [c for c in (f.time, f.input, f.output) if c]
         missing = [c for c in need if c not in cols]
         if missing:
-            raise TraceError(f"{path}:1: missing column {missing[0]!r} (header has {', '.join(cols)})")
+            raise TraceError(f"{path}:1: missing column {missing[0]!r} (header has {', '.join(cols)}; "
+                             "--time-field, --input-field and --output-field name the columns)")
         it, ii, io = (cols.index(f.time) if f.time else -1), cols.index(f.input), cols.index(f.output)
         width = len(cols)
         lines: list[int] = []
@@ -239,7 +254,8 @@ def read_request_csv(path: str | Path, *, fields: RequestFields = AZURE_FIELDS, 
                 t_raw.append(row[it])
             in_raw.append(row[ii])
             out_raw.append(row[io])
-    return _finish_requests(str(path), lines, t_raw if f.time else None, in_raw, out_raw, f, grouping, bad)
+    return _finish_requests(str(path), lines, t_raw if f.time else None, in_raw, out_raw, f, grouping, bad,
+                            csv_text=True)
 
 
 def _json_lines(path: str | Path, bad: BadLines):
@@ -259,7 +275,8 @@ def read_request_jsonl(path: str | Path, *, fields: RequestFields = JSONL_FIELDS
     for lineno, obj in _json_lines(path, bad):
         missing = [k for k in (f for f in (fields.time, fields.input, fields.output) if f) if k not in obj]
         if missing:
-            bad.bad(lineno, f"missing field {missing[0]!r}: {has_fields(obj)}")
+            bad.bad(lineno, f"missing field {missing[0]!r}: {has_fields(obj)} (--time-field, --input-field, "
+                            "--output-field name the fields)")
             continue
         lines.append(lineno)
         if fields.time:
@@ -297,7 +314,9 @@ def _session_spec(obj: dict, f: SessionFields, g: Grouping) -> ExecutionSpec:
                 raise MissingField(f"missing field {name!r} in sub-request {i}: {has_fields(r)}")
         a, b, ns = r[f.input], r[f.output], r.get(f.tool_ns, 0) or 0
         if type(a) is not int or a < 0 or type(b) is not int or b < 1:
-            raise ValueError(f"bad sub-request {r!r}: {f.input} >= 0 and {f.output} >= 1 must be integers")
+            which, v = (f.input, a) if type(a) is not int or a < 0 else (f.output, b)
+            raise ValueError(f"sub-request {i}: bad {which} {v!r} ({f.input} >= 0 and {f.output} >= 1 must be JSON "
+                             "integers, not strings or floats)")
         if type(ns) not in (int, float) or not ns >= 0:
             raise ValueError(f"bad {f.tool_ns} {ns!r} (a number >= 0)")
         inp.append(a), out.append(b), tool.append(ns * tool_scale)

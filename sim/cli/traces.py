@@ -109,8 +109,11 @@ CheckpointEveryOpt = Annotated[Optional[int], typer.Option(
     "the last one")]
 
 
+FEW_EXECUTIONS = 8  # fewer executions than one default group: warned about
+
+
 def _load(trace, fmt, skip_bad, group_size, groups_per_step, names: FieldNames, cap=None):
-    from gyre.sim.cli.console import console
+    from gyre.sim.cli.console import console, err_console
 
     try:
         g = Grouping(group_size=group_size, groups_per_step=groups_per_step, cap=cap)
@@ -122,9 +125,9 @@ def _load(trace, fmt, skip_bad, group_size, groups_per_step, names: FieldNames, 
         console.print(tr.skip_summary(), highlight=False)
     for note in tr.notes:
         console.print(f"note: {note}", highlight=False)
-    if tr.n_executions < 4:
-        console.print(f"warning: {tr.path} holds only {tr.n_executions} executions: a workload fitted or replayed "
-                      "from so few says little", highlight=False)
+    if tr.n_executions < FEW_EXECUTIONS:
+        err_console.print(f"warning: {tr.path} holds only {tr.n_executions} executions: a workload fitted or "
+                          "replayed from so few says little", highlight=False)
     return tr, g
 
 
@@ -286,7 +289,7 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
     from gyre.config import ConfigError, override
     from gyre.policies import UnknownPolicy, policy_class
     from gyre.presets import DEFAULT_PRESET, get_preset
-    from gyre.sim.cli.console import console, print_table
+    from gyre.sim.cli.console import console, err_console, print_table
     from gyre.sim.harness.compare import candidates, requested_rows, run_title, tune, tuned_table, write_outputs
 
     from gyre.faults import spec_error
@@ -302,8 +305,8 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
         if short and not partial:
             raise TraceError(short)
         if short:
-            console.print(f"warning: {short.split(': ', 1)[1].split('; ')[0]}; running it as one partial step "
-                          "(--partial)", highlight=False)
+            err_console.print(f"warning: {short.split(': ', 1)[1].split('; ')[0]}; running it as one partial step "
+                              "(--partial)", highlight=False)
         if whole < 1:
             raise TraceError(f"{trace}: {len(tr.groups)} groups do not fill one step of {w.groups_per_step}")
         if steps is not None and not 1 <= steps <= whole:
