@@ -241,4 +241,5 @@ def test_repeated_runs_fit_a_task_difficulty(tmp_path):
     tr = load_trace(d, grouping=Grouping(groups_per_step=4))
     cw = fit_workload(tr, WorkloadFitOptions(split=0.75, model_draws=20_000))
     assert cw.scale_target == "turns" and cw.difficulty_sigma > 0.5, cw.difficulty_sigma
+    assert cw.report["difficulty"] == "fitted from 12 of 12 tasks with two runs or more", cw.report["difficulty"]
     assert math.isfinite(cw.report["quality"]["turns"]["ks_d"]), cw.report["quality"]

@@ -137,3 +137,38 @@ def test_a_gpd_tail_is_truncated_at_its_endpoint():
     assert top[1] <= x.max() * 1.15 + 1e-9, top
     draws = d.sample(np.random.default_rng(1), 200_000)
     assert (draws >= d.endpoint * 0.999).mean() < 1e-3, "no pile-up at the endpoint"
+
+
+def test_fit_figure_axes_start_at_the_data_not_1e9(tmp_path, monkeypatch):
+    """Tool latencies with 30% zeros: the CDF's log axis starts at half the smallest positive latency (not 1e-9),
+    its label carries the unit, and the zeros are counted in the legend."""
+    import matplotlib.pyplot as plt
+
+    from gyre.traces.heldout import fit_figures
+
+    rng = np.random.default_rng(0)
+    lines = []
+    for i in range(400):
+        tools = [0 if rng.random() < 0.3 else int(rng.lognormal(np.log(5e8), 1.0)) for _ in range(3)]
+        reqs = [{"input_toks": 100 + 50 * j, "output_toks": 20, "tool_duration_ns": t} for j, t in enumerate(tools)]
+        lines.append(json.dumps({"timestamp": i, "requests": reqs}))
+    p = tmp_path / "z.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    tr = load_trace(p, grouping=Grouping(group_size=8, groups_per_step=8))
+    opts = WorkloadFitOptions(split=0.7, model_draws=20_000)
+    cw = fit_workload(tr, opts)
+    seen = {}
+    real = plt.Figure.savefig
+
+    def grab(fig, path, **kw):
+        for ax in fig.axes:
+            seen[ax.get_xlabel()] = (ax.get_xlim(), [t.get_text() for t in ax.get_legend().get_texts()]
+                                     if ax.get_legend() else [])
+        return real(fig, path, **kw)
+
+    monkeypatch.setattr(plt.Figure, "savefig", grab)
+    fit_figures(cw, tr, tmp_path / "fig", opts)
+    (lo, _), legend = seen["tool_s (s)"]
+    positive = min(t for g in tr.groups for e in g.executions for t in e.tool_s if t > 0)
+    assert lo == pytest.approx(positive / 2, rel=1e-6) and lo > 1e-3, (lo, positive)
+    assert any("zeros at the left edge" in t for t in legend), legend

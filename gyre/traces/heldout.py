@@ -152,6 +152,7 @@ def fit_figures(cw: CalibratedWorkload, trace: Trace, folder, opts: WorkloadFitO
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -198,6 +199,13 @@ def fit_figures(cw: CalibratedWorkload, trace: Trace, folder, opts: WorkloadFitO
         row[1].set_title(f"{label}: QQ, held out vs calibrated (on the line: a match)", fontsize=9, loc="left")
         row[1].set_xlabel(f"held-out quantile ({unit})" if unit else "held-out quantile")
         row[1].set_ylabel(f"calibrated quantile ({unit})" if unit else "calibrated quantile")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")  # 3, 40, 0.5 rather than 3x10^0
+    for ax in axes.flat:
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(plain if ax.get_xlim()[1] / ax.get_xlim()[0] < 20 else NullFormatter())
+        if ax.get_yscale() == "log":
+            ax.yaxis.set_major_formatter(plain)
+            ax.yaxis.set_minor_formatter(plain if ax.get_ylim()[1] / ax.get_ylim()[0] < 20 else NullFormatter())
     fig.suptitle(f"{Path(trace.path).name}: calibrated model vs data (targets: KS <= {TARGETS['ks_d']:.2f}, "
                  f"p99 and max-of-K within {TARGETS['p99_err']:.0%})", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.98))

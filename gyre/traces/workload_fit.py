@@ -278,6 +278,7 @@ def fit_workload(trace: Trace, opts: WorkloadFitOptions = WorkloadFitOptions()) 
         "trace": trace.path, "executions": trace.n_executions, "fitted": int(len(length)),
         "held_out": int(sum(len(g.executions) for g in test)), "split": opts.split, "k": k,
         "cap": cap_arg, "context_window": window, "scale_target": target, "difficulty_sigma": sigma,
+        "difficulty": difficulty_note(trace, train),
         "drift_per_step": cw.drift_per_step, "drift_range": list(cw.drift_range), "drift": drift_info,
         "recent": window_info,
         "tails": {(target if n == "length" else n): tail_summary(d) for n, d in dists.items()},
@@ -288,6 +289,16 @@ def fit_workload(trace: Trace, opts: WorkloadFitOptions = WorkloadFitOptions()) 
         cw.report["quality"] = evaluate(cw, test, k, opts, train)
         cw.report["verdict"] = verdict(cw.report)
     return cw
+
+
+def difficulty_note(trace: Trace, train: list[GroupSpec]) -> str:
+    """Why the difficulty is (not) fitted: groups that are tasks, and how many of them hold repeated runs."""
+    if trace.times and not trace.task_groups:
+        return "not fitted: groups are windows of arrivals, not tasks (give sessions a task field)"
+    rep = sum(len(g.executions) >= 2 for g in train)
+    if rep == 0:
+        return f"not fitted: none of the {len(train)} fitted tasks has two runs or more"
+    return f"fitted from {rep} of {len(train)} tasks with two runs or more"
 
 
 def verdict(r: dict) -> str:

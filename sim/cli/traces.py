@@ -155,7 +155,8 @@ def print_report(r: dict) -> None:
 
     d = r.get("drift", {})
     console.print(f"{r['trace']}: {r['executions']} executions, fitted {r['fitted']}, held out {r['held_out']}; "
-                  f"length = {r['scale_target']}, cap {r['cap']}, difficulty sigma {r['difficulty_sigma']:.3f}, "
+                  f"length = {r['scale_target']}, cap {r['cap']}, difficulty sigma {r['difficulty_sigma']:.3f} "
+                  f"({r.get('difficulty', '')}), "
                   f"drift/step {r['drift_per_step']:+.4f} ({d.get('why', '')})", highlight=False)
     if r.get("recent", {}).get("chosen", 1.0) < 1.0:
         console.print(f"  fitted on the most recent {r['recent']['chosen']:.0%}: {r['recent']['why']}", highlight=False)
