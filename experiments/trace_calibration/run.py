@@ -1,6 +1,6 @@
 """`--recent all` against `--recent auto` on every public trace in shared/data, held-out fit quality side by side.
 
-Run: .venv/bin/python experiments/trace_calibration/recent_default.py  (writes recent_default.csv here)
+Run: .venv/bin/python experiments/trace_calibration/run.py  (writes results/recent_default.csv; ~2 min)
 The default of `gyre-sim calibrate --recent` is the mode that meets more (trace, quantity, target) marks here.
 """
 
@@ -31,7 +31,9 @@ def main() -> None:
                              "ks_d": m["ks_d"], "p99_err": m["p99_err"], "maxk_mean_err": m["maxk_mean_err"],
                              "marks_met": sum(m["marks"].values())})
     df = pd.DataFrame(rows)
-    df.to_csv(Path(__file__).with_name("recent_default.csv"), index=False)
+    out = Path(__file__).with_name("results")
+    out.mkdir(exist_ok=True)
+    df.to_csv(out / "recent_default.csv", index=False)
     pd.set_option("display.width", 160)
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(df.groupby("mode")[["marks_met", "ks_d", "p99_err", "maxk_mean_err"]].agg(
