@@ -344,6 +344,7 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
     best, table, sweep = tuned_table(tuned)
     if rows == "requested":
         table = requested_rows(table, policy)
+        best = {k: best[k] for k in table["policy"]}
     write_outputs(out, cfg, best, table, sweep)
     used = tr.groups[: cfg.steps * w.groups_per_step]
     n_used = sum(len(x.executions) for x in used)
