@@ -76,12 +76,12 @@ def model_steps(cw: CalibratedWorkload, test: list[GroupSpec], opts: WorkloadFit
 
 
 def evaluate(cw: CalibratedWorkload, test: list[GroupSpec], k: int, opts: WorkloadFitOptions,
-             train: list[GroupSpec] | None = None) -> dict[str, dict]:
-    """fit_quality per quantity (the calibrated source's draws vs the held-out groups), with the fit-side KS D,
-    a perfect model's KS D at the held-out size, the data's own fitted-vs-held-out KS D and the target marks."""
+             fitted: dict[str, np.ndarray] | None = None, held: dict[str, np.ndarray] | None = None) -> dict[str, dict]:
+    """fit_quality per quantity (the calibrated source's draws vs the held-out groups), with the fit-side KS D
+    (against `fitted`, the fitted part's quantities, when given), a perfect model's KS D at the held-out size,
+    the data's own fitted-vs-held-out KS D and the target marks. `held`: the test groups' quantities, if known."""
     model = sample_quantities(cw, model_steps(cw, test, opts), opts.seed)
-    held = quantities(test, cw.scale_target)
-    fitted = quantities(train, cw.scale_target) if train else None
+    held = quantities(test, cw.scale_target) if held is None else held
     out = {}
     for name in ("length", "gen", "tool_s", "tool_out", "prompt"):
         if name == cw.scale_target or not (len(held[name]) and len(model[name])):
@@ -107,14 +107,13 @@ def ks_d(a: np.ndarray, b: np.ndarray) -> float:
                         - np.searchsorted(b, grid, side="right") / len(b)).max())
 
 
-def stationarity(groups: list[GroupSpec], target: str, slices: int = DRIFT_SLICES) -> dict:
-    """Drift test across the trace's time slices: the length (turns or first-segment tokens) of each slice
-    against the first, by the two-sample KS test. Drift is reported when a slice differs at family-wise level
+def stationarity(x: np.ndarray, slices: int = DRIFT_SLICES) -> dict:
+    """Drift test across the trace's time slices: the length x (turns or first-segment tokens, every execution in
+    time order) of each slice against the first, by the two-sample KS test. Drift is reported when a slice differs at family-wise level
     DRIFT_ALPHA (Bonferroni) *and* by more than the KS target (a change smaller than the target does not
     matter to the fit)."""
     from scipy import stats
 
-    x = quantities(groups, target)["length"]
     n = len(x)
     if n < 8 * slices:
         return {"verdict": "untested", "why": f"{n} executions: too few for {slices} slices of 8 or more"}

@@ -238,9 +238,10 @@ def fit_workload(trace: Trace, opts: WorkloadFitOptions = WorkloadFitOptions()) 
     train, test = split_groups(trace.groups, opts.split)
     multi = any(len(e.gen) > 1 for g in train for e in g.executions)
     target = "turns" if multi else "gen"
-    share, window_info = choose_window(quantities(train, target)["length"], opts.recent, bool(trace.times))
+    q_all = quantities(train, target)
+    share, window_info = choose_window(q_all["length"], opts.recent, bool(trace.times))
     train = recent_groups(train, share)
-    q = quantities(train, target)
+    q = q_all if share >= 1.0 else quantities(train, target)
     length = q["length"]
     if opts.cap is not None:
         cap = float(opts.cap)
@@ -284,9 +285,11 @@ def fit_workload(trace: Trace, opts: WorkloadFitOptions = WorkloadFitOptions()) 
         "tails": {(target if n == "length" else n): tail_summary(d) for n, d in dists.items()},
         "windows": drift_windows(q["length"], q["step"]),
     }
-    cw.report["stationarity"] = stationarity(trace.groups, target)
+    held = quantities(test, target) if test else None
+    cw.report["stationarity"] = stationarity(np.concatenate([q_all["length"], held["length"]]) if test
+                                             else q_all["length"])
     if test:
-        cw.report["quality"] = evaluate(cw, test, k, opts, train)
+        cw.report["quality"] = evaluate(cw, test, k, opts, q, held)
         cw.report["verdict"] = verdict(cw.report)
     return cw
 
