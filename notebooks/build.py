@@ -1,8 +1,9 @@
-"""Write the notebooks from the cells below, without outputs: `python notebooks/build.py`.
+"""Write the notebooks from the cells below and run them: `python notebooks/build.py` (`--no-execute`: cells only).
 
-The notebooks are generated so that a review reads plain Python, and they are committed stripped
-(tests/test_notebooks.py executes them and checks that the files equal what this script writes).
-Edit the cells here, never the .ipynb files.
+The notebooks are generated so that a review reads plain Python, and they are committed with their
+outputs (run top to bottom on this interpreter, notebooks/ as the working folder, data from
+notebooks/data/): tests/test_notebooks.py checks that each committed notebook's cells equal what this
+script writes and that every code cell ran. Edit the cells here, never the .ipynb files.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ pd.set_option("display.precision", 3)
     ("md", """
 ## Read the trace
 
-The file sits in `shared/data/` next to the repository (`../shared/data/` from the repository root);
+The file ships with the repository in `notebooks/data/` (CC-BY 4.0, see its README);
 `GYRE_TRACE` overrides the path. Requests carry no task or GRPO group, so groups are windows of 8
 consecutive requests and a step is 16 groups.
 """),
@@ -252,10 +253,11 @@ consecutive requests and a step is 16 groups.
 def find_trace(name="azure_llm_inference_2023_code.csv"):
     if os.environ.get("GYRE_TRACE"):
         return Path(os.environ["GYRE_TRACE"])
-    for folder in [Path.cwd(), *Path.cwd().parents]:
-        if (folder / "shared" / "data" / name).exists():
-            return folder / "shared" / "data" / name
-    raise FileNotFoundError(f"{name} not found in shared/data/ above {Path.cwd()}; set GYRE_TRACE")
+    for folder in [Path.cwd(), *Path.cwd().parents]:  # notebooks/data/, from the notebook's folder or above
+        for data in (folder / "data", folder / "notebooks" / "data"):
+            if (data / name).exists():
+                return data / name
+    raise FileNotFoundError(f"{name} not found in notebooks/data/ at or above {Path.cwd()}; set GYRE_TRACE")
 
 
 trace = read_request_csv(find_trace(), grouping=Grouping(group_size=8, groups_per_step=16))
@@ -366,10 +368,10 @@ from gyre.sim.vllm_check.engine_fit import errors, simulate as replay_run
 from gyre.sim.vllm_check.serving_run import read_run, split_by_arrival
 from gyre.sim.vllm_check.sim_replay import sim_engine_replay, sim_errors
 
-def find_run(name, trace=find_trace()):  # a vLLM run directory in shared/data/vllm_timings, beside the trace
+def find_run(name, trace=find_trace()):  # a vLLM run directory in notebooks/data/vllm_timings, beside the trace
     path = trace.parent / "vllm_timings" / name
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found (shared/data/vllm_timings next to the repository)")
+        raise FileNotFoundError(f"{path} not found (notebooks/data/vllm_timings)")
     return path
 
 
@@ -422,10 +424,33 @@ def render(name: str) -> str:
     return nbformat.writes(notebook(NOTEBOOKS[name])) + "\n"
 
 
+def execute(name: str) -> str:
+    """The notebook run top to bottom (a kernel on this interpreter, notebooks/ as its working folder)."""
+    import json
+    import tempfile
+
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    nb = notebook(NOTEBOOKS[name])
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "kernels" / "gyre-build"
+        spec.mkdir(parents=True)
+        (spec / "kernel.json").write_text(json.dumps({
+            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "gyre build", "language": "python"}))
+        km = KernelManager(kernel_name="gyre-build", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(spec.parent)]))
+        NotebookClient(nb, km=km, timeout=600, resources={"metadata": {"path": str(HERE)}}).execute()
+    nb.metadata = notebook([]).metadata  # the kernel's own metadata would name this machine's kernelspec
+    return nbformat.writes(nb) + "\n"
+
+
 def main() -> int:
+    run = "--no-execute" not in sys.argv
     for name in NOTEBOOKS:
-        (HERE / name).write_text(render(name))
-        print(f"wrote notebooks/{name}")
+        (HERE / name).write_text(execute(name) if run else render(name))
+        print(f"wrote notebooks/{name}" + (" (executed)" if run else ""))
     return 0
 
 

@@ -56,7 +56,7 @@ def test_flag_set_is_frozen():
                          "--workload", "--trace-out", "--engine", "--faults", "--checkpoint-every", "--set"}, sorted(run_flags)
     compare_flags = {o for p in cmd.commands["compare"].params for o in p.opts}
     assert compare_flags == {"--preset", "-p", "--gpus", "--steps", "--seed", "--policy", "--out", "-o",
-                             "--engine", "--faults", "--checkpoint-every", "--ray", "--set"}, sorted(compare_flags)
+                             "--engine", "--faults", "--checkpoint-every", "--ray", "--set", "--rows"}, sorted(compare_flags)
 
 
 def test_presets_lists_models_with_kv_and_state_bytes():
@@ -73,8 +73,8 @@ def test_presets_lists_models_with_kv_and_state_bytes():
 
 
 def test_result_table_prints_every_config_and_figure_in_full(monkeypatch):
-    """At the 140 columns `make demo` prints to, the result table elides nothing: each row's split, cap and eta
-    and every figure appear whole (the demo's table once read `async(et…` and `12.…`)."""
+    """At the 140 columns `make demo` prints to, the result table elides nothing and wraps no row: each row's
+    config is one line under it, every figure whole (the demo's table once read `async(et…` and `12.…`)."""
     import pandas as pd
     from rich.console import Console
 
@@ -93,6 +93,33 @@ def test_result_table_prints_every_config_and_figure_in_full(monkeypatch):
     text = rec.export_text()
     assert "…" not in text, text
     cells = " ".join(c.strip() for line in text.splitlines() for c in line.split("│"))
-    for piece in ("async(eta=0,", "max_running=4,", "rollout_gpus=35)", "elastic(eta=0,", "max_running=2)",
-                  "13.04 h", "12.74 h", "0.957x", "1.000x", "0.248x", "54M", "11,981"):
+    for piece in ("async(eta=0,max_running=4,rollout_gpus=35)", "elastic(eta=0,max_running=2)",
+                  "13.04 h", "12.74 h", "0.957x", "1.000x", "0.248x", "54.2M", "11,981"):
         assert piece in cells, f"{piece!r} not whole in:\n{text}"
+    table_lines = [line for line in text.splitlines() if "│" in line]
+    assert len(table_lines) == 2, f"one line per row (no wrapped config):\n{text}"
+
+
+@pytest.mark.parametrize("n, text", [(812, "812"), (200_499, "200.5K"), (54.2e6, "54.2M"), (3_210_000, "3.21M"),
+                                     (1.05e9, "1.05B"), (999, "999"), (12_345, "12.3K")])
+def test_token_counts_print_with_units(n, text):
+    """Token counts print in K/M/B with a decimal: 200,499 is 200.5K, never '0M'."""
+    from gyre.sim.cli.console import tokens
+
+    assert tokens(n) == text, f"{n} printed as {tokens(n)!r}"
+
+
+def test_requested_rows_keeps_one_row_per_named_policy():
+    """--rows requested keeps the named policies' rows only: a baseline's tuned-over-eta row, and for a policy
+    searched per eta its fastest equal-work eta row; pilots and other etas go."""
+    import pandas as pd
+
+    from gyre.sim.harness.compare import requested_rows
+
+    t = pd.DataFrame({"policy": ["async", "async-eta0", "async-eta1", "async-pilot", "elastic-eta0", "elastic-eta1",
+                                 "colocate"],
+                      "makespan_s": [10.0, 12, 10, 11, 9, 8, 20], "equal_work": [True] * 5 + [False, True]})
+    got = list(requested_rows(t, ["async", "elastic"])["policy"])
+    assert got == ["async", "elastic-eta0"], f"rows kept: {got} (elastic-eta1 does unequal work)"
+    got = list(requested_rows(t, None)["policy"])
+    assert got == ["async", "elastic-eta0", "colocate"], f"rows kept with no policy named: {got}"

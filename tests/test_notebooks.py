@@ -1,5 +1,6 @@
-"""The notebooks run top to bottom (nbclient, a kernel on this interpreter), are committed stripped and
-equal to what notebooks/build.py writes; the policy written in 01_policies runs on the real backend."""
+"""The notebooks run top to bottom (nbclient, a kernel on this interpreter), are committed with their outputs and
+their cells equal to what notebooks/build.py writes, read only data inside the repository (notebooks/data/); the
+policy written in 01_policies runs on the real backend."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-TRACE = ROOT.parent / "shared" / "data" / "azure_llm_inference_2023_code.csv"
 KERNEL = "gyre-test-python"
 
 
@@ -74,16 +74,29 @@ def test_every_notebook_is_generated_and_executed():
 
 
 @pytest.mark.parametrize("name", sorted(EXECUTED))
-def test_notebook_is_built_and_stripped(name):
-    """The committed notebook is exactly what notebooks/build.py writes: no outputs, no counts."""
+def test_notebook_is_built_and_executed(name):
+    """The committed notebook's cells are exactly what notebooks/build.py writes, and every code cell ran (in order,
+    without an error): the outputs a reader sees come from this code."""
     build = _build()
-    text = (NOTEBOOKS / name).read_text()
-    assert text == build.render(name), f"{name} differs from notebooks/build.py: run `python notebooks/build.py`"
-    nb = nbformat.reads(text, as_version=4)
-    nbformat.validate(nb)
-    for c in nb.cells:
-        if c.cell_type == "code":
-            assert c.outputs == [] and c.execution_count is None, f"{name}: outputs are not stripped"
+    committed = nbformat.reads((NOTEBOOKS / name).read_text(), as_version=4)
+    nbformat.validate(committed)
+    built = nbformat.reads(build.render(name), as_version=4)
+    assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in built.cells], \
+        f"{name}'s cells differ from notebooks/build.py: run `python notebooks/build.py`"
+    counts = [c.execution_count for c in committed.cells if c.cell_type == "code"]
+    assert counts == list(range(1, len(counts) + 1)), f"{name}: code cells not all run, in order: {counts}"
+    errors = [o for c in committed.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors, f"{name}: a cell ended in an error: {errors[0].get('ename')}"
+
+
+def test_notebooks_read_no_data_outside_the_repository():
+    """The notebooks' data ship in notebooks/data/ with their licences; no cell points outside the repository."""
+    for f in ("azure_llm_inference_2023_code.csv", "README.md", "vllm_timings/LICENSE-LLMServingSim",
+              "vllm_timings/RTX4090_Llama-3.1-8B/requests.jsonl"):
+        assert (NOTEBOOKS / "data" / f).exists(), f"notebooks/data/{f} is missing"
+    for name in EXECUTED:
+        src = "\n".join(c.source for c in nbformat.read(NOTEBOOKS / name, as_version=4).cells)
+        assert "shared" not in src and "/work" not in src, f"{name} reads outside the repository"
 
 
 def test_policies_notebook_runs(kernel_dir):
@@ -93,10 +106,9 @@ def test_policies_notebook_runs(kernel_dir):
     assert wall < 170, f"01_policies took {wall:.0f} s; keep both notebooks under 3 minutes"
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason=f"trace {TRACE} is absent (shared/data next to the repository)")
 def test_traces_notebook_runs(kernel_dir):
     """02_traces calibrates from the Azure trace, plots the fit and replays it, top to bottom."""
-    nb, wall = _execute("02_traces.ipynb", kernel_dir, {"GYRE_TRACE": str(TRACE)})
+    nb, wall = _execute("02_traces.ipynb", kernel_dir)  # its data from notebooks/data/
     assert _images(nb) >= 2, f"expected the fit and timeline figures, got {_images(nb)}"
     assert wall < 170, f"02_traces took {wall:.0f} s; keep both notebooks under 3 minutes"
 

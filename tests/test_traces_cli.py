@@ -49,13 +49,13 @@ def test_calibrate_and_replay_flag_sets_are_frozen():
 
     cmd = typer.main.get_command(app)
     reading = {"--format", "--skip-bad", "--group-size", "--groups-per-step", "--time-field", "--input-field",
-               "--output-field", "--sessions-field", "--tool-field", "--time-unit", "--tool-unit"}
+               "--output-field", "--sessions-field", "--tool-field", "--time-unit", "--tool-unit", "--task-field"}
     cal = {o for p in cmd.commands["calibrate"].params for o in p.opts if o.startswith("-")}
     assert cal == reading | {"--out", "-o", "--split", "--cap", "--k", "--figures", "--seed", "--drift",
                             "--recent"}, sorted(cal)
     rep = {o for p in cmd.commands["replay"].params for o in p.opts if o.startswith("-")}
     assert rep == reading | {"--policy", "--preset", "-p", "--gpus", "--steps", "--out", "-o", "--engine",
-                             "--faults", "--checkpoint-every"}, sorted(rep)
+                             "--faults", "--checkpoint-every", "--partial", "--rows"}, sorted(rep)
 
 
 def _requests(path, n=400):
@@ -65,16 +65,19 @@ def _requests(path, n=400):
 
 
 def test_calibrate_report_lines(tmp_path):
-    """The report names the drift decision and the max-of-K median and mean; --split 1.0 says nothing is held out."""
+    """The report names the drift decision, the stationarity test, the targets with their marks, fit and held-out
+    KS D side by side with a perfect model's, and a verdict; --split 1.0 says nothing is held out."""
     p = _requests(tmp_path / "r.jsonl")
     r = runner.invoke(app, ["calibrate", str(p), "-o", str(tmp_path / "w.json")])
     assert r.exit_code == 0, r.output
     out = r.output.replace("\n", " ")
-    assert "windows of arrivals" in out and "max-K mean" in out and "max-K median" in out, r.output
+    for piece in ("batches of arrivals", "stationarity: stationary", "KS fit", "KS held", "KS perfect", "KS data",
+                  "max-of-K err", "targets: KS D <= 0.10", "verdict: every quantity meets the targets", " ok "):
+        assert piece in out, f"{piece!r} not in the report:\n{r.output}"
     assert "Warning" not in r.output and "nan" not in r.output, r.output
     r = runner.invoke(app, ["calibrate", str(p), "-o", str(tmp_path / "w.json"), "--split", "1.0"])
     assert r.exit_code == 0 and "no held-out data (--split 1.0)" in r.output, r.output
-    assert "KS D" not in r.output, "no empty table"
+    assert "KS held" not in r.output, "no empty table"
 
 
 def test_calibrate_bad_options_exit_2(tmp_path):

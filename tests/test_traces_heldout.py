@@ -231,7 +231,7 @@ def test_a_lasting_change_is_fitted_from_the_recent_window(tmp_path):
     0.07 where all of it misses by > 0.15; a
     stationary trace (and --recent all) keeps every fitted request."""
     tr = load_trace(_step_requests(tmp_path / "step.jsonl"), grouping=Grouping(group_size=8, groups_per_step=16))
-    auto = fit_workload(tr, WorkloadFitOptions(split=0.7, model_draws=50_000))
+    auto = fit_workload(tr, WorkloadFitOptions(split=0.7, model_draws=50_000, recent="auto"))
     every = fit_workload(tr, WorkloadFitOptions(split=0.7, model_draws=50_000, recent="all"))
     assert auto.report["recent"]["chosen"] == 0.25, auto.report["recent"]
     n_all, n_auto = every.report["fitted"], auto.report["fitted"]
@@ -240,7 +240,7 @@ def test_a_lasting_change_is_fitted_from_the_recent_window(tmp_path):
     assert every.report["quality"]["gen"]["ks_d"] > 0.15, every.report["quality"]["gen"]
     still = load_trace(_step_requests(tmp_path / "flat.jsonl", change=0), grouping=Grouping(group_size=8,
                                                                                              groups_per_step=16))
-    flat = fit_workload(still, WorkloadFitOptions(split=0.7, model_draws=50_000))
+    flat = fit_workload(still, WorkloadFitOptions(split=0.7, model_draws=50_000, recent="auto"))
     assert flat.report["recent"]["chosen"] == 1.0, flat.report["recent"]
     with pytest.raises(Exception, match="unknown recency mode"):
         WorkloadFitOptions(recent="sometimes")

@@ -2,9 +2,14 @@
 
 Formats: "rollout" (gyre's own JSONL, header with `gyre_trace`), "sessions" (JSONL, one session per
 line holding a list of sub-request objects), "requests-jsonl" (JSONL, one request per line with an
-input and an output token field), "requests-csv" (a CSV with a header row).
+input and an output token field), "requests-csv" (a CSV with a header row), and agent trajectories
+(gyre.traces.agent_logs: one JSON document per run, a file or a folder): "agent" (each file's format
+detected), or one of "mini-swe-agent", "swe-agent", "openhands", "atif".
 
-Sniffing (format "auto"): a name ending in .csv is a request CSV. Otherwise the first non-blank line
+Sniffing (format "auto"): a folder is a folder of agent trajectories. A name ending in .csv is a
+request CSV. A file whose first line is not a JSON value by itself, or whose whole text is one JSON
+document in an agent format, is read as one JSON document (not JSON Lines): an agent trajectory,
+or an error that says it is a JSON document of an unknown kind. Otherwise the first non-blank line
 is parsed and judged by its fields, in this order: `gyre_trace` -> rollout; the configured sessions
 field (`requests` unless renamed), or else any field holding a non-empty list of objects -> sessions;
 the configured request input and output fields -> requests-jsonl, or, when no field was named,
@@ -21,12 +26,13 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from gyre.traces.agent_logs import AGENT_FORMATS, detect, read_agent_logs
 from gyre.traces.readers import (
     Grouping, RequestFields, SessionFields, has_fields, read_request_csv, read_request_jsonl, read_sessions,
 )
 from gyre.traces.schema import Trace, TraceError, read_trace
 
-FORMATS = ("auto", "rollout", "sessions", "requests-csv", "requests-jsonl")
+FORMATS = ("auto", "rollout", "sessions", "requests-csv", "requests-jsonl", "agent", *AGENT_FORMATS)
 CSV_FIELDS = RequestFields()
 JSONL_FIELDS = RequestFields(time="timestamp", input="input_length", output="output_length")
 # request logs of serving benchmarks: LLMServingSim's vLLM runs (shared/data/vllm_timings/*/requests.jsonl)
@@ -41,6 +47,7 @@ class FieldNames:
     input: str | None = None
     output: str | None = None
     sessions: str | None = None  # the list of sub-requests in a session record
+    task: str | None = None  # a session's task (repeated runs of a task form a group)
     tool: str | None = None  # a sub-request's tool duration
     time_unit: str = "s"  # numeric timestamps
     tool_unit: str = "ns"  # tool durations
@@ -55,19 +62,29 @@ class FieldNames:
         return SessionFields(requests=self.sessions or d.requests, input=self.input or d.input,
                              output=self.output or d.output, tool_ns=self.tool or d.tool_ns,
                              time=d.time if self.time is None else self.time, time_unit=self.time_unit,
-                             tool_unit=self.tool_unit)
+                             tool_unit=self.tool_unit, task=self.task or d.task)
 
 
 def _first_record(path: Path):
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    return lineno, json.loads(line)
-                except ValueError:
-                    raise TraceError(f"{path}:{lineno}: cannot tell the format: the first record is not JSON "
-                                     "(and the name does not end in .csv); use --format") from None
-    raise TraceError(f"{path}: empty file")
+    """(line, first record) of a JSON Lines file, or (0, the document) when the file is one JSON document."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if line.strip():
+                    try:
+                        return lineno, json.loads(line)
+                    except ValueError:
+                        break
+            else:
+                raise TraceError(f"{path}: empty file")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); a CSV needs a .csv name "
+                         "or --format requests-csv") from None
+    try:  # the first line alone is not JSON: a JSON document spread over lines?
+        return 0, json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        raise TraceError(f"{path}:{lineno}: cannot tell the format: neither JSON Lines (line {lineno} is not JSON) "
+                         "nor one JSON document, and the name does not end in .csv; use --format") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,10 +98,19 @@ def sniff(path: str | Path, names: FieldNames = FieldNames()) -> Guess:
     """The format a file's name or first record points to (see the module doc)."""
     p = Path(path)
     if not p.exists():
-        raise TraceError(f"{path}: no such file")
+        raise TraceError(f"{path}: no such file or folder")
+    if p.is_dir():
+        return Guess(fmt="agent", why="a folder: agent trajectories", names=names)
     if p.suffix.lower() == ".csv":
         return Guess(fmt="requests-csv", why="guessed from the .csv name", names=names)
     lineno, obj = _first_record(p)
+    kind = detect(obj)
+    if lineno == 0 or (kind is not None and not p.name.endswith(".jsonl")):
+        if kind is None:
+            have = has_fields(obj) if isinstance(obj, dict) else f"it is a {type(obj).__name__}"
+            raise TraceError(f"{path}: one JSON document, not JSON Lines ({have}); not an agent trajectory "
+                             f"({', '.join(AGENT_FORMATS)}) either; give --format")
+        return Guess(fmt=kind, why=f"one JSON document in the {kind} format", names=names)
     if not isinstance(obj, dict):
         raise TraceError(f"{path}:{lineno}: cannot tell the format: a record must be a JSON object")
     if "gyre_trace" in obj:
@@ -118,9 +144,14 @@ def load_trace(path: str | Path, fmt: str = "auto", *, names: FieldNames = Field
         fmt, why, names = g.fmt, g.why, g.names
     else:
         if not Path(path).exists():
-            raise TraceError(f"{path}: no such file")
+            raise TraceError(f"{path}: no such file or folder")
+        if Path(path).is_dir() and fmt not in ("agent", *AGENT_FORMATS):
+            raise TraceError(f"{path}: a folder; only agent trajectories (--format agent) are read from a folder")
         why = "given with --format"
     try:
+        if fmt in ("agent", *AGENT_FORMATS):
+            return read_agent_logs(path, fmt, group_size=grouping.group_size,
+                                   groups_per_step=grouping.groups_per_step, cap=grouping.cap, skip_bad=skip_bad)
         if fmt == "rollout":
             return read_trace(path, skip_bad=skip_bad)
         if fmt == "sessions":

@@ -70,6 +70,7 @@ class SessionFields:
     time: str = "timestamp"  # session start (optional), in time_unit when a number
     time_unit: str = "s"
     tool_unit: str = "ns"
+    task: str = "task_id"  # the session's task (optional): sessions of one task form one group
 
     def __post_init__(self) -> None:
         unit_seconds(self.time_unit), unit_seconds(self.tool_unit)
@@ -138,23 +139,37 @@ def _request_specs(inp: np.ndarray, outp: np.ndarray, g: Grouping) -> list[Execu
     ]
 
 
-def _check_tokens(name: str, lo: int, lines: list[int], raw, bad: BadLines) -> np.ndarray:
+def _is_count(v) -> bool:
+    """A token count as written: a JSON integer, or a CSV field of digits (not "7" in JSON, not 12.0)."""
+    if type(v) is int:
+        return True
+    return isinstance(v, str) and v.strip().lstrip("+-").isdigit()
+
+
+def _check_tokens(name: str, lo: int, lines: list[int], raw, bad: BadLines, csv_text: bool = False) -> np.ndarray:
+    """Token counts: integers >= lo; a string in JSON, a float or a decimal point is a bad value, reported with
+    the value as written (a plain Python repr, never numpy's)."""
     if isinstance(raw, np.ndarray) and raw.dtype.kind in "iu":  # already parsed (the CSV fast path)
         num = raw.astype(float)
+        typed = np.ones(len(num), bool)
     else:
         num = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(dtype=float, copy=True)
-    ok = np.isfinite(num) & (num >= lo) & (num == np.floor(num))
+        typed = np.fromiter((_is_count(v) if csv_text else type(v) is int for v in raw), bool, len(raw))
+    ok = typed & np.isfinite(num) & (num >= lo) & (num == np.floor(num))
     for i in np.flatnonzero(~ok):
-        bad.bad(lines[i], f"bad {name} {raw[i]!r} (an integer >= {lo})")
+        v = raw[i].item() if isinstance(raw[i], np.generic) else raw[i]
+        kind = "" if typed[i] else (" is a string; write it as a JSON number" if isinstance(v, str) else
+                                    f" is a {type(v).__name__}")
+        bad.bad(lines[i], f"bad {name} {v!r}{kind} (an integer >= {lo})")
     num[~ok] = np.nan
     return num
 
 
 def _finish_requests(path: str, lines: list[int], t_raw: list | None, in_raw: list, out_raw: list,
-                     f: RequestFields, g: Grouping, bad: BadLines) -> Trace:
+                     f: RequestFields, g: Grouping, bad: BadLines, csv_text: bool = False) -> Trace:
     n = len(lines)
-    inp = _check_tokens(f.input, 0, lines, in_raw, bad)
-    outp = _check_tokens(f.output, 1, lines, out_raw, bad)
+    inp = _check_tokens(f.input, 0, lines, in_raw, bad, csv_text)
+    outp = _check_tokens(f.output, 1, lines, out_raw, bad, csv_text)
     t = _to_seconds(t_raw, lines, bad, f.time_unit) if t_raw is not None else np.arange(n, dtype=float)
     keep = np.isfinite(inp) & np.isfinite(outp) & np.isfinite(t)
     bad.skipped = sorted(dict(reversed(bad.skipped)).items())  # one entry per line (its first reason)
@@ -213,7 +228,8 @@ def read_request_csv(path: str | Path, *, fields: RequestFields = AZURE_FIELDS, 
         need = [c for c in (f.time, f.input, f.output) if c]
         missing = [c for c in need if c not in cols]
         if missing:
-            raise TraceError(f"{path}:1: missing column {missing[0]!r} (header has {', '.join(cols)})")
+            raise TraceError(f"{path}:1: missing column {missing[0]!r} (header has {', '.join(cols)}; "
+                             "--time-field, --input-field and --output-field name the columns)")
         it, ii, io = (cols.index(f.time) if f.time else -1), cols.index(f.input), cols.index(f.output)
         width = len(cols)
         lines: list[int] = []
@@ -238,7 +254,8 @@ def read_request_csv(path: str | Path, *, fields: RequestFields = AZURE_FIELDS, 
                 t_raw.append(row[it])
             in_raw.append(row[ii])
             out_raw.append(row[io])
-    return _finish_requests(str(path), lines, t_raw if f.time else None, in_raw, out_raw, f, grouping, bad)
+    return _finish_requests(str(path), lines, t_raw if f.time else None, in_raw, out_raw, f, grouping, bad,
+                            csv_text=True)
 
 
 def _json_lines(path: str | Path, bad: BadLines):
@@ -258,7 +275,8 @@ def read_request_jsonl(path: str | Path, *, fields: RequestFields = JSONL_FIELDS
     for lineno, obj in _json_lines(path, bad):
         missing = [k for k in (f for f in (fields.time, fields.input, fields.output) if f) if k not in obj]
         if missing:
-            bad.bad(lineno, f"missing field {missing[0]!r}: {has_fields(obj)}")
+            bad.bad(lineno, f"missing field {missing[0]!r}: {has_fields(obj)} (--time-field, --input-field, "
+                            "--output-field name the fields)")
             continue
         lines.append(lineno)
         if fields.time:
@@ -296,7 +314,9 @@ def _session_spec(obj: dict, f: SessionFields, g: Grouping) -> ExecutionSpec:
                 raise MissingField(f"missing field {name!r} in sub-request {i}: {has_fields(r)}")
         a, b, ns = r[f.input], r[f.output], r.get(f.tool_ns, 0) or 0
         if type(a) is not int or a < 0 or type(b) is not int or b < 1:
-            raise ValueError(f"bad sub-request {r!r}: {f.input} >= 0 and {f.output} >= 1 must be integers")
+            which, v = (f.input, a) if type(a) is not int or a < 0 else (f.output, b)
+            raise ValueError(f"sub-request {i}: bad {which} {v!r} ({f.input} >= 0 and {f.output} >= 1 must be JSON "
+                             "integers, not strings or floats)")
         if type(ns) not in (int, float) or not ns >= 0:
             raise ValueError(f"bad {f.tool_ns} {ns!r} (a number >= 0)")
         inp.append(a), out.append(b), tool.append(ns * tool_scale)
@@ -324,6 +344,7 @@ def read_sessions(path: str | Path, *, fields: SessionFields = SessionFields(), 
 def _read_sessions(path, fields: SessionFields, grouping: Grouping, bad: BadLines, specs: list) -> Trace:
     t_raw: list = []
     lines: list[int] = []
+    tasks: list = []
     for lineno, obj in _json_lines(path, bad):
         try:
             spec = _session_spec(obj, fields, grouping)
@@ -336,7 +357,38 @@ def _read_sessions(path, fields: SessionFields, grouping: Grouping, bad: BadLine
         specs.append(spec)
         lines.append(lineno)
         t_raw.append(obj.get(fields.time, len(specs)))
+        tasks.append(obj.get(fields.task))
     t = _to_seconds(t_raw, lines, bad, fields.time_unit) if specs else np.zeros(0)
     keep = np.flatnonzero(np.isfinite(t))
     bad.skipped.sort()
+    given = [tasks[i] for i in keep]
+    if given and all(v is not None for v in given):
+        return group_by_task([specs[i] for i in keep], t[keep], [str(v) for v in given], grouping, str(path), bad)
+    if any(v is not None for v in given):
+        missing = next(lines[i] for i in keep if tasks[i] is None)
+        bad.bad(missing, f"field {fields.task!r} (the task) is on some sessions but not this one")
     return _group([specs[i] for i in keep], t[keep], grouping, str(path), bad)
+
+
+def group_by_task(specs: list[ExecutionSpec], times: np.ndarray, tasks: list[str], g: Grouping, path: str,
+                  bad: BadLines) -> Trace:
+    """One group per task (its executions, however many), tasks in the order of their first execution's time;
+    ids renumbered in that order, step = group index // groups_per_step."""
+    if not specs:
+        raise TraceError(f"{path}: no executions (every line was bad or the file is empty)")
+    order = np.argsort(times, kind="stable").tolist()
+    by_task: dict[str, list[int]] = {}
+    for i in order:
+        by_task.setdefault(tasks[i], []).append(i)
+    groups, out_t, k = [], {}, 0
+    for gid, idx in enumerate(by_task.values()):
+        ex = []
+        for i in idx:
+            s = specs[i]
+            s.exec_id, s.group_id, s.task_id, s.step = k, gid, gid, gid // g.groups_per_step
+            out_t[k] = float(times[i])
+            ex.append(s)
+            k += 1
+        groups.append(GroupSpec(group_id=gid, task_id=gid, step=gid // g.groups_per_step, executions=ex))
+    return Trace(path=path, groups=groups, times=out_t, skipped=bad.skipped, task_groups=True,
+                 task_names=list(by_task))

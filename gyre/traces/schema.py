@@ -66,6 +66,9 @@ class Trace:
     outcomes: dict[int, Outcome] = field(default_factory=dict)
     times: dict[int, float] = field(default_factory=dict)  # exec id -> arrival time (s), foreign traces
     skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, reason) under skip_bad
+    task_groups: bool = False  # a foreign trace whose groups are tasks (repeated runs), not arrival windows
+    task_names: list[str] = field(default_factory=list)  # the task of each group, when read from the trace
+    notes: list[str] = field(default_factory=list)  # what the reader estimated or could not read (printed)
 
     @property
     def n_executions(self) -> int:
@@ -163,11 +166,18 @@ def record_to_spec(r: dict[str, Any]) -> tuple[ExecutionSpec, Outcome]:
         n = len(segs)
         gen, kv, tool_s, tool_out = [0] * n, [0] * n, [0.0] * (n - 1), [0] * (n - 1)
         for i, seg in enumerate(segs):
-            gen[i] = _int(seg, "gen", 1)
-            kv[i] = _int(seg, "kv", 0)
-            if i < n - 1:
-                tool_s[i] = _num(seg["tool_s"], "tool_s")
-                tool_out[i] = _int(seg, "tool_out", 0)
+            try:
+                if not isinstance(seg, dict):
+                    raise ValueError("not an object")
+                gen[i] = _int(seg, "gen", 1)
+                kv[i] = _int(seg, "kv", 0)
+                if i < n - 1:
+                    tool_s[i] = _num(seg["tool_s"], "tool_s")
+                    tool_out[i] = _int(seg, "tool_out", 0)
+            except KeyError as exc:
+                raise ValueError(f"segments[{i}]: missing field {exc.args[0]!r}") from None
+            except ValueError as exc:
+                raise ValueError(f"segments[{i}]: {exc}") from None
         branches = []
         for b in r.get("branches") or []:
             if b["kind"] not in BRANCH_KINDS or type(b["seg"]) is not int or not 0 <= b["seg"] < n:

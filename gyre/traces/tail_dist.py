@@ -19,7 +19,12 @@ correction (k - 0.5) and sampled as u + ceil(Y). Sampling is inverse-CDF on unif
 numpy Generator, so a seed fixes every draw.
 
 Every draw is clamped at `upper` when set (the context window: no token count exceeds it) and
-below the cap. A GPD tail has a finite mean only for shape xi < 1; a fitted xi >= XI_FINITE is not
+below the cap. The tail is bounded by what the data support: the GPD is truncated at `endpoint` =
+the largest value seen x (1 + TAIL_TOL), TAIL_TOL = 0.15 being the calibration target for the p99 and
+the max of K (workload_fit.TARGETS): a draw further past the data than the target allows would be a
+miss of the target by construction (an unbounded tail of shape 0.665 fitted to tool latencies up to 65 s
+reached ~10^4 s). A GPD candidate whose expected max of K overshoots the inner held-out one by more
+than TAIL_TOL is rejected in the threshold choice, and the empirical tail is kept when every one is. A GPD tail has a finite mean only for shape xi < 1; a fitted xi >= XI_FINITE is not
 used: the tail falls back to the empirical one (the body then holds all the data, up to the largest
 value seen), and `note` says so.
 
@@ -45,6 +50,7 @@ THRESHOLDS = (0.8, 0.85, 0.9, 0.93, 0.95, 0.97)
 MAX_EXACT_VALUES = 4096
 KNOTS = 2049
 XI_FINITE = 1.0  # a GPD has a finite mean only below this shape
+TAIL_TOL = 0.15  # how far past the data a tail may reach (the p99 / max-of-K target, see the module doc)
 XI_MIN = -0.5  # below this the GPD likelihood is not regular (below -1 it is unbounded): Smith (1985)
 
 
@@ -117,6 +123,7 @@ class TailDist:
     sd: np.ndarray = field(default_factory=lambda: np.zeros(0))
     floor: float = 0.0
     upper: float | None = None  # every draw is clamped here (the context window)
+    endpoint: float | None = None  # the GPD tail is truncated here (the largest value seen x (1 + TAIL_TOL))
     note: str = ""  # what the fit did that a reader should know (e.g. an empirical tail fallback)
 
     def quantile(self, q: np.ndarray) -> np.ndarray:
@@ -148,7 +155,8 @@ class TailDist:
             out[body] = np.interp(rb, self.body_cum, self.body_x)
         if self.p_tail > 0:
             rt = (r[~body] - pb) / self.p_tail
-            hi = gpd_cdf(self.cap - self.u, self.xi, self.sigma) if self.cap is not None else 1.0
+            top = min(v for v in (self.cap, self.endpoint, math.inf) if v is not None)
+            hi = gpd_cdf(top - self.u, self.xi, self.sigma) if math.isfinite(top) else 1.0
             y = gpd_ppf(rt * hi, self.xi, self.sigma)
             out[~body] = self.u + (np.maximum(np.ceil(y), 1.0) if self.discrete else y)
         if self.discrete:
@@ -168,6 +176,8 @@ class TailDist:
             x = np.minimum(x, self.cap - 1 if self.discrete else self.cap)
         if self.upper is not None:
             x = np.minimum(x, self.upper)
+        if self.endpoint is not None:
+            x = np.minimum(x, self.endpoint)
         return x
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,11 +286,21 @@ def fit_tail_dist(x: np.ndarray, *, cap: float | None = None, k: int = 512, uppe
         cut = int(0.75 * len(rest))
         inner, held = rest[:cut], rest[cut:]
         kk = min(k, len(held))
-        scored = []
+        scored, overshoot = [], []
+        held_max = mean_max(held, kk)
         for q in thresholds:
             d = _fit_tail(inner, q, cap, discrete)
-            if d is not None:
-                scored.append((_tail_score(d, held, kk), q))
+            if d is None:
+                continue
+            d.endpoint = _endpoint(inner, discrete)
+            if d.p_tail > 0 and d.mean_max(kk) > (1 + TAIL_TOL) * held_max:
+                overshoot.append(d.mean_max(kk) / held_max - 1)  # the tail reaches past what the data support
+                continue
+            scored.append((_tail_score(d, held, kk), q))
+        if overshoot and not scored:
+            best = _fit_empirical(rest, cap, discrete, f"empirical tail: every GPD tail's max of {kk} overshoots the "
+                                                       f"held-out end by {min(overshoot):.0%} or more "
+                                                       f"(> {TAIL_TOL:.0%})")
         empirical = _tail_score(_fit_empirical(inner, cap, discrete), held, kk)
         if scored and empirical < min(scored)[0]:  # the GPD extrapolates worse than the data's own tail
             best = _fit_empirical(rest, cap, discrete, f"empirical tail: it predicts the end of the fitted data "
@@ -294,7 +314,14 @@ def fit_tail_dist(x: np.ndarray, *, cap: float | None = None, k: int = 512, uppe
         best = _fit_logmix(rest, cap, discrete)
     best.p_cap = p_cap
     best.upper = upper
+    best.endpoint = _endpoint(rest, discrete)
     return best
+
+
+def _endpoint(x: np.ndarray, discrete: bool) -> float:
+    """The largest value a fitted tail may reach: the largest seen x (1 + TAIL_TOL) (see the module doc)."""
+    e = float(np.max(x)) * (1 + TAIL_TOL)
+    return float(math.ceil(e)) if discrete else e
 
 
 def _ecdf_distances(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:

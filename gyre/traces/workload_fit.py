@@ -13,9 +13,9 @@ boundary) are fitted, the rest held out. On the fitted part:
    arrivals, not training steps. The drift factor is held inside the range of window levels the
    fit saw (median per window of steps over the base median), so it is never extrapolated;
    Recency (`recent`: "auto" or "all"), for foreign traces only: the fitted part may be cut to its most
-   recent half or quarter when that predicts its own end better: each window of the first 75% is
-   compared with the last 25% (KS D of the length), and a shorter window is taken only when it is
-   closer by RECENT_MARGIN and holds at least RECENT_MIN executions. A request log's mix can change
+   recent half or quarter when that predicts what follows better across several validation windows
+   (choose_window: better by RECENT_MARGIN in most, worse in none, each window holding at least
+   RECENT_MIN executions); else all the data. A request log's mix can change
    within a trace (the shared ShareGPT runs' output lengths drop from a median of ~720 to ~595 after
    their first 100 requests): a stationary fit of all of it then misses the future by the change;
 2. per-task difficulty: a random-effects (method of moments) split of the de-drifted log-length
@@ -42,7 +42,7 @@ from operator import attrgetter
 import numpy as np
 
 from gyre.traces.calibrated import CalibratedWorkload
-from gyre.traces.heldout import evaluate, quantities, split_groups
+from gyre.traces.heldout import TARGETS, evaluate, quantities, split_groups, stationarity
 from gyre.traces.tail_dist import detect_cap, fit_tail_dist
 from gyre.traces.schema import Trace, TraceError
 from gyre.workload import GroupSpec, LogNormal, WorkloadConfig
@@ -63,7 +63,7 @@ class WorkloadFitOptions:
     seed: int = 0
     model_draws: int = MODEL_DRAWS  # model segments drawn for the held-out comparison (at least)
     drift: str = "auto"  # one of DRIFT_MODES
-    recent: str = "auto"  # one of RECENT_MODES
+    recent: str = "all"  # one of RECENT_MODES; "all" by default: see experiments/trace_calibration
 
     def __post_init__(self) -> None:
         if not 0.0 < self.split <= 1.0:
@@ -101,8 +101,8 @@ def choose_drift(y: np.ndarray, step: np.ndarray, mode: str, foreign: bool) -> t
     if mode == "linear":
         return (b if math.isfinite(se) else 0.0), {**info, "chosen": "linear", "why": "--drift linear"}
     if foreign:
-        return 0.0, {**info, "chosen": "off", "why": "request/session trace: steps are windows of arrivals "
-                                                       "(--drift linear to fit one anyway)"}
+        return 0.0, {**info, "chosen": "off", "why": "a foreign trace: its steps are batches of arrivals, not "
+                                                       "training steps (--drift linear to fit one anyway)"}
     order = np.argsort(step, kind="stable")
     cut = int(0.75 * len(order))
     inner, held = order[:cut], order[cut:]
@@ -119,21 +119,43 @@ def choose_drift(y: np.ndarray, step: np.ndarray, mode: str, foreign: bool) -> t
                                                   f"{ks_off:.3f} without)"}
 
 
+RECENT_CUTS = (0.5, 0.625, 0.75)  # validation windows: fit on the fitted part up to each, score on what follows
+
+
 def choose_window(length: np.ndarray, mode: str, foreign: bool) -> tuple[float, dict]:
-    """(share of the fitted part to fit on, its most recent end; what was decided and why): see the module doc."""
+    """(share of the fitted part to fit on, its most recent end; what was decided and why): see the module doc.
+
+    Evidence from several validation windows: for each cut in RECENT_CUTS, the part before the cut is fitted
+    whole or by its most recent half / quarter, and each is scored (KS D of the length) on the next eighth
+    (the last quarter for the last cut). A shorter window is taken only when it is better by RECENT_MARGIN in
+    at least two of the windows and worse by that much in none; else all the data."""
     if mode == "all" or not foreign:
         return 1.0, {"mode": mode, "chosen": 1.0, "why": "--recent all" if mode == "all" else
                      "a rollout trace: drift over steps models change"}
-    cut = int(0.75 * len(length))
-    inner, held = length[:cut], length[cut:]
-    ks = {w: _ks(inner[cut - math.ceil(w * cut):], held) for w in RECENT_SHARES
-          if math.ceil(w * cut) >= RECENT_MIN and len(held) >= RECENT_MIN // 2}
+    n = len(length)
+    ks: dict[float, list[float]] = {}
+    for c in RECENT_CUTS:
+        cut = int(c * n)
+        inner = length[:cut]
+        held = length[cut: n if c == RECENT_CUTS[-1] else int((c + 0.125) * n)]
+        if len(held) < RECENT_MIN // 2:
+            continue
+        for w in RECENT_SHARES:
+            if math.ceil(w * cut) >= RECENT_MIN:
+                ks.setdefault(w, []).append(_ks(inner[cut - math.ceil(w * cut):], held))
+    full = ks.get(1.0, [])
     best = 1.0
     for w in sorted(ks, reverse=True):
-        if w < best and ks[w] < ks[best] - RECENT_MARGIN:
+        if w >= best or len(ks[w]) != len(full) or not full:
+            continue
+        gain = [a - b for a, b in zip(ks[best], ks[w])]
+        if sum(g > RECENT_MARGIN for g in gain) >= 2 and all(g >= -RECENT_MARGIN for g in gain):
             best = w
-    why = ("the whole fitted part predicts its last 25% best" if best == 1.0 else
-           f"its most recent {best:.0%} predicts the last 25% better (KS D {ks[best]:.3f} vs {ks[1.0]:.3f})")
+    ev = "; ".join(f"{w:.0%}: " + ", ".join(f"{v:.3f}" for v in vs) for w, vs in ks.items())
+    why = (f"no shorter window predicts what follows better in most validation windows, and worse in none "
+           f"(KS D per window, {ev})" if best == 1.0 else
+           f"its most recent {best:.0%} predicts what follows better in most of {len(full)} validation windows and "
+           f"worse in none (KS D per window, {ev})")
     return best, {"mode": mode, "chosen": best, "why": why, "held_out_ks": {str(w): v for w, v in ks.items()}}
 
 
@@ -216,9 +238,10 @@ def fit_workload(trace: Trace, opts: WorkloadFitOptions = WorkloadFitOptions()) 
     train, test = split_groups(trace.groups, opts.split)
     multi = any(len(e.gen) > 1 for g in train for e in g.executions)
     target = "turns" if multi else "gen"
-    share, window_info = choose_window(quantities(train, target)["length"], opts.recent, bool(trace.times))
+    q_all = quantities(train, target)
+    share, window_info = choose_window(q_all["length"], opts.recent, bool(trace.times))
     train = recent_groups(train, share)
-    q = quantities(train, target)
+    q = q_all if share >= 1.0 else quantities(train, target)
     length = q["length"]
     if opts.cap is not None:
         cap = float(opts.cap)
@@ -232,7 +255,7 @@ def fit_workload(trace: Trace, opts: WorkloadFitOptions = WorkloadFitOptions()) 
     y = np.log(np.maximum(length, 1e-9))
     foreign = bool(trace.times)
     slope, drift_info = choose_drift(y[~at_cap], q["step"][~at_cap], opts.drift, foreign)
-    if foreign:  # groups are windows of arrivals, not tasks, so no difficulty
+    if foreign and not trace.task_groups:  # groups are windows of arrivals, not tasks, so no difficulty
         sigma, effect = 0.0, np.zeros(int((~at_cap).sum()))
     else:
         sigma, effect = _difficulty(y[~at_cap] - slope * q["step"][~at_cap], q["group"][~at_cap])
@@ -256,14 +279,60 @@ def fit_workload(trace: Trace, opts: WorkloadFitOptions = WorkloadFitOptions()) 
         "trace": trace.path, "executions": trace.n_executions, "fitted": int(len(length)),
         "held_out": int(sum(len(g.executions) for g in test)), "split": opts.split, "k": k,
         "cap": cap_arg, "context_window": window, "scale_target": target, "difficulty_sigma": sigma,
+        "difficulty": difficulty_note(trace, train),
         "drift_per_step": cw.drift_per_step, "drift_range": list(cw.drift_range), "drift": drift_info,
         "recent": window_info,
         "tails": {(target if n == "length" else n): tail_summary(d) for n, d in dists.items()},
         "windows": drift_windows(q["length"], q["step"]),
     }
+    held = quantities(test, target) if test else None
+    cw.report["stationarity"] = stationarity(np.concatenate([q_all["length"], held["length"]]) if test
+                                             else q_all["length"])
     if test:
-        cw.report["quality"] = evaluate(cw, test, k, opts)
+        cw.report["quality"] = evaluate(cw, test, k, opts, q, held)
+        cw.report["verdict"] = verdict(cw.report)
     return cw
+
+
+def difficulty_note(trace: Trace, train: list[GroupSpec]) -> str:
+    """Why the difficulty is (not) fitted: groups that are tasks, and how many of them hold repeated runs."""
+    if trace.times and not trace.task_groups:
+        return "not fitted: groups are windows of arrivals, not tasks (give sessions a task field)"
+    rep = sum(len(g.executions) >= 2 for g in train)
+    if rep == 0:
+        return f"not fitted: none of the {len(train)} fitted tasks has two runs or more"
+    return f"fitted from {rep} of {len(train)} tasks with two runs or more"
+
+
+def verdict(r: dict) -> str:
+    """One line: the targets met, or which were missed and why: drift (the held-out data differ from the fitted
+    data beyond chance and the KS target, or the stationarity test found drift), too few held out to judge (a
+    perfect model's KS D at that n is over the target), or the model."""
+    q = r["quality"]
+    names = {"ks_d": "KS", "p99_err": "p99", "maxk_mean_err": "max-of-K"}
+    miss = {n: [names[k] for k, ok in m["marks"].items() if not ok] for n, m in q.items()}
+    miss = {n: v for n, v in miss.items() if v}
+    if not miss:
+        return "every quantity meets the targets"
+    small = [n for n in miss if q[n]["ks_perfect"] > TARGETS["ks_d"]]
+    moved = [n for n in miss if n not in small and q[n].get("ks_data", 0) > max(q[n].get("ks_data_crit", 1.0),
+                                                                                 TARGETS["ks_d"])]
+    drift = r.get("stationarity", {}).get("verdict") == "drift"
+    parts = []
+    if small:
+        parts.append(f"{', '.join(small)}: too few held out to judge (n {min(int(q[n]['n_test']) for n in small)}: a "
+                     f"perfect model's KS D is {max(q[n]['ks_perfect'] for n in small):.2f} there)")
+    if moved:
+        by = ", ".join(f"{n} KS D {q[n]['ks_data']:.3f} > {q[n]['ks_data_crit']:.3f}" for n in moved)
+        parts.append(f"{', '.join(moved)}: the held-out data differ from the fitted data beyond chance ({by}): "
+                     "drift, not a bad model; --recent auto or --drift linear model change")
+    rest = [n for n in miss if n not in small and n not in moved]
+    if rest:
+        which = ", ".join(n + " (" + "/".join(miss[n]) + ")" for n in rest)
+        parts.append(f"{which}: " + ("the trace's length drifts across its time slices (stationarity), the likely "
+                                     "cause" if drift else "missed on data that do not drift: the model does not "
+                                                           "fit these"))
+    return "misses: " + "; ".join(parts)
 
 
 def tail_summary(d) -> dict:

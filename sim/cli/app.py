@@ -130,7 +130,9 @@ def run(
     best = {r.policy: (Candidate(r.policy, cfg.policy_params.get(policy, {})), r)}
     table = comparison_table(best)
     write_outputs(out, cfg, best, table)
-    print_table(table, f"{policy} on {cfg.workload.name}, {cfg.cluster.model.name} ({cfg.cluster.gpus} GPUs, {cfg.steps} steps)")
+    from gyre.sim.harness.compare import run_title
+
+    print_table(table, f"{policy} on {run_title(cfg)}: {cfg.steps} steps, workload {cfg.workload.name}")
     console.print(f"wrote {out}/")
 
 
@@ -147,9 +149,12 @@ def compare(
     checkpoint_every: CheckpointEvery = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help=RAY_HELP)] = None,
     sets: Sets = None,
+    rows: traces.RowsOpt = "all",
 ) -> None:
     """Run every registered policy on the same workload and seed, each tuned (async also on a pilot)."""
-    from gyre.sim.harness.compare import tune, tuned_table, write_outputs
+    from gyre.sim.harness.compare import requested_rows, run_title, tune, tuned_table, write_outputs
+
+    traces._rows_ok(rows)
 
     cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy, faults=faults,
                                                     checkpoint_every=checkpoint_every, sets=sets), engine)
@@ -162,8 +167,11 @@ def compare(
             fail(f"--ray {ray}: {exc}")
             raise
     best, table, sweep = tuned_table(tuned)
+    if rows == "requested":
+        table = requested_rows(table, policy)
+        best = {k: best[k] for k in table["policy"]}
     paths = write_outputs(out, cfg, best, table, sweep)
-    print_table(table, f"{cfg.name}: {cfg.cluster.gpus} GPUs, {cfg.steps} steps, seed {cfg.seed}")
+    print_table(table, f"{run_title(cfg)}: {cfg.steps} steps, seed {cfg.seed}, workload {cfg.workload.name}")
     console.print(f"wrote {paths['summary']}, {paths['timeline'].name}, {paths['utilization'].name}, "
                   f"{paths['gpu_hours'].name} in {out}/")
 

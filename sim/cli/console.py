@@ -16,11 +16,24 @@ from rich.table import Table
 from gyre.policies import baselines
 
 console = Console(width=None if sys.stdout.isatty() else 140)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 
 def fail(msg: str) -> None:
-    console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
+    """The one-line error, on stderr, and exit code 2."""
+    err_console.print(f"[red]error:[/red] {msg}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def tokens(n: float) -> str:
+    """A token count with its unit: '812', '200.5K', '3.2M', '1.05B' (never '0M')."""
+    if n != n:
+        return "-"
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            v = n / div
+            return f"{v:.2f}{unit}" if v < 10 else f"{v:.1f}{unit}" if v < 1000 else f"{v:.0f}{unit}"
+    return f"{n:.0f}"
 
 
 def progress_bar() -> Progress:
@@ -61,27 +74,28 @@ def print_table(table, title: str) -> None:
     bases = baselines()
     same = [b for b in bases if f"speedup_vs_{b}_same_eta" in table]
     others = [b for b in bases if b not in same]  # a baseline with no eta (colocate: eta 0)
-    cols = ["policy", "config", "per engine", "time", *(f"vs {b} @eta" for b in same),
+    cols = ["policy", "per engine", "time", *(f"vs {b} @eta" for b in same),
             *(f"vs {b}" for b in others), "vs best", "equal work", "cut", "sched cut", "tokens", "preempt",
             "stale"]
     rows = [(
-        r["policy"], r["config"].replace(",", ", "), _count(r, "engine_limit"), _duration(r["makespan_s"]),
+        r["policy"], _count(r, "engine_limit"), _duration(r["makespan_s"]),
         *(_ratio(r, f"speedup_vs_{b}_same_eta", 3) for b in same), *(_ratio(r, f"speedup_vs_{b}", 3) for b in others),
         _ratio(r, "speedup_vs_best", 3), "yes" if r.get("equal_work", True) else "NO",
-        _count(r, "deadline_hit"), _count(r, "sched_cuts"), f"{r['tokens_generated'] / 1e6:.0f}M",
+        _count(r, "deadline_hit"), _count(r, "sched_cuts"), tokens(r["tokens_generated"]),
         _count(r, "preemptions"), str(r["staleness_max"]),
     ) for _, r in table.iterrows()]
     t = Table(title=title)
     for i, c in enumerate(cols):
         widest = max((len(row[i]) for row in rows), default=1)
-        head = c if c in ("policy", "config") else c.replace(" ", "\n")  # a header never widens a figure's column
-        t.add_column(head, justify="left" if i < 2 else "right", no_wrap=c != "config",
-                     min_width=None if c == "config" else widest)
+        head = c if c == "policy" else c.replace(" ", "\n")  # a header never widens a figure's column
+        t.add_column(head, justify="left" if i < 1 else "right", no_wrap=True, min_width=widest)
     for row in rows:
         t.add_row(*row)
     console.print(t)
-    console.print("tuned: " + "; ".join(f"{r['policy']}: {r.get('tuned', '')}" for _, r in table.iterrows()),
-                  highlight=False)
+    # settings one line each below the table (a config in a column wraps to several lines)
+    for _, r in table.iterrows():
+        console.print(f"  {r['policy']}: {r['config']} ({r.get('tuned', 'as configured')})", highlight=False,
+                      soft_wrap=True)
     n = int(table["executions"].max()) if "executions" in table else 0
     console.print(f"lower bound: {_duration(table['bound_s'].iloc[0])} (max of GPU-work / N and critical path; "
                   "each row's vs_bound and vs_eta_bound are in summary.csv); "

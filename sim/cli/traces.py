@@ -22,7 +22,7 @@ import typer
 from gyre.gc_pause import no_gc
 from gyre.traces.calibrated import CalibratedSource, load_workload
 from gyre.traces.formats import FORMATS, FieldNames, load_trace
-from gyre.traces.heldout import fit_figures, quantities
+from gyre.traces.heldout import UNITS, fit_figures, quantities
 from gyre.traces.readers import TIME_UNITS, Grouping
 from gyre.traces.schema import Outcome, Trace, TraceError, write_trace
 from gyre.traces.workload_fit import DRIFT_MODES, WorkloadFitOptions, base_config, fit_workload
@@ -88,6 +88,16 @@ InF = Annotated[Optional[str], typer.Option("--input-field", help="context/input
 OutF = Annotated[Optional[str], typer.Option("--output-field", help="generated/output tokens column/field")]
 SessF = Annotated[Optional[str], typer.Option("--sessions-field", help="a session's list of sub-requests")]
 ToolF = Annotated[Optional[str], typer.Option("--tool-field", help="a sub-request's tool duration field")]
+TaskF = Annotated[Optional[str], typer.Option("--task-field", help="a session's task field (default task_id): "
+                                                                   "the sessions of one task form one group")]
+ROWS = ("all", "requested")
+RowsOpt = Annotated[str, typer.Option("--rows", help="all: each policy's per-eta rows and pilot too; requested: "
+                                                     "one row per policy named")]
+
+
+def _rows_ok(rows: str) -> None:
+    if rows not in ROWS:
+        _fail(ValueError(f"unknown --rows {rows!r}; known: {', '.join(ROWS)}"))
 TimeU = Annotated[str, typer.Option("--time-unit", help=f"unit of numeric timestamps: {', '.join(TIME_UNITS)}")]
 ToolU = Annotated[str, typer.Option("--tool-unit", help=f"unit of tool durations: {', '.join(TIME_UNITS)}")]
 # run, compare and replay: injected faults (gyre.faults)
@@ -99,8 +109,11 @@ CheckpointEveryOpt = Annotated[Optional[int], typer.Option(
     "the last one")]
 
 
+FEW_EXECUTIONS = 8  # fewer executions than one default group: warned about
+
+
 def _load(trace, fmt, skip_bad, group_size, groups_per_step, names: FieldNames, cap=None):
-    from gyre.sim.cli.console import console
+    from gyre.sim.cli.console import console, err_console
 
     try:
         g = Grouping(group_size=group_size, groups_per_step=groups_per_step, cap=cap)
@@ -110,13 +123,19 @@ def _load(trace, fmt, skip_bad, group_size, groups_per_step, names: FieldNames, 
         raise
     if skip_bad:
         console.print(tr.skip_summary(), highlight=False)
+    for note in tr.notes:
+        console.print(f"note: {note}", highlight=False)
+    if tr.n_executions < FEW_EXECUTIONS:
+        err_console.print(f"warning: {tr.path} holds only {tr.n_executions} executions: a workload fitted or "
+                          "replayed from so few says little", highlight=False)
     return tr, g
 
 
-def _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit) -> FieldNames:
+def _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit,
+           task_field=None) -> FieldNames:
     try:
         n = FieldNames(time=time_field, input=input_field, output=output_field, sessions=sessions_field,
-                       tool=tool_field, time_unit=time_unit, tool_unit=tool_unit)
+                       tool=tool_field, time_unit=time_unit, tool_unit=tool_unit, task=task_field)
         n.session(), n.requests("requests-jsonl")  # validates the units
     except TraceError as exc:
         _fail(exc)
@@ -136,7 +155,8 @@ def print_report(r: dict) -> None:
 
     d = r.get("drift", {})
     console.print(f"{r['trace']}: {r['executions']} executions, fitted {r['fitted']}, held out {r['held_out']}; "
-                  f"length = {r['scale_target']}, cap {r['cap']}, difficulty sigma {r['difficulty_sigma']:.3f}, "
+                  f"length = {r['scale_target']}, cap {r['cap']}, difficulty sigma {r['difficulty_sigma']:.3f} "
+                  f"({r.get('difficulty', '')}), "
                   f"drift/step {r['drift_per_step']:+.4f} ({d.get('why', '')})", highlight=False)
     if r.get("recent", {}).get("chosen", 1.0) < 1.0:
         console.print(f"  fitted on the most recent {r['recent']['chosen']:.0%}: {r['recent']['why']}", highlight=False)
@@ -146,20 +166,36 @@ def print_report(r: dict) -> None:
         clamp = f", clamped at {t['clamp']:.0f}" if t.get("clamp") is not None else ""
         note = f"; {t['note']}" if t.get("note") else ""
         console.print(f"  {name}: {shape}{clamp}{note}", highlight=False)
+    st = r.get("stationarity")
+    if st:
+        console.print(f"  stationarity: {st['verdict']}: {st['why']}", highlight=False)
     if not r.get("quality"):
         console.print(f"no held-out data (--split {r['split']}): fit quality not measured", highlight=False)
         return
-    t = Table(title="held-out fit quality (max-K: the max of K draws, K = min(batch size, held-out count))")
-    cols = ["quantity", "n", "K", "KS D", "W1/mean", "p50 err", "p90 err", "p99 err", "max-K median err",
-            "max-K mean err", "max-K mean model/test"]
+    t = Table(title="fit quality: the calibrated model against the fitted data and the held-out data "
+                    f"(max-of-K: mean max of K draws, K = min({r['k']}, held-out n))")
+    cols = ["quantity", "unit", "n held", "K", "KS fit", "KS held", "KS perfect", "KS data", "p50 err", "p99 err",
+            "max-of-K err", "max-of-K model/held"]
     for c in cols:
-        t.add_column(c, justify="left" if c == "quantity" else "right")
+        t.add_column(c, justify="left" if c in ("quantity", "unit") else "right")
     for name, m in r["quality"].items():
-        t.add_row(name, f"{m['n_test']:.0f}", f"{m['k']:.0f}", f"{m['ks_d']:.4f}", f"{m['wasserstein_rel']:.3f}",
-                  _pct(m, "p50_err"), _pct(m, "p90_err"), _pct(m, "p99_err"), _pct(m, "maxk_err"),
-                  _pct(m, "maxk_mean_err"), f"{m.get('maxk_mean_model', float('nan')):.4g}/"
-                                            f"{m.get('maxk_mean_test', float('nan')):.4g}")
+        mk = m.get("marks", {})
+        t.add_row(name, UNITS.get(name, ""), f"{m['n_test']:.0f}", f"{m['k']:.0f}",
+                  f"{m['ks_fit']:.3f}" if "ks_fit" in m else "-", _marked(f"{m['ks_d']:.3f}", mk.get("ks_d")),
+                  f"{m['ks_perfect']:.3f}" if "ks_perfect" in m else "-",
+                  f"{m['ks_data']:.3f}" if "ks_data" in m else "-", _pct(m, "p50_err"),
+                  _marked(_pct(m, "p99_err"), mk.get("p99_err")), _marked(_pct(m, "maxk_mean_err"),
+                                                                         mk.get("maxk_mean_err")),
+                  f"{m.get('maxk_mean_model', float('nan')):.4g}/{m.get('maxk_mean_test', float('nan')):.4g}")
     console.print(t)
+    console.print("targets: KS D <= 0.10, p99 and max-of-K within 15% (ok / MISS). KS perfect: what a perfect model "
+                  "shows at the held-out n (0.87/sqrt(n)); KS data: the held-out data against the fitted data "
+                  "themselves (no stationary model does better).", highlight=False)
+    console.print(f"verdict: {r.get('verdict', '')}", highlight=False)
+
+
+def _marked(text: str, ok: bool | None) -> str:
+    return text if ok is None else f"{text} {'ok' if ok else 'MISS'}"
 
 
 def calibrate_cmd(
@@ -174,17 +210,19 @@ def calibrate_cmd(
     drift: Annotated[str, typer.Option("--drift", help=f"length drift over steps: {', '.join(DRIFT_MODES)} (auto: "
                                                        "kept only where it improves the held-out fit; off for "
                                                        "request/session traces)")] = "auto",
-    recent: Annotated[str, typer.Option("--recent", help="request/session traces: auto (fit the most recent half "
-                                                         "or quarter when it predicts the trace's end better) "
-                                                         "or all")] = "auto",
+    recent: Annotated[str, typer.Option("--recent", help="request/session traces: all (every fitted execution), "
+                                                         "or auto (the most recent half or quarter when it "
+                                                         "predicts what follows better in most validation "
+                                                         "windows and worse in none)")] = "all",
     skip_bad: SkipBad = False, group_size: GroupSize = 8, groups_per_step: GroupsPerStep = 64,
     time_field: TimeF = None, input_field: InF = None, output_field: OutF = None, sessions_field: SessF = None,
-    tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns",
+    tool_field: ToolF = None, time_unit: TimeU = "s", tool_unit: ToolU = "ns", task_field: TaskF = None,
 ) -> None:
     """Fit a workload (empirical body + GPD tail + cap mass, difficulty, drift) to a trace; report held-out fit."""
     from gyre.sim.cli.console import console
 
-    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
+    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit,
+                   task_field)
     tr, _ = _load(trace, fmt, skip_bad, group_size, groups_per_step, names, cap)
     try:
         opts = WorkloadFitOptions(split=split, cap=cap, k=k, seed=seed, drift=drift, recent=recent)
@@ -213,23 +251,47 @@ def replay_cmd(
     engine: Annotated[Optional[Path], typer.Option("--engine", help="engine calibration JSON (calibrate-engine -o)")] = None,
     faults: FaultsOpt = None,
     checkpoint_every: CheckpointEveryOpt = None,
+    partial: Annotated[bool, typer.Option("--partial", help="run a trace smaller than one step as one partial "
+                                                            "step (else it stops with the counts)")] = False,
+    rows: RowsOpt = "all",
+    task_field: TaskF = None,
 ) -> None:
     """Replay a trace's executions exactly (not resampled) through policies; same comparison as `compare`."""
-    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit)
+    names = _names(time_field, input_field, output_field, sessions_field, tool_field, time_unit, tool_unit,
+                   task_field)
+    _rows_ok(rows)
     with no_gc():  # a million executions and their run's log live to the end: see gyre.gc_pause
         _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names, engine,
-                faults, checkpoint_every)
+                faults, checkpoint_every, partial, rows)
+
+
+def partial_step(tr: Trace, g: Grouping) -> str:
+    """'' when a foreign trace fills at least one step of the grouping flags; else the one-line reason, with the
+    counts and the flags that would fit it (a rollout trace carries its own batch: '' always)."""
+    if tr.workload is not None or len(tr.groups) >= g.groups_per_step:
+        return ""
+    n, gs = tr.n_executions, len(tr.groups)
+    if tr.task_groups:
+        fits = [d for d in (gs, gs // 2, gs // 4) if d >= 1]
+        return (f"{tr.path}: {gs} tasks ({n} executions) fill no step of {g.groups_per_step} groups; "
+                f"--groups-per-step {' or '.join(f'{d} ({gs // d} steps)' for d in dict.fromkeys(fits))} fits it, "
+                f"or --partial runs them as one partial step")
+    need = g.groups_per_step * g.group_size
+    fits = [(p, s) for p, s in ((gs, 1), (gs // 2, 2), (gs // 4, 4)) if p >= 1]
+    return (f"{tr.path}: {n} executions fill no step of {g.groups_per_step} groups x {g.group_size} ({need}); "
+            f"{' or '.join(f'--groups-per-step {p} ({s} steps)' for p, s in dict.fromkeys(fits))} "
+            f"with --group-size {g.group_size} fits it, or --partial runs them as one partial step")
 
 
 def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, groups_per_step, names,
-            engine=None, faults=None, checkpoint_every=None) -> None:
+            engine=None, faults=None, checkpoint_every=None, partial=False, rows="all") -> None:
     from dataclasses import replace
 
     from gyre.config import ConfigError, override
     from gyre.policies import UnknownPolicy, policy_class
     from gyre.presets import DEFAULT_PRESET, get_preset
-    from gyre.sim.cli.console import console, print_table
-    from gyre.sim.harness.compare import candidates, tune, tuned_table, write_outputs
+    from gyre.sim.cli.console import console, err_console, print_table
+    from gyre.sim.harness.compare import candidates, requested_rows, run_title, tune, tuned_table, write_outputs
 
     from gyre.faults import spec_error
 
@@ -240,6 +302,12 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
     w = trace_workload(tr)
     whole = len(tr.groups) // w.groups_per_step
     try:
+        short = partial_step(tr, g)
+        if short and not partial:
+            raise TraceError(short)
+        if short:
+            err_console.print(f"warning: {short.split(': ', 1)[1].split('; ')[0]}; running it as one partial step "
+                              "(--partial)", highlight=False)
         if whole < 1:
             raise TraceError(f"{trace}: {len(tr.groups)} groups do not fill one step of {w.groups_per_step}")
         if steps is not None and not 1 <= steps <= whole:
@@ -274,9 +342,14 @@ def _replay(trace, policy, preset, gpus, steps, out, fmt, skip_bad, group_size, 
         _fail(exc)
         raise
     best, table, sweep = tuned_table(tuned)
+    if rows == "requested":
+        table = requested_rows(table, policy)
+        best = {k: best[k] for k in table["policy"]}
     write_outputs(out, cfg, best, table, sweep)
-    print_table(table, f"replay of {trace.name} ({tr.n_executions} executions) on {cfg.cluster.gpus} GPUs, "
-                        f"{cfg.steps} steps")
+    used = tr.groups[: cfg.steps * w.groups_per_step]
+    n_used = sum(len(x.executions) for x in used)
+    print_table(table, f"replay of {trace.name}: {n_used:,} of {tr.n_executions:,} executions ({len(used):,} groups, "
+                       f"{cfg.steps} steps) on {run_title(cfg)}")
     console.print(f"wrote {out}/")
 
 

@@ -325,6 +325,29 @@ def tuned_table(tuned: dict[str, Tuned]) -> tuple[dict[str, tuple[Candidate, Sim
     return best, table, sweep
 
 
+def requested_rows(table: pd.DataFrame, policies: list[str] | None) -> pd.DataFrame:
+    """One row per policy named (its tuned-over-eta or only row): no per-eta or pilot rows. Every policy when
+    none was named."""
+    names = policies or list(dict.fromkeys(p.split("-eta")[0].removesuffix("-pilot") for p in table["policy"]))
+    keep = []
+    for name in names:
+        if (table["policy"] == name).any():
+            keep.append(name)
+            continue
+        at = table[table["policy"].str.startswith(f"{name}-eta")]  # searched per eta only: its fastest equal-work row
+        if len(at):
+            fair = at[at["equal_work"]] if at["equal_work"].any() else at
+            keep.append(fair.loc[fair["makespan_s"].idxmin(), "policy"])
+    return table[table["policy"].isin(keep)].reset_index(drop=True)
+
+
+def run_title(cfg: RunConfig) -> str:
+    """'<preset>, <model>, <gpus> x <gpu>': what a result table's title names."""
+    c = cfg.cluster
+    gpu = getattr(getattr(c, "gpu", None), "name", None)
+    return f"{cfg.name}, {c.model.name}, {c.gpus} GPUs" + (f" ({gpu})" if gpu else "")
+
+
 def write_outputs(out: Path, cfg: RunConfig, best: dict[str, tuple[Candidate, SimResult]], table: pd.DataFrame,
                   sweep: pd.DataFrame | None = None) -> dict[str, Path]:
     """gyre.outputs' files for the best run of each policy, plus sweep.csv (every run) and gpu_hours.png."""
