@@ -2,7 +2,8 @@
 every GPU switches to training, trains, and switches back (engines restart with the new weights).
 Strictly on-policy. The tail of each step leaves most GPUs waiting for the slowest execution.
 
-With `streaming` (the paper's "Colocate + streaming"), engines are laid out cell by cell (gyre.cluster.cells)
+With `streaming` (the paper's "Colocate + streaming"), engines are laid out cell by cell (gyre.cluster.cells; GPUs
+beyond the last whole cell join it)
 and the batch trains in a streaming step: once no execution waits for admission, a cell whose engines hold
 nothing stops them and trains (the first such cell opens the step as its core, the next join it), so the
 batch's finished groups train while its tail still rolls out. Only idle capacity moves: an engine with live
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from gyre.cluster import Cluster
 from gyre.handles import all_of, any_of
 from gyre.policies.admit_queue import AdmissionQueue
-from gyre.policies.common import ClusterShape, engine_slots, spread
+from gyre.policies.common import ClusterShape, cells_of, engine_slots, spread
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +46,9 @@ class Colocate:
     def run(self, cluster: Cluster, steps: int):
         mu = cluster.steps_per_burst
         self.eta = mu - 1
+        cells = cells_of(cluster, range(cluster.n_gpus))  # GPUs beyond the last whole cell join it
         if self.config.streaming:
-            slots = [s for cell in cluster.cells() for s in engine_slots(cell, cluster.gpus_per_engine)]
+            slots = [s for cell in cells for s in engine_slots(cell, cluster.gpus_per_engine)]
         else:
             slots = engine_slots(list(range(cluster.n_gpus)), cluster.gpus_per_engine)
         done = 0
@@ -56,7 +58,7 @@ class Colocate:
             batches = [[cluster.next_group() for _ in range(cluster.groups_per_step)] for _ in range(burst)]
             executions = [x for b in batches for g in b for x in g.executions]
             if self.config.streaming:
-                yield from self._stream_burst(cluster, engines, executions, batches)
+                yield from self._stream_burst(cluster, engines, executions, batches, cells)
             else:
                 yield all_of(spread(cluster, executions, engines))
                 yield all_of([cluster.stop_engine(e) for e in engines])
@@ -65,13 +67,13 @@ class Colocate:
             done += burst
 
     @staticmethod
-    def _stream_burst(cluster: Cluster, engines, executions, batches):
+    def _stream_burst(cluster: Cluster, engines, executions, batches, all_cells):
         """Roll out the burst; each cell whose engines are idle once nothing waits trains the burst's first batch
         (the first opens its step, the rest join); the burst's other batches train after it on every cell."""
         stopping: set[int] = set()
         queue = AdmissionQueue(cluster, lambda: [e for e in engines if e.id not in stopping])
         finished = queue.submit(executions)
-        cells = [c for c in cluster.cells() if any(e.gpus[0] in c for e in engines)]
+        cells = [c for c in all_cells if any(e.gpus[0] in c for e in engines)]
         by_cell = {c: [e for e in engines if e.gpus[0] in c] for c in cells}
         free: list[tuple[int, ...]] = []  # cells whose engines stopped, in the order they did
         step = None

@@ -54,7 +54,7 @@ def balanced_split(cfg) -> tuple[int, dict]:
 
 def row(name: str, r, note: str = "") -> dict:
     s = r.metrics.summary()
-    d = decompose(r.log, r.cfg.cluster.gpus, r.costs.sync_s)
+    d = decompose(r.log, r.config.cluster.gpus, r.costs.sync_s)
     return {"row": name, "makespan_h": r.makespan_s / 3600, "note": note,
             "executions": int(r.metrics.extra["executions"]), "sched_cuts": int(r.metrics.extra["sched_cuts"]),
             "deadline_hit": s["deadline_hit"], "staleness_max": s["staleness_max"], "busy_share": s["busy_share"],

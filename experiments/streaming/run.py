@@ -10,7 +10,7 @@ For each preset and seed (8 steps, eta 1 for async), the rows:
 A row does equal work when its scheduler-induced cuts exceed the least of its preset-and-seed's rows by at most
 1% of the executions (gyre.policies.tuning.equal_work). Writes results/streaming_<steps>steps_rows.csv (every row)
 and results/streaming_<steps>steps.csv (the savings per preset and seed, the paper's 11.6% beside them), and
-prints both.
+prints both; rows of other presets and seeds already in the file are kept (each seed's are written as it ends).
 
 Usage: python experiments/streaming/run.py [--presets xlong-swe-kv xlong-swe-small] [--seeds 0 1 2] [--steps 8]
 """
@@ -85,16 +85,18 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=8)
     a = ap.parse_args()
-    rows = []
+    res = HERE / "results"
+    res.mkdir(exist_ok=True)
+    path = res / f"streaming_{a.steps}steps_rows.csv"
     t0 = time.time()
     for preset in a.presets:
         for seed in a.seeds:
-            rows += rows_for(preset, seed, a.steps)
+            new = pd.DataFrame(rows_for(preset, seed, a.steps))
+            old = pd.read_csv(path) if path.exists() else new.iloc[:0]
+            old = old[~((old["preset"] == preset) & (old["seed"] == seed))]
+            pd.concat([old, new], ignore_index=True).to_csv(path, index=False)  # kept as each seed finishes
             print(f"{preset} seed {seed} done ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-    df = pd.DataFrame(rows)
-    res = HERE / "results"
-    res.mkdir(exist_ok=True)
-    df.to_csv(res / f"streaming_{a.steps}steps_rows.csv", index=False)
+    df = pd.read_csv(path)
     sv = savings(df)
     sv.to_csv(res / f"streaming_{a.steps}steps.csv", index=False)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 3):
