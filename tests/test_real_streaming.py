@@ -1,0 +1,205 @@
+"""Streaming training steps on the real backend (local Ray, 4 logical GPUs, the tiny CPU model): micro-steps on
+elastic cells give the whole batch's update, each micro-step trained once."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+
+sys.path.insert(0, str(Path(__file__).parent))  # the random tree generator lives beside this file
+from test_trajectory_pack import random_group  # noqa: E402
+
+from gyre.cluster import Phase  # noqa: E402
+from gyre.real import task as T  # noqa: E402
+from gyre.real.backend import RealCluster  # noqa: E402
+from gyre.real.config import preset_tiny_test  # noqa: E402
+from gyre.real.trainer import Trainer  # noqa: E402
+from gyre.trajectory import AdvantageConfig, group_advantages, score_group  # noqa: E402
+from gyre.trajectory.torch_ops import LossConfig, branches_of, naive_loss  # noqa: E402
+
+CFG = preset_tiny_test()
+pytestmark = pytest.mark.xdist_group("ray")  # one local Ray node per process
+
+
+class Scripted:
+    """A test-local policy: opens a step on `core` for fresh groups whose trees are random (sub-agents, retries,
+    compactions) and makes each group finish, a cell join or a satellite leave at its planned time. A group
+    "finishes" as the rollout path would leave it: its executions DONE and its scores handed to the verifier."""
+
+    name = "scripted"
+
+    def __init__(self, core, recs, plan) -> None:
+        self.core, self.recs, self.plan = core, recs, plan  # plan: [(t, "finish" | "join" | "leave", arg)]
+        self.joins, self.leaves, self.version, self.groups = [], [], None, []
+
+    def run(self, c, steps):
+        self.groups = [c.next_group() for _ in self.recs]
+        for g, (rec, _) in zip(self.groups, self.recs):
+            g.env.recorder = rec
+        h = c.open_step(self.core, self.groups)
+        t = 0.0
+        for at, what, arg in self.plan:
+            if at > t:
+                yield c.timeout(at - t)
+                t = at
+            if what == "finish":
+                g = self.groups[arg]
+                for ex in g.executions:
+                    ex.phase = Phase.DONE
+                c.verifier._back(g, self.recs[arg][1], c.now)  # what the tool service answers for the group
+            elif what == "join":
+                self.joins.append(c.join_step(arg))
+            elif c.training is not None and arg in c.training.cells:
+                self.leaves.append(c.leave_step(arg))
+        self.version = yield h
+
+
+def random_recs(rng, n_groups: int):
+    """(recorder, scores) per group: random trees of group_size executions, scored by their generated tokens."""
+    out = []
+    for _ in range(n_groups):
+        rec, _ = random_group(rng, CFG.cluster.group_size, int(rng.integers(4, 10)), vocab=T.VOCAB_SIZE)
+        out.append((rec, score_group(rec, lambda s: 0.1 * s.generated_tokens)))
+    return out
+
+
+def naive_update(recs, seed: int):
+    """One process, the whole batch at once: every branch as its own causal sequence (naive_loss), the gradient,
+    clipped, one AdamW step. Returns (weights before, weights after, loss, gradient norm before clipping, the
+    gradient)."""
+    tc = CFG.pool.trainer_config
+    ref = Trainer(CFG.pool.model, tc, seed=seed)
+    before = {k: v.detach().clone() for k, v in ref.model.state_dict().items()}
+    adv_cfg = AdvantageConfig(normalize_std=CFG.cluster.normalize_std)
+    branches, off = [], 0
+    for rec, scores in recs:
+        branches += branches_of(rec.tree, group_advantages(scores, adv_cfg), execution_offset=off)
+        off += len(rec.executions)
+    params = list(ref.model.parameters())
+    loss = naive_loss(ref.model, branches, tc.normalization, LossConfig(clip_low=tc.clip, clip_high=tc.clip))
+    ref.opt.zero_grad()
+    loss.backward()
+    grad = {n: p.grad.detach().clone() for n, p in ref.model.named_parameters()}
+    gnorm = float(torch.nn.utils.clip_grad_norm_(params, tc.grad_clip))
+    ref.opt.step()
+    return before, ref.model.state_dict(), float(loss.detach()), gnorm, grad
+
+
+def run_scripted(pool, policy, **cluster):
+    cfg = dataclasses.replace(CFG.cluster, estimate="none", **cluster)
+    c = RealCluster(pool=pool, config=cfg)
+    try:
+        c.run(policy, 1)
+        weights = c.trainer_weights()
+    finally:
+        c.close()
+    return c, weights
+
+
+def check_micro_log(c, policy) -> None:
+    """From the log: every execution of the batch trained exactly once (after a cell_lost, once more for each of
+    the lost cell's micro-steps), never before its group was scored, each cell one micro-step at a time, and
+    only cells that had joined."""
+    log = c.log
+    execs = [ex.id for g in policy.groups for ex in g.executions]
+    micro = [r for r in log if r[0] == "micro"]
+    lost = Counter(e for r in log if r[0] == "note" and r[2] == "cell_lost" for e in r[3]["micro"])
+    got = Counter(r[3] for r in micro)
+    want = Counter(execs) + lost
+    assert got == want, f"micro-steps trained {dict(got)}, expected {dict(want)} (lost: {dict(lost)})"
+    scored = {r[3]["group"]: r[1] for r in log if r[0] == "note" and r[2] == "scored"}
+    group_of = {ex.id: g.id for g in policy.groups for ex in g.executions}
+    early = [r for r in micro if r[4] < scored[group_of[r[3]]]]
+    assert not early, f"micro-steps started before their group was scored: {early}"
+    joined = [r for r in log if r[0] == "cell_join"]
+    for r in micro:
+        assert any(j[3][0] == r[5] and j[1] <= r[4] for j in joined), f"micro-step on a cell never joined: {r}"
+    by_cell: dict[int, list] = {}
+    for r in micro:
+        by_cell.setdefault(r[5], []).append((r[4], r[1]))
+    for gpu, spans in by_cell.items():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"cell {gpu} overlapped micro-steps: {spans}"
+
+
+def check_update(c, weights, recs) -> None:
+    before, want, loss, gnorm, grad = naive_update(recs, CFG.cluster.seed)
+    note = [r[3] for r in c.log if r[0] == "note" and r[2] == "train"][-1]
+    assert abs(note["grad_norm"] - gnorm) <= 1e-5 * gnorm, f"gradient norm {note['grad_norm']} vs naive {gnorm}"
+    assert abs(note["loss"] - loss) <= 1e-5 * max(abs(loss), 1e-3), f"loss {note['loss']} vs naive {loss}"
+    lr = CFG.pool.trainer_config.lr
+    # AdamW's first step moves entry i by lr * g_i / (|g_i| + 1e-8): wherever the gradient is well above fp32's
+    # rounding of the sums it cancels from (1e-4 of its largest entry), that is lr * sign(g_i), to 1e-3 of lr; an
+    # entry below is decided by summation order, and AdamW still moves it by at most lr
+    top = max(float(g.abs().max()) for g in grad.values())
+    firm = max(float(((weights[k] - want[k]).abs() * (grad[k].abs() >= 1e-4 * top)).max()) for k in want)
+    anywhere = max(float((weights[k] - before[k]).abs().max()) for k in want)
+    assert firm <= 1e-3 * lr, f"weights differ from the naive update by {firm:.3g} where the gradient is firm"
+    assert anywhere <= lr * (1 + 1e-4), f"an entry moved {anywhere:.3g}, more than one AdamW step ({lr})"
+    moved = sum(int((want[k] != before[k]).sum()) for k in want)
+    assert moved > 0, "the naive update moved nothing: the check is empty"
+
+
+@pytest.mark.parametrize("seed,n_cells", [(0, 1), (1, 2), (2, 3), (3, 4)])
+def test_streaming_step_on_elastic_cells_equals_the_whole_batch_at_once(pool, seed, n_cells):
+    """Random trees, group-finish orders and times, 1 to 4 one-GPU cells (a random core) joining at random times,
+    with 3 or more cells the last one leaving mid-step: the new weights are one process's naive update of the
+    whole batch (to float summation order), its loss and gradient norm too, and the log shows every micro-step
+    trained exactly once, after its group was scored, one at a time per cell."""
+    rng = np.random.default_rng(seed)
+    n_groups = int(rng.integers(2, 4))
+    recs = random_recs(rng, n_groups)
+    cells = [(g,) for g in rng.permutation(4)[:n_cells].tolist()]
+    plan = [(float(rng.uniform(0, 0.3)), "finish", i) for i in rng.permutation(n_groups).tolist()]
+    plan += [(0.0 if n_cells == 4 else float(rng.uniform(0, 0.3)), "join", cell) for cell in cells[1:]]
+    if n_cells > 2:
+        plan.append((float(rng.uniform(0.1, 0.4)), "leave", cells[-1]))
+    plan.sort(key=lambda p: p[0])
+    policy = Scripted(cells[0], recs, plan)
+    c, weights = run_scripted(pool, policy)
+    assert policy.version == 1, f"the step made version {policy.version}"
+    assert all(h.done for h in policy.joins + policy.leaves), "a join or a leave never completed"
+    check_micro_log(c, policy)
+    assert len(c.free_gpus()) == 4, f"GPUs still held after the step: free {c.free_gpus()}"
+    trained_on = {r[5] for r in c.log if r[0] == "micro"}
+    if n_cells == 4:  # all joined before any group was ready: the first micro-steps spread over the cells
+        assert len(trained_on) >= 2, f"4 cells, micro-steps trained on {trained_on} only"
+    check_update(c, weights, recs)
+
+
+def test_two_gpu_cells_share_each_micro_step_and_a_satellite_lost_mid_step_returns_its_micro_steps(pool):
+    """Cells of 2 GPUs (each micro-step's packs split over the cell's two workers); a satellite worker killed
+    while the step runs: the satellite's micro-steps go back to the queue and are trained again by the core,
+    a "cell_lost" note says which, and the update is still the whole batch's."""
+    rng = np.random.default_rng(5)
+    recs = random_recs(rng, 3)
+    plan = [(0.0, "join", (2, 3)), (0.0, "finish", 1), (0.05, "finish", 0), (0.4, "finish", 2)]
+    policy = Scripted((0, 1), recs, plan)
+    killed = []
+
+    def kill_once(c) -> None:
+        micro = [r for r in c.log if r[0] == "micro" and r[5] == 2]
+        if not killed and micro:
+            killed.append(c.now)
+            c.kill_trainer(3)
+
+    cfg = dataclasses.replace(CFG.cluster, estimate="none", cell_gpus=2)
+    c = RealCluster(pool=pool, config=cfg)
+    try:
+        c.run(policy, 1, on_tick=kill_once)
+        weights = c.trainer_weights()
+    finally:
+        c.close()
+    assert killed, "the satellite never trained a micro-step"
+    lost = [r[3] for r in c.log if r[0] == "note" and r[2] == "cell_lost"]
+    assert len(lost) == 1 and lost[0]["gpus"] == [2, 3] and lost[0]["micro"], f"cell_lost notes {lost}"
+    check_micro_log(c, policy)
+    check_update(c, weights, recs)
