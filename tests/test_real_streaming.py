@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -203,3 +204,85 @@ def test_two_gpu_cells_share_each_micro_step_and_a_satellite_lost_mid_step_retur
     assert len(lost) == 1 and lost[0]["gpus"] == [2, 3] and lost[0]["micro"], f"cell_lost notes {lost}"
     check_micro_log(c, policy)
     check_update(c, weights, recs)
+
+
+class StreamingPolicy:
+    """A small streaming policy: engines on GPUs 1-3; each step's first group rolls out on engine 3; the step opens
+    at once on GPU 0 (nothing finished yet); once the first group is done, engine 3 stops, GPU 3 joins the step
+    and the other groups roll out on engines 1 and 2, training as they finish; after the step GPU 3 serves again
+    and the engines sync (to the published version: every mu-th)."""
+
+    name = "streaming-test"
+
+    def __init__(self) -> None:
+        self.joined: list = []
+
+    def run(self, c, steps):
+        from gyre.handles import all_of
+
+        e1, e2, e3 = yield all_of([c.start_engine((g,)) for g in (1, 2, 3)])
+        for _ in range(steps):
+            groups = [c.next_group() for _ in range(c.groups_per_step)]
+            first = [c.admit(x, e3) for x in groups[0].executions]
+            step = c.open_step((0,), groups)
+            yield all_of(first)
+            yield c.stop_engine(e3)
+            self.joined.append(c.join_step((3,)))
+            rest = [x for g in groups[1:] for x in g.executions]
+            for i, x in enumerate(rest):
+                c.admit(x, (e1, e2)[i % 2])
+            yield step
+            e3 = yield c.start_engine((3,))
+            yield c.sync([e1, e2])
+
+
+def test_a_streaming_policy_runs_end_to_end_with_bursts(pool, tmp_path):
+    """A streaming policy on Ray (a core opened before any group finished, a satellite joining mid-step) with mu = 2:
+    every execution rolled out, trained once as one micro-step; engines receive only version 2 (the burst's
+    end), so step 2's executions train one version behind; summary.csv reports mu."""
+    from gyre.real.runner import run_real, write_outputs
+
+    cfg = dataclasses.replace(CFG, cluster=dataclasses.replace(CFG.cluster, estimate="none", steps_per_burst=2,
+                                                               groups_per_step=3))
+    policy = StreamingPolicy()
+    r = run_real(cfg, policy, pool=pool, steps=2)
+    log = r.log
+    finished = Counter(x[2] for x in log if x[0] == "finish")
+    trained = Counter(x[2] for x in log if x[0] == "trained")
+    micro = Counter(x[3] for x in log if x[0] == "micro")
+    assert set(finished) == set(trained) == set(micro) and len(finished) == 2 * 3 * CFG.cluster.group_size, \
+        f"executions finished {len(finished)}, trained {len(trained)}, micro-stepped {len(micro)}"
+    assert max(trained.values()) == max(micro.values()) == 1, "an execution trained twice"
+    assert [x[2] for x in log if x[0] == "step"] == [1, 2], "versions made"
+    joins = [x for x in log if x[0] == "cell_join"]
+    assert [j[3] for j in joins].count((3,)) + sum(1 for h in policy.joined if h.value is False) == 2, \
+        f"GPU 3 joined {joins}"
+    assert {x[3] for x in log if x[0] == "sync"} == {2}, "engines got a version other than the burst's end"
+    lags = {v: sorted({x[5] for x in log if x[0] == "trained" and x[4] == v}) for v in (0, 1)}
+    assert lags == {0: [0], 1: [1]}, f"with mu = 2 both steps roll out on version 0: staleness by step {lags}"
+    assert int(r.metrics.summary()["staleness_max"]) == 1, "summary staleness"
+    end = {x[2]: x[1] for x in log if x[0] == "finish"}
+    last = {v: max(end[x[2]] for x in log if x[0] == "trained" and x[4] == v) for v in (0, 1)}
+    early = [j for j in joins if j[3] == (3,) and j[1] < last[j[2]]]
+    assert early, f"GPU 3 never joined while executions still rolled out: joins {joins}, last finishes {last}"
+    write_outputs(tmp_path, [r])
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert list(summary["steps_per_burst"]) == [2], f"summary.csv: {summary.columns.tolist()}"
+
+
+@pytest.mark.parametrize("table,field", [("steps_per_burst = 0", "steps_per_burst"),
+                                         ("cell_gpus = 3", "cell_gpus"),
+                                         ("standalone_gpus = 1\ncell_gpus = 2", "cell_gpus")])
+def test_a_bad_burst_or_cell_setting_is_one_line(tmp_path, table, field):
+    """mu < 1, or a cell size that does not divide the GPUs left after the standalone pool: one line naming the
+    field, exit 2, before any actor starts."""
+    from typer.testing import CliRunner
+
+    from gyre.real.cli import app
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'preset = "tiny-test"\n[cluster]\n{table}\n')
+    res = CliRunner().invoke(app, ["run", "--policy", "async", "--config", str(cfg), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2, res.output
+    lines = [x for x in res.output.strip().splitlines() if x.strip()]
+    assert len(lines) == 1 and field in lines[0] and "Traceback" not in res.output, res.output
