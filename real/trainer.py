@@ -194,11 +194,11 @@ class Trainer(CellWorker):
 
     # --- training ---
     def train(self, batch: list[tuple[object, np.ndarray]], dp: dict | None = None, state: dict | None = None,
-              save_to: str | None = None, epochs: int | None = None) -> dict:
+              save_to: str | None = None, n_epochs: int | None = None) -> dict:
         """One step on [(preorder of a group's tree, advantages per execution)]; returns stats.
 
         `dp`: this rank's spec of the step's group (None: the whole batch here); `state`: the state of record
-        to load first (this worker missed steps); `save_to`: checkpoint path written after the step; `epochs`:
+        to load first (this worker missed steps); `save_to`: checkpoint path written after the step; `n_epochs`:
         optimizer steps (None: the config's; 1 replays a streaming step, gyre.real.cell_worker)."""
         t0 = time.perf_counter()
         if state is not None:
@@ -210,7 +210,7 @@ class Trainer(CellWorker):
         params = list(self.model.parameters())
         mismatch = torch.zeros(2, device=self.device)
         ref, epochs, drift = None, 0, 0.0
-        for epoch in range(self.cfg.epochs if epochs is None else epochs):
+        for epoch in range(self.cfg.epochs if n_epochs is None else n_epochs):
             logps: list[torch.Tensor] | None = [] if self.cfg.max_drift > 0 else None
             loss = self._backward(packs, pg, mismatch if epoch == 0 else None, logps, pad=packed.packs[0])
             if epoch == 0:
