@@ -7,7 +7,8 @@ run tool calls (gyre.real.tools) and score finished groups (gyre.real.verify), t
 publish weights (gyre.real.trainer).
 
 What is shared with the simulator (observations, preconditions, booking) is gyre.backend.ClusterBase.
-The data-parallel training step is gyre.real.train_step, weight publishing gyre.real.weights, and how
+The data-parallel training step is gyre.real.train_step, the streaming step on cells gyre.real.streaming (its
+workers' side gyre.real.cell_worker), weight publishing gyre.real.weights, and how
 executions flow through engines, migrations and engine faults gyre.real.flow (mixins of this class): no
 execution is ever aborted or restarted.
 

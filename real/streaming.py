@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from gyre.cluster import ClusterError, Role
+from gyre.cluster import ClusterError, Group, Role
 from gyre.gpu_roles import TRAINER
 from gyre.handles import Handle
 from gyre.trajectory import AdvantageConfig, group_advantages
@@ -95,7 +95,7 @@ class RealStep:
         return self._version
 
     @property
-    def groups(self) -> list:
+    def groups(self) -> Sequence[Group]:
         return self._groups
 
     @property

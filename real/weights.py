@@ -1,4 +1,5 @@
-"""Weight publishing on the real backend: how engines get the latest policy version.
+"""Weight publishing on the real backend: how engines get the latest published policy version (with bursts,
+`steps_per_burst` = mu, the last multiple of mu; the trainer may be up to mu - 1 versions ahead).
 
 `RealClusterConfig.weight_sync` chooses the route. "object_store": each version is one Ray object
 reference, the worker of record's snapshot, made once per version, that engines load in their `wake` or

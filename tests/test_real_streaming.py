@@ -16,12 +16,14 @@ ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 
 sys.path.insert(0, str(Path(__file__).parent))  # the random tree generator lives beside this file
+from test_contracts import static_problems, value_problems  # noqa: E402
 from test_trajectory_pack import random_group  # noqa: E402
 
-from gyre.cluster import Phase  # noqa: E402
+from gyre.cluster import Phase, StepView  # noqa: E402
 from gyre.real import task as T  # noqa: E402
 from gyre.real.backend import RealCluster  # noqa: E402
 from gyre.real.config import preset_tiny_test  # noqa: E402
+from gyre.real.streaming import RealStep  # noqa: E402
 from gyre.real.trainer import Trainer  # noqa: E402
 from gyre.trajectory import AdvantageConfig, group_advantages, score_group  # noqa: E402
 from gyre.trajectory.torch_ops import LossConfig, branches_of, naive_loss  # noqa: E402
@@ -46,6 +48,7 @@ class Scripted:
         for g, (rec, _) in zip(self.groups, self.recs):
             g.env.recorder = rec
         h = c.open_step(self.core, self.groups)
+        self.view = c.training
         t = 0.0
         for at, what, arg in self.plan:
             if at > t:
@@ -179,6 +182,10 @@ def test_streaming_step_on_elastic_cells_equals_the_whole_batch_at_once(pool, se
     c, weights = run_scripted(pool, policy)
     assert policy.version == 1, f"the step made version {policy.version}"
     assert all(h.done for h in policy.joins + policy.leaves), "a join or a leave never completed"
+    bad = static_problems(RealStep, StepView, policy.view) + value_problems(policy.view, StepView)
+    assert not bad and isinstance(policy.view, StepView), "\n".join(bad)
+    view = policy.view
+    assert (view.done, view.n_untrained, view.n_queued, view.version) == (True, 0, 0, 0), "the step's view at its end"
     check_micro_log(c, policy)
     assert len(c.free_gpus()) == 4, f"GPUs still held after the step: free {c.free_gpus()}"
     trained_on = {r[5] for r in c.log if r[0] == "micro"}
