@@ -209,6 +209,8 @@ class RealStep:
             self._free(cell)
             if cell.join is not None:
                 c._deferred.append((cell.join, False))
+            if cell.leave is not None:
+                c._deferred.append((cell.leave, None))
             return
         cell.ready = True
         c._log(("cell_join", c.now, self._version, cell.gpus))
