@@ -5,8 +5,8 @@ work runs on trainer workers (gyre.real.cell_worker) and takes the time it takes
 
 Micro-steps. A group of the batch becomes trainable once it has finished and its scores are back (the rewards
 are computed off the driver, gyre.real.verify; its group-relative advantages need every score): one micro-step
-per execution, in id order, its part of the group's tree (gyre.trajectory.Preorder.of_execution), queued in the
-order the groups were scored. Each cell trains one micro-step at a time and takes the queue's head as it frees
+per execution, its part of the group's tree (gyre.trajectory.Preorder.of_execution), in the recorder's order
+(RealGroup.recorded_ids: the order the episodes started), queued in the order the groups were scored. Each cell trains one micro-step at a time and takes the queue's head as it frees
 up, cells in join order (the core first).
 
 A cell's life. A cell is the trainer workers of its GPUs. Open (the core) or join (a satellite): its GPUs switch
@@ -124,7 +124,7 @@ class RealStep:
         pre = group.env.recorder.tree.preorder()
         self._trees[group.id] = (pre, adv)
         self._rewards[group.id] = [o.reward for o in outs]
-        self.queue.extend((ex.id, pre.of_execution(i), float(adv[i])) for i, ex in enumerate(group.executions))
+        self.queue.extend((x, pre.of_execution(i), float(adv[i])) for i, x in enumerate(group.recorded_ids()))
         self._dispatch()
 
     def _take_snapshot(self) -> None:

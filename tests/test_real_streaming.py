@@ -271,6 +271,14 @@ def test_a_streaming_policy_runs_end_to_end_with_bursts(pool, tmp_path):
     assert set(finished) == set(trained) == set(micro) and len(finished) == 2 * 3 * CFG.cluster.group_size, \
         f"executions finished {len(finished)}, trained {len(trained)}, micro-stepped {len(micro)}"
     assert max(trained.values()) == max(micro.values()) == 1, "an execution trained twice"
+    pairs = []  # (execution, tokens its micro-step trains, tokens it generated), for single-context executions
+    for g in r.cluster.groups.values():
+        pre = g.env.recorder.tree.preorder()
+        for i, x in enumerate(g.recorded_ids()):
+            ex = next(e for e in g.executions if e.id == x)
+            if not ex.branch_marks:
+                pairs.append((x, int(pre.of_execution(i).trained.sum()), ex.generated))
+    assert pairs and all(a == b for _, a, b in pairs), f"micro-steps train other executions' tokens: {pairs}"
     assert [x[2] for x in log if x[0] == "step"] == [1, 2], "versions made"
     joins = [x for x in log if x[0] == "cell_join"]
     assert [j[3] for j in joins].count((3,)) + sum(1 for h in policy.joined if h.value is False) == 2, \
