@@ -358,3 +358,20 @@ def test_the_core_lost_mid_step_rebuilds_the_state_of_record_and_trains_again(po
     check_micro_log(c, p1)
     check_micro_log(c, p2)
     check_update(c, weights, [recs1, recs2], rel=1e-3)
+
+
+def test_a_groups_recorded_executions_are_its_episodes_in_start_order():
+    """The recorder numbers executions as episodes start: started in reverse, the recorder's i-th execution is the
+    i-th started (what a micro-step is attributed to); never started, episode order."""
+    from gyre.real.execution import RealGroup
+    from gyre.real.task_api import load_task
+
+    cfg = CFG.cluster
+    task = load_task(cfg.task_class, cfg.task, cfg.seed, check=False)
+    grp = RealGroup(0, 0, task.new_group(0, cfg.group_size), 10)
+    assert grp.recorded_ids() == [], "no execution recorded before any start"
+    for ex in reversed(grp.executions):
+        ex.start(0.0)
+    want = [ex.id for ex in reversed(grp.executions)]
+    assert grp.recorded_ids() == want, f"recorded {grp.recorded_ids()}, started {want}"
+    assert [e.id for e in grp.env.recorder.executions] == list(range(cfg.group_size)), "recorder numbering"
