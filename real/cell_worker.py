@@ -34,7 +34,8 @@ from gyre.trajectory import PackConfig, build_packs
 
 
 class CellWorker:
-    """Mixin of gyre.real.trainer.Trainer (uses its model, opt, cfg, device, dp, version, _backward, _publish)."""
+    """Mixin of gyre.real.trainer.Trainer (uses its model, opt, cfg, device, dp, version, _backward, _share,
+    _publish, _set_state, save)."""
 
     @ray.method(concurrency_group="sync", num_returns=2)
     def snapshot(self) -> tuple[dict[str, torch.Tensor], int]:
@@ -58,8 +59,6 @@ class CellWorker:
         """Add this rank's share of one micro-step's gradient (see the module docstring for its scale); returns
         {rows, tokens, loss, mismatch: [sum |log-ratio|, rows]} of this rank's share (rows, tokens: the whole
         micro-step's)."""
-        from gyre.real.trainer import shard_packs
-
         mismatch = torch.zeros(2, device=self.device)
         if tree.size == 0:  # an execution without a branch: nothing to train
             return {"rows": 0, "tokens": 0, "loss": 0.0, "mismatch": [0.0, 0.0]}
@@ -67,7 +66,7 @@ class CellWorker:
                                                                 normalization=self.cfg.normalization))
         rows = packed.stats.loss_rows
         scale = float(rows) if self.cfg.normalization == "token" else 1.0
-        mine = [packed.packs[i] for i in shard_packs([p.size for p in packed.packs], size)[rank]]
+        mine = self._share(packed.packs, rank, size)
         loss = self._backward(mine, None, mismatch, accumulate=True, scale=scale) if mine else torch.zeros(1)
         return {"rows": rows, "tokens": packed.stats.packed_tokens, "loss": float(loss),
                 "mismatch": [float(mismatch[0]), float(mismatch[1])]}

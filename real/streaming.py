@@ -1,7 +1,7 @@
 """A streaming training step on Ray: the real backend's StepView (gyre.cluster.StepView), the driver's side.
 
-The semantics and the log records are the simulator's (gyre.sim.cluster.streaming); what differs is that the
-work runs on trainer workers (gyre.real.cell_worker) and takes the time it takes.
+The semantics and the log records are the simulator's (its streaming step, docs/cluster-interface.md); what
+differs is that the work runs on trainer workers (gyre.real.cell_worker) and takes the time it takes.
 
 Micro-steps. A group of the batch becomes trainable once it has finished and its scores are back (the rewards
 are computed off the driver, gyre.real.verify; its group-relative advantages need every score): one micro-step

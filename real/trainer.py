@@ -256,8 +256,13 @@ class Trainer(CellWorker):
                                                       normalization=self.cfg.normalization))
         if dp is None or dp["size"] == 1:
             return packed, packed.packs, None
-        mine = shard_packs([p.size for p in packed.packs], dp["size"])[dp["rank"]]
-        return packed, [packed.packs[i] for i in mine], self._fsdp_pg if self._group else self.dp.group(dp)
+        mine = self._share(packed.packs, dp["rank"], dp["size"])
+        return packed, mine, self._fsdp_pg if self._group else self.dp.group(dp)
+
+    @staticmethod
+    def _share(packs: list, rank: int, size: int) -> list:
+        """The packs rank `rank` of `size` trains (shard_packs)."""
+        return [packs[i] for i in shard_packs([p.size for p in packs], size)[rank]]
 
     def _drift(self, ref: list[torch.Tensor], cur: list[torch.Tensor], pg) -> float:
         """Mean |log p now - log p at the step's start| over the batch's trained tokens (summed over `pg`)."""
