@@ -174,9 +174,11 @@ def test_streaming_step_on_elastic_cells_equals_the_whole_batch_at_once(pool, se
     recs = random_recs(rng, n_groups)
     cells = [(g,) for g in rng.permutation(4)[:n_cells].tolist()]
     plan = [(float(rng.uniform(0, 0.3)), "finish", i) for i in rng.permutation(n_groups).tolist()]
-    plan += [(0.0 if n_cells == 4 else float(rng.uniform(0, 0.3)), "join", cell) for cell in cells[1:]]
+    last = max(p[0] for p in plan)  # the step stays open until the last group's micro-steps are trained
+    plan += [(0.0 if n_cells == 4 else float(rng.uniform(0, last)), "join", cell) for cell in cells[1:]]
     if n_cells > 2:
-        plan.append((float(rng.uniform(0.1, 0.4)), "leave", cells[-1]))
+        joined = next(p[0] for p in plan if p[1] == "join" and p[2] == cells[-1])
+        plan.append((float(rng.uniform(joined, last)), "leave", cells[-1]))
     plan.sort(key=lambda p: p[0])
     policy = Scripted(cells[0], recs, plan)
     c, weights = run_scripted(pool, policy)
