@@ -7,7 +7,8 @@ run tool calls (gyre.real.tools) and score finished groups (gyre.real.verify), t
 publish weights (gyre.real.trainer).
 
 What is shared with the simulator (observations, preconditions, booking) is gyre.backend.ClusterBase.
-The data-parallel training step is gyre.real.train_step, weight publishing gyre.real.weights, and how
+The data-parallel training step is gyre.real.train_step, the streaming step on cells gyre.real.streaming (its
+workers' side gyre.real.cell_worker), weight publishing gyre.real.weights, and how
 executions flow through engines, migrations and engine faults gyre.real.flow (mixins of this class): no
 execution is ever aborted or restarted.
 
@@ -45,6 +46,7 @@ from gyre.real.profile import cluster_estimate
 from gyre.real.task_api import load_task
 from gyre.real.tools import ToolService
 from gyre.real.verify import Verifier
+from gyre.real.streaming import RealStep
 from gyre.real.train_step import TrainSteps
 from gyre.real.weights import WeightPublisher
 from gyre.trajectory import AdvantageConfig, group_advantages
@@ -55,7 +57,9 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self.pool = pool
         self.cfg = config
         self.init_books(pool.cfg.n_gpus, gpus_per_engine=pool.cfg.gpus_per_engine,
-                        min_train_gpus=config.min_train_gpus, groups_per_step=config.groups_per_step)
+                        min_train_gpus=config.min_train_gpus, groups_per_step=config.groups_per_step,
+                        cell_gpus=config.cell_gpus, standalone_gpus=config.standalone_gpus,
+                        steps_per_burst=config.steps_per_burst)
         self.task = load_task(config.task_class, config.task, config.seed, check=False)
         self._pending: dict[Any, tuple[int, Callable[[Any, BaseException | None], None]]] = {}
         self._timers: list[tuple[float, int, Callable[[], None]]] = []
@@ -129,7 +133,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     def start_engine(self, gpus: Sequence[int]) -> Handle:
         gpus, eid = self._check_start(gpus)
-        v = self._version
+        v = self._published
         limit = admission_limit(self.cfg.kv_capacity, self.task.max_context, self.cfg.admission_fill)
         eng = RealEngine(eid, gpus, self.pool.engine(gpus), v, self.cfg.kv_capacity, limit)
         self._place_engine(eng)
@@ -153,8 +157,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     def _restart_start(self, eng: RealEngine, up) -> None:
         eng.actor = self.pool.respawn(eng.gpus)
-        eng.serve(self._version)
-        self._wake(eng, self._version, up)
+        eng.serve(self._published)
+        self._wake(eng, self._published, up)
 
     def _stop_after_restart(self, eng: RealEngine, h: Handle) -> None:
         eng.stop_after_restart = h
@@ -194,6 +198,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     def train(self, gpus: Sequence[int], groups: Sequence[RealGroup]) -> Handle:
         gpus = self._check_train(gpus, groups)
+        if self._step is not None:
+            raise ClusterError(f"train: the streaming step training version {self._step.version} is still open")
         v = self._version
         self._book_trained(groups, v)
         self._hold_for_training(gpus)
@@ -214,9 +220,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
             def end(stats) -> None:
                 self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
                 self._step_done(gpus, stats["tokens"])
-                for e in self._engines.values():  # they load this version before they are ready again
-                    if e.state is RESTARTING:
-                        e.serve(self._version)
+                self._serve_restarting()
                 self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
                                                        "groups_with_signal": signal, "version": self._version}))
                 self._deferred.append((h, self._version))
@@ -225,6 +229,31 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
         self.verifier.when(groups, scored)
         return h
+
+    def _serve_restarting(self) -> None:
+        """A step ended: restarting engines load the latest published version before they are ready again."""
+        for e in self._engines.values():
+            if e.state is RESTARTING:
+                e.serve(self._published)
+
+    def open_step(self, gpus: Sequence[int], groups: Sequence[RealGroup]) -> Handle:
+        """A streaming step on `gpus` (the core cell) for `groups`, finished or not (gyre.real.streaming)."""
+        gpus = self._check_open(gpus, groups)
+        if self._steps:
+            raise ClusterError(f"open_step: the train step making version {self._tv - self.base_version + 1} "
+                               f"is still running")
+        if self.pool.cfg.trainer_config.sharding != "dp":
+            raise ClusterError(f"open_step: streaming steps train replicas (trainer sharding 'dp'), not "
+                               f"{self.pool.cfg.trainer_config.sharding!r}")
+        h = Handle(f"step{self._version}")
+        self._step = RealStep(self, gpus, groups, h)
+        return h
+
+    def join_step(self, gpus: Sequence[int]) -> Handle:
+        return self._step.join(self._check_join(gpus))
+
+    def leave_step(self, gpus: Sequence[int]) -> Handle:
+        return self._step.leave(self._check_leave(gpus))
 
     def _sync_now(self, todo: list[RealEngine], v: int, h: Handle) -> Handle:
         t0, left = self.now, [len(todo)]
@@ -265,7 +294,9 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
     # ------------------------------------------------------------------ fault injection
     def step_in_flight(self) -> tuple[int, ...]:
-        """The GPUs of the training step running now (empty: none)."""
+        """The GPUs of the training step running now (empty: none); a streaming step's: its cells'."""
+        if self._step is not None:
+            return self._step.gpus()
         return self._steps[0][0] if self._stepping else ()
 
     def worker_of_record(self) -> int | None:

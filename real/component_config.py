@@ -141,8 +141,20 @@ class RealClusterConfig:
     # "none": no estimate (a policy that reads one stops with one line)
     estimate: str = "profile"
     admission_fill: float = 1.0  # share of KV the admission limit commits (gyre.hardware.admission_limit)
+    steps_per_burst: int = 1  # mu: training steps per weight publication (engines serve every mu-th version)
+    # streaming steps (gyre.cluster.StepView): GPUs in one training cell (0: min_train_gpus), and the standalone
+    # rollout pool's GPUs (the last ones, never training); checked against the pool by gyre.real.config
+    cell_gpus: int = 0
+    standalone_gpus: int = 0
 
     def __post_init__(self) -> None:
+        for name, least in (("steps_per_burst", 1), ("cell_gpus", 0), ("standalone_gpus", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ValueError(f"RealClusterConfig.{name} must be an integer >= {least}, got {v!r}")
+        if self.cell_gpus and self.cell_gpus < self.min_train_gpus:
+            raise ValueError(f"RealClusterConfig.cell_gpus={self.cell_gpus} cannot hold the core's training state "
+                             f"(min_train_gpus={self.min_train_gpus})")
         if self.checkpoint_every is not None and self.checkpoint_every < 0:
             raise ValueError(f"RealClusterConfig.checkpoint_every must be >= 0, got {self.checkpoint_every}")
         parse_faults(self.faults)  # a bad spec is a one-line ValueError

@@ -33,6 +33,18 @@ class RealRunConfig:
     steps: int = 30
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """The training cells against the pool: the standalone pool holds whole engines, and the cell size divides
+        the GPUs left after it (checked only when either is set, as the simulator's gyre.config does)."""
+        c, n, k = self.cluster, self.pool.n_gpus, self.pool.gpus_per_engine
+        if c.standalone_gpus % k or c.standalone_gpus >= n:
+            raise ValueError(f"RealClusterConfig.standalone_gpus={c.standalone_gpus} must be a multiple of the "
+                             f"engine's {k} GPUs and leave GPUs to train (pool.n_gpus={n})")
+        cell, rest = c.cell_gpus or c.min_train_gpus, n - c.standalone_gpus
+        if (c.cell_gpus or c.standalone_gpus) and (rest < cell or rest % cell):
+            raise ValueError(f"RealClusterConfig.cell_gpus={cell} must divide the {rest} GPUs left after the "
+                             f"standalone pool (pool.n_gpus={n}, cluster.standalone_gpus={c.standalone_gpus})")
+
 
 # calibration files (gyre.estimate) measured on a development machine: examples of [cluster] estimate = <file>;
 # the presets profile their own hardware at start-up instead (gyre.real.profile)

@@ -31,6 +31,15 @@ class RealGroup(BookedGroup):
         self.env = env  # the task's group (gyre.real.task_api.TaskGroup)
         self.prompt_tokens = len(env.prompt)
         self.executions = [RealExecution(first_exec_id + i, self, ep) for i, ep in enumerate(env.episodes)]
+        self.start_order: list[int] = []  # execution ids in the order their episodes started
+
+    def recorded_ids(self) -> list[int]:
+        """The execution id of each of the recorder's executions, in its order: an episode opens its execution in
+        the recorder when it starts (both built-in tasks do), so the i-th one is the i-th started; a task that
+        records otherwise is taken in episode order."""
+        n = len(self.env.recorder.executions)
+        order = self.start_order if len(self.start_order) == n else [x.id for x in self.executions]
+        return order[:n]
 
 
 class RealExecution(BookedExecution):
@@ -87,6 +96,7 @@ class RealExecution(BookedExecution):
     # --- the episode's requests ---
     def start(self, now: float):
         self.started_at = now
+        self.group.start_order.append(self.id)
         return self._request(self.episode.start(now))
 
     def on_generated(self, tokens: list[int], logprobs: list[float], version: int, now: float):

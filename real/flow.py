@@ -8,7 +8,7 @@ its context), or, when the engine actor died, move it to another engine from its
 same GPUs. Handle completions are only queued here (`_deferred`); the run loop releases them.
 
 `ExecutionFlow` is a mixin of gyre.real.backend.RealCluster and uses its bookkeeping (`_engines`, `_log`,
-`_submit`, `_busy`, `_wake`, `_publish`, `_version`, `pool`, `profile`, `cfg`).
+`_submit`, `_busy`, `_wake`, `_publish`, `_published`, `pool`, `profile`, `cfg`).
 
 A replacement engine is ready only once it serves the latest version: a step that ended during its restart is
 loaded first (docs/real.md, Faults).
@@ -174,7 +174,7 @@ class ExecutionFlow:
     def _on_engine_dead(self, eng: RealEngine, actor) -> None:
         if eng.actor is not actor or eng.state is not READY:
             return  # already handled
-        eng.transition(RESTARTING, self._version)  # it comes back serving at least this version (_on_respawned)
+        eng.transition(RESTARTING, self._published)  # it comes back serving at least this version (_on_respawned)
         eng.fault_t = self.now
         others = [e for e in self._engines.values() if e.ready and e is not eng]
         self._log(("note", self.now, "engine_fault", {"engine": eng.id, "executions": sorted(eng.members),
@@ -210,7 +210,7 @@ class ExecutionFlow:
     def _respawn_engine(self, eng: RealEngine) -> None:
         """A fresh actor on the dead one's GPUs, woken with the latest weights."""
         eng.actor = self.pool.respawn(eng.gpus)
-        v, actor = self._version, eng.actor
+        v, actor = self._published, eng.actor
         self._wake(eng, v, lambda dt, err: self._on_respawned(eng, actor, v, err))
 
     def _resume_lost(self, eng: RealEngine) -> None:
@@ -233,8 +233,8 @@ class ExecutionFlow:
             raise ClusterError(f"engine {eng.id}: replacement actor failed to start: {err}")
         if eng.actor is not actor:
             return
-        if version < self._version and eng.stop_after_restart is None:
-            v = self._version
+        if version < self._published and eng.stop_after_restart is None:
+            v = self._published
 
             def loaded(_dt, err2) -> None:
                 if err2 is None:

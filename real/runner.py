@@ -124,6 +124,7 @@ def run_real(cfg: RealRunConfig, policy: str | Any, *, pool: ActorPool | None = 
         export_run(cluster, Path(out) / "model" / name)
     metrics = compute_metrics(cluster.log, n_gpus=cfg.pool.n_gpus, policy=name)
     metrics.extra.update(scheduler_cuts((x for g in cluster.groups.values() for x in g.executions), profile))
+    metrics.extra["steps_per_burst"] = cfg.cluster.steps_per_burst  # mu: engines served every mu-th version
     return RealResult(name, cfg, cluster.log, metrics, profile, wall, cluster)
 
 

@@ -46,7 +46,8 @@ class TrainSteps:
         self._store_pending = False  # trainer worker 0 (the collective store) is being replaced
         self._ckpt_path, self._ckpt_every = checkpoint, every
         self._ckpt_version: int | None = base if base > 0 else None  # the checkpoint's version (None: none)
-        self._batches: dict[int, Any] = {}  # version -> the batch that made it, since the checkpoint
+        # version -> (the batch that made it, its epochs: None the config's, 1 a streaming step), since the checkpoint
+        self._batches: dict[int, tuple[Any, int | None]] = {}
         self._lost_at, self._lost_gpu = 0.0, 0
         self._trainer_faults = 0  # trainer workers lost so far
         self._rebuilt: Callable[[], None] | None = None  # to run once the state of record is rebuilt
@@ -83,12 +84,15 @@ class TrainSteps:
         self._submit(actor.get_state.remote(), go)
 
     def _launch_step(self, gpus, batch, state, stale: set[int]) -> None:
-        trainers = self.pool.trainers
-        members = tuple(f"t{g}" for g in gpus)
-        specs = self.pool.book.specs(members, "dp") if len(gpus) > 1 else [None]
         v = self._tv + 1
         every = self._ckpt_every
         save = self._ckpt_path if self._ckpt_path and every and (v - self.base_version) % every == 0 else None
+        if hasattr(batch, "launch"):  # a streaming step's end (gyre.real.streaming): the reduction into the core
+            batch.launch(state, stale, save)
+            return
+        trainers = self.pool.trainers
+        members = tuple(f"t{g}" for g in gpus)
+        specs = self.pool.book.specs(members, "dp") if len(gpus) > 1 else [None]
         left, ok, errors, died = [len(gpus)], {}, [], []
         faults_before = self._trainer_faults
 
@@ -130,7 +134,7 @@ class TrainSteps:
                 self._shard_of[g] = ok[rank].get("shard_of") if rank in ok else None
             if errors and len(gpus) > 1:  # the ranks left out re-form with the others: a fresh group
                 self.pool.book.broken("dp", tuple(f"t{g}" for g in gpus))
-            self._batches[self._tv] = batch
+            self._batches[self._tv] = (batch, None)
             if save and 0 in ok:
                 self._ckpt_version = self._tv
                 self._batches = {v: b for v, b in self._batches.items() if v > self._tv}
@@ -149,6 +153,29 @@ class TrainSteps:
             self._lose_record(self._record)
         self._log(("note", self.now, "step_retry", {"version": self._tv + 1, "gpus": list(gpus), "errors": errors}))
         self._next_step()
+
+    def _stream_ended(self, core: tuple[int, ...], stats: dict, save: str | None, batch) -> None:
+        """A streaming step's core stepped (gyre.real.streaming): its workers hold the new state of record; its
+        batch replays as one optimizer step."""
+        self._stepping = False
+        self._tv, self._record = stats["version"], core[0]
+        for g in core:
+            self._held[g], self._shard_of[g] = self._tv, None
+        self._batches[self._tv] = (batch, 1)
+        if save:
+            self._ckpt_version = self._tv
+            self._batches = {v: b for v, b in self._batches.items() if v > self._tv}
+        self._stepping = True  # until its snapshot exists
+        self._publish_step(stats)
+
+    def _when_record(self, fn: Callable[[], None]) -> None:
+        """Call `fn` once a worker holds the state of record (now, or once it is rebuilt: checkpoint and replay)."""
+        if self._record is not None and not self._recovering and not self._store_pending:
+            fn()
+            return
+        if self._record is None and not self._recovering and not self._store_pending and not self._stepping:
+            self._recover()
+        self._call_after(0.05, lambda: self._when_record(fn))
 
     def _publish_step(self, stats: dict) -> None:
         """Make the new version's snapshot (an object the driver owns, so it outlives the worker), then book
@@ -169,7 +196,8 @@ class TrainSteps:
                 return
             if err is not None:
                 raise ClusterError(f"train: the snapshot of version {self._tv} could not be made: {err}")
-            self._weights = ref
+            if (self._tv - self.base_version) % self.steps_per_burst == 0:  # a burst's last step: engines may load it
+                self._weights = ref
             self._stepping = False
             _, _, end = self._steps.popleft()
             end(stats)
@@ -208,6 +236,8 @@ class TrainSteps:
             self._submit(self.pool.serve_store(), served)
         if gpu == self._record:
             self._lose_record(gpu)
+        if self._step is not None:  # a cell of the open streaming step loses what it accumulated
+            self._step.worker_lost(gpu)
         self._next_step()
 
     def _lose_record(self, gpu: int) -> None:
@@ -242,7 +272,7 @@ class TrainSteps:
                 raise ClusterError(f"trainer: checkpoint {self._ckpt_path} holds version {start}, the run's state "
                                    f"of record is {self._tv}")
             replay = [self._batches[v] for v in range(start + 1, self._tv + 1)]
-            refs = [actor.train.remote(b, None, None, None) for b in replay] or [actor.ping.remote()]
+            refs = [actor.train.remote(b, None, None, None, e) for b, e in replay] or [actor.ping.remote()]
             left = [len(refs)]
 
             def replayed(_v, err2) -> None:

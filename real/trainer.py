@@ -47,6 +47,7 @@ from gyre.real.nn.hf_causal import build_model, model_identity
 from gyre.real.nn.hf_llama import config_mismatch, load_hf_llama
 from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real import collective as C
+from gyre.real.cell_worker import CellWorker
 from gyre.real.checkpoint import CheckpointError, read_checkpoint  # noqa: F401 (CheckpointError: re-exported)
 from gyre.real.component_config import TrainerConfig
 from gyre.real.fsdp import gather_state, local_numel, shard_model, shard_state, whole
@@ -70,7 +71,7 @@ def shard_packs(sizes: list[int], n: int) -> list[list[int]]:
     return [sorted(s) for s in out]
 
 
-class Trainer:
+class Trainer(CellWorker):
     def __init__(self, model_config: ModelSource, config: TrainerConfig | None = None, seed: int = 0,
                  init_checkpoint: str = "", serve_dtype: str = "float32") -> None:
         self.cfg = config or TrainerConfig()
@@ -193,11 +194,12 @@ class Trainer:
 
     # --- training ---
     def train(self, batch: list[tuple[object, np.ndarray]], dp: dict | None = None, state: dict | None = None,
-              save_to: str | None = None) -> dict:
+              save_to: str | None = None, n_epochs: int | None = None) -> dict:
         """One step on [(preorder of a group's tree, advantages per execution)]; returns stats.
 
         `dp`: this rank's spec of the step's group (None: the whole batch here); `state`: the state of record
-        to load first (this worker missed steps); `save_to`: checkpoint path written after the step."""
+        to load first (this worker missed steps); `save_to`: checkpoint path written after the step; `n_epochs`:
+        optimizer steps (None: the config's; 1 replays a streaming step, gyre.real.cell_worker)."""
         t0 = time.perf_counter()
         if state is not None:
             self._set_state(state)
@@ -208,7 +210,7 @@ class Trainer:
         params = list(self.model.parameters())
         mismatch = torch.zeros(2, device=self.device)
         ref, epochs, drift = None, 0, 0.0
-        for epoch in range(self.cfg.epochs):
+        for epoch in range(self.cfg.epochs if n_epochs is None else n_epochs):
             logps: list[torch.Tensor] | None = [] if self.cfg.max_drift > 0 else None
             loss = self._backward(packs, pg, mismatch if epoch == 0 else None, logps, pad=packed.packs[0])
             if epoch == 0:
@@ -254,8 +256,13 @@ class Trainer:
                                                       normalization=self.cfg.normalization))
         if dp is None or dp["size"] == 1:
             return packed, packed.packs, None
-        mine = shard_packs([p.size for p in packed.packs], dp["size"])[dp["rank"]]
-        return packed, [packed.packs[i] for i in mine], self._fsdp_pg if self._group else self.dp.group(dp)
+        mine = self._share(packed.packs, dp["rank"], dp["size"])
+        return packed, mine, self._fsdp_pg if self._group else self.dp.group(dp)
+
+    @staticmethod
+    def _share(packs: list, rank: int, size: int) -> list:
+        """The packs rank `rank` of `size` trains (shard_packs)."""
+        return [packs[i] for i in shard_packs([p.size for p in packs], size)[rank]]
 
     def _drift(self, ref: list[torch.Tensor], cur: list[torch.Tensor], pg) -> float:
         """Mean |log p now - log p at the step's start| over the batch's trained tokens (summed over `pg`)."""
@@ -268,14 +275,15 @@ class Trainer:
         return float(acc[0] / acc[1]) if acc[1] > 0 else 0.0
 
     def _backward(self, packs: list, pg, mismatch: torch.Tensor | None = None, logps: list | None = None,
-                  pad=None) -> torch.Tensor:
+                  pad=None, accumulate: bool = False, scale: float = 1.0) -> torch.Tensor:
         """Gradient of the packs' loss into .grad, summed over `pg` (the batch's gradient); returns the loss.
         `mismatch` (zeros [2]): set to the batch's (sum |log-ratio to the sampler|, rows) (see pack_rows_loss);
         `logps`: gets this rank's per-pack log-probs of the trained tokens appended. Sharded, every rank runs
         as many micro-batches as the busiest (each pass is a collective): the missing ones are `pad` (any pack)
-        with zero weight."""
+        with zero weight. `accumulate`: add to .grad instead of replacing it; `scale`: the loss's factor."""
         self.model.train()
-        self.opt.zero_grad(set_to_none=True)
+        if not accumulate:
+            self.opt.zero_grad(set_to_none=True)
         cfg = LossConfig(clip_low=self.cfg.clip, clip_high=self.cfg.clip, logprob_chunk=self.cfg.logprob_chunk)
         loss = torch.zeros(1, device=self.device)
         bf16 = self.cfg.dtype == "bfloat16"
@@ -289,8 +297,8 @@ class Trainer:
                 part = micro_batch_loss(self.model, concat_packs(mb), cfg, use_flex=self.cfg.attention == "flex",
                                         device=self.device, mismatch=mismatch if weight else None,
                                         logps=logps if weight else None)
-            (part * weight).backward()
-            loss += weight * part.detach().float()
+            (part * (weight * scale)).backward()
+            loss += weight * scale * part.detach().float()
         for p in self.model.parameters():  # no trained rows here: a zero gradient to sum with the others'
             if p.grad is None:
                 p.grad = torch.zeros_like(p)

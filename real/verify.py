@@ -59,6 +59,7 @@ class Verifier:
             ray.cloudpickle.register_pickle_by_value(mod)  # a script or test module need not be importable on workers
         self.scores: dict[int, list[Score]] = {}  # group id -> its scores, once back
         self._waits: deque[tuple[list[int], Callable[[list[list[Score]]], None]]] = deque()
+        self._each: dict[int, Callable[[list[Score]], None]] = {}  # group id -> called once it alone is scored
 
     def start(self, grp) -> None:
         """Score `grp` (a gyre.real.execution.RealGroup whose executions all finished) on the tool service."""
@@ -71,14 +72,26 @@ class Verifier:
             self._log("score_error", {"group": grp.id, "task": grp.task_id, "message": out.message})
             rule = getattr(self.task, "score_failed", None)
             out = rule(grp.env, out.message) if rule is not None else zero_scores(grp.env)
-        self.scores[grp.id] = list(out)
         self._log("scored", {"group": grp.id, "rewards": [s.reward for s in out], "verify_s": self._now() - t0})
+        fn = self._each.pop(grp.id, None)
+        if fn is not None:
+            fn(list(out))
+            return
+        self.scores[grp.id] = list(out)
         self._release()
 
     def when(self, groups: Sequence, fn: Callable[[list[list[Score]]], None]) -> None:
         """Call `fn(scores of each group)` once every group is scored, after the waits asked before this one."""
         self._waits.append(([g.id for g in groups], fn))
         self._release()
+
+    def on_scored(self, group, fn: Callable[[list[Score]], None]) -> None:
+        """Call `fn(its scores)` once `group` is scored (now, if it is), whatever other groups wait for: a streaming
+        step (gyre.real.streaming) trains each group as it is ready."""
+        if group.id in self.scores:
+            fn(self.scores.pop(group.id))
+        else:
+            self._each[group.id] = fn
 
     def _release(self) -> None:
         while self._waits and all(g in self.scores for g in self._waits[0][0]):

@@ -1,4 +1,5 @@
-"""Weight publishing on the real backend: how engines get the latest policy version.
+"""Weight publishing on the real backend: how engines get the latest published policy version (with bursts,
+`steps_per_burst` = mu, the last multiple of mu; the trainer may be up to mu - 1 versions ahead).
 
 `RealClusterConfig.weight_sync` chooses the route. "object_store": each version is one Ray object
 reference, the worker of record's snapshot, made once per version, that engines load in their `wake` or
@@ -8,7 +9,7 @@ broadcast failed (a peer died), on NCCL for the engine sharing the sender's GPU,
 lost trainer worker is replaced (the driver keeps the latest version's object ref for that).
 
 `WeightPublisher` is a mixin of gyre.real.backend.RealCluster and uses its `pool`, `cfg`, `_submit`,
-`_log`, `_call_after`, `_engines`, `_version`, `_tv`, `_record` and `_store_pending`.
+`_log`, `_call_after`, `_engines`, `_published`, `_tv`, `base_version`, `_record` and `_store_pending`.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ class WeightPublisher:
 
     def _publish(self, engines: list[RealEngine], done_for: Callable[[RealEngine], Callable]) -> None:
         """Load the latest version into awake engines; `done_for(e)(seconds, error)` when each has it."""
-        pool, v = self.pool, self._version
-        if self.cfg.weight_sync == "object_store" or self._record is None or self._store_pending:
+        pool, v = self.pool, self._published
+        # a burst's published version may be older than the trainer's latest, which is all a worker broadcasts
+        if self.cfg.weight_sync == "object_store" or self._record is None or self._store_pending or \
+                self._tv - self.base_version != v:
             for e in engines:
                 self._submit(e.actor.load_weights.remote(self._weights_ref(), v), done_for(e))
             return
@@ -73,7 +76,7 @@ class WeightPublisher:
                     return
                 pool.book.broken("sync", members)  # a peer failed: this one takes the object store
                 self._log(("note", self.now, "weights_fallback", {"engine": e.id, "error": str(err)[:200]}))
-                self._submit(actor.load_weights.remote(self._weights_ref(), self._version), done_for(e))
+                self._submit(actor.load_weights.remote(self._weights_ref(), self._published), done_for(e))
             return cb
 
         self._submit(pool.trainers[src].send_weights.remote(specs[0], self._tv), sent)
@@ -93,7 +96,7 @@ class WeightPublisher:
 
             def resend(e=e, answered=answered, reply=reply) -> None:
                 if not answered[0] and self._engines.get(e.id) is e and e.ready:
-                    self._log(("note", self.now, "sync_resent", {"engine": e.id, "version": self._version}))
+                    self._log(("note", self.now, "sync_resent", {"engine": e.id, "version": self._published}))
                     self._publish([e], lambda _e: reply)
                     self._call_after(SYNC_TIMEOUT_S, resend)
                 elif not answered[0]:

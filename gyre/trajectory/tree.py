@@ -56,6 +56,28 @@ class Preorder:
         inside = (self.branch_leaf >= q) & (self.branch_leaf < self.leave[q])
         return np.unique(self.branch_execution[inside])
 
+    def of_execution(self, execution: int) -> Preorder:
+        """The tree of one execution's branches alone (a streaming step's micro-step), as execution 0.
+
+        Kept: the tokens on a path from a root to one of its branch leaves (k is kept iff one of them lies in
+        [k, leave[k])), an ancestor-closed set, so the kept tokens in this order are the sub-tree's preorder.
+        Its branches are the execution's, in branch order, so its loss rows are exactly the execution's rows
+        of the whole tree. Run starts: the kept ones (runs may now be split where a fork lost its other
+        children; a finer split is still unbranched, so the packer stays exact)."""
+        mine = self.branch_execution == execution
+        leaves = self.branch_leaf[mine]
+        srt = np.sort(leaves)
+        keep = np.searchsorted(srt, self.leave, "left") > np.searchsorted(srt, np.arange(self.size), "left")
+        new = np.cumsum(keep) - 1  # old index -> new index (of kept tokens)
+        below = np.concatenate([[0], np.cumsum(keep)])  # kept tokens before old index i
+        par = self.parent[keep]
+        return Preorder(
+            tokens=self.tokens[keep], depth=self.depth[keep], parent=np.where(par >= 0, new[par], -1),
+            leave=below[self.leave[keep]], trained=self.trained[keep], logprob=self.logprob[keep],
+            run_start=new[self.run_start[keep[self.run_start]]], branch_leaf=new[leaves],
+            branch_execution=np.zeros(leaves.shape[0], np.int64),
+        )
+
 
 class TokenTree:
     """Append-only token trie of one task; `append` returns the buffer index of the last token."""
