@@ -211,8 +211,6 @@ class ClusterBase:
         ids = [g.id for g in groups]
         if len(set(ids)) != len(ids):
             raise ClusterError(f"open_step: a group appears twice in the batch {ids}")
-        if len(ids) > self.groups_per_step:
-            raise ClusterError(f"open_step: {len(ids)} groups, more than groups_per_step={self.groups_per_step}")
         for g in groups:
             if self.groups.get(g.id) is not g:
                 raise ClusterError(f"open_step: group {g.id} is not a group of this run")

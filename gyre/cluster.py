@@ -123,7 +123,8 @@ class StepView(Protocol):
     satellites join with a pull of the core's weight snapshot and may leave between micro-steps. The step
     ends once every micro-step is trained and the cells' gradients are reduced into the core, which steps
     the optimizer: the version moves then. A batch may open with fewer than `groups_per_step` groups and
-    grow (`extend_step`) while it trains; the step ends only once its batch holds `groups_per_step`."""
+    grow (`extend_step`, up to `groups_per_step`) while it trains; the step ends only once its batch holds at
+    least `groups_per_step`."""
 
     @property
     def version(self) -> int: ...  # the weights it trains on; it produces version + 1

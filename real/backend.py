@@ -33,7 +33,7 @@ import ray
 
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.estimate import CostEstimate
-from gyre.handles import Handle, Process
+from gyre.handles import Handle, done_handle, Process
 from gyre.hardware import admission_limit
 from gyre.backend import ClusterBase
 from gyre.engine_lifecycle import READY, RESTARTING, STOPPING
@@ -248,6 +248,10 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         h = Handle(f"step{self._version}")
         self._step = RealStep(self, gpus, groups, h)
         return h
+
+    def extend_step(self, groups: Sequence[RealGroup]) -> Handle:
+        self._step.add(self._check_extend(groups))
+        return done_handle(None, "extend_step")
 
     def join_step(self, gpus: Sequence[int]) -> Handle:
         return self._step.join(self._check_join(gpus))

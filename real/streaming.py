@@ -82,12 +82,23 @@ class RealStep:
         self.ending = False  # reducing into the core: no join, no leave
         self._snapshot = None  # object ref of the core's weights of version _tv (read once the record is there)
         self._waiting: list[_Cell] = []  # cells waiting for the snapshot
+        self._gps = c.groups_per_step
         c._log(("step_open", c.now, self._version, core, len(self._groups)))
-        adv_cfg = AdvantageConfig(normalize_std=c.cfg.normalize_std)
-        for g in self._groups:
-            c.verifier.on_scored(g, lambda outs, g=g: self._scored(g, outs, adv_cfg))
+        self._watch(self._groups)
         c._when_record(self._take_snapshot)
         self._add(core, None)
+
+    def add(self, groups: list) -> None:
+        """More groups join the batch (extend_step); the step ends only once it holds groups_per_step."""
+        self._groups += groups
+        self._untrained += sum(len(g.executions) for g in groups)
+        self.c._log(("step_extend", self.c.now, self._version, tuple(g.id for g in groups)))
+        self._watch(groups)
+
+    def _watch(self, groups: list) -> None:
+        adv_cfg = AdvantageConfig(normalize_std=self.c.cfg.normalize_std)
+        for g in groups:
+            self.c.verifier.on_scored(g, lambda outs, g=g: self._scored(g, outs, adv_cfg))
 
     # ------------------------------------------------------------------ StepView
     @property
@@ -366,7 +377,8 @@ class RealStep:
 
     # ------------------------------------------------------------------ the end
     def _maybe_end(self) -> None:
-        if self.ending or self._untrained or self.sending or any(x.busy for x in self._cells):
+        if self.ending or self._untrained or self.sending or len(self._groups) < self._gps \
+                or any(x.busy for x in self._cells):
             return
         if not self._cells[0].ready:  # the core reloads after a loss: it ends once back
             return
