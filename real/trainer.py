@@ -109,7 +109,12 @@ class Trainer(CellWorker):
                            else "sdpa", grad_checkpointing=self.cfg.grad_checkpointing)
 
     def _new_opt(self, params) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+        """AdamW; fused on CUDA, where the default (foreach) step makes a full-size temporary of the parameters
+        (+4 bytes per parameter at the step's peak, measured on an H200: docs/calibrate-training.md) and the fused
+        kernel does not, so the trainer holds the 16 bytes per parameter the simulator's memory minimum counts."""
+        params = list(params)  # (host-offloaded shards keep the default step)
+        fused = bool(params) and all(p.device.type == "cuda" for p in params)
+        return torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=self.cfg.weight_decay, fused=fused)
 
     def set_model(self, model: ModelSource, init_checkpoint: str = "", config: TrainerConfig | None = None,
                   serve_dtype: str | None = None) -> int:
