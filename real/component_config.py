@@ -18,6 +18,7 @@ from gyre.real import task as T
 from gyre.real.collective import CollectiveConfig
 from gyre.real.engine_torch import TorchEngineConfig
 from gyre.real.task_api import DEFAULT_TASK
+from gyre.trajectory.sample import SamplingConfig
 
 WEIGHT_SYNC = ("object_store", "collective")
 
@@ -45,6 +46,8 @@ class TrainerConfig:
     weight_decay: float = 0.0
     max_pack_tokens: int = 512
     normalization: str = "sequence"
+    # which paths train (gyre.trajectory.sample): "exact" every branch, or "roles" role-bounded with j_max
+    sampling: SamplingConfig = SamplingConfig()
     clip: float = 0.2
     grad_clip: float = 1.0
     epochs: int = 2  # optimizer steps per batch (PPO-style; the clipped ratio bounds each move)

@@ -34,7 +34,8 @@ MODES = ("exact", "roles")
 @dataclass(kw_only=True, frozen=True)
 class SamplingConfig:
     """Which paths train: "exact" (every branch, today's packing) or "roles" (role-bounded sampling, at most
-    `j_max` paths per execution, None: uncapped; leaves classed in `role_priority` order, highest first)."""
+    `j_max` paths per execution, None or "uncapped": no cap; leaves classed in `role_priority` order, highest
+    first)."""
 
     mode: str = "exact"
     j_max: int | None = 5
@@ -44,6 +45,9 @@ class SamplingConfig:
         if self.mode not in MODES:
             raise ValueError(f"sampling.mode must be one of {MODES}, got {self.mode!r}")
         j = self.j_max
+        if j == "uncapped":  # a config file cannot write None
+            object.__setattr__(self, "j_max", None)
+            j = None
         if j is not None and (isinstance(j, bool) or not isinstance(j, int) or j < 1):
             raise ValueError(f"sampling.j_max must be an integer >= 1 (or None: uncapped), got {j!r}")
         prio = tuple(self.role_priority)

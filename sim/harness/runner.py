@@ -56,7 +56,7 @@ def simulate(
     src = source if source is not None else WorkloadSource(cfg.workload, cfg.seed)
     cluster = SimCluster(
         n_gpus=cfg.cluster.gpus, costs=costs, source=src, check=check, faults=cfg.faults, seed=cfg.seed,
-        checkpoint_every=cfg.checkpoint_every,
+        checkpoint_every=cfg.checkpoint_every, sampling=cfg.sampling,
     )
     t0 = time.perf_counter()
     with no_gc():  # millions of log records and executions: see gyre.gc_pause
