@@ -29,6 +29,9 @@ class ToolConfig:
     max_inflight: int = 64  # calls running at once over all workers
     timeout_s: float = 60.0  # per attempt
     retries: int = 1  # further attempts after a timeout or a lost worker
+    # further evaluations of a group whose scoring failed (for some of its executions); what still fails after
+    # them leaves training (gyre.real.verify)
+    eval_retries: int = 1
 
     def __post_init__(self) -> None:
         for name in ("workers", "max_inflight"):
@@ -38,6 +41,8 @@ class ToolConfig:
             raise ValueError(f"ToolConfig.timeout_s must be > 0, got {self.timeout_s}")
         if self.retries < 0:
             raise ValueError(f"ToolConfig.retries must be >= 0, got {self.retries}")
+        if isinstance(self.eval_retries, bool) or not isinstance(self.eval_retries, int) or self.eval_retries < 0:
+            raise ValueError(f"ToolConfig.eval_retries must be an integer >= 0, got {self.eval_retries!r}")
 
 
 @dataclass(kw_only=True, frozen=True)

@@ -20,6 +20,8 @@ runner = CliRunner()
         (["run", "--steps", "0"], "steps must be >= 1"),
         (["compare", "--policy", "nope"], "unknown policy 'nope'"),
         (["run", "--policy", "no.such.module:Policy"], "cannot load policy"),
+        (["run", "--steps", "1", "--j-max", "0"], "SamplingConfig.j_max must be an integer >= 1"),
+        (["run", "--role-priority", "main,boss,sub-agent,sub-agent-summary"], "unknown role 'boss'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):

@@ -110,7 +110,7 @@ class PackedBatch:
     branch_pack: np.ndarray  # pack of each branch's leaf (batch-global branch order: tree by tree)
     branch_index: np.ndarray  # pack index of each branch's leaf
     branch_execution: np.ndarray  # batch-global execution of each branch
-    branch_source: np.ndarray | None = None  # sampled: each branch's index among its tree's branches
+    branch_source: np.ndarray | None = None  # sampled: each branch's index among its tree's (kept) branches
 
 
 def _choose_cuts(pre: Preorder, max_tokens: int) -> list[int]:
@@ -309,8 +309,9 @@ def _assemble_pack(members: list[int], chunks, pres, ctx, csize, rows, cuts_befo
 
 def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: PackConfig,
                 rng: np.random.Generator | None = None) -> PackedBatch:
-    """Pack a batch of task trees; `advantages[i][e]` is the advantage of execution e of tree i; `rng` draws the
-    paths of role-bounded sampling (needed then, unused by exact packing).
+    """Pack a batch of task trees; `advantages[i][e]` is the advantage of execution e of tree i (NaN: it left
+    training, none of its branches is trained or packed); `rng` draws the paths of role-bounded sampling (needed
+    then, unused by exact packing).
 
     Steps: (sampled: draw each tree's paths and cut it down to them;) cut every tree into chunks and build its loss rows; weight the rows; place the chunks into packs
     (first-fit decreasing by chunk size, context included); assemble each pack; record where each branch's
@@ -319,6 +320,11 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
         raise ValueError(f"got {len(trees)} trees but {len(advantages)} advantage arrays")
     pres = [t.preorder() if isinstance(t, TokenTree) else t for t in trees]
     unique = sum(p.size for p in pres)
+    advs = [np.asarray(a, np.float64).reshape(-1) for a in advantages]
+    for i, (p, adv) in enumerate(zip(pres, advs)):  # a NaN advantage: the execution left training (credit.py)
+        gone = np.isnan(adv)
+        if gone.any() and p.branch_execution.size and p.branch_execution.max() < adv.shape[0]:
+            pres[i] = restrict(p, np.flatnonzero(~gone[p.branch_execution]))
     sampled = config.sampling.sampled
     source = None
     if sampled:
@@ -328,7 +334,6 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
         pres = [restrict(p, d) for p, d in zip(pres, drawn)]
         source = _cat(drawn, np.int64)
     B = config.max_tokens
-    advs = [np.asarray(a, np.float64).reshape(-1) for a in advantages]
     eoff = np.concatenate([[0], np.cumsum([a.shape[0] for a in advs])]).astype(np.int64)
     boff = np.concatenate([[0], np.cumsum([p.branch_leaf.shape[0] for p in pres])]).astype(np.int64)
     adv_all = np.concatenate(advs) if advs else np.zeros(0)

@@ -43,19 +43,20 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"sampling.mode must be one of {MODES}, got {self.mode!r}")
+            raise ValueError(f"SamplingConfig.mode must be one of {MODES}, got {self.mode!r}")
         j = self.j_max
         if j == "uncapped":  # a config file cannot write None
             object.__setattr__(self, "j_max", None)
             j = None
         if j is not None and (isinstance(j, bool) or not isinstance(j, int) or j < 1):
-            raise ValueError(f"sampling.j_max must be an integer >= 1 (or None: uncapped), got {j!r}")
+            raise ValueError(f"SamplingConfig.j_max must be an integer >= 1 (or None, 'uncapped': no cap), "
+                             f"got {j!r}")
         prio = tuple(self.role_priority)
         bad = [r for r in prio if r not in ROLES]
         if bad:
-            raise ValueError(f"sampling.role_priority: unknown role {bad[0]!r} (roles: {', '.join(ROLES)})")
+            raise ValueError(f"SamplingConfig.role_priority: unknown role {bad[0]!r} (roles: {', '.join(ROLES)})")
         if sorted(prio) != sorted(ROLES):
-            raise ValueError(f"sampling.role_priority must name each of {ROLES} once, got {prio}")
+            raise ValueError(f"SamplingConfig.role_priority must name each of {ROLES} once, got {prio}")
         object.__setattr__(self, "role_priority", prio)
 
     @property

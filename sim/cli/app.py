@@ -26,8 +26,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Gyre simulat
 
 def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | None, eta: int | None = None,
                  policies: list[str] | None = None, faults: list[str] | None = None,
-                 checkpoint_every: int | None = None) -> RunConfig:
-    """The preset with the flags applied; `eta` goes to the named policies (default: every one that has it)."""
+                 checkpoint_every: int | None = None, j_max: str | None = None,
+                 role_priority: str | None = None) -> RunConfig:
+    """The preset with the flags applied; `eta` goes to the named policies (default: every one that has it);
+    `j_max` (an integer or "uncapped") or `role_priority` (comma-separated roles) turn role-bounded sampling on."""
     bad = spec_error(faults or [])
     if bad:
         fail(bad)
@@ -37,6 +39,10 @@ def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | N
         cfg = override(get_preset(preset), **{"cluster.gpus": gpus, "steps": steps, "seed": seed,
                                               "faults": tuple(faults) if faults else None,
                                               "checkpoint_every": checkpoint_every})
+        if j_max is not None or role_priority is not None:
+            j = j_max if j_max in (None, "uncapped") or not j_max.lstrip("-").isdigit() else int(j_max)
+            cfg = override(cfg, **{"sampling.mode": "roles", "sampling.j_max": j,
+                                   "sampling.role_priority": tuple(role_priority.split(",")) if role_priority else None})
         if eta is not None:
             targets = policies or [p for p in REGISTRY if takes(p, "eta")]
             params = {p: {**cfg.policy_params.get(p, {}), "eta": eta} for p in targets}
@@ -55,6 +61,11 @@ Seed = Annotated[Optional[int], typer.Option("--seed", help="workload seed")]
 Out = Annotated[Path, typer.Option("--out", "-o", help="results folder")]
 Faults = traces.FaultsOpt
 CheckpointEvery = traces.CheckpointEveryOpt
+JMax = Annotated[Optional[str], typer.Option("--j-max", help="role-bounded path sampling: at most this many paths "
+                                             "trained per execution (an integer >= 1, or 'uncapped')")]
+RolePriority = Annotated[Optional[str], typer.Option("--role-priority", help="role-bounded path sampling: role "
+                                                     "classes, highest first, e.g. main,main-summary,sub-agent,"
+                                                     "sub-agent-summary")]
 
 
 @app.command()
@@ -71,12 +82,15 @@ def run(
     engine: calibrate_engine.EngineOpt = None,
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
+    j_max: JMax = None,
+    role_priority: RolePriority = None,
 ) -> None:
     """Simulate one policy and write its metrics."""
     from gyre.sim.harness.compare import Candidate, comparison_table, write_outputs
     from gyre.sim.harness.runner import simulate
 
-    cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every),
+    cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every,
+                                                    j_max, role_priority),
                                        engine)
     with progress_bar() as prog:
         task = prog.add_task(f"{policy} on {cfg.name}", total=cfg.steps)
@@ -109,13 +123,16 @@ def compare(
     engine: calibrate_engine.EngineOpt = None,
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
+    j_max: JMax = None,
+    role_priority: RolePriority = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help=RAY_HELP)] = None,
 ) -> None:
     """Run every registered policy on the same workload and seed, each tuned (async also on a pilot)."""
     from gyre.sim.harness.compare import tune, tuned_table, write_outputs
 
     cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy, faults=faults,
-                                                    checkpoint_every=checkpoint_every), engine)
+                                                    checkpoint_every=checkpoint_every, j_max=j_max,
+                                                    role_priority=role_priority), engine)
     report_infeasible(cfg, policy)
     with progress_bar() as prog:
         task = prog.add_task(f"tuning on {cfg.name}" + (f" (Ray: {ray})" if ray else ""), total=None)
