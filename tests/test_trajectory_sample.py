@@ -146,13 +146,13 @@ def test_sampling_needs_a_generator_and_bad_configs_name_the_field():
     rec = hand_tree()
     with pytest.raises(ValueError, match="Generator"):
         build_packs([rec.tree], [np.zeros(1)], PackConfig(sampling=SamplingConfig(mode="roles")))
-    with pytest.raises(ValueError, match=r"sampling.j_max must be an integer >= 1.*got 0"):
+    with pytest.raises(ValueError, match=r"SamplingConfig.j_max must be an integer >= 1.*got 0"):
         SamplingConfig(mode="roles", j_max=0)
-    with pytest.raises(ValueError, match="sampling.role_priority: unknown role 'critic'"):
+    with pytest.raises(ValueError, match="SamplingConfig.role_priority: unknown role 'critic'"):
         SamplingConfig(role_priority=("main", "critic", "sub-agent", "sub-agent-summary"))
-    with pytest.raises(ValueError, match="sampling.role_priority must name each"):
+    with pytest.raises(ValueError, match="SamplingConfig.role_priority must name each"):
         SamplingConfig(role_priority=("main", "sub-agent"))
-    with pytest.raises(ValueError, match="sampling.mode"):
+    with pytest.raises(ValueError, match="SamplingConfig.mode"):
         SamplingConfig(mode="all")
     with pytest.raises(ValueError, match="branch role 'boss'"):
         rec.tree.add_branch(0, 0, "boss")
