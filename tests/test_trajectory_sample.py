@@ -210,3 +210,43 @@ def test_random_trees_every_drawn_token_trains_once_and_classes_come_in_order(se
     got = sorted((t, e) for t, e, _, _ in trained_rows(b))
     assert got == want, f"rows {got} != drawn paths' new tokens {want}"
     assert b.stats.loss_rows == len(want), "row count"
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), share=st.floats(0.0, 1.0))
+def test_restrict_keeps_exactly_the_paths_of_the_chosen_branches(seed, share):
+    """A random subset of branches: the cut tree holds exactly the union of their paths, each path reads the same
+    tokens root to leaf, subtree ends follow from the parent pointers, and run starts hold every fork child."""
+    from gyre.trajectory import restrict
+
+    rng = np.random.default_rng(seed)
+    rec, _ = random_group(rng, 3, 8)
+    pre = rec.tree.preorder()
+    chosen = np.flatnonzero(rng.random(len(pre.branch_leaf)) < share)
+    cut = restrict(pre, chosen)
+
+    def walk(p, q):
+        out = []
+        while q >= 0:
+            out.append(q)
+            q = int(p.parent[q])
+        return out[::-1]
+
+    union = set()
+    for k, b in enumerate(chosen.tolist()):
+        old, new = walk(pre, int(pre.branch_leaf[b])), walk(cut, int(cut.branch_leaf[k]))
+        union |= set(old)
+        for f in ("tokens", "depth", "trained", "logprob"):
+            assert np.array_equal(getattr(pre, f)[old], getattr(cut, f)[new]), f"branch {b}: {f} differs"
+    assert cut.size == len(union), f"{cut.size} tokens kept, the paths hold {len(union)}"
+    end = np.arange(1, cut.size + 1)
+    for q in range(cut.size - 1, -1, -1):
+        if cut.parent[q] >= 0:
+            end[cut.parent[q]] = max(end[cut.parent[q]], end[q])
+    assert np.array_equal(end, cut.leave), "subtree ends"
+    kids = np.bincount(cut.parent[cut.parent >= 0], minlength=cut.size)
+    need = {q for q in range(cut.size) if cut.parent[q] < 0 or kids[cut.parent[q]] > 1}
+    starts = cut.run_start.tolist()
+    assert starts == sorted(set(starts)) and need <= set(starts), f"run starts {starts} miss {need - set(starts)}"
+    inner = [q for q in range(cut.size) if q not in set(starts)]
+    assert all(cut.parent[q] == q - 1 for q in inner), "a token inside a run continues the previous one"

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gyre.trajectory.loss_rows import LossRows
-from gyre.trajectory.sample import SamplingConfig, restrict, sample_branches
+from gyre.trajectory.sample import SamplingConfig, preorder_segments, restrict, sample_branches
 from gyre.trajectory.tree import Preorder, TokenTree
 
 NORMALIZATIONS = ("token", "sequence")
@@ -330,8 +330,9 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
     if sampled:
         if rng is None:
             raise ValueError("PackConfig.sampling.mode = 'roles' needs a numpy Generator (build_packs(..., rng=))")
-        drawn = [sample_branches(p, config.sampling, rng) for p in pres]
-        pres = [restrict(p, d) for p, d in zip(pres, drawn)]
+        segs = [preorder_segments(p) for p in pres]
+        drawn = [sample_branches(p, config.sampling, rng, sg) for p, sg in zip(pres, segs)]
+        pres = [restrict(p, d, sg) for p, d, sg in zip(pres, drawn, segs)]
         source = _cat(drawn, np.int64)
     B = config.max_tokens
     eoff = np.concatenate([[0], np.cumsum([a.shape[0] for a in advs])]).astype(np.int64)

@@ -105,8 +105,9 @@ def draw_paths(seg_parent: np.ndarray, seg_weight: np.ndarray, leaf_seg: np.ndar
 
 
 def preorder_segments(pre: Preorder) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(segment starts, segment parents, trainable tokens per segment, segment of each branch leaf) of a tree:
-    segments are cut at run starts and after branch leaves, so a branch's path is a union of whole segments."""
+    """(segment bounds (starts, then the tree's size), segment parents, trainable tokens per segment, segment of
+    each branch leaf) of a tree: segments are cut at run starts and after branch leaves, so a branch's path is a
+    union of whole segments, and every token of a segment has the same subtree end."""
     n = pre.size
     bounds = np.unique(np.concatenate([pre.run_start, pre.branch_leaf + 1, [0, n]]))
     starts = bounds[:-1]
@@ -116,7 +117,7 @@ def preorder_segments(pre: Preorder) -> tuple[np.ndarray, np.ndarray, np.ndarray
     cum = np.concatenate([[0], np.cumsum(targets)])
     seg_weight = cum[bounds[1:]] - cum[starts]
     leaf_seg = np.searchsorted(starts, pre.branch_leaf, "right") - 1
-    return starts, seg_parent.astype(np.int64), seg_weight.astype(np.int64), leaf_seg.astype(np.int64)
+    return bounds, seg_parent.astype(np.int64), seg_weight.astype(np.int64), leaf_seg.astype(np.int64)
 
 
 def roles_of(pre: Preorder) -> np.ndarray:
@@ -126,38 +127,57 @@ def roles_of(pre: Preorder) -> np.ndarray:
     return pre.branch_role
 
 
-def sample_branches(pre: Preorder, config: SamplingConfig, rng: np.random.Generator) -> np.ndarray:
-    """The branches of `pre` role-bounded sampling trains, execution by execution, each in draw order."""
+def sample_branches(pre: Preorder, config: SamplingConfig, rng: np.random.Generator, segments=None) -> np.ndarray:
+    """The branches of `pre` role-bounded sampling trains, execution by execution, each in draw order
+    (`segments`: preorder_segments(pre), if already computed)."""
     if pre.branch_leaf.shape[0] == 0:
         return np.zeros(0, np.int64)
-    _, seg_parent, seg_weight, leaf_seg = preorder_segments(pre)
+    _, seg_parent, seg_weight, leaf_seg = segments or preorder_segments(pre)
     return draw_paths(seg_parent, seg_weight, leaf_seg, pre.branch_execution, roles_of(pre), config, rng)
 
 
-def restrict(pre: Preorder, branches: np.ndarray) -> Preorder:
+def restrict(pre: Preorder, branches: np.ndarray, segments=None) -> Preorder:
     """The tree cut down to the tokens on the given branches' paths, holding those branches in the order given
-    (a kept token's ancestors are kept, so depths stay, and DFS order is the old one with gaps closed)."""
-    n = pre.size
+    (a kept token's ancestors are kept, so depths stay, and DFS order is the old one with gaps closed). Works
+    per segment (`segments`: preorder_segments(pre), if already computed): a segment is kept whole or not."""
     branches = np.asarray(branches, np.int64)
-    _, seg_parent, _, leaf_seg = preorder_segments(pre)
-    starts = np.unique(np.concatenate([pre.run_start, pre.branch_leaf + 1, [0, n]]))
+    bounds, seg_parent, _, leaf_seg = segments or preorder_segments(pre)
+    starts, lens = bounds[:-1], np.diff(bounds)
     keep_seg = np.zeros(seg_parent.shape[0], bool)
     par = seg_parent.tolist()
     for s in leaf_seg[branches].tolist():
         while s >= 0 and not keep_seg[s]:
             keep_seg[s] = True
             s = par[s]
-    keep = np.repeat(keep_seg, np.diff(starts)) if n else np.zeros(0, bool)
-    before = np.concatenate([[0], np.cumsum(keep)])  # kept tokens before each old index
-    idx = np.flatnonzero(keep)
-    m = idx.shape[0]
-    old_par = pre.parent[idx]
-    parent = np.where(old_par >= 0, before[np.maximum(old_par, 0)], -1)
-    kids = np.bincount(parent[parent >= 0], minlength=m)
-    run_start = np.flatnonzero((parent < 0) | (kids[np.maximum(parent, 0)] > 1))
+    roles = roles_of(pre)[branches]
+    if keep_seg.all():  # every token stays: only the branches change
+        return Preorder(tokens=pre.tokens, depth=pre.depth, parent=pre.parent, leave=pre.leave, trained=pre.trained,
+                        logprob=pre.logprob, run_start=pre.run_start, branch_leaf=pre.branch_leaf[branches],
+                        branch_execution=pre.branch_execution[branches], branch_role=roles)
+    ks = np.flatnonzero(keep_seg)
+    klen = lens[ks]
+    kbefore = np.concatenate([[0], np.cumsum(klen)])  # new start of each kept segment, then the new size
+    cum_seg = np.zeros(keep_seg.shape[0] + 1, np.int64)
+    cum_seg[1:] = np.cumsum(np.where(keep_seg, lens, 0))
+
+    def before(x: np.ndarray) -> np.ndarray:
+        """Kept tokens before old index x (x may be the old size)."""
+        sg = np.minimum(np.searchsorted(bounds, x, "right") - 1, keep_seg.shape[0] - 1)
+        inside = np.where(keep_seg[sg], np.minimum(x - starts[sg], lens[sg]), 0)
+        return cum_seg[sg] + inside
+
+    keep = np.repeat(keep_seg, lens)
+    m = int(kbefore[-1])
+    new_start = kbefore[:-1]
+    old_par = pre.parent[starts[ks]]
+    p_new = np.where(old_par >= 0, before(np.maximum(old_par, 0)), -1)
+    parent = np.arange(-1, m - 1, dtype=np.int64)
+    parent[new_start] = p_new
+    _, inv, cnt = np.unique(p_new, return_inverse=True, return_counts=True)
+    run_start = new_start[(p_new < 0) | (cnt[inv] > 1)]
     return Preorder(
-        tokens=pre.tokens[idx], depth=pre.depth[idx], parent=parent.astype(np.int64),
-        leave=before[pre.leave[idx]].astype(np.int64), trained=pre.trained[idx], logprob=pre.logprob[idx],
-        run_start=run_start.astype(np.int64), branch_leaf=before[pre.branch_leaf[branches]].astype(np.int64),
-        branch_execution=pre.branch_execution[branches], branch_role=roles_of(pre)[branches],
+        tokens=pre.tokens[keep], depth=pre.depth[keep], parent=parent,
+        leave=np.repeat(before(pre.leave[starts[ks]]), klen), trained=pre.trained[keep], logprob=pre.logprob[keep],
+        run_start=run_start.astype(np.int64), branch_leaf=before(pre.branch_leaf[branches]),
+        branch_execution=pre.branch_execution[branches], branch_role=roles,
     )
