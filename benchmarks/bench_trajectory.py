@@ -46,6 +46,7 @@ class XLongConfig:
     subagents: float = 3.0  # expected per execution
     retries: float = 3.0  # expected per execution
     vocab: int = 32_000
+    turn_scale: int = 1  # turn, tool-output and sub-agent sizes (and the compaction margin) divided by this
 
 
 def xlong_group(rng: np.random.Generator, cfg: XLongConfig, task_id: str) -> TaskRecorder:
@@ -54,13 +55,14 @@ def xlong_group(rng: np.random.Generator, cfg: XLongConfig, task_id: str) -> Tas
     lps = lambda n: -rng.exponential(0.5, int(n))  # noqa: E731
     rec = TaskRecorder(task_id, rand(cfg.prompt))
     sys_prompt = rand(cfg.system_prompt)
-    turns = cfg.tokens_per_execution / 1_900
+    k = cfg.turn_scale
+    turns = cfg.tokens_per_execution / (1_900 / k)
     for _ in range(cfg.executions):
         ex = rec.start()
         total, ctx = 0, cfg.prompt
         while total < cfg.tokens_per_execution:
-            m, t = int(rng.integers(200, 1_500)), int(rng.integers(100, 2_500))
-            if ctx + m + t + 2_000 > cfg.compact_at:
+            m, t = int(rng.integers(200 // k, 1_500 // k)), int(rng.integers(100 // k, 2_500 // k))
+            if ctx + m + t + 2_000 // k > cfg.compact_at:
                 ex.compact(np.concatenate([sys_prompt, rand(cfg.summary)]))
                 total += cfg.summary
                 ctx = cfg.system_prompt + cfg.summary
@@ -73,7 +75,7 @@ def xlong_group(rng: np.random.Generator, cfg: XLongConfig, task_id: str) -> Tas
                 ctx -= m + t
             if rng.random() < cfg.subagents / turns:
                 room = cfg.window - ctx - 1
-                n = int(min(rng.integers(2_000, 8_000), room))
+                n = int(min(rng.integers(2_000 // k, 8_000 // k), room))
                 if n > 0:
                     sub = ex.fork()
                     sub.append_model(rand(n), lps(n), 0)
