@@ -1,5 +1,6 @@
 """Evaluation outcomes: retry then drop, placeholder, harness and overall timeouts, groups that lose members."""
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -155,3 +156,34 @@ def test_real_cli_refuses_bad_budgets_and_sampling(tmp_path, toml, needle):
     res = CliRunner().invoke(app, ["run", "--policy", "colocate", "--config", str(p), "--out", str(tmp_path / "o")])
     lines = [x for x in res.output.splitlines() if x.strip()]
     assert res.exit_code == 2 and needle in res.output and len(lines) == 1, f"exit {res.exit_code}: {res.output}"
+
+
+def test_trainer_draws_the_same_paths_per_version_and_skips_a_step_with_nothing_to_train():
+    """The trainer's role sampling is a function of (seed, version): two trainers of one seed train the same
+    paths and end with the same weights; a batch whose every execution left training moves no weight (the
+    version still advances)."""
+    import torch
+
+    from gyre.real.config import preset_tiny_test
+    from gyre.real.trainer import Trainer
+    from gyre.trajectory import SamplingConfig, group_advantages, score_group
+    from test_trajectory_pack import random_group
+    from gyre.real import task as T
+
+    cfg = preset_tiny_test()
+    tc = dataclasses.replace(cfg.pool.trainer_config, epochs=1, sampling=SamplingConfig(mode="roles", j_max=1))
+    rng = np.random.default_rng(4)
+    batch = []
+    for _ in range(2):
+        rec, _ = random_group(rng, 4, 10, vocab=T.VOCAB_SIZE)
+        batch.append((rec.tree.preorder(), group_advantages(score_group(rec, lambda s: 0.1 * s.generated_tokens))))
+    a, b = Trainer(cfg.pool.model, tc, seed=2), Trainer(cfg.pool.model, tc, seed=2)
+    sa, sb = a.train(batch), b.train(batch)
+    assert sa["paths"] == sb["paths"] == 8 and sa["rows"] == sb["rows"], (sa, sb)
+    for (n, p), q in zip(a.model.named_parameters(), b.model.parameters()):
+        assert torch.equal(p, q), f"{n}: same seed and version, other weights"
+    before = [p.detach().clone() for p in a.model.parameters()]
+    gone = [(pre, np.full(adv.shape, math.nan)) for pre, adv in batch]
+    s = a.train(gone)
+    assert s["rows"] == 0 and s["epochs"] == 0 and s["version"] == 2, s
+    assert all(torch.equal(x, p) for x, p in zip(before, a.model.parameters())), "an empty batch moved weights"

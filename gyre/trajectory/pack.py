@@ -123,6 +123,8 @@ def _choose_cuts(pre: Preorder, max_tokens: int) -> list[int]:
     (a start whose reach is passed never becomes valid again). Ties go to the earlier predecessor.
     """
     n = pre.size
+    if n == 0:  # nothing left of the tree (every execution left training)
+        return []
     starts = pre.run_start.tolist()
     reach = (pre.run_start + max_tokens - pre.depth[pre.run_start]).tolist()
     depth = pre.depth[pre.run_start].tolist()
