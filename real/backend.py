@@ -84,8 +84,9 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self.injector = FaultInjector(parse_faults(config.faults), config.seed)
         self.tools = ToolService(config.tools, pool.tools, self._submit, self._call_after,
                                  log=lambda kind, info: self._log(("note", self.now, kind, info)))
+        # a group is scored on the tool workers once it finishes (retried within the evaluation budget)
         self.verifier = Verifier(self.task, self.tools, lambda kind, info: self._log(("note", self.now, kind, info)),
-                                 lambda: self.now, retries=config.tools.eval_retries)  # a group is scored on the tool workers once it finishes
+                                 lambda: self.now, retries=config.tools.eval_retries)
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ observations
@@ -222,7 +223,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                 for e in self._engines.values():  # they load this version before they are ready again
                     if e.state is RESTARTING:
                         e.serve(self._version)
-                self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+                mean = float(np.mean(rewards)) if rewards else 0.0  # the members' rewards (none: every one left)
+                self._log(("note", self.now, "train", {**stats, "reward_mean": mean,
                                                        "groups_with_signal": signal, "version": self._version}))
                 self._deferred.append((h, self._version))
 

@@ -12,7 +12,9 @@ pytest.importorskip("ray")
 from gyre.real.component_config import ToolConfig  # noqa: E402
 from gyre.real.task_api import ToolError  # noqa: E402
 from gyre.real.verify import Verifier, outcome_counts  # noqa: E402
-from gyre.trajectory import AdvantageConfig, PackConfig, Score, TaskRecorder, build_packs, group_advantages  # noqa: E402
+from gyre.trajectory import (  # noqa: E402
+    AdvantageConfig, PackConfig, Score, TaskRecorder, build_packs, group_advantages,
+)
 
 
 def S(e, r, outcome="valid", truncated=False):

@@ -3,8 +3,8 @@
 Three parts, each writing CSVs under results/ (and a figure where a person would rather look):
 
 - `synthetic`: branching agent groups (benchmarks/bench_trajectory.xlong_group at 1/20 of its turn sizes: a main
-  context compacted before 1,800 tokens, 3 sub-agents and 3 retries per execution) trained by a tiny Llama on CPU. Per batch and mode, at the same
-  weights: packed tokens, forward-backward CPU time (the modes interleaved, median of repeats) and the norm of
+  context compacted before 1,800 tokens, 3 sub-agents and 3 retries per execution) trained by a tiny Llama on
+  CPU. Per batch and mode, at the same weights: packed tokens, forward-backward CPU time (the modes interleaved, median of repeats) and the norm of
   the batch gradient. Writes results/synthetic.csv.
 - `real`: the real backend (local Ray, tiny-cpu preset, the built-in agent task, whose episodes fork sub-agents,
   retry failed tools and compact), colocate, `--steps` steps on `--seeds` seeds per mode: per step the reward,

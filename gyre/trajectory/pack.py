@@ -315,9 +315,9 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
     training, none of its branches is trained or packed); `rng` draws the paths of role-bounded sampling (needed
     then, unused by exact packing).
 
-    Steps: (sampled: draw each tree's paths and cut it down to them;) cut every tree into chunks and build its loss rows; weight the rows; place the chunks into packs
-    (first-fit decreasing by chunk size, context included); assemble each pack; record where each branch's
-    leaf landed."""
+    Steps: (sampled: draw each tree's paths and cut it down to them;) cut every tree into chunks and build its
+    loss rows; weight the rows; place the chunks into packs (first-fit decreasing by chunk size, context
+    included); assemble each pack; record where each branch's leaf landed."""
     if len(trees) != len(advantages):
         raise ValueError(f"got {len(trees)} trees but {len(advantages)} advantage arrays")
     pres = [t.preorder() if isinstance(t, TokenTree) else t for t in trees]

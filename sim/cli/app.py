@@ -41,8 +41,8 @@ def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | N
                                               "checkpoint_every": checkpoint_every})
         if j_max is not None or role_priority is not None:
             j = j_max if j_max in (None, "uncapped") or not j_max.lstrip("-").isdigit() else int(j_max)
-            cfg = override(cfg, **{"sampling.mode": "roles", "sampling.j_max": j,
-                                   "sampling.role_priority": tuple(role_priority.split(",")) if role_priority else None})
+            prio = tuple(role_priority.split(",")) if role_priority else None
+            cfg = override(cfg, **{"sampling.mode": "roles", "sampling.j_max": j, "sampling.role_priority": prio})
         if eta is not None:
             targets = policies or [p for p in REGISTRY if takes(p, "eta")]
             params = {p: {**cfg.policy_params.get(p, {}), "eta": eta} for p in targets}
