@@ -82,6 +82,7 @@ def synthetic(args) -> pd.DataFrame:
                              "unique_tokens": st.unique_tokens, "paths": st.paths, "branches": len(
                                  packed["exact"].branch_execution), "rows": st.loss_rows,
                              "fwd_bwd_cpu_s": statistics.median(times[m]), "grad_norm": norms[m]})
+            _save(pd.DataFrame(rows), args.out / "synthetic.csv")  # as it goes: a long run leaves what it measured
             print(f"seed {seed} batch {batch}: " + ", ".join(
                 f"{m} {packed[m].stats.packed_tokens} tok {statistics.median(times[m]) * 1e3:.0f} ms |g| {norms[m]:.3g}"
                 for m in MODES), flush=True)
