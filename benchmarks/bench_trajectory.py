@@ -6,7 +6,9 @@ What it measures (medians over repeats, printed as plain figures):
    and packed/unique tokens, at a pack bound equal to the model's context window. Exact ancestor-or-self
    attention needs a token's whole context inside one pack, so the bound must be >= the deepest context:
    a 32K bound is measured on executions that compact before their context passes ~26K tokens (a 32K
-   window), and a 128K bound on executions that compact every ~100K tokens.
+   window), and a 128K bound on executions that compact every ~100K tokens. Beside exact packing, role-bounded
+   sampling (gyre.trajectory.sample) at J_max = 5 and uncapped: the same throughput measure (the input trees'
+   unique tokens per second of build_packs, path draws and cut included), paths drawn, and tokens kept.
 2. One training step (forward + backward) of a tiny Llama on CPU over a workload with >= 4x prefix
    sharing: tree packs vs naive packing (every branch its own causal sequence, packed to the same bound).
 
@@ -26,7 +28,7 @@ import numpy as np
 import torch
 
 from gyre.real.nn.model import TinyLlamaConfig, TinyLlama
-from gyre.trajectory import LossRows, Pack, PackConfig, TaskRecorder, build_packs
+from gyre.trajectory import LossRows, Pack, PackConfig, SamplingConfig, TaskRecorder, build_packs
 from gyre.trajectory.torch_ops import LossConfig, branches_of, packed_loss
 
 
@@ -44,6 +46,7 @@ class XLongConfig:
     subagents: float = 3.0  # expected per execution
     retries: float = 3.0  # expected per execution
     vocab: int = 32_000
+    turn_scale: int = 1  # turn, tool-output and sub-agent sizes (and the compaction margin) divided by this
 
 
 def xlong_group(rng: np.random.Generator, cfg: XLongConfig, task_id: str) -> TaskRecorder:
@@ -52,13 +55,14 @@ def xlong_group(rng: np.random.Generator, cfg: XLongConfig, task_id: str) -> Tas
     lps = lambda n: -rng.exponential(0.5, int(n))  # noqa: E731
     rec = TaskRecorder(task_id, rand(cfg.prompt))
     sys_prompt = rand(cfg.system_prompt)
-    turns = cfg.tokens_per_execution / 1_900
+    k = cfg.turn_scale
+    turns = cfg.tokens_per_execution / (1_900 / k)
     for _ in range(cfg.executions):
         ex = rec.start()
         total, ctx = 0, cfg.prompt
         while total < cfg.tokens_per_execution:
-            m, t = int(rng.integers(200, 1_500)), int(rng.integers(100, 2_500))
-            if ctx + m + t + 2_000 > cfg.compact_at:
+            m, t = int(rng.integers(200 // k, 1_500 // k)), int(rng.integers(100 // k, 2_500 // k))
+            if ctx + m + t + 2_000 // k > cfg.compact_at:
                 ex.compact(np.concatenate([sys_prompt, rand(cfg.summary)]))
                 total += cfg.summary
                 ctx = cfg.system_prompt + cfg.summary
@@ -71,7 +75,7 @@ def xlong_group(rng: np.random.Generator, cfg: XLongConfig, task_id: str) -> Tas
                 ctx -= m + t
             if rng.random() < cfg.subagents / turns:
                 room = cfg.window - ctx - 1
-                n = int(min(rng.integers(2_000, 8_000), room))
+                n = int(min(rng.integers(2_000 // k, 8_000 // k), room))
                 if n > 0:
                     sub = ex.fork()
                     sub.append_model(rand(n), lps(n), 0)
@@ -123,6 +127,14 @@ def bench_packing(name: str, cfg: XLongConfig, groups: int, repeats: int, seed: 
           f"{unique / c_pack / 1e6:.2f} M tokens/s CPU (median {c_pack * 1e3:.0f} ms)")
     print(f"  layout + pack            {unique / (t_layout + t_pack) / 1e6:.2f} M tokens/s wall, "
           f"{unique / (c_layout + c_pack) / 1e6:.2f} M tokens/s CPU")
+    for j in (5, None):
+        spc = PackConfig(max_tokens=cfg.window, sampling=SamplingConfig(mode="roles", j_max=j))
+        t_s, c_s = median_times(lambda: build_packs(pres, advs, spc, np.random.default_rng(seed)), repeats)
+        st = LAST[0].stats
+        print(f"  sampled J_max={j or 'uncapped':<8}  {unique / t_s / 1e6:.2f} M tokens/s wall ({t_pack / t_s:.2f} of "
+              f"exact), {unique / c_s / 1e6:.2f} M tokens/s CPU ({c_pack / c_s:.2f} of exact); {st.paths} of "
+              f"{len(batch.branch_execution)} paths, kept {st.kept_tokens / unique:.3f} of the tokens, "
+              f"packed {st.packed_tokens:,}")
     print(f"  host load average        {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
@@ -223,13 +235,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one smaller group, fewer repeats")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--packing-only", action="store_true", help="skip the training step")
     args = ap.parse_args()
     per_exec = 150_000 if args.quick else 700_000
     reps = 3 if args.quick else 5
     bench_packing("xlong-32K", XLongConfig(tokens_per_execution=per_exec), 1, reps, args.seed)
     bench_packing("xlong-128K", XLongConfig(tokens_per_execution=per_exec, window=131_072, compact_at=100_000),
                   1, reps, args.seed + 1)
-    bench_training(reps, args.seed + 2)
+    if not args.packing_only:
+        bench_training(reps, args.seed + 2)
 
 
 if __name__ == "__main__":

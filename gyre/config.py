@@ -15,6 +15,7 @@ from typing import Any
 from gyre.faults import FaultSpecError, parse_faults
 from gyre.datasheets import GpuConfig, ModelConfig
 from gyre.hardware import CostConfig
+from gyre.trajectory.sample import SamplingConfig
 from gyre.workload import WorkloadConfig
 
 
@@ -42,6 +43,8 @@ class RunConfig:
     policy_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # per policy name
     faults: tuple[str, ...] = ()  # injected faults (gyre.faults), e.g. ("kill-engine@600", "random-engines:4")
     checkpoint_every: int = 0  # steps between trainer checkpoints (0: none; a lost trainer state replays every step)
+    # which paths a step trains (gyre.trajectory.sample): "exact" every one; "roles": role-bounded, j_max per execution
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def validate(self) -> RunConfig:
         from gyre.hardware import derive_costs

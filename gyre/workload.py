@@ -12,6 +12,13 @@ KV footprint (context tokens resident on the engine) at the start of each segmen
 - retry: the agent rolls back a few turns; the abandoned turns' tokens stay in the trajectory (they
   are trained as a branch) but leave the context.
 
+Seen as a trajectory tree (`execution_tree`, what role-bounded path sampling draws from), each segment hangs
+under the previous segment of its context: a compaction closes the context (a "main-summary" leaf; a
+sub-agent's: "sub-agent-summary") and the next segment starts a new root; a sub-agent's turns form their own
+context from a fresh root, closed as a "sub-agent" leaf; a retry closes the abandoned turns as a leaf of the
+agent's role and continues under the segment before the turn it rolled back to; the last context is a "main"
+leaf.
+
 Simplifications: per-turn quantities are independent draws (lognormal bodies, a slow-tool mixture
 for latency); a task's difficulty scales the number of turns of every execution in its group; drift
 multiplies the turn count by (1 + drift_per_step) ** step.
@@ -302,3 +309,61 @@ class ReplaySource:
         g = self.groups[self.issued]
         self.issued += 1
         return g
+
+
+def execution_tree(spec: ExecutionSpec, w: WorkloadConfig) -> tuple[list[int], list[tuple[int, str]]]:
+    """One execution as a tree of its segments: (parent segment of each, -1 where a segment starts a context;
+    leaves as (last segment, role), in the order their contexts close). The walk follows `_kv_footprint`'s
+    branch events; a retry rolls back within the agent's current context (to its root if the turn rolled
+    back to lies before it)."""
+    n = len(spec.gen)
+    events: dict[int, list[str]] = {}
+    for i, kind in spec.branches:
+        events.setdefault(i, []).append(kind)
+    parent = [-1] * n
+    owner = [0] * n  # 0: the main agent, k > 0: the k-th sub-agent
+    leaves: list[tuple[int, str]] = []
+    cur, main_root = -1, 0  # the main context's last segment (-1: its root) and its first segment
+    sub, sub_id, sub_root, sub_left = None, 0, 0, 0
+
+    def close(at: int, role: str) -> None:
+        if at >= 0:
+            leaves.append((at, role))
+
+    def rollback(i: int, who: int, root: int) -> int:
+        j = i - w.retry_back_turns
+        while j >= root and owner[j] != who:
+            j -= 1
+        return parent[j] if j >= root else -1
+
+    for i in range(n):
+        for kind in events.get(i, ()):
+            if kind == "compact":
+                if sub is not None:
+                    close(sub, "sub-agent-summary")
+                    sub, sub_root = -1, i
+                else:
+                    close(cur, "main-summary")
+                    cur, main_root = -1, i
+            elif kind == "subagent":
+                sub_id += 1
+                sub, sub_root, sub_left = -1, i, w.subagent_turns
+            elif kind == "retry":
+                if sub is not None:
+                    close(sub, "sub-agent")
+                    sub = rollback(i, sub_id, sub_root)
+                else:
+                    close(cur, "main")
+                    cur = rollback(i, 0, main_root)
+        if sub is not None:
+            parent[i], owner[i], sub = sub, sub_id, i
+            sub_left -= 1
+            if sub_left == 0:
+                close(sub, "sub-agent")
+                sub = None
+        else:
+            parent[i], cur = cur, i
+    if sub is not None:
+        close(sub, "sub-agent")
+    close(cur, "main")
+    return parent, leaves

@@ -50,6 +50,7 @@ from gyre.real.streaming import RealStep
 from gyre.real.train_step import TrainSteps
 from gyre.real.weights import WeightPublisher
 from gyre.trajectory import AdvantageConfig, group_advantages
+from gyre.trajectory.credit import MEMBER_OUTCOMES
 
 
 class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
@@ -87,8 +88,9 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         self.injector = FaultInjector(parse_faults(config.faults), config.seed)
         self.tools = ToolService(config.tools, pool.tools, self._submit, self._call_after,
                                  log=lambda kind, info: self._log(("note", self.now, kind, info)))
+        # a group is scored on the tool workers once it finishes (retried within the evaluation budget)
         self.verifier = Verifier(self.task, self.tools, lambda kind, info: self._log(("note", self.now, kind, info)),
-                                 lambda: self.now)  # a group is scored on the tool workers once it finishes
+                                 lambda: self.now, retries=config.tools.eval_retries)
         self._t0 = time.perf_counter()
 
     # ------------------------------------------------------------------ observations
@@ -210,9 +212,13 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         def scored(scores) -> None:  # every group's scores are back (gyre.real.verify): the step is enqueued
             batch, rewards, signal = [], [], 0
             for g, outs in zip(groups, scores):
-                rewards += [o.reward for o in outs]
-                adv = group_advantages(outs, adv_cfg)
-                signal += bool(np.any(adv != 0))
+                rewards += [o.reward for o in outs if o.outcome in MEMBER_OUTCOMES]
+                adv = group_advantages(outs, adv_cfg)  # NaN: the execution left training (gyre.trajectory.credit)
+                signal += bool(np.any(np.isfinite(adv) & (adv != 0)))
+                gone = np.flatnonzero(np.isnan(adv))
+                if gone.size:
+                    self._log(("note", self.now, "group_left", {"group": g.id, "executions": gone.tolist(),
+                                                                "whole": bool(gone.size == adv.size)}))
                 batch.append((g.env.recorder.tree.preorder(), adv))
             self._log(("note", self.now, "train_batch", {"version": v + 1, "groups": [g.id for g in groups]}))
             t0 = self.now
@@ -221,7 +227,8 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
                 self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
                 self._step_done(gpus, stats["tokens"])
                 self._serve_restarting()
-                self._log(("note", self.now, "train", {**stats, "reward_mean": float(np.mean(rewards)),
+                mean = float(np.mean(rewards)) if rewards else 0.0  # the members' rewards (none: every one left)
+                self._log(("note", self.now, "train", {**stats, "reward_mean": mean,
                                                        "groups_with_signal": signal, "version": self._version}))
                 self._deferred.append((h, self._version))
 

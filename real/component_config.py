@@ -18,6 +18,7 @@ from gyre.real import task as T
 from gyre.real.collective import CollectiveConfig
 from gyre.real.engine_torch import TorchEngineConfig
 from gyre.real.task_api import DEFAULT_TASK
+from gyre.trajectory.sample import SamplingConfig
 
 WEIGHT_SYNC = ("object_store", "collective")
 
@@ -28,6 +29,9 @@ class ToolConfig:
     max_inflight: int = 64  # calls running at once over all workers
     timeout_s: float = 60.0  # per attempt
     retries: int = 1  # further attempts after a timeout or a lost worker
+    # further evaluations of a group whose scoring failed (for some of its executions); what still fails after
+    # them leaves training (gyre.real.verify)
+    eval_retries: int = 1
 
     def __post_init__(self) -> None:
         for name in ("workers", "max_inflight"):
@@ -37,6 +41,8 @@ class ToolConfig:
             raise ValueError(f"ToolConfig.timeout_s must be > 0, got {self.timeout_s}")
         if self.retries < 0:
             raise ValueError(f"ToolConfig.retries must be >= 0, got {self.retries}")
+        if isinstance(self.eval_retries, bool) or not isinstance(self.eval_retries, int) or self.eval_retries < 0:
+            raise ValueError(f"ToolConfig.eval_retries must be an integer >= 0, got {self.eval_retries!r}")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -45,6 +51,8 @@ class TrainerConfig:
     weight_decay: float = 0.0
     max_pack_tokens: int = 512
     normalization: str = "sequence"
+    # which paths train (gyre.trajectory.sample): "exact" every branch, or "roles" role-bounded with j_max
+    sampling: SamplingConfig = SamplingConfig()
     clip: float = 0.2
     grad_clip: float = 1.0
     epochs: int = 2  # optimizer steps per batch (PPO-style; the clipped ratio bounds each move)

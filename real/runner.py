@@ -33,6 +33,7 @@ from gyre.outputs import RunOutput
 from gyre.real.backend import RealCluster
 from gyre.real.config import RealConfigError, RealRunConfig
 from gyre.faults import fault_summary
+from gyre.real.verify import outcome_counts
 from gyre.real.pool import ActorPool
 from gyre.real.export import export_run
 from gyre.real.trace_export import trace_groups, trace_workload
@@ -133,7 +134,8 @@ def write_outputs(out: str | Path, results: list[RealResult]) -> dict[str, Path]
     from gyre.traces.schema import write_trace
 
     out = Path(out)
-    table = pd.DataFrame([{**r.metrics.summary(), "wall_s": r.wall_s, **fault_summary(r.log)} for r in results])
+    table = pd.DataFrame([{**r.metrics.summary(), "wall_s": r.wall_s, **fault_summary(r.log), **outcome_counts(r.log)}
+                          for r in results])
     cfg = results[0].config
     runs = [RunOutput(name=r.policy, label=f"{r.policy} (real)", log=r.log, metrics=r.metrics) for r in results]
     paths = outputs.write_outputs(out, runs, table, preset=cfg.name, seed=cfg.cluster.seed, n_gpus=cfg.pool.n_gpus)

@@ -12,8 +12,10 @@ a real run with proxies that fail on any other attribute):
   so a group must depend on (seed, index) only. `score(group)` is one Score per episode once all are done:
   truncated ones scored on the state they reached (partial credit). It runs on a tool worker, on a copy of the
   task and the group, as soon as the group's last episode ends (gyre.real.verify), so it must be pure. Optional:
-  `score_failed(group, message)`, the scores of a group whose scoring raised, hung or lost its worker (default:
-  0 for every episode; raise to end the run).
+  `score_failed(group, message)`, the scores of the episodes whose evaluation still failed (raised, hung, lost its
+  worker, or scored `outcome="failed"`) after its retries (default: they leave training; raise to end the run).
+  A Score's `outcome` (gyre.trajectory.credit) also says "placeholder" (nothing was evaluable: reward 0, kept)
+  or "overall_timeout" (dropped).
 - `TaskGroup`: `prompt` (the shared prompt's token ids, the prefix tree's root), `recorder` (the
   gyre.trajectory.TaskRecorder its episodes record into: the tokens the model generated are trained, the
   tool and environment tokens are context only) and `episodes`.

@@ -89,6 +89,7 @@ class Trainer(CellWorker):
         """Fresh weights for a new run: a model folder's, or drawn from `seed` (TinyLlama), or `init_checkpoint`'s
         (cast to fp32); returns the version (0)."""
         torch.manual_seed(seed)
+        self.seed = seed  # with the version, seeds role-bounded path sampling (the same draw on every rank)
         model = self._new_model(seed)
         if self.init_checkpoint:
             cfg, state = load_hf_llama(self.init_checkpoint)
@@ -217,7 +218,8 @@ class Trainer(CellWorker):
         ref, epochs, drift = None, 0, 0.0
         for epoch in range(self.cfg.epochs if n_epochs is None else n_epochs):
             logps: list[torch.Tensor] | None = [] if self.cfg.max_drift > 0 else None
-            loss = self._backward(packs, pg, mismatch if epoch == 0 else None, logps, pad=packed.packs[0])
+            loss = self._backward(packs, pg, mismatch if epoch == 0 else None, logps,
+                                  pad=packed.packs[0] if packed.packs else None)
             if epoch == 0:
                 ref = logps
             elif logps is not None:
@@ -225,6 +227,8 @@ class Trainer(CellWorker):
                 if drift > self.cfg.max_drift:
                     break  # moved far enough: this epoch's gradient is not applied
             gnorm = float(whole(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip)))
+            if packed.stats.loss_rows == 0:
+                break  # nothing to train (every group left training): no optimizer step, the version still moves
             self.opt.step()
             epochs += 1
         self.version += 1
@@ -237,6 +241,7 @@ class Trainer(CellWorker):
             "version": self.version, "loss": float(loss), "grad_norm": gnorm,
             "tokens": packed.stats.packed_tokens, "unique_tokens": packed.stats.unique_tokens,
             "packs": packed.stats.num_packs, "rows": packed.stats.loss_rows, "ranks": dp["size"] if dp else 1,
+            "paths": packed.stats.paths, "kept_tokens": packed.stats.kept_tokens,
             # mean |log p(version before the step) - log p(sampling engine)| over trained tokens: ~0 on-policy
             "logp_mismatch": float(mismatch[0] / mismatch[1]) if mismatch[1] > 0 else 0.0,
             "epochs": epochs, "drift": drift,  # epochs applied; mean |log p change| at the last check (0: none)
@@ -250,7 +255,7 @@ class Trainer(CellWorker):
         if self.cfg.sharding == "fsdp":
             self._place(dp)
         packed, packs, pg = self._shard(batch, dp)
-        self._backward(packs, pg, pad=packed.packs[0])
+        self._backward(packs, pg, pad=packed.packs[0] if packed.packs else None)
         return {n: whole(p.grad).detach().to("cpu", copy=True) for n, p in self.model.named_parameters()}
 
     def _shard(self, batch, dp: dict | None):
@@ -258,7 +263,8 @@ class Trainer(CellWorker):
         trees = [t for t, _ in batch]
         advs = [a for _, a in batch]
         packed = build_packs(trees, advs, PackConfig(max_tokens=self.cfg.max_pack_tokens,
-                                                      normalization=self.cfg.normalization))
+                                                      normalization=self.cfg.normalization, sampling=self.cfg.sampling),
+                             np.random.default_rng([self.seed, self.version]))
         if dp is None or dp["size"] == 1:
             return packed, packed.packs, None
         mine = self._share(packed.packs, dp["rank"], dp["size"])

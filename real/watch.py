@@ -69,8 +69,8 @@ class RunWatch:
                 self._tool_errors += 1
             elif rec[0] == "note" and rec[2] == "score_error":
                 i = rec[3]
-                self.print(f"{self.policy}: scoring group {i['group']} (task {i['task']}) failed, scored by the task's "
-                           f"rule: {i['message']}")
+                self.print(f"{self.policy}: scoring group {i['group']} (task {i['task']}) failed for executions "
+                           f"{i.get('failed')} after its retries: {i['message']}")
             elif rec[0] == "note" and rec[2] == "train":
                 self._step_row(cluster, rec)
         self._seen = len(log)

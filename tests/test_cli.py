@@ -26,6 +26,8 @@ runner = CliRunner()
         (["run", "--set", "workload.steps_per_burst=0"], "workload.steps_per_burst must be an integer >= 1"),
         (["run", "--set", "cluster.cell_gpus"], "expected KEY=VALUE"),
         (["run", "--set", "nope.streaming=true"], "unknown policy 'nope'"),
+        (["run", "--steps", "1", "--j-max", "0"], "SamplingConfig.j_max must be an integer >= 1"),
+        (["run", "--role-priority", "main,boss,sub-agent,sub-agent-summary"], "unknown role 'boss'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, needle):
@@ -53,10 +55,10 @@ def test_flag_set_is_frozen():
     assert set(cmd.commands) == {"run", "compare", "presets", "calibrate", "replay", "calibrate-engine"}, sorted(cmd.commands)
     run_flags = {o for p in cmd.commands["run"].params for o in p.opts}
     assert run_flags == {"--policy", "--preset", "-p", "--gpus", "--steps", "--seed", "--eta", "--out", "-o",
-                         "--workload", "--trace-out", "--engine", "--faults", "--checkpoint-every", "--set"}, sorted(run_flags)
+                         "--workload", "--trace-out", "--engine", "--faults", "--checkpoint-every", "--set", "--j-max", "--role-priority"}, sorted(run_flags)
     compare_flags = {o for p in cmd.commands["compare"].params for o in p.opts}
     assert compare_flags == {"--preset", "-p", "--gpus", "--steps", "--seed", "--policy", "--out", "-o",
-                             "--engine", "--faults", "--checkpoint-every", "--ray", "--set", "--rows"}, sorted(compare_flags)
+                             "--engine", "--faults", "--checkpoint-every", "--ray", "--set", "--rows", "--j-max", "--role-priority"}, sorted(compare_flags)
 
 
 def test_presets_lists_models_with_kv_and_state_bytes():

@@ -1,9 +1,11 @@
-"""Rewards off the driver: a finished group is scored on the tool workers, its step waits for it, a failure scores 0."""
+"""Rewards off the driver: a finished group is scored on the tool workers, its step waits for it, a failure that
+outlasts its retries leaves training."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import types
 
 import pytest
 
@@ -34,10 +36,10 @@ class RemoteOnly(AgentTask):
         return super().score(group)
 
 
-def test_groups_are_scored_on_tool_workers_before_their_step_and_a_failed_scoring_is_zero(pool):
+def test_groups_are_scored_on_tool_workers_before_their_step_and_a_failed_scoring_leaves_training(pool):
     """Each group is sent for scoring when its last execution finishes and is scored (off the driver) before its
-    train step is enqueued; the group whose verifier raises gets a score_error note naming it and rewards of 0,
-    and the run trains every step."""
+    train step is enqueued; the group whose verifier raises is retried once, then gets a score_error note naming
+    it, every execution "failed" and a group_left note, and the run trains every step."""
     from gyre.real.runner import run_real
 
     cfg = preset_tiny_test()
@@ -66,6 +68,11 @@ def test_groups_are_scored_on_tool_workers_before_their_step_and_a_failed_scorin
     assert [(e[3]["group"], e[3]["task"]) for e in errors] == [(task1[0], 1)], f"score errors {errors}"
     assert "verifier down for task 1" in errors[0][3]["message"], errors[0][3]["message"]
     assert scored[task1[0]][1] == [0.0] * cfg.cluster.group_size, f"failed group's rewards {scored[task1[0]]}"
+    outcomes = {x[3]["group"]: x[3]["outcomes"] for x in notes("scored")}
+    assert outcomes[task1[0]] == ["failed"] * cfg.cluster.group_size, f"failed group's outcomes {outcomes}"
+    assert [x[3]["group"] for x in notes("score_retry")] == [task1[0]], "one retry of the failed group"
+    left = [(x[3]["group"], x[3]["whole"]) for x in notes("group_left")]
+    assert left == [(task1[0], True)], f"groups that left training {left}"
     assert not any("driver" in e[3]["message"] for e in errors), "a group was scored on the driver"
 
 
@@ -102,14 +109,17 @@ class G:  # a RealGroup's face: id, task_id, env (the task's group)
 @dataclasses.dataclass
 class Env:
     value: float
+    # one finished execution (what the verifier reads of a group: its executions' ids and status)
+    recorder: object = dataclasses.field(default_factory=lambda: types.SimpleNamespace(
+        executions=[types.SimpleNamespace(id=0, status="finished")]))
 
 
 def test_steps_take_their_scores_in_the_order_asked_and_the_task_rule_scores_a_failure():
     """Scores arriving out of order release the waiting steps in the order they were asked for; a failed
-    scoring takes the task's score_failed rule."""
+    scoring (no retries left) takes the task's score_failed rule."""
     tools, log, got = InlineTools(), [], []
     rule = lambda group, message: [Score(execution=0, reward=-1.0, truncated=False)]  # noqa: E731
-    v = Verifier(Fixed(rule), tools, lambda kind, info: log.append((kind, info)), lambda: 0.0)
+    v = Verifier(Fixed(rule), tools, lambda kind, info: log.append((kind, info)), lambda: 0.0, retries=0)
     groups = [G(i, 10 + i, Env(i)) for i in range(3)]
     for g in groups:
         v.start(g)
@@ -121,4 +131,5 @@ def test_steps_take_their_scores_in_the_order_asked_and_the_task_rule_scores_a_f
     tools.answer(0)
     assert got == [("a", [0.0, -1.0]), ("b", [2.0])], f"released {got}"
     errs = [i for k, i in log if k == "score_error"]
-    assert errs == [{"group": 1, "task": 11, "message": "tool call timed out after 60s (attempt 2 of 2)"}], errs
+    assert errs == [{"group": 1, "task": 11, "message": "tool call timed out after 60s (attempt 2 of 2)",
+                     "failed": [0]}], errs

@@ -17,6 +17,15 @@ so that sum(weight * term) over all packs of the batch is the naive loss ("token
 "sequence": 1 / (executions * rows of the row's execution)). Duplicates are counted, as in the naive one.
 The rows' layout, and their merge by advantage sign, are gyre.trajectory.loss_rows's.
 
+Sampling (`PackConfig.sampling`, gyre.trajectory.sample): "exact" packs and trains every branch as above;
+"roles" first draws each execution's paths (role-bounded, at most j_max, from the Generator passed in), cuts
+each tree down to the tokens on the drawn paths (`restrict`), and keeps one row per (trained token,
+execution): the row of the earliest drawn path through it, so a masked prefix trains once. The weights are
+then those of the naive loss over the drawn paths with each execution's masked tokens counted once
+("sequence": the mean over an execution's trainable tokens first, then the mean across executions, the
+paper's rule). Branches of the batch are then the drawn paths (`PackedBatch.branch_source`: which branch
+of its tree each was).
+
 The steps of `build_packs` (cut, weight, place, assemble, locate leaves) share one chunk layout, so they
 live in this one module.
 
@@ -33,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gyre.trajectory.loss_rows import LossRows
+from gyre.trajectory.sample import SamplingConfig, preorder_segments, restrict, sample_branches
 from gyre.trajectory.tree import Preorder, TokenTree
 
 NORMALIZATIONS = ("token", "sequence")
@@ -40,10 +50,11 @@ NORMALIZATIONS = ("token", "sequence")
 
 @dataclass(kw_only=True, frozen=True)
 class PackConfig:
-    """Bound on tokens per pack and the loss normalization ("token" or "sequence")."""
+    """Bound on tokens per pack, the loss normalization ("token" or "sequence") and which paths train."""
 
     max_tokens: int = 32768
     normalization: str = "token"
+    sampling: SamplingConfig = SamplingConfig()
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -79,7 +90,9 @@ class PackStats:
     naive_tokens: int  # every branch in full
     packed_tokens: int  # tokens in all packs (context replays included)
     num_packs: int
-    loss_rows: int  # (trained token, branch) pairs = naive trained tokens
+    loss_rows: int  # (trained token, branch) pairs = naive trained tokens (sampled: (token, execution) pairs)
+    kept_tokens: int = -1  # tokens on the trained paths (exact: every token, = unique_tokens)
+    paths: int = 0  # branches trained (exact: every branch)
 
     @property
     def duplication_overhead(self) -> float:
@@ -97,6 +110,7 @@ class PackedBatch:
     branch_pack: np.ndarray  # pack of each branch's leaf (batch-global branch order: tree by tree)
     branch_index: np.ndarray  # pack index of each branch's leaf
     branch_execution: np.ndarray  # batch-global execution of each branch
+    branch_source: np.ndarray | None = None  # sampled: each branch's index among its tree's (kept) branches
 
 
 def _choose_cuts(pre: Preorder, max_tokens: int) -> list[int]:
@@ -109,6 +123,8 @@ def _choose_cuts(pre: Preorder, max_tokens: int) -> list[int]:
     (a start whose reach is passed never becomes valid again). Ties go to the earlier predecessor.
     """
     n = pre.size
+    if n == 0:  # nothing left of the tree (every execution left training)
+        return []
     starts = pre.run_start.tolist()
     reach = (pre.run_start + max_tokens - pre.depth[pre.run_start]).tolist()
     depth = pre.depth[pre.run_start].tolist()
@@ -163,11 +179,12 @@ class _TreeRows:
     chunk_bounds: np.ndarray  # row range of chunk c: chunk_bounds[c] .. chunk_bounds[c + 1]
 
 
-def _tree_rows(pre: Preorder, ca: np.ndarray, eoff: int, boff: int) -> _TreeRows:
+def _tree_rows(pre: Preorder, ca: np.ndarray, eoff: int, boff: int, once: bool = False) -> _TreeRows:
     """One row per (trained token with a parent, branch through it), built per *segment*: a maximal piece
     of an unbranched run holding no branch leaf but its last token and no chunk start but its first. All
     tokens of a segment have the same branches through them (leaves in [start, leave[start])), the same
-    chunk, and their parent is the previous token, except possibly for the first one."""
+    chunk, and their parent is the previous token, except possibly for the first one. `once`: one row per
+    (token, execution), the lowest-numbered branch of the execution through it (sampled mode)."""
     n = pre.size
     border = np.argsort(pre.branch_leaf, kind="stable")
     bl_sorted = pre.branch_leaf[border]
@@ -200,7 +217,11 @@ def _tree_rows(pre: Preorder, ca: np.ndarray, eoff: int, boff: int) -> _TreeRows
                 pr[0] = c + par - a if par >= a else int(depth[par])
         tg, lp = pre.tokens[ts], pre.logprob[ts]
         m = ts.shape[0]
-        for b in border[lo[k] : hi[k]].tolist():
+        through = border[lo[k] : hi[k]].tolist()
+        if once:
+            seen: set[int] = set()
+            through = [b for b in sorted(through) if not (int(exe[b]) in seen or seen.add(int(exe[b])))]
+        for b in through:
             pred.append(pr)
             target.append(tg)
             olp.append(lp)
@@ -221,7 +242,8 @@ def _cat(xs: list[np.ndarray], dtype) -> np.ndarray:
     return xs[0] if len(xs) == 1 else np.concatenate(xs)
 
 
-def _cut_trees(pres: list[Preorder], advs: list[np.ndarray], B: int, eoff: np.ndarray, boff: np.ndarray):
+def _cut_trees(pres: list[Preorder], advs: list[np.ndarray], B: int, eoff: np.ndarray, boff: np.ndarray,
+               once: bool = False):
     """Step 1: check each tree against its advantages and the bound, choose its cuts, and build its loss rows.
     Returns (chunks as (tree, a, b), cut starts per tree, rows per tree)."""
     chunks: list[tuple[int, int, int]] = []
@@ -235,7 +257,7 @@ def _cut_trees(pres: list[Preorder], advs: list[np.ndarray], B: int, eoff: np.nd
         ca = np.asarray(_choose_cuts(p, B), np.int64)
         cuts.append(ca)
         chunks.extend((i, int(a), int(b)) for a, b in zip(ca.tolist(), np.append(ca[1:], p.size).tolist()))
-        rows.append(_tree_rows(p, ca, int(eoff[i]), int(boff[i])))
+        rows.append(_tree_rows(p, ca, int(eoff[i]), int(boff[i]), once))
     return chunks, cuts, rows
 
 
@@ -287,22 +309,39 @@ def _assemble_pack(members: list[int], chunks, pres, ctx, csize, rows, cuts_befo
     )
 
 
-def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: PackConfig) -> PackedBatch:
-    """Pack a batch of task trees; `advantages[i][e]` is the advantage of execution e of tree i.
+def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: PackConfig,
+                rng: np.random.Generator | None = None) -> PackedBatch:
+    """Pack a batch of task trees; `advantages[i][e]` is the advantage of execution e of tree i (NaN: it left
+    training, none of its branches is trained or packed); `rng` draws the paths of role-bounded sampling (needed
+    then, unused by exact packing).
 
-    Steps: cut every tree into chunks and build its loss rows; weight the rows; place the chunks into packs
-    (first-fit decreasing by chunk size, context included); assemble each pack; record where each branch's
-    leaf landed."""
+    Steps: (sampled: draw each tree's paths and cut it down to them;) cut every tree into chunks and build its
+    loss rows; weight the rows; place the chunks into packs (first-fit decreasing by chunk size, context
+    included); assemble each pack; record where each branch's leaf landed."""
     if len(trees) != len(advantages):
         raise ValueError(f"got {len(trees)} trees but {len(advantages)} advantage arrays")
     pres = [t.preorder() if isinstance(t, TokenTree) else t for t in trees]
-    B = config.max_tokens
+    unique = sum(p.size for p in pres)
     advs = [np.asarray(a, np.float64).reshape(-1) for a in advantages]
+    for i, (p, adv) in enumerate(zip(pres, advs)):  # a NaN advantage: the execution left training (credit.py)
+        gone = np.isnan(adv)
+        if gone.any() and p.branch_execution.size and p.branch_execution.max() < adv.shape[0]:
+            pres[i] = restrict(p, np.flatnonzero(~gone[p.branch_execution]))
+    sampled = config.sampling.sampled
+    source = None
+    if sampled:
+        if rng is None:
+            raise ValueError("PackConfig.sampling.mode = 'roles' needs a numpy Generator (build_packs(..., rng=))")
+        segs = [preorder_segments(p) for p in pres]
+        drawn = [sample_branches(p, config.sampling, rng, sg) for p, sg in zip(pres, segs)]
+        pres = [restrict(p, d, sg) for p, d, sg in zip(pres, drawn, segs)]
+        source = _cat(drawn, np.int64)
+    B = config.max_tokens
     eoff = np.concatenate([[0], np.cumsum([a.shape[0] for a in advs])]).astype(np.int64)
     boff = np.concatenate([[0], np.cumsum([p.branch_leaf.shape[0] for p in pres])]).astype(np.int64)
     adv_all = np.concatenate(advs) if advs else np.zeros(0)
 
-    chunks, cuts, rows = _cut_trees(pres, advs, B, eoff, boff)
+    chunks, cuts, rows = _cut_trees(pres, advs, B, eoff, boff, once=sampled)
     n_rows = sum(int(r.pred.shape[0]) for r in rows)
     exec_weight = _execution_weights(rows, int(eoff[-1]), n_rows, config.normalization)
 
@@ -331,8 +370,9 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
         b_exec.append(pre.branch_execution + eoff[t])
         naive += int((pre.depth[leaves] + 1).sum())
     stats = PackStats(
-        unique_tokens=sum(p.size for p in pres), naive_tokens=naive, packed_tokens=int(csize.sum()),
-        num_packs=n_packs, loss_rows=n_rows,
+        unique_tokens=unique, naive_tokens=naive, packed_tokens=int(csize.sum()),
+        num_packs=n_packs, loss_rows=n_rows, kept_tokens=sum(p.size for p in pres), paths=int(boff[-1]),
     )
     return PackedBatch(packs=packs, stats=stats, branch_pack=_cat(b_pack, np.int64),
-                       branch_index=_cat(b_index, np.int64), branch_execution=_cat(b_exec, np.int64))
+                       branch_index=_cat(b_index, np.int64), branch_execution=_cat(b_exec, np.int64),
+                       branch_source=source)

@@ -12,7 +12,10 @@ and may:
 - `finish(reward)` or `hit_deadline()` (scored later by partial credit, see credit.py).
 
 Every branch closed here is one root-to-leaf path the model saw; all of an execution's branches (sub-agents
-included) share its reward. `Point`s are opaque handles to a token of one tree.
+included) share its reward. `Point`s are opaque handles to a token of one tree. Each branch gets its role
+(gyre.trajectory.tree.ROLES): an execution's own contexts are "main", the one a compaction closes
+"main-summary" (the summary is generated in it), a sub-agent's "sub-agent", or "sub-agent-summary" when it
+is closed with `close(summary=True)`; an abandoned retry attempt keeps its agent's plain role.
 
 Simplifications: sub-agents cannot compact; closing an execution closes its open sub-agents; the compacted
 context is environment tokens (the summary itself is generated, and trained, in the old context).
@@ -48,6 +51,8 @@ class ReachedState:
 
 class Cursor:
     """One context being extended: an execution's main line or one of its sub-agents."""
+
+    role = "main"  # the role of this cursor's plain branches
 
     def __init__(self, execution: Execution, at: int, label: str) -> None:
         self._ex = execution
@@ -105,24 +110,27 @@ class Cursor:
         self._check_open("retry")
         start = self._resolve(at, "retry")
         if start != self._at:
-            self._ex.recorder.tree.add_branch(self._at, self._ex.id)
+            self._ex.recorder.tree.add_branch(self._at, self._ex.id, self.role)
         self._at = start
         return self.point
 
-    def _close(self) -> None:
+    def _close(self, role: str | None = None) -> None:
         for sub in self._subagents:
             if sub._open:
                 sub._close()
-        self._ex.recorder.tree.add_branch(self._at, self._ex.id)
+        self._ex.recorder.tree.add_branch(self._at, self._ex.id, role or self.role)
         self._open = False
 
 
 class SubAgent(Cursor):
     """A sub-agent of an execution: same execution id and reward, its own branch."""
 
-    def close(self) -> None:
+    role = "sub-agent"
+
+    def close(self, summary: bool = False) -> None:
+        """Close the sub-agent's context; `summary`: it ends with the summary the sub-agent wrote."""
         self._check_open("close")
-        self._close()
+        self._close("sub-agent-summary" if summary else None)
 
 
 class Execution(Cursor):
@@ -149,7 +157,7 @@ class Execution(Cursor):
             if sub._open:
                 sub._close()
         self._subagents = []
-        self.recorder.tree.add_branch(self._at, self.id)
+        self.recorder.tree.add_branch(self._at, self.id, "main-summary")
         self._at = self.recorder.tree.append(-1, context_tokens, trained=False)
         self.contexts += 1
         self.links.append((old, self.point))

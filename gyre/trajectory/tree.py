@@ -12,6 +12,11 @@ naive per-branch expansion.
 and the exclusive end of its subtree (`leave`), so "k is an ancestor-or-self of q" is
 `enter[k] <= enter[q] < leave[k]` with `enter` the preorder index.
 
+Each branch carries a *role* (`ROLES`): the main agent's context ("main"), a main context closed by
+compaction, which ends with the summary it wrote ("main-summary"), a sub-agent's context ("sub-agent") and a
+sub-agent's context that ends with its summary ("sub-agent-summary"). Role-bounded sampling
+(gyre.trajectory.sample) draws by them; exact packing ignores them.
+
 Simplifications: the DFS visits children in insertion order; tokens are int64, log-probs float64; a token
 that is a root cannot be a trained target (nothing predicts it), in the tree and in the naive reference.
 """
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 ENV_VERSION = -1  # version stored for environment/tool tokens (they carry log-prob 0.0)
+ROLES = ("main", "main-summary", "sub-agent", "sub-agent-summary")  # branch roles; a Preorder stores their index
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -38,6 +44,7 @@ class Preorder:
     run_start: np.ndarray  # int64 sorted preorder starts of maximal unbranched runs (good cut points)
     branch_leaf: np.ndarray  # int64 preorder index of each branch's last token (branch order)
     branch_execution: np.ndarray  # int64 execution id of each branch
+    branch_role: np.ndarray | None = None  # int64 index into ROLES of each branch (None: every branch "main")
 
     @property
     def size(self) -> int:
@@ -94,6 +101,7 @@ class TokenTree:
         self._forks: dict[int, list[int]] = {}
         self.branch_leaf: list[int] = []
         self.branch_execution: list[int] = []
+        self.branch_role: list[int] = []  # index into ROLES
 
     # ---- reading -----------------------------------------------------------------------------------
 
@@ -139,12 +147,15 @@ class TokenTree:
 
     # ---- writing -----------------------------------------------------------------------------------
 
-    def add_branch(self, leaf: int, execution: int) -> None:
-        """Record that `execution`'s model saw the path root..leaf as one context."""
+    def add_branch(self, leaf: int, execution: int, role: str = "main") -> None:
+        """Record that `execution`'s model saw the path root..leaf as one context, in `role` (one of ROLES)."""
         if not 0 <= leaf < self.size:
             raise ValueError(f"branch leaf {leaf} is not a token of tree {self.task_id!r}")
+        if role not in ROLES:
+            raise ValueError(f"branch role {role!r} of tree {self.task_id!r} is not one of {ROLES}")
         self.branch_leaf.append(leaf)
         self.branch_execution.append(execution)
+        self.branch_role.append(ROLES.index(role))
 
     def append(self, parent: int, tokens, *, trained: bool, logprobs=None, version: int = ENV_VERSION) -> int:
         """Append `tokens` under token `parent` (-1: a new root), reusing identical existing paths."""
@@ -283,4 +294,5 @@ class TokenTree:
             run_start=np.sort(pstart),
             branch_leaf=pstart[lr] + leaves - starts[lr],
             branch_execution=np.asarray(self.branch_execution, np.int64),
+            branch_role=np.asarray(self.branch_role, np.int64),
         )

@@ -45,9 +45,11 @@ def parse_sets(sets: list[str] | None) -> dict:
 
 def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | None, eta: int | None = None,
                  policies: list[str] | None = None, faults: list[str] | None = None,
-                 checkpoint_every: int | None = None, sets: list[str] | None = None) -> RunConfig:
+                 checkpoint_every: int | None = None, sets: list[str] | None = None, j_max: str | None = None,
+                 role_priority: str | None = None) -> RunConfig:
     """The preset with the flags applied; `eta` goes to the named policies (default: every one that has it);
-    `sets` (--set) override dotted fields or, as `POLICY.PARAM=VALUE`, a policy's parameters."""
+    `sets` (--set) override dotted fields or, as `POLICY.PARAM=VALUE`, a policy's parameters; `j_max` (an integer
+    or "uncapped") or `role_priority` (comma-separated roles) turn role-bounded sampling on."""
     bad = spec_error(faults or [])
     if bad:
         fail(bad)
@@ -69,6 +71,10 @@ def build_config(preset: str, gpus: int | None, steps: int | None, seed: int | N
         if params:
             merged = {p: {**cfg.policy_params.get(p, {}), **kv} for p, kv in params.items()}
             cfg = override(cfg, policy_params={**cfg.policy_params, **merged})
+        if j_max is not None or role_priority is not None:
+            j = j_max if j_max in (None, "uncapped") or not j_max.lstrip("-").isdigit() else int(j_max)
+            prio = tuple(role_priority.split(",")) if role_priority else None
+            cfg = override(cfg, **{"sampling.mode": "roles", "sampling.j_max": j, "sampling.role_priority": prio})
         if eta is not None:
             targets = policies or [p for p in REGISTRY if takes(p, "eta")]
             params = {p: {**cfg.policy_params.get(p, {}), "eta": eta} for p in targets}
@@ -90,6 +96,11 @@ CheckpointEvery = traces.CheckpointEveryOpt
 Sets = Annotated[Optional[list[str]], typer.Option("--set", help="KEY=VALUE: a dotted config field (cluster.cell_gpus=352, "
                                                    "workload.steps_per_burst=3) or POLICY.PARAM (async.streaming=true); "
                                                    "repeatable")]
+JMax = Annotated[Optional[str], typer.Option("--j-max", help="role-bounded path sampling: at most this many paths "
+                                             "trained per execution (an integer >= 1, or 'uncapped')")]
+RolePriority = Annotated[Optional[str], typer.Option("--role-priority", help="role-bounded path sampling: role "
+                                                     "classes, highest first, e.g. main,main-summary,sub-agent,"
+                                                     "sub-agent-summary")]
 
 
 @app.command()
@@ -107,12 +118,15 @@ def run(
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
     sets: Sets = None,
+    j_max: JMax = None,
+    role_priority: RolePriority = None,
 ) -> None:
     """Simulate one policy and write its metrics."""
     from gyre.sim.harness.compare import Candidate, comparison_table, write_outputs
     from gyre.sim.harness.runner import simulate
 
-    cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every, sets),
+    cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, eta, [policy], faults, checkpoint_every,
+                                                    sets, j_max, role_priority),
                                        engine)
     with progress_bar() as prog:
         task = prog.add_task(f"{policy} on {cfg.name}", total=cfg.steps)
@@ -147,6 +161,8 @@ def compare(
     engine: calibrate_engine.EngineOpt = None,
     faults: Faults = None,
     checkpoint_every: CheckpointEvery = None,
+    j_max: JMax = None,
+    role_priority: RolePriority = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help=RAY_HELP)] = None,
     sets: Sets = None,
     rows: traces.RowsOpt = "all",
@@ -157,7 +173,8 @@ def compare(
     traces._rows_ok(rows)
 
     cfg = calibrate_engine.with_engine(build_config(preset, gpus, steps, seed, policies=policy, faults=faults,
-                                                    checkpoint_every=checkpoint_every, sets=sets), engine)
+                                                    checkpoint_every=checkpoint_every, sets=sets, j_max=j_max,
+                                                    role_priority=role_priority), engine)
     report_infeasible(cfg, policy)
     with progress_bar() as prog:
         task = prog.add_task(f"tuning on {cfg.name}" + (f" (Ray: {ray})" if ray else ""), total=None)

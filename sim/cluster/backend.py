@@ -20,6 +20,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import simpy
 
 from gyre.cluster import ClusterError, Phase, Role
@@ -28,6 +29,8 @@ from gyre.estimate import CostEstimate, from_costs
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process
 from gyre.hardware import Costs, group_train_attention_ctx
+from gyre.train_work import SAMPLING_STREAM, selected_work
+from gyre.trajectory.sample import SamplingConfig
 from gyre.backend import PARK, ClusterBase
 from gyre.engine_lifecycle import READY, STOPPING
 from gyre.sim.cluster import engine_moves as moves
@@ -44,8 +47,12 @@ _END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third
 
 class SimCluster(ClusterBase):
     def __init__(self, *, n_gpus: int, costs: Costs, source, check: bool = False, faults: tuple[str, ...] = (),
-                 seed: int = 0, checkpoint_every: int = 0, cell_gpus: int = 0, standalone_gpus: int = 0) -> None:
+                 seed: int = 0, checkpoint_every: int = 0, cell_gpus: int = 0, standalone_gpus: int = 0,
+                 sampling: SamplingConfig | None = None) -> None:
         self.env = simpy.Environment()
+        self._seed = seed
+        # role-bounded path sampling: a step trains (and costs) the drawn paths only (gyre.train_work)
+        self._sampling = sampling if sampling is not None and sampling.sampled else None
         self.costs = costs
         self.source = source
         self.init_books(n_gpus, gpus_per_engine=costs.engine_gpus, min_train_gpus=costs.min_train_gpus,
@@ -216,13 +223,19 @@ class SimCluster(ClusterBase):
     def train(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
         gpus = self._check_train(gpus, groups)
         done = [[e.produced() for e in g.executions] for g in groups]  # a deadline cut trains what it produced
-        tokens = sum(d[0].prompt + sum(x.tokens - x.prompt for x in d) for d in done)
+        if self._sampling is None:
+            tokens = sum(d[0].prompt + sum(x.tokens - x.prompt for x in d) for d in done)
+            attn = sum(group_train_attention_ctx(d) for d in done)
+        else:
+            works = [selected_work(d, self.source.config, self._sampling,
+                                   np.random.default_rng([self._seed, SAMPLING_STREAM, g.id]))
+                     for d, g in zip(done, groups)]
+            tokens, attn = sum(x[0] for x in works), sum(x[1] for x in works)
         v = self._version
         self.trained_groups.extend(g.id for g in groups)
         self._book_trained(groups, v)
         self._hold_for_training(gpus)
         onload = self._switch_in_s(gpus, "trainer")
-        attn = sum(group_train_attention_ctx(d) for d in done)
         compute = self.costs.train_time(tokens, len(gpus), attn)
         h = Handle(f"train{v}")
         if onload > 0:

@@ -57,6 +57,7 @@ def simulate(
     cluster = SimCluster(
         n_gpus=cfg.cluster.gpus, costs=costs, source=src, check=check, faults=cfg.faults, seed=cfg.seed,
         checkpoint_every=cfg.checkpoint_every, cell_gpus=cfg.cluster.cell_gpus, standalone_gpus=cfg.cluster.standalone_gpus,
+        sampling=cfg.sampling,
     )
     t0 = time.perf_counter()
     with no_gc():  # millions of log records and executions: see gyre.gc_pause
