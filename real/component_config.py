@@ -141,6 +141,9 @@ class RealClusterConfig:
     # "none": no estimate (a policy that reads one stops with one line)
     estimate: str = "profile"
     admission_fill: float = 1.0  # share of KV the admission limit commits (gyre.hardware.admission_limit)
+    # experimental: a migration or park asked while the execution decodes happens at once: the engine request is
+    # cancelled and re-issued at the destination (re-prefilled), instead of waiting for the next tool-call boundary
+    move_in_flight: bool = False
 
     def __post_init__(self) -> None:
         if self.checkpoint_every is not None and self.checkpoint_every < 0:
