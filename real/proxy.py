@@ -47,7 +47,18 @@ from dataclasses import dataclass, field
 from gyre.real.proxy_chat import CallCache, ChatCodec, ChatFormatError, Reply
 
 PROXY_ROLES = ("main", "main-summary", "sub-agent", "sub-agent-summary")
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def exposure(host: str) -> str | None:
+    """The start-up warning for a bind address beyond loopback (None for a loopback one)."""
+    import ipaddress
+
+    try:
+        loop = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loop = False
+    return None if loop else (f"gyre proxy: ProxyConfig.host = {host!r} is beyond loopback: any host that reaches it "
+                              f"can call the model with an execution token")
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -129,9 +140,9 @@ class Proxy:
         port = socks[0].getsockname()[1]
         host = self.cfg.host if ":" not in self.cfg.host else f"[{self.cfg.host}]"
         self.url = f"http://{host}:{port}"
-        if self.cfg.host not in LOOPBACK:
-            print(f"gyre proxy: listening on {self.url}, beyond loopback (ProxyConfig.host = {self.cfg.host!r}): "
-                  f"any host that reaches it can call the model with an execution token", file=sys.stderr, flush=True)
+        warn = exposure(self.cfg.host)
+        if warn:
+            print(f"{warn} (listening on {self.url})", file=sys.stderr, flush=True)
         return self.url
 
     # --- sessions (the backend's side) ---
@@ -232,7 +243,7 @@ class Proxy:
             raise ProxyError(403, f"this token is execution {s.key}'s, not {named}'s", "X-Gyre-Execution")
         role = h.request.headers.get("X-Gyre-Role") or meta.get("gyre_role") or "main"
         if role not in PROXY_ROLES:
-            raise ProxyError(400, f"X-Gyre-Role / metadata.gyre_role: expected one of {', '.join(PROXY_ROLES)}, "
+            raise ProxyError(400, f"metadata.gyre_role (or the X-Gyre-Role header): expected one of {', '.join(PROXY_ROLES)}, "
                                   f"got {role!r}", "metadata.gyre_role")
         if not isinstance(body.get("model"), str):
             raise ProxyError(400, "model: expected a string", "model")
