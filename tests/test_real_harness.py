@@ -142,3 +142,38 @@ def test_own_harness_runs_under_colocate_with_every_branch_kind_and_a_move_mid_r
 
 def transcripts_of(ep) -> list[dict]:
     return [json.loads(ln) for ln in (Path(ep.cwd) / "transcript.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("policy", ["async", "elastic"])
+def test_own_harness_runs_under_async_and_elastic(local_ray, chat_qwen3, tmp_path, policy):
+    """async and elastic run the own harness end to end: nothing lost, every call a 200, records on the tree."""
+    cfg = harness_run(chat_qwen3, tmp_path)
+    if policy == "elastic":  # it reads the cost estimate: measured at start-up
+        cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, estimate="profile"))
+    r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
+    check_run(r, cfg.steps)
+    for calls in transcripts(r):
+        assert len(calls) >= 5 and all(c["status"] == 200 and c["ok"] for c in calls), f"{policy}: {calls}"
+    for g in r.cluster.groups.values():
+        check_records_are_the_tree(g)
+
+
+def test_a_crashed_and_a_hung_harness_end_their_executions_with_their_work_scored(local_ray, chat_qwen3, tmp_path):
+    """One harness exits with code 3, the other hangs past harness_timeout_s and is killed: both executions end
+    (truncated only the killed one), nothing is lost, and both are scored on the solution.py they left."""
+    problems = tmp_path / "p.jsonl"
+    problems.write_text(json.dumps({"id": "p", "prompt": "write anything", "tests": ["assert True"]}) + "\n")
+    argv = OWN + ("--fault", "crash:e0", "--fault", "hang:e1")
+    cfg = harness_run(chat_qwen3, tmp_path, harness=argv, harness_timeout_s=8.0)
+    cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, task=dataclasses.replace(cfg.cluster.task, problems=str(problems))))
+    r = run_real(cfg, "colocate", pool=ActorPool.shared(cfg.pool))
+    check_run(r, cfg.steps)
+    eps = [ep for g in r.cluster.groups.values() for ep in g.env.episodes]
+    crashed = [ep for ep in eps if ep.key.endswith("e0")]
+    hung = [ep for ep in eps if ep.key.endswith("e1")]
+    assert crashed and all(ep.exit["code"] == 3 and not ep.exit["timed_out"] for ep in crashed), [ep.exit for ep in crashed]
+    assert hung and all(ep.exit["timed_out"] and ep.cursor.status == "truncated" for ep in hung), [ep.exit for ep in hung]
+    rewards = [x[3] for x in r.log if x[0] == "note" and x[2] == "train"]
+    assert rewards and rewards[0]["reward_mean"] == 1.0, f"the work left was not scored: {rewards}"
+    assert all(len(ep.records) == 1 for ep in eps), "each harness made exactly its first call"

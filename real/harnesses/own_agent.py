@@ -9,7 +9,8 @@ harnesses do), else keep the reply as its solution (`solution.py`); at turn `--s
 context; once the history holds more than `--compact-after` messages, summarize it (`main-summary`) and start
 over from the system prompt, the task and the summary (a compaction). Every other call is streamed (SSE).
 It writes `transcript.jsonl` (one line per call: role, HTTP status, finish reason, whether the reply parsed)
-for whoever checks it. `--fault crash|hang` exits with code 3, or hangs, after its first call (fault tests).
+for whoever checks it. `--fault crash|hang[:SUFFIX]` writes `solution.py`, then exits with code 3 or hangs, after its first main call
+(fault tests; with SUFFIX only in executions whose GYRE_EXECUTION ends with it; repeatable).
 Roles travel as the `X-Gyre-Role` header, which other servers ignore.
 """
 
@@ -105,8 +106,13 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--subagent-at", type=int, default=1)
     ap.add_argument("--compact-after", type=int, default=6)
-    ap.add_argument("--fault", choices=("crash", "hang"), default=None)
+    ap.add_argument("--fault", action="append", default=[], help="crash|hang[:SUFFIX] (SUFFIX: of GYRE_EXECUTION)")
     a = ap.parse_args()
+    me = os.environ.get("GYRE_EXECUTION", "")
+    faults = [f.partition(":") for f in a.fault]
+    a.fault = next((kind for kind, _, suffix in faults if me.endswith(suffix)), None)
+    if a.fault not in (None, "crash", "hang"):
+        ap.error(f"--fault: expected crash or hang, got {a.fault!r}")
     task = os.environ.get("GYRE_TASK", "")
     client = Client()
     base = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
@@ -120,9 +126,11 @@ def main() -> None:
             found = client.chat(sub, "sub-agent-summary").get("content") or ""
             history.append({"role": "user", "content": f"A sub-agent found: {found}"})
         reply = client.chat(history, "main", TOOLS)
-        if a.fault == "crash":
-            sys.exit(3)
-        if a.fault == "hang":
+        if a.fault:  # work first, then the fault
+            with open("solution.py", "w") as f:
+                f.write("# written before the fault\n")
+            if a.fault == "crash":
+                sys.exit(3)
             time.sleep(10**6)
         history.append(reformat(reply))
         if reply.get("tool_calls"):
