@@ -87,3 +87,35 @@ def test_a_record_without_output_is_refused():
     t = TitoTree(TaskRecorder("t", PROMPT).tree, 0)
     with pytest.raises(ValueError, match=r"record e#1: 3 input ids, 0 output ids"):
         t.add(rec(1, PROMPT, []))
+
+
+def test_harness_episode_relays_records_and_drops_at_the_overall_timeout(tmp_path):
+    """The harness task's episode without Ray: launch -> request -> Generate of the proxy's ids -> record -> respond;
+    a request after the deadline stops the harness and the execution is dropped (truncated, scored 0)."""
+    pytest.importorskip("transformers")
+    from pathlib import Path
+
+    from gyre.real.task_api import Done, Generate, Tool
+    from gyre.real.tasks.harness import HarnessTask, HarnessTaskConfig
+
+    root = Path(__file__).parents[1]
+    cfg = HarnessTaskConfig(problems=str(root / "configs" / "code_problems.jsonl"),
+                            model_dir=str(root / "configs" / "tiny_chat"), overall_timeout_s=10.0, workdir=str(tmp_path))
+    task = HarnessTask(cfg, 0)
+    task._proxy = "proxy-handle"  # no actor: the episode only names it in its tool calls
+    g = task.new_group(0, 1)
+    ep = g.episodes[0]
+    launch = ep.start(0.0)
+    assert isinstance(launch, Tool) and launch.call.method == "launch" and launch.call.args[1] == ep.token, launch
+    gen = ep.on_tool({"kind": "request", "n": 1, "ids": [1, 2, 3], "role": "sub-agent", "max_new": 8, "received": 0.0}, 1.0)
+    assert gen == Generate([1, 2, 3], 8, seq="sub"), gen
+    resp = ep.on_generated([7, 0], [-0.5, -0.25], 2, 2.0)
+    assert resp.call.method == "respond" and resp.call.args[1:] == (1, [7, 0], [-0.5, -0.25]), resp.call.args
+    assert ep.records[0].role == "sub-agent" and ep.records[0].issued_s == 1.0 and ep.records[0].done_s == 2.0
+    stop = ep.on_tool({"kind": "request", "n": 2, "ids": [1, 2, 3, 7, 0, 9], "role": "main", "max_new": 8,
+                       "received": 0.0}, 11.0)
+    assert stop.call.method == "stop" and ep.dropped, "a request past the deadline must stop the harness"
+    done = ep.on_tool({"kind": "exit", "code": -9, "timed_out": True, "requests": 2}, 11.5)
+    assert done == Done(truncated=True, end=2) and ep.cursor.status == "truncated", done
+    assert [s.reward for s in task.score(g)] == [0.0], "a dropped execution scores 0"
+    assert [r for _, r in ep.tito.leaves] == ["sub-agent"], ep.tito.leaves
