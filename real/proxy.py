@@ -40,7 +40,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -243,7 +242,8 @@ class Proxy:
             raise ProxyError(403, f"this token is execution {s.key}'s, not {named}'s", "X-Gyre-Execution")
         role = h.request.headers.get("X-Gyre-Role") or meta.get("gyre_role") or "main"
         if role not in PROXY_ROLES:
-            raise ProxyError(400, f"metadata.gyre_role (or the X-Gyre-Role header): expected one of {', '.join(PROXY_ROLES)}, "
+            roles = ", ".join(PROXY_ROLES)
+            raise ProxyError(400, f"metadata.gyre_role (or the X-Gyre-Role header): expected one of {roles}, "
                                   f"got {role!r}", "metadata.gyre_role")
         if not isinstance(body.get("model"), str):
             raise ProxyError(400, "model: expected a string", "model")
@@ -286,8 +286,8 @@ class Proxy:
         reply = self.codec.decode(out["ids"], s.key, n, max_new)
         s.cache.remember(reply, out["ids"])
         self.served += 1
-        lp = ({"content": [{"token": self.codec.tok.decode([t]), "logprob": p} for t, p in zip(out["ids"], out["logprobs"])]}
-              if want_lp else None)
+        pairs = zip(out["ids"], out["logprobs"])
+        lp = {"content": [{"token": self.codec.tok.decode([t]), "logprob": p} for t, p in pairs]} if want_lp else None
         rid = f"chatcmpl-{s.key}-{n}"
         usage = {"prompt_tokens": len(ids), "completion_tokens": len(out["ids"]),
                  "total_tokens": len(ids) + len(out["ids"])}
@@ -315,54 +315,3 @@ async def _sse(h, rid: str, model: str, reply: Reply, lp, usage: dict) -> None:
         h.write(f"data: {json.dumps(c)}\n\n")
         await h.flush()
     h.finish("data: [DONE]\n\n")
-
-
-class ProxyActor:
-    """The proxy in a Ray actor (asyncio): one per run, on the driver's node; tool calls reach it by handle."""
-
-    def __init__(self, tokenizer_folder: str, config: ProxyConfig) -> None:
-        from gyre.real.chat import ChatTokenizer
-
-        self.proxy = Proxy(ChatTokenizer(tokenizer_folder).tok, config)
-
-    async def start(self) -> str:
-        return self.proxy.url or await self.proxy.start()
-
-    def open(self, key: str, token: str, max_new: int, max_context: int) -> None:
-        self.proxy.open(key, token, max_new, max_context)
-
-    async def launch(self, key, token, max_new, max_context, argv, env, cwd, timeout_s) -> dict:
-        """Open the execution's session and start its harness (see Proxy.launch)."""
-        self.proxy.open(key, token, max_new, max_context)
-        return await self.proxy.launch(key, argv, env, cwd, timeout_s)
-
-    async def respond(self, key, n, ids, logprobs) -> dict:
-        return await self.proxy.respond(key, n, ids, logprobs)
-
-    async def stop(self, key) -> dict:
-        return await self.proxy.stop(key)
-
-    def served(self) -> int:
-        return self.proxy.served
-
-
-class ProxyThread:
-    """A Proxy on its own event loop in a daemon thread (tests and the benchmark drive it without Ray)."""
-
-    def __init__(self, tokenizer, config: ProxyConfig | None = None) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.proxy = self.call(_make(tokenizer, config))
-        self.url = self.call(self.proxy.start())
-
-    def call(self, coro, timeout: float | None = 30.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-
-
-async def _make(tokenizer, config):
-    return Proxy(tokenizer, config)  # built on its loop: the sessions' queues belong to it

@@ -124,7 +124,8 @@ def check_messages(messages) -> None:
             raise ChatFormatError(f"{where}.tool_calls: only an assistant message has a list of tool calls")
         for k, c in enumerate(calls):
             fn = c.get("function") if isinstance(c, dict) else None
-            if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments"), (str, dict))):
+            ok = isinstance(fn, dict) and isinstance(fn.get("name"), str)
+            if not (ok and isinstance(fn.get("arguments"), (str, dict))):
                 raise ChatFormatError(f"{where}.tool_calls[{k}].function: expected {{'name': str, 'arguments': str}}")
 
 
@@ -186,9 +187,11 @@ class ChatCodec:
 
     def _apply(self, messages, tools) -> str:
         try:
-            return self.tok.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
+            return self.tok.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True,
+                                                tokenize=False)
         except Exception as exc:  # noqa: BLE001 - a template error is the request's (jinja raises many kinds)
-            raise ChatFormatError(f"messages: the chat template cannot render them: {str(exc).splitlines()[0]}") from None
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ChatFormatError(f"messages: the chat template cannot render them: {why}") from None
 
     def _encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False) if text else []

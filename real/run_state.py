@@ -71,7 +71,8 @@ def encode_state(obj: Any, where: str = "state") -> Any:
     if isinstance(obj, tuple):
         return {"__tuple__": [encode_state(v, f"{where}[{i}]") for i, v in enumerate(obj)]}
     if isinstance(obj, dict):
-        return {"__dict__": [[encode_state(k, f"{where} key"), encode_state(v, f"{where}[{k!r}]")] for k, v in obj.items()]}
+        items = obj.items()
+        return {"__dict__": [[encode_state(k, f"{where} key"), encode_state(v, f"{where}[{k!r}]")] for k, v in items]}
     raise TypeError(f"policy state: {where} is a {type(obj).__name__}, not data (None, bool, int, float, str, list, "
                     f"tuple, dict)")
 
@@ -88,7 +89,8 @@ def decode_state(obj: Any, where: str = "state") -> Any:
         if not all(isinstance(kv, list) and len(kv) == 2 for kv in obj["__dict__"]):
             raise RunStateError(f"{where}: a dict's items must be [key, value] pairs")
         return {_key(decode_state(k, where), where): decode_state(v, f"{where}[{k!r}]") for k, v in obj["__dict__"]}
-    raise RunStateError(f"{where}: {json.dumps(obj)[:60]} is not encoded policy state (gyre.real.run_state.encode_state)")
+    raise RunStateError(f"{where}: {json.dumps(obj)[:60]} is not encoded policy state "
+                        f"(gyre.real.run_state.encode_state)")
 
 
 def _key(k: Any, where: str) -> Any:

@@ -16,7 +16,8 @@ pytest.importorskip("tornado")
 pytest.importorskip("transformers")
 
 from gyre.real.chat import ChatTokenizer  # noqa: E402
-from gyre.real.proxy import ProxyThread, exposure  # noqa: E402
+from gyre.real.proxy import exposure
+from gyre.real.proxy_host import ProxyThread  # noqa: E402
 from gyre.real.proxy_chat import TOOLS_TEMPLATE, CallCache, ChatCodec, ChatFormatError  # noqa: E402
 
 ROOT = Path(__file__).parents[1]

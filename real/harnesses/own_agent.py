@@ -9,8 +9,8 @@ harnesses do), else keep the reply as its solution (`solution.py`); at turn `--s
 context; once the history holds more than `--compact-after` messages, summarize it (`main-summary`) and start
 over from the system prompt, the task and the summary (a compaction). Every other call is streamed (SSE).
 It writes `transcript.jsonl` (one line per call: role, HTTP status, finish reason, whether the reply parsed)
-for whoever checks it. `--fault crash|hang[:SUFFIX]` writes `solution.py`, then exits with code 3 or hangs, after its first main call
-(fault tests; with SUFFIX only in executions whose GYRE_EXECUTION ends with it; repeatable).
+for whoever checks it. `--fault crash|hang[:SUFFIX]` writes `solution.py`, then exits with code 3 or hangs, after
+its first main call (fault tests; with SUFFIX only in executions whose GYRE_EXECUTION ends with it; repeatable).
 Roles travel as the `X-Gyre-Role` header, which other servers ignore.
 """
 
@@ -26,8 +26,8 @@ import urllib.error
 import urllib.request
 
 SYSTEM = "You are a coding agent. Use the sh tool to inspect the folder; answer with Python code."
-TOOLS = [{"type": "function", "function": {"name": "sh", "description": "run a shell command",
-                                           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+SH = {"type": "object", "properties": {"cmd": {"type": "string"}}}
+TOOLS = [{"type": "function", "function": {"name": "sh", "description": "run a shell command", "parameters": SH}}]
 
 
 class Client:
@@ -73,7 +73,8 @@ class Client:
                 ch = json.loads(ln)["choices"][0]
                 msg["content"] += ch["delta"].get("content") or ""
                 if ch["delta"].get("tool_calls"):
-                    msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in ch["delta"]["tool_calls"]]
+                    calls = ch["delta"]["tool_calls"]
+                    msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
                 finish = ch["finish_reason"] or finish
             return msg, finish
         except (ValueError, KeyError, IndexError, TypeError):

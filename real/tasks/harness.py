@@ -171,6 +171,7 @@ class HarnessTask:
         self.chat = ChatTokenizer(config.model_dir)
         self.stop = self.chat.stop
         self.max_context = config.max_context
+        self.vocab_size = self.chat.vocab_size  # the CLI checks the model's vocabulary covers it
         self.argv = [a.replace("{python}", sys.executable).replace("{harnesses}", str(HARNESSES))
                      for a in config.harness]
         self.root = config.workdir or tempfile.mkdtemp(prefix="gyre-harness-")
@@ -184,7 +185,7 @@ class HarnessTask:
             import ray
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            from gyre.real.proxy import ProxyActor
+            from gyre.real.proxy_host import ProxyActor
 
             here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
             actor = ray.remote(num_cpus=0, max_concurrency=1000, max_restarts=0)(ProxyActor).options(
