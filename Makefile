@@ -8,6 +8,10 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,real]'
+	@# bubblewrap fences harness processes (gyre.real.harness_sandbox); without it, sandbox = "bwrap" is refused
+	command -v bwrap >/dev/null || (command -v apt-get >/dev/null && (apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+	  || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1))) \
+	  || echo "bubblewrap not installed: harness tasks with sandbox = 'bwrap' are refused"
 	touch $(STAMP)
 
 .PHONY: install compiled demo test test-deep bench

@@ -25,9 +25,9 @@ HTTP surface (tornado, bound to 127.0.0.1 unless `ProxyConfig.host` says otherwi
 Harness processes: `launch` starts one per execution (its own session and process group, an empty working
 folder, an environment of PATH, HOME, OPENAI_BASE_URL, OPENAI_API_KEY and the GYRE_* task variables only), and
 `next_event` returns the execution's next request, or its exit: the process ended, or it outlived its
-`harness_timeout_s` and was killed with its process group (`timed_out`). What this fences: time, the
-environment and the process tree; not the file system, the network or memory (no namespaces here: see
-docs/harness.md).
+`harness_timeout_s` and was killed with its process group (`timed_out`). The fence around the process is
+gyre.real.harness_sandbox's (bubblewrap namespaces with this proxy's Unix socket as the only network, or limits
+only); see docs/harness.md.
 
 Simplifications: one request of an execution is served at a time (concurrent requests of one execution queue
 in arrival order); one proxy per run, on the driver's node (harnesses are launched beside it).
@@ -40,6 +40,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -107,6 +108,7 @@ class Proxy:
         self.sessions: dict[str, Session] = {}
         self.by_token: dict[str, str] = {}
         self.url = ""
+        self.unix = ""
         self.served = 0  # requests answered (the benchmark's count)
 
     # --- the server ---
@@ -136,6 +138,8 @@ class Proxy:
         server = tornado.httpserver.HTTPServer(app, max_body_size=self.cfg.max_body_bytes)
         socks = tornado.netutil.bind_sockets(self.cfg.port, address=self.cfg.host)
         server.add_sockets(socks)
+        self.unix = os.path.join(tempfile.mkdtemp(prefix="gyre-proxy-"), "proxy.sock")  # sandboxed harnesses' way in
+        server.add_socket(tornado.netutil.bind_unix_socket(self.unix, mode=0o666))
         port = socks[0].getsockname()[1]
         host = self.cfg.host if ":" not in self.cfg.host else f"[{self.cfg.host}]"
         self.url = f"http://{host}:{port}"
@@ -150,16 +154,23 @@ class Proxy:
             self.sessions[key] = Session(key, token, max_new, max_context)
             self.by_token[token] = key
 
-    async def launch(self, key: str, argv: list[str], env: dict, cwd: str, timeout_s: float) -> dict:
-        """Start the execution's harness (once; a retried call only waits) and return its first event."""
+    async def launch(self, key: str, argv: list[str], env: dict, cwd: str, timeout_s: float, sandbox: str = "none",
+                     memory_mb: int = 4096, file_mb: int = 256) -> dict:
+        """Start the execution's harness (once; a retried call only waits), fenced by `sandbox`
+        (gyre.real.harness_sandbox), and return its first event."""
+        from gyre.real import harness_sandbox as hs
+
         s = self.sessions[key]
         if s.proc is None and s.exit is None:
             full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": cwd, "OPENAI_BASE_URL": self.url + "/v1",
                     "OPENAI_API_KEY": s.token, "GYRE_EXECUTION": key, **env}
             os.makedirs(cwd, exist_ok=True)
-            s.proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=cwd, env=full, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                stderr=open(os.path.join(cwd, ".harness.stderr"), "wb"), start_new_session=True)
+            if sandbox != "none":
+                argv, full = hs.wrap(argv, cwd, full, self.unix)
+            with open(os.path.join(cwd, ".harness.stderr"), "wb") as err:
+                s.proc = await asyncio.create_subprocess_exec(
+                    *argv, cwd=cwd, env=full, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                    stderr=err, start_new_session=True, preexec_fn=hs.limits(memory_mb, file_mb))
             s.deadline = time.monotonic() + timeout_s
         return await self.next_event(key)
 

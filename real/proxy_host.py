@@ -27,10 +27,11 @@ class ProxyActor:
     def open(self, key: str, token: str, max_new: int, max_context: int) -> None:
         self.proxy.open(key, token, max_new, max_context)
 
-    async def launch(self, key, token, max_new, max_context, argv, env, cwd, timeout_s) -> dict:
+    async def launch(self, key, token, max_new, max_context, argv, env, cwd, timeout_s, sandbox="none",
+                     memory_mb=4096, file_mb=256) -> dict:
         """Open the execution's session and start its harness (see Proxy.launch)."""
         self.proxy.open(key, token, max_new, max_context)
-        return await self.proxy.launch(key, argv, env, cwd, timeout_s)
+        return await self.proxy.launch(key, argv, env, cwd, timeout_s, sandbox, memory_mb, file_mb)
 
     async def respond(self, key, n, ids, logprobs) -> dict:
         return await self.proxy.respond(key, n, ids, logprobs)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from gyre.real.chat import ChatTokenizer
+from gyre.real.harness_sandbox import SANDBOXES, check_sandbox
 from gyre.real.proxy import ProxyConfig
 from gyre.real.sandbox import Limits, run_python
 from gyre.real.task_api import Done, Generate, Tool, ToolError
@@ -56,6 +57,9 @@ class HarnessTaskConfig:
     overall_timeout_s: float = 120.0  # the execution's deadline: stopped and scored 0 (dropped)
     workdir: str = ""  # working folders go under it ("": a temporary folder)
     env: tuple[tuple[str, str], ...] = ()  # more environment variables for the harness
+    sandbox: str = "none"  # or "bwrap": namespaces, the proxy as the only network (gyre.real.harness_sandbox)
+    memory_mb: int = 4096  # the harness's address-space limit
+    file_mb: int = 256  # the largest file it may write
     proxy_host: str = "127.0.0.1"
     proxy_port: int = 0
     score_wall_s: float = 10.0
@@ -70,6 +74,8 @@ class HarnessTaskConfig:
             raise ValueError(f"HarnessTaskConfig: max_new_tokens = {self.max_new_tokens} must be >= 1 and below "
                              f"max_context = {self.max_context}")
         ProxyConfig(host=self.proxy_host, port=self.proxy_port)
+        if self.sandbox not in SANDBOXES:
+            raise ValueError(f"HarnessTaskConfig.sandbox must be one of {SANDBOXES}, got {self.sandbox!r}")
 
 
 @dataclass(frozen=True)
@@ -120,7 +126,7 @@ class HarnessEpisode:
         self.deadline_at = now + cfg.overall_timeout_s
         env = {"GYRE_TASK": self.group.problem.prompt, **dict(cfg.env)}
         return self._call("launch", self.token, cfg.max_new_tokens, cfg.max_context, self.task.argv, env, self.cwd,
-                          cfg.harness_timeout_s)
+                          cfg.harness_timeout_s, cfg.sandbox, cfg.memory_mb, cfg.file_mb)
 
     def on_tool(self, ev, now: float):
         if isinstance(ev, ToolError):
@@ -165,6 +171,7 @@ class HarnessTask:
     config_class = HarnessTaskConfig
 
     def __init__(self, config: HarnessTaskConfig, seed: int) -> None:
+        check_sandbox(config.sandbox)  # a host that cannot fence as asked is refused here, in one line
         self.cfg = config
         self.seed = seed
         self.problems = read_problems(config.problems)
