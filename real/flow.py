@@ -133,10 +133,11 @@ class ExecutionFlow:
         self._busy(src)
         self._start_queued(src)
 
-    def _do_migrate(self, ex: RealExecution) -> None:
+    def _do_migrate(self, ex: RealExecution, inflight: bool = False) -> None:
+        """Carry out ex's pending migration at a boundary, or, `inflight` (the policy asked while it decodes, with
+        cfg.move_in_flight: RealCluster._migrate_now), with its engine request cancelled and re-issued."""
         dst, h = ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
-        inflight = ex.phase == Phase.DECODE  # only with cfg.move_in_flight (RealCluster._at_boundary)
         if inflight:  # the engine request is abandoned at the source (its late answer is ignored: `req` moves on)
             self._background.append(ex.engine.actor.cancel.remote(ex.inflight.seq))
             ex.req += 1

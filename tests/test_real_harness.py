@@ -146,8 +146,9 @@ def transcripts_of(ep) -> list[dict]:
 
 @pytest.mark.parametrize("policy", ["async", "elastic"])
 def test_own_harness_runs_under_async_and_elastic(local_ray, chat_qwen3, tmp_path, policy):
-    """async and elastic run the own harness end to end: nothing lost, every call a 200, records on the tree."""
-    cfg = harness_run(chat_qwen3, tmp_path)
+    """async and elastic run the own harness end to end (inside bubblewrap where it is installed): nothing lost,
+    every call a 200, records on the tree."""
+    cfg = harness_run(chat_qwen3, tmp_path, sandbox="bwrap" if shutil.which("bwrap") else "none")
     if policy == "elastic":  # it reads the cost estimate: measured at start-up
         cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, estimate="profile"))
     r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
