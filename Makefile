@@ -14,7 +14,15 @@ $(STAMP): pyproject.toml
 	  || echo "bubblewrap not installed: harness tasks with sandbox = 'bwrap' are refused"
 	touch $(STAMP)
 
-.PHONY: install compiled demo test test-deep bench
+# mini-swe-agent, a harness the real backend runs behind its model proxy (configs/harness_mini_swe_cpu.toml), in a
+# virtual environment of its own: its dependencies (litellm, datasets, textual, ...) stay out of Gyre's
+.venv-mini/bin/mini:
+	$(PYTHON) -m venv .venv-mini
+	.venv-mini/bin/python -m pip install -q mini-swe-agent==2.4.6
+
+harness-mini: .venv-mini/bin/mini
+
+.PHONY: install compiled demo test test-deep bench harness-mini
 install: compiled
 
 # the simulator's hot path as C extensions (gyre.compiled: ~20 s once, then a no-op until its sources change);

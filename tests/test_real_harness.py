@@ -178,3 +178,26 @@ def test_a_crashed_and_a_hung_harness_end_their_executions_with_their_work_score
     rewards = [x[3] for x in r.log if x[0] == "note" and x[2] == "train"]
     assert rewards and rewards[0]["reward_mean"] == 1.0, f"the work left was not scored: {rewards}"
     assert all(len(ep.records) == 1 for ep in eps), "each harness made exactly its first call"
+
+
+MINI = ROOT / ".venv-mini" / "bin" / "mini"
+
+
+@pytest.mark.skipif(not MINI.exists(), reason="mini-swe-agent not installed (make harness-mini)")
+def test_mini_swe_agent_runs_unmodified_behind_the_proxy(local_ray, chat_qwen3, tmp_path):
+    """mini-swe-agent 2.4.6 (PyPI, its own venv, inside bubblewrap where installed) runs as the agent under colocate:
+    every call it made is a record on the tree, it ran to its own end (its trajectory file), nothing is lost."""
+    argv = ("{harnesses}/mini_swe_agent.sh",)
+    cfg = harness_run(chat_qwen3, tmp_path, harness=argv, env=(("MINI", str(MINI)), ("MINI_STEPS", "2")),
+                      sandbox="bwrap" if shutil.which("bwrap") else "none")
+    cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, kv_capacity=65536,
+        task=dataclasses.replace(cfg.cluster.task, max_context=8192, max_new_tokens=32)))
+    r = run_real(cfg, "colocate", pool=ActorPool.shared(cfg.pool))
+    check_run(r, cfg.steps)
+    for g in r.cluster.groups.values():
+        check_records_are_the_tree(g)
+        for ep in g.env.episodes:
+            assert ep.exit is not None and ep.exit["requests"] == len(ep.records) >= 1, \
+                f"{ep.key}: {ep.exit}, {len(ep.records)} records: {(Path(ep.cwd) / '.harness.stderr').read_text()[-400:]}"
+            assert (Path(ep.cwd) / "traj.json").exists(), f"{ep.key}: mini-swe-agent did not run to its end"

@@ -2,7 +2,7 @@
 
 What it models: the setting of the system Gyre follows, where the agent is a program Gyre cannot rewrite. Each
 episode launches the task's harness (`harness`, an argv; `{python}` is this interpreter, `{harnesses}` gyre's
-folder of harness programs, gyre/real/harnesses) in its own working folder through the run's model proxy
+folder of harness programs, gyre/real/harnesses, `{repo}` gyre's source root) in its own working folder through the run's model proxy
 (gyre.real.proxy), pointed at it by OPENAI_BASE_URL and a per-execution OPENAI_API_KEY, with the problem's
 statement in GYRE_TASK. The episode is then a relay between the harness and the backend, within the
 environment contract (gyre.real.task_api): waiting for the harness's next model call is a `Tool` call (run on
@@ -46,9 +46,16 @@ from gyre.trajectory.tito import TitoRecord, TitoTree
 HARNESSES = Path(__file__).resolve().parents[1] / "harnesses"
 
 
+def expand(arg: str) -> str:
+    """`{python}`: this interpreter; `{harnesses}`: gyre's folder of harness programs; `{repo}`: gyre's source root."""
+    return (arg.replace("{python}", sys.executable).replace("{harnesses}", str(HARNESSES))
+            .replace("{repo}", str(HARNESSES.parents[1])))
+
+
 @dataclass(kw_only=True, frozen=True)
 class HarnessTaskConfig:
-    harness: tuple[str, ...] = ("{python}", "{harnesses}/own_agent.py")  # argv of the harness program
+    # argv of the harness program; `{python}`, `{harnesses}` and `{repo}` are expanded here and in `env` (`expand`)
+    harness: tuple[str, ...] = ("{python}", "{harnesses}/own_agent.py")
     problems: str = "configs/code_problems.jsonl"
     model_dir: str = "configs/tiny_chat"  # the served model's tokenizer and chat template
     max_new_tokens: int = 32  # cap of a call's max_tokens
@@ -65,6 +72,7 @@ class HarnessTaskConfig:
     score_wall_s: float = 10.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "env", tuple((str(k), str(v)) for k, v in self.env))  # TOML gives lists
         if not self.harness or not all(isinstance(a, str) for a in self.harness):
             raise ValueError("HarnessTaskConfig.harness must be a non-empty list of strings (the program's argv)")
         for name in ("harness_timeout_s", "overall_timeout_s"):
@@ -124,7 +132,7 @@ class HarnessEpisode:
         self.cursor = self.group.recorder.start()
         self.tito = TitoTree(self.group.recorder.tree, self.cursor.id)
         self.deadline_at = now + cfg.overall_timeout_s
-        env = {"GYRE_TASK": self.group.problem.prompt, **dict(cfg.env)}
+        env = {"GYRE_TASK": self.group.problem.prompt, **self.task.env}
         return self._call("launch", self.token, cfg.max_new_tokens, cfg.max_context, self.task.argv, env, self.cwd,
                           cfg.harness_timeout_s, cfg.sandbox, cfg.memory_mb, cfg.file_mb)
 
@@ -179,8 +187,8 @@ class HarnessTask:
         self.stop = self.chat.stop
         self.max_context = config.max_context
         self.vocab_size = self.chat.vocab_size  # the CLI checks the model's vocabulary covers it
-        self.argv = [a.replace("{python}", sys.executable).replace("{harnesses}", str(HARNESSES))
-                     for a in config.harness]
+        self.argv = [expand(a) for a in config.harness]
+        self.env = {k: expand(v) for k, v in config.env}
         self.root = config.workdir or tempfile.mkdtemp(prefix="gyre-harness-")
         self._proxy = None
         self.url = ""
