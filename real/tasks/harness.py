@@ -2,14 +2,15 @@
 
 What it models: the setting of the system Gyre follows, where the agent is a program Gyre cannot rewrite. Each
 episode launches the task's harness (`harness`, an argv; `{python}` is this interpreter, `{harnesses}` gyre's
-folder of harness programs, gyre/real/harnesses, `{repo}` gyre's source root) in its own working folder through the run's model proxy
-(gyre.real.proxy), pointed at it by OPENAI_BASE_URL and a per-execution OPENAI_API_KEY, with the problem's
-statement in GYRE_TASK. The episode is then a relay between the harness and the backend, within the
-environment contract (gyre.real.task_api): waiting for the harness's next model call is a `Tool` call (run on
-the tool workers; the harness's own work between two calls is its tool time), the call itself a `Generate` of
-the ids the proxy rendered, sent to whichever engine serves the execution now, and its answer goes back to the
-harness with the next wait. Every call is recorded TITO (gyre.trajectory.tito.TitoRecord), and at the end the
-execution's records become its branches of the group's prefix tree (gyre.trajectory.tito.TitoTree).
+folder of harness programs, gyre/real/harnesses, `{repo}` gyre's source root) in its own working folder through
+the run's model proxy (gyre.real.proxy), pointed at it by OPENAI_BASE_URL and a per-execution OPENAI_API_KEY, with
+the problem's statement in GYRE_TASK, fenced as `sandbox` says (gyre.real.harness_sandbox: bubblewrap namespaces
+with the proxy as its only network, or resource limits only). The episode is then a relay between the harness and
+the backend, within the environment contract (gyre.real.task_api): waiting for the harness's next model call is a
+`Tool` call (run on the tool workers; the harness's own work between two calls is its tool time), the call itself
+a `Generate` of the ids the proxy rendered, sent to whichever engine serves the execution now, and its answer goes
+back to the harness with the next wait. Every call is recorded TITO (gyre.trajectory.tito.TitoRecord), and at the
+end the execution's records become its branches of the group's prefix tree (gyre.trajectory.tito.TitoTree).
 
 Endings: the harness exits (any code: a crash still leaves its work), is killed at `harness_timeout_s` (its
 work is scored, flagged truncated), or the execution outlives `overall_timeout_s` (its deadline: the harness is
