@@ -190,7 +190,8 @@ def test_mini_swe_agent_runs_unmodified_behind_the_proxy(local_ray, chat_qwen3, 
     argv = ("{harnesses}/mini_swe_agent.sh",)
     cfg = harness_run(chat_qwen3, tmp_path, harness=argv, env=(("MINI", str(MINI)), ("MINI_STEPS", "2")),
                       sandbox="bwrap" if shutil.which("bwrap") else "none")
-    cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(
+    tc = dataclasses.replace(cfg.pool.trainer_config, max_pack_tokens=8192, micro_batch_tokens=8192)  # ~3k-token paths
+    cfg = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, trainer_config=tc), cluster=dataclasses.replace(
         cfg.cluster, kv_capacity=65536,
         task=dataclasses.replace(cfg.cluster.task, max_context=8192, max_new_tokens=32)))
     r = run_real(cfg, "colocate", pool=ActorPool.shared(cfg.pool))
