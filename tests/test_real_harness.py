@@ -184,17 +184,18 @@ MINI = ROOT / ".venv-mini" / "bin" / "mini"
 
 
 @pytest.mark.skipif(not MINI.exists(), reason="mini-swe-agent not installed (make harness-mini)")
-def test_mini_swe_agent_runs_unmodified_behind_the_proxy(local_ray, chat_qwen3, tmp_path):
-    """mini-swe-agent 2.4.6 (PyPI, its own venv, inside bubblewrap where installed) runs as the agent under colocate:
-    every call it made is a record on the tree, it ran to its own end (its trajectory file), nothing is lost."""
+@pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
+def test_mini_swe_agent_runs_unmodified_behind_the_proxy(local_ray, chat_qwen3, tmp_path, policy):
+    """mini-swe-agent 2.4.6 (PyPI, its own venv, inside bubblewrap where installed) runs as the agent under each
+    policy: every call it made is a record on the tree, it ran to its own end (its trajectory file), nothing lost."""
     argv = ("{harnesses}/mini_swe_agent.sh",)
     cfg = harness_run(chat_qwen3, tmp_path, harness=argv, env=(("MINI", str(MINI)), ("MINI_STEPS", "2")),
                       sandbox="bwrap" if shutil.which("bwrap") else "none")
     tc = dataclasses.replace(cfg.pool.trainer_config, max_pack_tokens=8192, micro_batch_tokens=8192)  # ~3k-token paths
     cfg = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, trainer_config=tc), cluster=dataclasses.replace(
-        cfg.cluster, kv_capacity=65536,
+        cfg.cluster, kv_capacity=65536, estimate="profile" if policy == "elastic" else "none",
         task=dataclasses.replace(cfg.cluster.task, max_context=8192, max_new_tokens=32)))
-    r = run_real(cfg, "colocate", pool=ActorPool.shared(cfg.pool))
+    r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
     check_run(r, cfg.steps)
     for g in r.cluster.groups.values():
         check_records_are_the_tree(g)
