@@ -12,7 +12,7 @@ apt-get can) with:
   OPENAI_BASE_URL reaches the proxy and nothing else is reachable;
 - PID, IPC, UTS and cgroup namespaces, a user namespace in which it runs as uid/gid 65534 (nobody) with no
   capabilities, a new session, and death with its parent;
-- resource limits (both sandboxes): address space, file size and open files (setrlimit).
+- resource limits (both sandboxes): address space, file size and open files (`prlimit`, else setrlimit).
 
 `sandbox = "none"` keeps only the limits, its own folder and process group and a clean environment. A host
 without a working `bwrap` (not installed, or user namespaces disabled) is refused in one line at the task's start.
@@ -85,15 +85,20 @@ def wrap(argv: list[str], cwd: str, env: dict, socket: str) -> tuple[list[str], 
     return cmd, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
 
-def limits(memory_mb: int, file_mb: int, open_files: int = 256):
-    """A preexec function setting the harness's resource limits."""
+def limited(argv: list[str], memory_mb: int, file_mb: int, open_files: int = 256) -> tuple[list[str], object]:
+    """`argv` under the harness's resource limits: through util-linux `prlimit` where it is installed (nothing runs
+    in the forked child: the proxy's process has threads), else a preexec function (the second element)."""
+    exe = shutil.which("prlimit")
+    if exe:
+        return [exe, f"--as={memory_mb << 20}", f"--fsize={file_mb << 20}", f"--nofile={open_files}", "--", *argv], None
+
     def apply() -> None:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
         resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20, file_mb << 20))
         resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
-    return apply
+    return argv, apply
 
 
 async def _pipe(reader, writer) -> None:

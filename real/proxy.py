@@ -167,10 +167,11 @@ class Proxy:
             os.makedirs(cwd, exist_ok=True)
             if sandbox != "none":
                 argv, full = hs.wrap(argv, cwd, full, self.unix)
+            argv, pre = hs.limited(argv, memory_mb, file_mb)
             with open(os.path.join(cwd, ".harness.stderr"), "wb") as err:
                 s.proc = await asyncio.create_subprocess_exec(
                     *argv, cwd=cwd, env=full, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-                    stderr=err, start_new_session=True, preexec_fn=hs.limits(memory_mb, file_mb))
+                    stderr=err, start_new_session=True, preexec_fn=pre)
             s.deadline = time.monotonic() + timeout_s
         return await self.next_event(key)
 

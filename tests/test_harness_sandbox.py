@@ -19,8 +19,9 @@ from gyre.real.proxy_host import ProxyThread  # noqa: E402
 
 ROOT = Path(__file__).parents[1]
 PROBE = r'''
-import json, os, socket, urllib.request
-out = {"uid": os.getuid()}
+import json, os, resource, socket, urllib.request
+out = {"uid": os.getuid(), "as_mb": resource.getrlimit(resource.RLIMIT_AS)[0] >> 20,
+       "nofile": resource.getrlimit(resource.RLIMIT_NOFILE)[0]}
 body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=body,
                              headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
@@ -55,8 +56,8 @@ def test_without_bwrap_the_sandbox_is_refused_in_one_line(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed (make install installs it)")
 def test_a_bwrapped_harness_reaches_the_proxy_and_nothing_else(tmp_path):
-    """Inside bwrap the harness runs as nobody, its call reaches the proxy through the forwarder, and the proxy's own
-    TCP port, the outside network and a file beside its folder are out of reach."""
+    """Inside bwrap the harness runs as nobody under its limits, its call reaches the proxy through the forwarder, and
+    the proxy's own TCP port, the outside network and a file beside its folder are out of reach."""
     hs.check_sandbox("bwrap")
     folder = tmp_path / "tok"
     shutil.copytree(ROOT / "configs" / "tiny_chat", folder)
@@ -70,11 +71,13 @@ def test_a_bwrapped_harness_reaches_the_proxy_and_nothing_else(tmp_path):
         pt.proxy.open("e0", "tok0", 8, 512)
         port = pt.url.rsplit(":", 1)[1]
         env = {"HOST_PORT": port, "SECRET": str(secret)}
-        ev = pt.call(pt.proxy.launch("e0", [sys.executable, "probe.py"], env, str(cwd), 60.0, "bwrap"), timeout=60)
+        launch = pt.proxy.launch("e0", [sys.executable, "probe.py"], env, str(cwd), 60.0, "bwrap", 1536, 16)
+        ev = pt.call(launch, timeout=60)
         assert ev["kind"] == "request", f"no call reached the proxy: {ev} {(cwd / '.harness.stderr').read_text()}"
         end = asyncio.run_coroutine_threadsafe(pt.proxy.respond("e0", ev["n"], [7, 0], [-1.0, -1.0]), pt.loop).result(60)
         assert end["kind"] == "exit" and end["code"] == 0, f"{end}: {(cwd / '.harness.stderr').read_text()[-500:]}"
         report = json.loads((cwd / "report.json").read_text())
-        assert report == {"uid": 65534, "proxy": 200, "host_port": False, "outside": False, "secret": False}, report
+        assert report == {"uid": 65534, "as_mb": 1536, "nofile": 256, "proxy": 200, "host_port": False,
+                          "outside": False, "secret": False}, report
     finally:
         pt.close()
