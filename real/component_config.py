@@ -154,6 +154,9 @@ class RealClusterConfig:
     # rollout pool's GPUs (the last ones, never training); checked against the pool by gyre.real.config
     cell_gpus: int = 0
     standalone_gpus: int = 0
+    # experimental: a migration or park asked while the execution decodes happens at once: the engine request is
+    # cancelled and re-issued at the destination (re-prefilled), instead of waiting for the next tool-call boundary
+    move_in_flight: bool = False
 
     def __post_init__(self) -> None:
         for name, least in (("steps_per_burst", 1), ("cell_gpus", 0), ("standalone_gpus", 0)):
