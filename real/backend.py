@@ -52,6 +52,9 @@ from gyre.trajectory import AdvantageConfig, group_advantages
 
 class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
     def __init__(self, *, pool, config: RealClusterConfig) -> None:
+        if config.move_at != "tool":
+            raise ClusterError(f"RealClusterConfig.move_at = {config.move_at!r}: the real backend cannot cancel an "
+                               f"in-flight model request yet; it moves executions at tool-call boundaries ('tool')")
         self.pool = pool
         self.cfg = config
         self.init_books(pool.cfg.n_gpus, gpus_per_engine=pool.cfg.gpus_per_engine,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gyre.faults import parse_faults
-from gyre.hardware import check_fill
+from gyre.hardware import check_fill, check_move_at
 from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real import task as T
 from gyre.real.collective import CollectiveConfig
@@ -141,8 +141,12 @@ class RealClusterConfig:
     # "none": no estimate (a policy that reads one stops with one line)
     estimate: str = "profile"
     admission_fill: float = 1.0  # share of KV the admission limit commits (gyre.hardware.admission_limit)
+    # when a decoding execution migrates (gyre.hardware.CostConfig.move_at): "tool" at its next tool-call boundary;
+    # "request" (cancel and retry the in-flight request) is refused by RealCluster until its engines can cancel one
+    move_at: str = "tool"
 
     def __post_init__(self) -> None:
+        check_move_at(self.move_at, "RealClusterConfig.move_at")
         if self.checkpoint_every is not None and self.checkpoint_every < 0:
             raise ValueError(f"RealClusterConfig.checkpoint_every must be >= 0, got {self.checkpoint_every}")
         parse_faults(self.faults)  # a bad spec is a one-line ValueError
