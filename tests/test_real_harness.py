@@ -51,7 +51,7 @@ def harness_run(model_dir: str, tmp_path, harness=OWN, **task):
                              max_new_tokens=24, max_context=2048, workdir=str(tmp_path / "work"), **task)
     cluster = dataclasses.replace(BASE.cluster, task_class="gyre.real.tasks.harness:HarnessTask", task=tcfg,
                                   groups_per_step=1, group_size=2, kv_capacity=16384, estimate="none",
-                                  move_in_flight=True, max_wall_s=300.0)
+                                  move_at="request", max_wall_s=300.0)
     return dataclasses.replace(BASE, pool=pool, cluster=cluster, steps=1)
 
 
