@@ -8,9 +8,21 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev,real]'
+	@# bubblewrap fences harness processes (gyre.real.harness_sandbox); without it, sandbox = "bwrap" is refused
+	command -v bwrap >/dev/null || (command -v apt-get >/dev/null && (apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+	  || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1))) \
+	  || echo "bubblewrap not installed: harness tasks with sandbox = 'bwrap' are refused"
 	touch $(STAMP)
 
-.PHONY: install compiled demo test test-deep bench
+# mini-swe-agent, a harness the real backend runs behind its model proxy (configs/harness_mini_swe_cpu.toml), in a
+# virtual environment of its own: its dependencies (litellm, datasets, textual, ...) stay out of Gyre's
+.venv-mini/bin/mini:
+	$(PYTHON) -m venv .venv-mini
+	.venv-mini/bin/python -m pip install -q mini-swe-agent==2.4.6
+
+harness-mini: .venv-mini/bin/mini
+
+.PHONY: install compiled demo test test-deep bench harness-mini
 install: compiled
 
 # the simulator's hot path as C extensions (gyre.compiled: ~20 s once, then a no-op until its sources change);

@@ -343,7 +343,8 @@ class ClusterBase:
         return h
 
     def park(self, execution: ExecutionView) -> Handle:
-        """Take a live execution off its engine at its next tool-call boundary (a migration to nowhere)."""
+        """Take a live execution off its engine at its next tool-call boundary (a migration to nowhere); at once
+        where the backend moves at the request (`_at_boundary`): its request is then retried where it resumes."""
         ex = self.executions.get(execution.id)
         if ex is None or ex.engine is None:
             raise ClusterError(f"park: execution {execution.id} is not live on an engine")
@@ -405,7 +406,8 @@ class ClusterBase:
         raise NotImplementedError
 
     def _at_boundary(self, ex) -> bool:
-        """Whether a live execution may move now (it is not mid-segment)."""
+        """Whether a live execution may move now: it is not mid-segment, or the backend moves at the request
+        (move_at="request": a decoding execution's in-flight request is cancelled and retried at the destination)."""
         raise NotImplementedError
 
     def _migrate_now(self, ex) -> None:

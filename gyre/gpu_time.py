@@ -148,6 +148,6 @@ def decompose(log: list[tuple], n_gpus: int, sync_s: float, full_at: int = 0) ->
 
 
 def counts(log: list[tuple]) -> dict[str, int]:
-    """Moves the GPU-time terms do not price: migrations, parks, preemptions, role changes."""
+    """Moves the GPU-time terms do not price: migrations, parks, preemptions, cancelled requests, role changes."""
     kinds = by_kind(log)
-    return {k: len(kinds.get(k, [])) for k in ("migrate", "park", "preempt", "role")}
+    return {k: len(kinds.get(k, [])) for k in ("migrate", "park", "preempt", "move_request", "role")}

@@ -70,6 +70,9 @@ class CostConfig:
     engine_wake_fixed_s: float = 5.0
     engine_sleep_s: float = 2.0
     migration: str = "reprefill"  # or "kv_transfer"
+    # when a migration of a decoding execution happens: "tool" at its next tool-call boundary; "request" at once,
+    # its in-flight model request cancelled at the source and retried at the destination (gyre.sim.cluster.backend)
+    move_at: str = "tool"
     engine_restart_fixed_s: float = 64.0  # a crashed engine's process start-up, weights aside (module docstring)
     trainer_restart_fixed_s: float = 34.0  # a crashed trainer worker's process start-up, state aside
     request_s: float = 0.0  # latency outside the engine per turn (driver RPC, event loop); 0: none modelled
@@ -79,6 +82,7 @@ class CostConfig:
 
     def __post_init__(self) -> None:
         check_fill(self.admission_fill)
+        check_move_at(self.move_at)
         if isinstance(self.ep_engines, bool) or not isinstance(self.ep_engines, int) or self.ep_engines < 1:
             raise ValueError(f"ep_engines must be an integer >= 1, got {self.ep_engines!r}")
         if self.ep_backend not in ("allgather_reducescatter", "all_to_all"):
@@ -88,6 +92,15 @@ class CostConfig:
             raise ValueError(f"request_s must be a finite number of seconds >= 0, got {r!r}")
         if self.max_num_seqs is not None and (isinstance(self.max_num_seqs, bool) or self.max_num_seqs < 1):
             raise ValueError(f"max_num_seqs must be an integer >= 1, got {self.max_num_seqs!r}")
+
+
+MOVE_AT = ("tool", "request")  # when a decoding execution's migration happens (CostConfig.move_at)
+
+
+def check_move_at(move_at: object, name: str = "move_at") -> None:
+    """A migration mode must be one of MOVE_AT (a ValueError naming `name` otherwise)."""
+    if move_at not in MOVE_AT:
+        raise ValueError(f"{name} must be 'tool' or 'request', got {move_at!r}")
 
 
 def check_fill(fill: object, name: str = "admission_fill") -> None:
@@ -160,6 +173,7 @@ class Costs:
     train_weight_bytes: float = 0.0
     link_bytes_s: float = 0.0
     link_latency_s: float = 0.0
+    move_at: str = "tool"  # CostConfig.move_at: a decoding execution migrates at its tool-call boundary, or at once
 
     def _over_link(self, nbytes: float) -> float:
         return nbytes / self.link_bytes_s + self.link_latency_s if self.link_bytes_s else 0.0
@@ -353,6 +367,7 @@ def derive_costs(model: ModelConfig, gpu: GpuConfig, cost: CostConfig | None = N
         train_weight_bytes=2.0 * model.total_params_b * 1e9,  # bf16 weights (and bf16 gradients: the same bytes)
         link_bytes_s=gpu.internode_gb_s * 1e9,
         link_latency_s=cost.sync_latency_s,
+        move_at=cost.move_at,
     )
 
 

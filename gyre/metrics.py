@@ -8,6 +8,9 @@ Log records are tuples whose first two fields are (kind, time):
   ("finish", t, exec, end, generated_tokens)  end: 0 done, 1 capped (length cap), 2 deadline hit
   ("preempt", t, exec, engine, tokens, gpu_s)  KV full: exec's context freed, to be recomputed (gpu_s)
   ("migrate", t, exec, src, dst)     ("sync", t, engine, version)
+  ("move_request", t, exec, src, dst, tokens, gpu_s)  a decoding exec's in-flight model request cancelled at src
+                                     (move_at="request"): `tokens` decoded in its segment discarded, their `gpu_s`
+                                     lost; the "migrate" (or "park": dst None) record of the move follows
   ("park", t, exec, engine)          ("resume", t, exec, engine)  off every engine (KV freed) / back on one
   ("trained", t, exec, group, version, staleness, lag_tokens, tokens)  staleness: lag of its oldest token;
                                      lag_tokens: sum over its `tokens` generated tokens of (version - generating version)
@@ -43,6 +46,9 @@ class RunMetrics:
     reallocations: int
     preemptions: int = 0
     preempt_gpu_s: float = 0.0
+    request_moves: int = 0  # in-flight requests cancelled and retried elsewhere ("move_request" records)
+    discarded_tokens: float = 0.0  # ... the tokens they had decoded, discarded
+    discarded_gpu_s: float = 0.0  # ... and the GPU-seconds those took
     roofline_gpu_s: float | None = None  # GPU-seconds of the work at hardware peak (simulator: gyre.roofline)
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -77,6 +83,8 @@ class RunMetrics:
             "preempt_gpu_s": self.preempt_gpu_s,
             "migrations": self.migrations,
             "reallocations": self.reallocations,
+            **({"request_moves": self.request_moves, "discarded_tokens": self.discarded_tokens,
+                "discarded_gpu_s": self.discarded_gpu_s} if self.request_moves else {}),  # only runs that moved any
             **self.extra,
         }
 
@@ -196,6 +204,9 @@ def compute_metrics(log: list[tuple], *, n_gpus: int, policy: str) -> RunMetrics
         reallocations=realloc,
         preemptions=len(kinds.get("preempt", [])),
         preempt_gpu_s=float(sum(r[5] for r in kinds.get("preempt", []))),
+        request_moves=len(kinds.get("move_request", [])),
+        discarded_tokens=float(sum(r[5] for r in kinds.get("move_request", []))),
+        discarded_gpu_s=float(sum(r[6] for r in kinds.get("move_request", []))),
     )
 
 

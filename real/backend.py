@@ -192,10 +192,11 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
         return ex.handle
 
     def _at_boundary(self, ex: RealExecution) -> bool:
-        return ex.phase in (Phase.TOOL, Phase.QUEUED)
+        """Tool-call boundaries; with `move_in_flight`, a decoding execution too (its request moves with it)."""
+        return ex.phase in (Phase.TOOL, Phase.QUEUED) or (self.cfg.move_in_flight and ex.phase == Phase.DECODE)
 
     def _migrate_now(self, ex: RealExecution) -> None:
-        self._do_migrate(ex)
+        self._do_migrate(ex, inflight=ex.phase == Phase.DECODE)  # decoding: only with cfg.move_in_flight
         self._release_deferred()
 
     def train(self, gpus: Sequence[int], groups: Sequence[RealGroup]) -> Handle:

@@ -120,6 +120,12 @@ def run(
             read_checkpoint(cfg.cluster.checkpoint, trained_model(cfg.pool), mmap=True)
         except CheckpointError as exc:
             fail(str(exc))
+        from gyre.real.run_state import RunStateError, saved_policy_state
+
+        try:  # the policy state beside it: data only (JSON), never a pickle
+            saved_policy_state(cfg.cluster.checkpoint)
+        except RunStateError as exc:
+            fail(str(exc))
     try:  # a tiny model folder (and its tokenizer) written on first use: a text task may read its tokenizer there
         ensure_model_dir(cfg.pool)
     except ValueError as exc:

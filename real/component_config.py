@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gyre.faults import parse_faults
-from gyre.hardware import check_fill
+from gyre.hardware import check_fill, check_move_at
 from gyre.real.nn.model import TinyLlamaConfig
 from gyre.real import task as T
 from gyre.real.collective import CollectiveConfig
@@ -154,8 +154,16 @@ class RealClusterConfig:
     # rollout pool's GPUs (the last ones, never training); checked against the pool by gyre.real.config
     cell_gpus: int = 0
     standalone_gpus: int = 0
+    # when a decoding execution migrates or parks (as gyre.hardware.CostConfig.move_at): "tool" at its next tool-call
+    # boundary; "request": at once, its engine request cancelled and re-issued at the destination (re-prefilled)
+    move_at: str = "tool"
+
+    @property
+    def move_in_flight(self) -> bool:
+        return self.move_at == "request"
 
     def __post_init__(self) -> None:
+        check_move_at(self.move_at, "RealClusterConfig.move_at")
         for name, least in (("steps_per_burst", 1), ("cell_gpus", 0), ("standalone_gpus", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < least:

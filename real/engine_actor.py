@@ -3,7 +3,7 @@
 Why exactly this surface: the backend (gyre.real.backend, gyre.real.flow, gyre.real.weights) drives an
 engine through a role switch (`wake` / `sleep`), a weight update in place (`load_weights` from the object
 store, `receive_weights` from a broadcast over a standalone group), one generation request per segment
-(`generate`), a hint that a sequence's cached KV may go (`release`), its timing profile for calibration
+(`generate`) and its cancellation when the request moves to another engine (`cancel`), a hint that a sequence's cached KV may go (`release`), its timing profile for calibration
 (`get_profile`), a liveness probe (`ping`) and a clean end of its processes (`shutdown`). Both engines,
 gyre.real.engine_torch.TorchEngine and gyre.real.engine_vllm.VllmEngine, implement it; a test checks
 each class against it, signature by signature.
@@ -40,6 +40,10 @@ class EngineActor(Protocol):
 
     async def release(self, seq_id: str) -> None:
         """The sequence will not be continued here: its cached KV may be dropped."""
+        ...
+
+    async def cancel(self, seq_id: str) -> bool:
+        """Abandon the sequence's request in flight (its `generate` returns {"cancelled": True}); False: none."""
         ...
 
     async def generate(self, seq_id: str, context: list[int], max_new: int, stop: list[int], seed: int) -> dict:

@@ -143,6 +143,24 @@ class TorchEngine:
         if s is not None and s.fut is None:
             del self.seqs[seq_id]
 
+    async def cancel(self, seq_id: str) -> bool:
+        """Drop the sequence's request in flight (between two decode steps) and its cache; its `generate` returns
+        {"cancelled": True, "tokens": [], "logprobs": []} (the request moved to another engine)."""
+        s = self.seqs.get(seq_id)
+        if s is None or s.fut is None:
+            return False
+        if s in self.waiting:
+            self.waiting.remove(s)
+        elif s in self.running:
+            i = self.running.index(s)
+            keep = [j for j in range(len(self.running)) if j != i]
+            self.running = [self.running[j] for j in keep]
+            self.batch = self.batch.select(keep) if keep else None
+        s.fut.set_result({"cancelled": True, "tokens": [], "logprobs": [], "version": s.version})
+        s.fut = None
+        del self.seqs[seq_id]
+        return True
+
     def get_profile(self) -> dict:
         """The profile since the last call (then cleared)."""
         out, self.profile = self.profile, {"prefill": [], "decode": [], "load": []}

@@ -198,6 +198,8 @@ class VllmEngine:
         self.asleep = False
         self.profile = {"prefill": [], "decode": [], "load": []}
         self._n = 0
+        self._live: dict[str, str] = {}  # seq id -> vLLM request id of its request in flight
+        self._cancelled: set[str] = set()  # request ids aborted by `cancel`
         self._params: list[str] | None = None  # the served model's parameter names (vLLM's, fused)
         self.comm = C.Comm()  # weight broadcast groups this engine (the actor process) belongs to
 
@@ -290,10 +292,23 @@ class VllmEngine:
         params = SamplingParams(max_tokens=int(max_new), temperature=1.0, logprobs=0, seed=int(seed) % (2**31),
                                 stop_token_ids=[int(s) for s in stop], ignore_eos=True, detokenize=False)
         self._n += 1
+        rid = f"{seq_id}-{self._n}"
+        self._live[seq_id] = rid
         version, t0, t_first, out = self.version, time.perf_counter(), None, None
-        async for out in self.engine.generate({"prompt_token_ids": [int(t) for t in context]}, params,
-                                              f"{seq_id}-{self._n}"):
-            t_first = t_first or time.perf_counter()
+        try:
+            async for out in self.engine.generate({"prompt_token_ids": [int(t) for t in context]}, params, rid):
+                t_first = t_first or time.perf_counter()
+                if rid in self._cancelled:
+                    break
+        except asyncio.CancelledError:
+            if rid not in self._cancelled:
+                raise
+        finally:
+            if self._live.get(seq_id) == rid:
+                del self._live[seq_id]
+        if rid in self._cancelled:
+            self._cancelled.discard(rid)
+            return {"cancelled": True, "tokens": [], "logprobs": [], "version": version}
         t_end = time.perf_counter()
         comp = out.outputs[0]
         tokens = [int(t) for t in comp.token_ids]
@@ -306,6 +321,15 @@ class VllmEngine:
             self.profile["decode"].append((batch, len(context) + len(tokens), (t_end - t_first) / (len(tokens) - 1)))
         return {"tokens": tokens, "logprobs": logprobs, "version": min(version, self.version),
                 "prefill_tokens": prefill_tokens, "prefill_s": prefill_s}
+
+    async def cancel(self, seq_id: str) -> bool:
+        """Abort the sequence's request in flight (vLLM's `abort`); its `generate` returns {"cancelled": True}."""
+        rid = self._live.get(seq_id)
+        if rid is None:
+            return False
+        self._cancelled.add(rid)
+        await self.engine.abort(rid)
+        return True
 
     def get_profile(self) -> dict:
         """The profile since the last call (then cleared)."""

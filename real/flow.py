@@ -81,7 +81,7 @@ class ExecutionFlow:
                 self._on_engine_dead(eng, actor)
                 return
             raise err
-        if req != ex.req:
+        if req != ex.req or res.get("cancelled"):
             return
         self.profile["requests"].append((res["prefill_tokens"], len(res["tokens"]), ex.gen_batch, self.now - ex.gen_t0))
         if getattr(ex, "migrated_at", None) is not None:
@@ -94,7 +94,8 @@ class ExecutionFlow:
     def _on_tool(self, ex, req, out) -> None:
         if req != ex.req:
             return
-        ex.segs[-1]["tool_s"] = self.now - ex.tool_t0
+        if ex.segs:  # a task may open with a tool call (gyre.real.tasks.harness: launching its harness)
+            ex.segs[-1]["tool_s"] = self.now - ex.tool_t0
         self._issue(ex, ex.on_tool(out, self.now))
 
     def _finish(self, ex: RealExecution, truncated: bool, end: int) -> None:
@@ -132,13 +133,25 @@ class ExecutionFlow:
         self._busy(src)
         self._start_queued(src)
 
-    def _do_migrate(self, ex: RealExecution) -> None:
+    def _do_migrate(self, ex: RealExecution, inflight: bool = False) -> None:
+        """Carry out ex's pending migration at a boundary, or, `inflight` (the policy asked while it decodes, with
+        cfg.move_in_flight: RealCluster._migrate_now), with its engine request cancelled and re-issued."""
         dst, h = ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
+        if inflight:  # the engine request is abandoned at the source (its late answer is ignored: `req` moves on)
+            self._background.append(ex.engine.actor.cancel.remote(ex.inflight.seq))
+            ex.req += 1
+            ex.moved_requests = getattr(ex, "moved_requests", 0) + 1
+            self._log(("note", self.now, "request_moved", {"exec": ex.id, "from": ex.engine.id,
+                                                            "to": None if dst is PARK else dst.id}))
         if dst is PARK:
+            if inflight:
+                ex.pending = ex.inflight  # re-issued where it resumes
             self._park(ex)
         else:
             self._move(ex, dst)
+            if inflight:
+                self._issue(ex, ex.inflight)  # re-prefilled at the destination
             self._start_queued(dst)
         self._deferred.append((h, True))
 

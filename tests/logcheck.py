@@ -6,7 +6,9 @@ Nothing here reads an engine's or an execution's own counters. The reconstructio
   of its syncs and restarts after a fault, in log order), so the version that generated an execution's oldest token is bounded by what
   its engine served at its "start" record and at every engine it was later moved to ("migrate", "resume").
   Where prefill is free an execution decodes at the instant it starts, so its first token's version is
-  exactly what its engine served then (`exact=True`).
+  exactly what its engine served then (`exact=True`). An execution whose in-flight request was cancelled
+  ("move_request") may have lost the tokens decoded there, its oldest among them: its oldest kept token's version
+  is bounded by the lowest an engine it ran on served and the version it trained at.
 - `occupancy`: how many executions each engine holds over time, from the admit, migrate, park, resume and
   finish records.
 - `kv_occupancy`: for single-turn executions on an engine that decodes `rate` tokens per second per
@@ -16,7 +18,8 @@ Nothing here reads an engine's or an execution's own counters. The reconstructio
   before their end as their tokens take at `rate`, the engine's sync pauses (each "sync" record ends one
   `sync_s` long) not counting. An engine's KV at any moment is then the prompt plus decoded tokens of the
   executions decoding on it: a lower bound of what it holds (a restart inside a pause is placed at the
-  pause's end), exact between events.
+  pause's end), exact between events. A "move_request" ends an interval too, its discarded tokens saying how
+  far it got; the retried request decodes them again from none.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class Staleness:
     recorded_v: dict[int, int] = field(default_factory=dict)
     lag_sum: dict[int, float] = field(default_factory=dict)
     tokens: dict[int, int] = field(default_factory=dict)
+    cancelled: set[int] = field(default_factory=set)  # executions with a "move_request" (a request cancelled)
 
 
 def staleness(log: list[tuple], mu: int = 1) -> Staleness:
@@ -58,6 +62,8 @@ def staleness(log: list[tuple], mu: int = 1) -> Staleness:
             x, dst = r[2], r[-1]
             if x in out.low_v:
                 out.low_v[x] = min(out.low_v[x], served[dst])
+        elif kind == "move_request":
+            out.cancelled.add(r[2])
         elif kind == "trained":
             _, _, x, _, v, stale, lag, n = r
             out.trained_v[x], out.recorded_v[x], out.lag_sum[x], out.tokens[x] = v, v - stale, lag, n
@@ -72,7 +78,7 @@ def check_staleness(log: list[tuple], eta: int, exact: bool, mu: int = 1) -> Non
     for x, v in s.trained_v.items():
         lo, start, got = s.low_v[x], s.start_v[x], s.recorded_v[x]
         if s.tokens[x]:
-            hi = start if exact else v
+            hi = start if exact and x not in s.cancelled else v
             assert lo <= got <= hi, (f"exec {x}: recorded oldest version {got}, the log says it is in [{lo}, {hi}] "
                                      f"(started at v{start}, trained at v{v})")
         assert v - start <= eta, f"exec {x} started at v{start}, trained at v{v}: staleness {v - start} > eta {eta}"
@@ -159,6 +165,10 @@ def decode_intervals(log: list[tuple], prompts: dict[int, int], rate: float, syn
         elif kind == "preempt":
             _, t, x, e, lost, _ = r
             close(x, e, t, lost - prompts[x])
+        elif kind == "move_request":  # a single-turn execution's request holds every token it decoded
+            _, t, x, e, _, tokens, _ = r
+            close(x, e, t, tokens)
+            tok[x] = 0.0
         elif kind == "finish":
             close(r[2], where[r[2]], r[1], r[4])
     return out

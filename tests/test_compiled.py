@@ -2,8 +2,8 @@
 pure-Python sources do: the same event log, record for record and repr for repr, on workloads that take every
 branch of the compiled code (dense and hybrid roofline steps, expert routing, linear hand-built costs with free
 prefill, KV preemption and eviction, reservation mode, request latency, a running-sequence cap, engine crashes
-and migrations, dropped and delayed syncs), under every policy. The pure side runs in a subprocess with
-GYRE_PURE=1."""
+and migrations, moves at the request, dropped and delayed syncs), under every policy. The pure side runs in a
+subprocess with GYRE_PURE=1."""
 
 from __future__ import annotations
 
@@ -61,6 +61,16 @@ def _logs() -> dict[str, str]:
         pol = "async" if seed % 2 else "elastic"
         c.run(make_policy(pol, **({"eta": 1} if takes(pol, "eta") else {})), 3)
         out[f"round-{pol}-{seed}"] = _sha(c.log)
+    from tests.test_request_moves import RandomMoves
+
+    for seed in range(2):  # moves at the request: segments cancelled mid-decode (after syncs, preemptions)
+        groups = _groups(np.random.default_rng(seed), 8, 4, turns=3, gen=(400, 1700), prompt=(100, 400))
+        costs = replace(ROUND_COSTS, kv_capacity_tokens=6000, move_at="request", kv_transfer_s_per_token=0.0005,
+                        migration="kv_transfer" if seed else "reprefill")
+        c = cluster(groups, n_gpus=3, groups_per_step=1, costs=costs, window=1200)
+        c.run(RandomMoves(1, seed, 0.7), 3)
+        assert any(r[0] == "move_request" for r in c.log), "no request moved"
+        out[f"round-request-{seed}"] = _sha(c.log)
     return out
 
 
@@ -92,7 +102,7 @@ def test_compiled_and_pure_runs_write_the_same_log():
     code = "import json; from tests.test_compiled import _logs; print(json.dumps(_logs()))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     pure = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(here) == len(pure) == 25
+    assert len(here) == len(pure) == 27
     diff = sorted(k for k in here if here[k] != pure[k])
     assert not diff, f"compiled and pure logs differ on {diff}"
 

@@ -10,7 +10,7 @@ pytest.importorskip("torch")
 
 from gyre.real.engine_actor import EngineActor  # noqa: E402
 
-METHODS = ["wake", "sleep", "load_weights", "receive_weights", "release", "generate", "get_profile", "ping",
+METHODS = ["wake", "sleep", "load_weights", "receive_weights", "release", "cancel", "generate", "get_profile", "ping",
            "shutdown"]
 
 

@@ -37,7 +37,7 @@ class Replace:
         for gpus, gs in zip(self.plan, groups):
             yield cluster.train(list(gpus), gs)
         v0 = cluster.base_version
-        self.batches = [ray.get(cluster._batches[v]) for v in range(v0 + 1, v0 + 1 + len(self.plan))]
+        self.batches = [ray.get(cluster._batches[v][0]) for v in range(v0 + 1, v0 + 1 + len(self.plan))]
         self.weights = cluster.trainer_weights()
         ray.get(cluster.pool.trainers[cluster.worker_of_record()].save.remote(self.save_to))
 

@@ -58,7 +58,7 @@ class Scripted:
                 g = self.groups[arg]
                 for ex in g.executions:
                     ex.phase = Phase.DONE
-                c.verifier._back(g, self.recs[arg][1], c.now)  # what the tool service answers for the group
+                c.verifier._back(g, self.recs[arg][1], c.now, 0, {})  # what the tool service answers for the group
             elif what == "join":
                 self.joins.append(c.join_step(arg))
             elif c.training is not None and arg in c.training.cells:

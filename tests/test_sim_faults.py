@@ -13,6 +13,9 @@ from typer.testing import CliRunner
 from gyre.cluster import Role
 from gyre.faults import fault_summary
 from gyre.policies import REGISTRY, make_policy, takes
+
+# waterlevel trains in streaming steps, and the simulator refuses injected faults with them (not modelled yet)
+FAULTABLE = sorted(p for p in REGISTRY if p != "waterlevel")
 from gyre.sim.cluster.backend import SimCluster
 from gyre.sim.cli.app import app
 from gyre.sim.harness.runner import simulate
@@ -176,7 +179,7 @@ def test_trainer_kill_between_steps_delays_the_next():
 
 @pytest.mark.invariants
 @settings(deadline=None)
-@given(name=st.sampled_from(sorted(REGISTRY)), seed=st.integers(0, 10_000), gpus=st.sampled_from([4, 6, 8]),
+@given(name=st.sampled_from(FAULTABLE), seed=st.integers(0, 10_000), gpus=st.sampled_from([4, 6, 8]),
        eta=st.integers(0, 2), kind=st.sampled_from(["xlong", "math"]),
        faults=st.lists(st.sampled_from(["random-engines:1", "random-engines:3", "random-trainers:3", "kill-engine@30",
                                         "kill-trainer@60", "kill-trainer@150", "delay-sync:20@0", "drop-sync@100"]),
@@ -199,7 +202,7 @@ def test_no_faults_same_log_as_without_the_machinery():
     """A run configured with no faults is the very run it was before faults existed: the fault hooks add no
     record, and a fault that cannot fire (too late) changes no record before its moment."""
     cfg = tiny_config(seed=3)
-    for name in REGISTRY:
+    for name in FAULTABLE:
         params = {"eta": 1} if takes(name, "eta") else {}
         plain = simulate(cfg, name, params)
         late = simulate(replace(cfg, faults=("kill-engine@1000000000",)), name, params)

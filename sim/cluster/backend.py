@@ -28,7 +28,7 @@ from gyre.config import ConfigError
 from gyre.estimate import CostEstimate, from_costs
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process
-from gyre.hardware import Costs, group_train_attention_ctx
+from gyre.hardware import Costs, check_move_at, group_train_attention_ctx
 from gyre.train_work import SAMPLING_STREAM, selected_work
 from gyre.trajectory.sample import SamplingConfig
 from gyre.backend import PARK, ClusterBase
@@ -68,6 +68,11 @@ class SimCluster(ClusterBase):
         self._roof_gpu_s = 0.0  # roofline-ideal GPU-seconds of stopped engines and of training
         self._faults = SimFaults(self, faults, seed, checkpoint_every) if faults else None
         self._estimate: CostEstimate | None = None
+        try:
+            check_move_at(costs.move_at, "cost.move_at")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self._at_request = costs.move_at == "request"
 
     # ------------------------------------------------------------------ observations
     @property
@@ -122,7 +127,8 @@ class SimCluster(ClusterBase):
         self._after(seconds, lambda: h.succeed(None))
 
     def _at_boundary(self, ex: SimExecution) -> bool:
-        return ex.phase != Phase.DECODE  # a tool call, a prefill, or queued
+        # a tool call, a prefill, or queued; with move_at="request" a decoding one too (its request is cancelled)
+        return ex.phase != Phase.DECODE or self._at_request
 
     def _migrate_now(self, ex: SimExecution) -> None:
         self._do_migrate(ex, self.now)
@@ -142,9 +148,24 @@ class SimCluster(ClusterBase):
             ex.migrate_to = ex.migrate_handle = None
 
     def _do_migrate(self, ex: SimExecution, t: float) -> None:
+        """Move ex to its `migrate_to` (or park it) at t. Between turns (move_at="tool", or any execution that is
+        not decoding) its pending tool call goes with it. Decoding (move_at="request"): its in-flight request is
+        cancelled at the source, the tokens decoded in its segment discarded ("move_request" record), and the
+        request is retried at the destination, which re-prefills the context before the segment or reads its KV
+        (migration="kv_transfer"); the retry reaches it `request_s` after the move, and decodes once its KV is
+        read too (the read starts at the move). Its deadline clock runs on untouched. A parked one's request is
+        retried where it resumes. Readings: the source frees the request's KV at the move (the paper pins it
+        until the destination confirms its read: that overlap is not modelled, as for tool-boundary moves);
+        the GPU time of the discarded tokens is priced by engine_moves.cancel_request."""
         src, dst, h = ex.engine, ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
+        cancelled = ex.phase == Phase.DECODE  # only with move_at="request" (_at_boundary)
+        if cancelled:
+            tokens, gpu_s = moves.cancel_request(src, ex, t)
+            self._log(("move_request", t, ex.id, src.id, dst.id, tokens, gpu_s))
         kv = moves.remove(src, ex)  # the KV it held there, now freed
+        if cancelled and dst is not PARK and self.costs.request_s:  # the retried request on its way
+            ex.ready_at = t + self.costs.request_s
         if dst is PARK:  # off every engine, KV freed; a running tool call keeps its return time (ready_at)
             ex.phase = Phase.PARKED
             self._log(("park", t, ex.id, src.id))

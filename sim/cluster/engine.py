@@ -277,6 +277,7 @@ class SimEngine(EngineLifecycle):
         ex.v_start = V
         target = V + ex.gen[ex.seg] - ex.seg_done
         if ex.first_version is None or self._version < ex.first_version:
+            ex.mark_credit()
             ex.first_version = self._version
         if self.kv.n_dec == 0:
             self._log(("busy", t, self.id, 1))

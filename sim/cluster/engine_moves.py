@@ -5,7 +5,9 @@ Plain functions over a gyre.sim.cluster.engine.SimEngine, through its public mem
 KvLedger `kv` for the books, its KvPressure `pressure` for who starts): an admission gives a fresh execution to
 an engine (`admit`); a migration takes a between-turns execution off one engine (`remove`) and gives it to
 another (`add_migrated`: its KV arrives resident if it was transferred and fits, otherwise it re-prefills there);
-a crash loses every member's unfinished segment (`wipe`); a weight sync pauses decoding and resumes it at the
+a decoding execution's in-flight model request is cancelled, leaving it between turns with the context
+before its segment resident (`cancel_request`, a migration with move_at="request"); a crash loses every member's
+unfinished segment (`wipe`); a weight sync pauses decoding and resumes it at the
 new version, crediting the tokens decoded so far to the old one (`pause`, `resume_decoding`).
 """
 
@@ -62,6 +64,33 @@ def remove(engine: SimEngine, ex: SimExecution) -> int:
     return kv
 
 
+def cancel_request(engine: SimEngine, ex: SimExecution, t: float) -> tuple[float, float]:
+    """Cancel the in-flight request of a decoding execution at t (move_at="request"): it leaves the decode batch and
+    its current segment is discarded, the tokens decoded before a preemption included (the request is retried
+    elsewhere, so its output is generated again; the trajectory records the retried request's). Its version
+    credit is again what its kept tokens earned (SimExecution.drop_segment_credit). It stays a member, waiting,
+    with the context before the segment resident (what a KV read takes; `remove` frees it). Returns (the tokens
+    discarded, the GPU-seconds they took: each its share of a decode step of the batch it left, the step as the
+    cost model prices the batch and context now, times the engine's GPUs)."""
+    engine.advance(t)
+    kv = engine.kv
+    n = kv.n_dec
+    tokens = ex.seg_done + (engine.V - ex.v_start)
+    gpu_s = tokens * engine.costs.step_time(n, kv.kv_dec_base + n * engine.V) / n * len(engine.gpus)
+    batch = engine.batch
+    batch[:] = [x for x in batch if x[2] is not ex]
+    heapify(batch)
+    kv.leave_decode(ex)
+    if kv.n_dec == 0:
+        engine.cluster.log.append(("busy", t, engine.id, 0))
+    ex.drop_segment_credit()
+    ex.ctx = ex.kv[ex.seg]
+    kv.cache(ex, ex.ctx)
+    ex.phase = _TOOL  # between turns: neither queued nor in the prefill queue (remove takes it off next)
+    engine.touch(t)
+    return tokens, gpu_s
+
+
 def add_migrated(engine: SimEngine, ex: SimExecution, t: float, transferred: int = 0) -> None:
     """Give the engine an execution that is between turns (or waiting) from another engine, or off none (parked,
     or its engine crashed). `transferred` KV tokens of its context arrive with it: resident if they fit here,
@@ -114,6 +143,7 @@ def resume_decoding(engine: SimEngine, t: float, version: int) -> None:
     V, old = engine.V, engine.version
     for _, _, ex in engine.batch:
         done = ex.seg_done + V - ex.v_start
+        ex.mark_credit()
         ex.vsum += (done - ex.seg_cred) * old
         ex.seg_cred = done
     engine.paused = False

@@ -4,8 +4,11 @@ cdef class SimExecution:
     cdef public object id, group_id, task_id, spec, engine, phase, first_version, started_at, handle, ctx
     cdef public object resident, pf_left, reserved, max_ctx, migrate_to, migrate_handle, finished_at, truncated
     cdef public object deadline_at  # compared with event times, which are Python floats
-    cdef public object end, generated, ready_at
+    cdef public object end, generated, ready_at, base_fv
     cdef public list gen, kv, tool_s, tool_out  # the spec's per-segment lists
-    cdef public Py_ssize_t seg, last, adm
-    cdef public double v_start, seg_done, vsum, seg_cred
+    cdef public Py_ssize_t seg, last, adm, base_seg
+    cdef public double v_start, seg_done, vsum, seg_cred, base_vsum
     cdef public bint holds
+
+    cpdef mark_credit(self)
+    cpdef drop_segment_credit(self)

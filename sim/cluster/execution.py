@@ -20,7 +20,7 @@ class SimExecution:
         "id", "group_id", "task_id", "spec", "engine", "phase", "seg", "first_version", "started_at",
         "deadline_at", "handle", "v_start", "ctx", "seg_done", "resident", "pf_left", "adm", "reserved",
         "max_ctx", "migrate_to", "migrate_handle", "finished_at", "truncated", "end", "generated", "gen", "kv",
-        "tool_s", "tool_out", "last", "ready_at", "vsum", "seg_cred", "holds",
+        "tool_s", "tool_out", "last", "ready_at", "vsum", "seg_cred", "holds", "base_seg", "base_vsum", "base_fv",
     )
 
     def __init__(self, spec: ExecutionSpec) -> None:
@@ -56,6 +56,30 @@ class SimExecution:
         self.ready_at: float | None = None  # when it rejoins the batch (while between turns)
         self.vsum = 0.0  # sum over its generated tokens of the version that generated each (per-token lag)
         self.seg_cred = 0.0  # tokens of the current segment already counted in vsum (a sync or preemption mid-segment)
+        # the version credit (vsum, first_version) as it was before segment `base_seg` first changed it (-1: none
+        # remembered): what a cancelled request of that segment restores (`mark_credit`, `drop_segment_credit`)
+        self.base_seg = -1
+        self.base_vsum = 0.0
+        self.base_fv: int | None = None
+
+    # --- the current segment's version credit ---
+    def mark_credit(self) -> None:
+        """The current segment is about to change the version credit (vsum or first_version) for the first time:
+        remember the credit as it was (called by every such change that happens mid-segment, and by the first
+        decode that lowers first_version; the common end of a segment changes it after the segment is over)."""
+        if self.base_seg != self.seg:
+            self.base_seg = self.seg
+            self.base_vsum = self.vsum
+            self.base_fv = self.first_version
+
+    def drop_segment_credit(self) -> None:
+        """The current segment's tokens are discarded (its request was cancelled): the version credit is again
+        what the kept tokens earned, exactly (restored, not subtracted: no float residue)."""
+        if self.base_seg == self.seg:
+            self.vsum = self.base_vsum
+            self.first_version = self.base_fv
+            self.base_seg = -1
+        self.seg_done = self.seg_cred = 0.0
 
     # --- ExecutionView ---
     @property

@@ -154,6 +154,7 @@ class KvPressure:
             heapify(batch)
             kv.leave_decode(ex)
             ex.seg_done += done
+            ex.mark_credit()
             ex.vsum += (ex.seg_done - ex.seg_cred) * e.version
             ex.seg_cred = ex.seg_done
             ex.ctx += done
