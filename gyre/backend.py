@@ -24,7 +24,7 @@ import math
 from collections.abc import Generator, Sequence
 from typing import Any
 
-from gyre.cluster import ClusterError, EngineView, ExecutionView, Phase, Role
+from gyre.cluster import ClusterError, EngineView, ExecutionView, Group, Phase, Role
 from gyre.handles import Handle, Process, done_handle
 from gyre.engine_lifecycle import READY, RESTARTING, STARTING, STOPPED
 from gyre.gpu_roles import TRAINER, GpuRoles
@@ -61,6 +61,38 @@ class BookedExecution:
     @property
     def engine_id(self) -> int | None:
         return None if self.engine is None else self.engine.id
+
+
+class BookedStep:
+    """The StepView both backends' streaming steps share (gyre.sim.cluster.streaming.SimStep,
+    gyre.real.streaming.RealStep), read from their `_version`, `_groups`, `_cells` (each with `.gpus`, the core
+    first), micro-step `queue`, `_untrained` count and end handle `h`."""
+
+    __slots__ = ()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def groups(self) -> Sequence[Group]:
+        return self._groups
+
+    @property
+    def cells(self) -> list[tuple[int, ...]]:
+        return [x.gpus for x in self._cells]
+
+    @property
+    def n_queued(self) -> int:
+        return len(self.queue)
+
+    @property
+    def n_untrained(self) -> int:
+        return self._untrained
+
+    @property
+    def done(self) -> bool:
+        return self.h.done
 
 
 class ClusterBase:

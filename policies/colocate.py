@@ -80,8 +80,7 @@ class Colocate:
         while len(free) < len(cells):
             if not len(queue):
                 for c in cells:
-                    if c not in free and all(e.n_live == 0 for e in by_cell[c]) \
-                            and not any(e.id in stopping for e in by_cell[c]):
+                    if c not in free and all(e.n_live == 0 for e in by_cell[c]):
                         stopping.update(e.id for e in by_cell[c])
                         yield all_of([cluster.stop_engine(e) for e in by_cell[c]])
                         free.append(c)

@@ -199,7 +199,7 @@ class _Run:
         yield from self.to_rollout(back)
         self.dispatch()
         if 0 in self.training:
-            ready = sum(1 for _ in self.batcher.finished)  # finished, untrained groups
+            ready = len(self.batcher.finished)  # finished, untrained groups
             if ready < self.batcher.gps or self.outstanding() > self.capacity(self.targets()):
                 yield from self.to_rollout([0])
 

@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from gyre.cluster import ClusterError, Group, Role
+from gyre.backend import BookedStep
+from gyre.cluster import ClusterError, Role
 from gyre.gpu_roles import TRAINER
 from gyre.handles import Handle
 from gyre.trajectory import AdvantageConfig, group_advantages
@@ -62,7 +63,7 @@ class _Cell:
         self.join = join  # completed once it first trains (None: the core's open)
 
 
-class RealStep:
+class RealStep(BookedStep):
     """One open streaming step (at most one per cluster): its batch, cells, micro-step queue and end."""
 
     def __init__(self, c: RealCluster, core: tuple[int, ...], groups: Sequence, h: Handle) -> None:
@@ -99,31 +100,6 @@ class RealStep:
         adv_cfg = AdvantageConfig(normalize_std=self.c.cfg.normalize_std)
         for g in groups:
             self.c.verifier.on_scored(g, lambda outs, g=g: self._scored(g, outs, adv_cfg))
-
-    # ------------------------------------------------------------------ StepView
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def groups(self) -> Sequence[Group]:
-        return self._groups
-
-    @property
-    def cells(self) -> list[tuple[int, ...]]:
-        return [x.gpus for x in self._cells]
-
-    @property
-    def n_queued(self) -> int:
-        return len(self.queue)
-
-    @property
-    def n_untrained(self) -> int:
-        return self._untrained
-
-    @property
-    def done(self) -> bool:
-        return self.h.done
 
     def gpus(self) -> tuple[int, ...]:
         """Every GPU of a cell of the step (fault injection picks a rank among them)."""

@@ -20,6 +20,7 @@ from gyre.presets import get_preset
 from gyre.workload import GroupSpec
 from tests.logcheck import check_staleness, decode_intervals, kv_occupancy
 from tests.simkit import ROUND_COSTS, cluster, spec
+from tests.test_log_invariants import _groups
 
 REQUEST = replace(ROUND_COSTS, move_at="request")
 PRICED = replace(REQUEST, prefill_s_per_token=0.001)  # a step with m prefill tokens: 0.01 + 0.001 m s
@@ -197,21 +198,6 @@ class RandomMoves:
                 cluster.migrate(x, to[int(rng.integers(len(to)))])
 
 
-def _groups(rng, n: int, size: int, turns: int, gen: tuple[int, int]) -> list[GroupSpec]:
-    out, x = [], 0
-    for g in range(n):
-        execs = []
-        for _ in range(size):
-            k = int(rng.integers(1, turns + 1))
-            execs.append(spec(x, g, gen=[int(v) for v in rng.integers(*gen, size=k)],
-                              tool_s=[float(v) for v in rng.uniform(0, 4, size=k - 1)],
-                              tool_out=[int(v) for v in rng.integers(0, 150, size=k - 1)],
-                              prompt=int(rng.integers(50, 300))))
-            x += 1
-        out.append(GroupSpec(group_id=g, task_id=g, step=0, executions=execs))
-    return out
-
-
 def _moved_run(groups, costs, eta, gpus, gps, steps, seed, check, window=131072):
     c = cluster(groups, n_gpus=gpus, groups_per_step=gps, costs=costs, window=window)
     c.check = check
@@ -233,7 +219,7 @@ def test_random_request_moves_keep_the_log_invariants(seed, eta, gpus, gps, mode
     execution that ends done generated every token of its spec (none lost, none twice); the discarded tokens the
     summary reports are the move records'."""
     steps = 3
-    groups = _groups(np.random.default_rng(seed), (steps + eta + 3) * gps, 3, turns=4, gen=(100, 600))
+    groups = _groups(np.random.default_rng(seed), (steps + eta + 3) * gps, 3, turns=4, gen=(100, 600), prompt=(50, 300))
     costs = replace(REQUEST, migration=mode, kv_transfer_s_per_token=0.0005)
     c = _moved_run(groups, costs, eta, gpus, gps, steps, seed, check=False)
     check_staleness(c.log, eta, exact=True)
@@ -256,7 +242,7 @@ def test_random_request_moves_never_overfill_an_engine(seed, eta, gpus):
     decoding interval; the retry decodes from none) and finishes at 100 tok/s, never exceeds its capacity; the
     simulator's own checks (check=True) hold after every event."""
     cap = 6000
-    groups = _groups(np.random.default_rng(seed), (2 + eta + 3), 3, turns=1, gen=(300, 4800))
+    groups = _groups(np.random.default_rng(seed), (2 + eta + 3), 3, turns=1, gen=(300, 4800), prompt=(50, 300))
     c = _moved_run(groups, replace(REQUEST, kv_capacity_tokens=cap), eta, gpus, 1, 2, seed, check=True,
                    window=cap // 4)
     prompts = {x.exec_id: x.prompt for g in groups for x in g.executions}

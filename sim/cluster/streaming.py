@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from gyre.backend import BookedStep
 from gyre.cluster import Role
 from gyre.gpu_roles import TRAINER
 from gyre.handles import Handle
@@ -62,7 +63,7 @@ class _Cell:
         self.role: Role | None = None
 
 
-class SimStep:
+class SimStep(BookedStep):
     """One open streaming step (at most one per cluster): its batch, cells, micro-step queue and end."""
 
     def __init__(self, c: SimCluster, core: tuple[int, ...], groups: Sequence, h: Handle) -> None:
@@ -97,31 +98,6 @@ class SimStep:
                 queued = [False]
                 for ex in g.executions:
                     ex.handle.on_done(lambda _h, g=g, queued=queued: self._finished(g, queued))
-
-    # ------------------------------------------------------------------ StepView
-    @property
-    def version(self) -> int:
-        return self._version
-
-    @property
-    def groups(self) -> list:
-        return self._groups
-
-    @property
-    def cells(self) -> list[tuple[int, ...]]:
-        return [x.gpus for x in self._cells]
-
-    @property
-    def n_queued(self) -> int:
-        return len(self.queue)
-
-    @property
-    def n_untrained(self) -> int:
-        return self._untrained
-
-    @property
-    def done(self) -> bool:
-        return self.h.done
 
     # ------------------------------------------------------------------ cells
     def _set_role(self, cell: _Cell, role: Role) -> None:
