@@ -17,10 +17,19 @@ The rule, per burst of mu = steps_per_burst steps:
    the next burst is dispatched, and the core stays on training only if the next batch is ready (groups_per_step
    finished, untrained groups) and the rollout capacity without it covers the outstanding executions.
 
-Readings of the summaries (choices the paper leaves open): C_R and C_e count executions an engine may hold at
-once, its admission limit (gyre.hardware.admission_limit: the concurrency its KV allows at the workload's
-window), summed over the engines that take work (the standalone pool's and those of cells on rollout that are not
-moving); w counts executions dispatched and not finished, those waiting unstarted for room included. A move is
+Readings of the summaries (choices the paper leaves open): C_R and C_e count executions, summed over the engines
+that take work (the standalone pool's and those of cells on rollout that are not moving), each engine counted at
+`capacity`, which is also the most executions it is handed:
+- "share" (the default): its even share of the run's first dispatch over every engine of the cluster,
+  ceil(dispatched / engines), capped at its admission limit. The rollout never runs at a higher concurrency per
+  engine than when all cells roll out, so a move shortens nobody's decode; the trigger then reads "a cell's share
+  of the work has finished".
+- "limit": its admission limit (gyre.hardware.admission_limit: the concurrency its KV allows at the workload's
+  window). Where KV holds far more executions than a burst dispatches, the core moves at once and the rest of the
+  rollout runs at up to twice the concurrency, slower per execution, past more deadlines
+  (experiments/paper_table/README.md measures both).
+- an integer: that many executions an engine.
+w counts executions dispatched and not finished, those waiting unstarted for room included. A move is
 carried out with the cluster's migration (`Cluster.migrate`: at the next tool-call boundary, or at the model
 request where the cluster moves requests). A cell that finishes moving after its burst's last micro-step is
 trained waits for the next step. The standalone pool (`cluster.standalone_gpus`) never trains.
@@ -28,6 +37,7 @@ trained waits for the next step. The standalone pool (`cluster.standalone_gpus`)
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from gyre.cluster import Cluster, ClusterError, EngineView
@@ -39,10 +49,16 @@ from gyre.policies.common import Batcher, ClusterShape, Signal, engine_slots
 @dataclass(frozen=True, kw_only=True)
 class WaterlevelConfig:
     eta: int = 1  # staleness bound (>= steps_per_burst - 1); the dispatch depth is (eta + 1) x groups_per_step
+    # what one engine counts for in C_R and C_e, and the most executions it is handed: "share" (its even share of
+    # the first dispatch over every engine of the cluster), "limit" (its admission limit), or a count >= 1
+    capacity: str | int = "share"
 
     def __post_init__(self) -> None:
         if isinstance(self.eta, bool) or not isinstance(self.eta, int) or self.eta < 0:
             raise ValueError(f"waterlevel: eta must be an integer >= 0, got {self.eta!r}")
+        c = self.capacity
+        if not (c in ("share", "limit") or (isinstance(c, int) and not isinstance(c, bool) and c >= 1)):
+            raise ValueError(f"waterlevel: capacity must be 'share', 'limit' or an integer >= 1, got {c!r}")
 
 
 class Waterlevel:
@@ -52,20 +68,23 @@ class Waterlevel:
     def __init__(self, config: WaterlevelConfig | None = None, **params) -> None:
         self.config = config if config is not None else WaterlevelConfig(**params)
         self.eta = self.config.eta
+        self.capacity = self.config.capacity
 
     @staticmethod
     def grid(shape: ClusterShape, etas: tuple[int, ...]) -> list[dict]:
         return [{"eta": e} for e in etas]
 
     def run(self, cluster: Cluster, steps: int):
-        yield from _Run(cluster, steps, self.eta).run()
+        yield from _Run(cluster, steps, self.eta, self.capacity).run()
 
 
 class _Run:
     """One run's state: which cells roll out, move or train; the counters; the queue and the Batcher."""
 
-    def __init__(self, c: Cluster, steps: int, eta: int) -> None:
+    def __init__(self, c: Cluster, steps: int, eta: int, capacity: str | int) -> None:
         self.c, self.steps = c, steps
+        self.reading = capacity
+        self.per_engine: int | None = capacity if isinstance(capacity, int) else None  # None: the admission limit
         self.cells = c.cells()
         if not self.cells:
             raise ClusterError(f"waterlevel: no cell of {c.cell_gpus} GPUs fits in {c.n_gpus} GPUs")
@@ -75,7 +94,7 @@ class _Run:
         self.pool: list[EngineView] = []
         self.moving: int | None = None  # the cell being vacated (moves are serial)
         self.training: list[int] = []  # cells on training, in the order they moved (the core first)
-        self.queue = AdmissionQueue(c, self.targets)
+        self.queue = AdmissionQueue(c, self.targets, limit=self.limit)
         self.batcher = Batcher(c, steps, eta)
         self.dispatched = self.finished = 0
         self.changed = Signal()
@@ -88,9 +107,12 @@ class _Run:
         cells = [k for k in sorted(self.rollout, reverse=True) if k != self.moving]
         return self.pool + [e for k in cells for e in self.rollout[k]]
 
-    @staticmethod
-    def capacity(engines: list[EngineView]) -> int:
-        return sum(e.admit_limit for e in engines)
+    def limit(self, e: EngineView) -> int:
+        """The executions engine `e` counts for (and is handed at most)."""
+        return e.admit_limit if self.per_engine is None else min(e.admit_limit, self.per_engine)
+
+    def capacity(self, engines: list[EngineView]) -> int:
+        return sum(self.limit(e) for e in engines)
 
     def outstanding(self) -> int:
         return self.dispatched - self.finished
@@ -114,8 +136,14 @@ class _Run:
     def dispatch(self) -> None:
         """A burst boundary: admit groups while the staleness bound allows, each execution counted as it ends."""
         b, c = self.batcher, self.c
+        groups = []
         while b.n_admitted < self.steps * b.gps and b.can_admit(c.published_version):
-            g = b.admit_group(c.published_version)
+            groups.append(b.admit_group(c.published_version))
+        if self.reading == "share" and self.per_engine is None:  # fixed at the first dispatch, the largest
+            engines = len(self.pool) + sum(len(v) for v in self.rollout.values())
+            self.per_engine = max(1, math.ceil(sum(len(g.executions) for g in groups) / engines))
+            c.note("waterlevel_capacity", per_engine=self.per_engine, engines=engines)
+        for g in groups:
             handles = self.queue.submit(g.executions)
             b.watch(g, handles)
             self.dispatched += len(handles)

@@ -25,12 +25,17 @@ def _group(gid: int, first: int, gens: list[int]) -> GroupSpec:
     return GroupSpec(group_id=gid, task_id=gid, step=0, executions=[spec(first + i, gid, [n]) for i, n in enumerate(gens)])
 
 
-def _run(groups, gpus: int, steps: int, eta: int, window: int = 10**9):
+def _run(groups, gpus: int, steps: int, eta: int, window: int = 10**9, capacity="share"):
     """Cells of one GPU; the window makes each engine's admission limit floor(1e9 / window) executions."""
     c = cluster(groups, gpus, 1, costs=COSTS, window=window)
     c._cell_gpus = 1
-    c.run(Waterlevel(eta=eta), steps)
+    c.run(Waterlevel(eta=eta, capacity=capacity), steps)
     return c
+
+
+def _moves(c):
+    return [(r[1], r[3]["cell"], r[3]["outstanding"], r[3]["capacity_left"]) for r in c.log
+            if r[0] == "note" and r[2] == "waterlevel_move"]
 
 
 def test_cells_move_in_order_once_the_capacity_left_holds_the_outstanding_work():
@@ -40,8 +45,7 @@ def test_cells_move_in_order_once_the_capacity_left_holds_the_outstanding_work()
     opens the step once it is down (5 s, trainer up 5.5); satellites join as they come down (pull 1 s); the four
     micro-steps (200, 200, 300, 800 tokens) train from 11 s, the core taking the last; three cells reduce (4/3 s)."""
     c = _run([_group(0, 0, [100, 200, 300, 800]), _group(1, 4, [100] * 4)], gpus=4, steps=1, eta=0)
-    moves = [(r[1], r[3]["cell"], r[3]["outstanding"], r[3]["capacity_left"]) for r in c.log
-             if r[0] == "note" and r[2] == "waterlevel_move"]
+    moves = _moves(c)
     assert moves == [(4.0, 0, 3, 3), (5.0, 1, 2, 2), (6.0, 2, 1, 1), (11.0, 3, 0, 0)], moves
     timeline = [r for r in c.log if r[0] in ("step_open", "cell_join", "micro", "step")]
     assert timeline == [
@@ -49,6 +53,31 @@ def test_cells_move_in_order_once_the_capacity_left_holds_the_outstanding_work()
         ("cell_join", 8.5, 0, (2,)), ("micro", 13.0, 0, 0, 11.0, 0, 200), ("micro", 13.0, 0, 1, 11.0, 1, 200),
         ("cell_join", 13.5, 0, (3,)), ("micro", 14.0, 0, 2, 11.0, 2, 300), ("micro", 21.0, 0, 3, 13.0, 0, 800),
         ("step", 21.0 + 4 / 3, 1, 4, 1500)], timeline
+
+
+@pytest.mark.parametrize("capacity", ["share", "limit"])
+def test_capacity_counts_an_engines_share_of_the_dispatch_or_its_admission_limit(capacity):
+    """The first test's workload on engines that may each hold two executions (window 5e8). Counted at their share
+    of the dispatch (4 executions over 4 engines: 1 each) the moves are the first test's. Counted at the admission
+    limit (2 each), the core moves at dispatch (3 s: w = 4 <= 8 - 2); moves are serial, and the core's execution
+    (100 tokens) ends at 4 s and its engine takes 1 s to stop, so cell 1 follows at 5 s (w = 2 <= 4, cells 2 and 3),
+    cell 2 at 6 s (w = 1 <= 2), cell 3 at 11 s."""
+    c = _run([_group(0, 0, [100, 200, 300, 800]), _group(1, 4, [100] * 4)], gpus=4, steps=1, eta=0, window=5 * 10**8,
+             capacity=capacity)
+    shares = [r[3] for r in c.log if r[0] == "note" and r[2] == "waterlevel_capacity"]
+    if capacity == "share":
+        assert shares == [{"per_engine": 1, "engines": 4}]
+        assert _moves(c) == [(4.0, 0, 3, 3), (5.0, 1, 2, 2), (6.0, 2, 1, 1), (11.0, 3, 0, 0)]
+    else:
+        assert shares == []
+        assert _moves(c) == [(3.0, 0, 4, 6), (5.0, 1, 2, 4), (6.0, 2, 1, 2), (11.0, 3, 0, 0)]
+    assert [r[2] for r in c.log if r[0] == "step"] == [1], "the step trained"
+
+
+def test_bad_capacity_is_refused_naming_the_field():
+    for bad in ("most", 0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="waterlevel: capacity must be"):
+            Waterlevel(capacity=bad)
 
 
 @pytest.mark.parametrize("slow, core_stays", [(False, True), (True, False)])
