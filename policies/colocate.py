@@ -9,6 +9,10 @@ nothing stops them and trains (the first such cell opens the step as its core, t
 batch's finished groups train while its tail still rolls out. Only idle capacity moves: an engine with live
 work is never drained (moving live work is what an elastic policy adds).
 
+With a standalone rollout pool (`cluster.standalone_gpus`, the paper's "Colocate + standalone pool"), the pool's
+engines start once and never train: they roll out with the rest, sync to each new version while the other GPUs
+train, and so skip the sleep and wake a switch costs; the trainer is the GPUs outside the pool.
+
 With steps_per_burst mu > 1 (weights published every mu steps), a burst rolls out mu batches at once on the
 published weights, then trains them in mu steps: staleness up to mu - 1 (`eta`).
 """
@@ -46,21 +50,27 @@ class Colocate:
     def run(self, cluster: Cluster, steps: int):
         mu = cluster.steps_per_burst
         self.eta = mu - 1
-        cells = cells_of(cluster, range(cluster.n_gpus))  # GPUs beyond the last whole cell join it
+        n_switch = cluster.n_gpus - cluster.standalone_gpus  # the GPUs that switch; the pool's never train
+        cells = cells_of(cluster, range(n_switch))  # GPUs beyond the last whole cell join it
         if self.config.streaming:
             slots = [s for cell in cells for s in engine_slots(cell, cluster.gpus_per_engine)]
         else:
-            slots = engine_slots(list(range(cluster.n_gpus)), cluster.gpus_per_engine)
+            slots = engine_slots(list(range(n_switch)), cluster.gpus_per_engine)
+        pool = engine_slots(list(range(n_switch, cluster.n_gpus)), cluster.gpus_per_engine)
+        pool_engines: list = []
         done = 0
         while done < steps:
             burst = min(mu, steps - done)
-            engines = yield all_of([cluster.start_engine(s) for s in slots])
+            # the switching engines start (the pool's too, at the first step) while the pool syncs to the new version
+            starts = [cluster.start_engine(s) for s in slots + (pool if not done else [])]
+            started = yield all_of(starts + ([cluster.sync(pool_engines)] if pool_engines else []))
+            engines, pool_engines = started[:len(slots)], pool_engines or started[len(slots):len(starts)]
             batches = [[cluster.next_group() for _ in range(cluster.groups_per_step)] for _ in range(burst)]
             executions = [x for b in batches for g in b for x in g.executions]
             if self.config.streaming:
-                yield from self._stream_burst(cluster, engines, executions, batches, cells)
+                yield from self._stream_burst(cluster, engines + pool_engines, executions, batches, cells)
             else:
-                yield all_of(spread(cluster, executions, engines))
+                yield all_of(spread(cluster, executions, engines + pool_engines))
                 yield all_of([cluster.stop_engine(e) for e in engines])
                 for batch in batches:
                     yield cluster.train(cluster.free_gpus(), batch)

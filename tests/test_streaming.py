@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gyre.cluster import ClusterError
+from gyre.cluster import ClusterError, Role
 from gyre.policies import make_policy
 from gyre.workload import GroupSpec
 from tests.logcheck import check_staleness
@@ -208,3 +208,22 @@ def test_streaming_invariants_from_the_log(seed, which, eta, gpus, cell, gps, si
     for spans in by_cell.values():
         spans.sort()
         assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:])), f"overlapping micro-steps {spans}"
+
+
+def test_colocate_with_a_standalone_pool_keeps_the_pools_engine_up():
+    """Colocate on 2 GPUs, GPU 1 a standalone pool; two steps of one group of two 100-token executions. Both engines
+    start at 0 (wake 2 + sync 1 s: up at 3), one execution each, done at 4; GPU 0's engine sleeps (1 s: 5), GPU 0
+    trains alone (onload 0.5 s, then 300 tokens x 0.01 s: 8.5). At 8.5 the pool's engine syncs to version 1 (1 s:
+    9.5) while GPU 0 starts again (offload 0.5 + wake 2 + sync 1: 12.0); step 2 repeats from 12: done 13, sleep to
+    14, trained at 17.5. GPU 1's engine comes up once and never trains."""
+    def g(gid: int, first: int) -> GroupSpec:
+        return GroupSpec(group_id=gid, task_id=gid, step=0, executions=[spec(first + i, gid, [100]) for i in range(2)])
+
+    c = cluster([g(0, 0), g(1, 2), g(2, 4)], 2, 1)
+    c._standalone = 1
+    c.run(make_policy("colocate"), 2)
+    events = [r[:4] if r[0] != "sync" else r[:3] for r in c.log if r[0] in ("engine_up", "engine_down", "sync", "step")]
+    assert events == [("engine_up", 3.0, 0, (0,)), ("engine_up", 3.0, 1, (1,)), ("engine_down", 5.0, 0),
+                      ("step", 8.5, 1, 1), ("sync", 9.5, 1), ("engine_up", 12.0, 2, (0,)), ("engine_down", 14.0, 2),
+                      ("step", 17.5, 2, 1)], events
+    assert all(1 not in r[2] for r in c.log if r[0] == "role" and r[3] == Role.TRAIN), "the pool never trains"
