@@ -37,8 +37,22 @@ from gyre.sim.harness.compare import tune
 from gyre.sim.harness.runner import simulate
 
 HERE = Path(__file__).resolve().parent
-PAPER = {"vs_async": 1.78, "vs_colocate": 1.21}  # PAPER.md, the 2.4T row: 75.4 h vs 134.6 h (Async), 91.5 h (Colocate)
+# PAPER.md's results table: elastic over its Async and over Colocate, per setup (a range where the paper gives one)
+PAPER = {"xlong-swe-kv": ("1.78", "1.21"), "nl2repo-122b": ("1.42-1.53", "1.36-1.47"),
+         "deepswe-122b": ("1.38-1.57", "1.61-1.85")}
 ETA = 1
+
+
+def cell_choices(cfg) -> list[str]:
+    """Two waterlevel layouts as CELL:POOL: the whole cluster in 2 cells, and in 4 (or, where a quarter cannot hold
+    the training state, 2 cells with a standalone pool of what is left past two training minima)."""
+    costs = cfg.costs()
+    n, per, need = cfg.cluster.gpus, costs.engine_gpus, costs.min_train_gpus
+    out = [f"{n // k}:0" for k in (2, 4) if n % k == 0 and n // k >= need and (n // k) % per == 0]
+    if len(out) < 2:
+        cell = -(-need // per) * per
+        out.append(f"{cell}:{n - 2 * cell}")
+    return out[:2]
 
 
 def balanced_split(cfg) -> tuple[int, dict]:
@@ -63,13 +77,18 @@ def row(name: str, r, note: str = "") -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=1024)
+    ap.add_argument("--preset", default="xlong-swe-kv", choices=sorted(PAPER))
+    ap.add_argument("--gpus", type=int, default=None, help="cluster size (default: the preset's)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--cells", nargs="+", default=["352:320", "512:0"], help="waterlevel cell sizes as CELL:POOL GPUs")
+    ap.add_argument("--cells", nargs="+", default=None, help="waterlevel cell sizes as CELL:POOL GPUs (default: "
+                    "2 and 4 cells, cell_choices)")
     ap.add_argument("--no-hindsight", action="store_true", help="skip the hindsight async search (slow)")
     a = ap.parse_args()
-    cfg = override(get_preset("xlong-swe-kv"), steps=a.steps, seed=a.seed, **{"cluster.gpus": a.gpus}).validate()
+    base = get_preset(a.preset)
+    a.gpus = a.gpus or base.cluster.gpus
+    cfg = override(base, steps=a.steps, seed=a.seed, **{"cluster.gpus": a.gpus}).validate()
+    a.cells = a.cells or cell_choices(cfg)
     t0 = time.time()
     rows = []
 
@@ -79,16 +98,24 @@ def main() -> None:
         print(f"  {name}: {r.makespan_s / 3600:.2f} h ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
 
     add("colocate", "colocate")
+    per = cfg.costs().engine_gpus
     add("colocate + streaming", "colocate", {"streaming": True})
     r_split, pilot = balanced_split(cfg)
     note = f"R={r_split} of {a.gpus} (pilot: rollout {pilot['pilot_rollout_gpu_h']:.0f}, train {pilot['pilot_train_gpu_h']:.0f} GPU-h)"
     add("async (paper's: pilot-balanced split)", "async", {"rollout_gpus": r_split, "eta": ETA}, note=note)
     add("async + streaming (same split)", "async", {"rollout_gpus": r_split, "eta": ETA, "streaming": True}, note=note)
-    for spec in a.cells:
+    pool = next((int(x.split(":")[1]) for x in a.cells if int(x.split(":")[1])), 0)
+    pool = pool or a.gpus // 4 // per * per
+    c = override(cfg, **{"cluster.cell_gpus": a.gpus - pool, "cluster.standalone_gpus": pool}).validate()
+    add("colocate + standalone pool", "colocate", c=c, note=f"pool {pool} GPUs never train")
+    for i, spec in enumerate(a.cells):
         cell, pool = (int(x) for x in spec.split(":"))
         c = override(cfg, **{"cluster.cell_gpus": cell, "cluster.standalone_gpus": pool}).validate()
-        add(f"waterlevel (cells of {cell}, pool {pool})", "waterlevel", {"eta": ETA}, c=c,
-            note=f"{(a.gpus - pool) // cell} cells of {cell} GPUs, standalone pool {pool}")
+        layout = f"{(a.gpus - pool) // cell} cells of {cell} GPUs, standalone pool {pool}"
+        add(f"waterlevel (cells of {cell}, pool {pool})", "waterlevel", {"eta": ETA}, c=c, note=layout)
+        if i == 0:  # the other reading of C_R: engines counted at their admission limit (policies/waterlevel.py)
+            add(f"waterlevel, capacity = limit (cells of {cell}, pool {pool})", "waterlevel",
+                {"eta": ETA, "capacity": "limit"}, c=c, note=layout)
     add("elastic (forecasting, defaults)", "elastic", {"eta": ETA})
     if not a.no_hindsight:
         t = tune(cfg, ["async"], etas=(ETA,), pilot=False, workers=1)["async"]
@@ -100,12 +127,15 @@ def main() -> None:
     asy, colo = base["async (paper's: pilot-balanced split)"], base["colocate"]
     df["vs_paper_async"] = asy / df["makespan_h"]
     df["vs_colocate"] = colo / df["makespan_h"]
-    out = HERE / "results" / f"paper_table_{a.gpus}gpus_{a.steps}steps_seed{a.seed}.csv"
+    df["paper_vs_async"], df["paper_vs_colocate"] = PAPER[a.preset]
+    name = "paper_table" if a.preset == "xlong-swe-kv" else f"paper_table_{a.preset}"
+    out = HERE / "results" / f"{name}_{a.gpus}gpus_{a.steps}steps_seed{a.seed}.csv"
     out.parent.mkdir(exist_ok=True)
     df.to_csv(out, index=False)
     with pd.option_context("display.width", 220, "display.max_columns", 30, "display.precision", 3):
         print(df[["row", "makespan_h", "vs_paper_async", "vs_colocate", "sched_cuts", "equal_work", "note"]].to_string(index=False))
-        print(f"\npaper (2.4T, 48 steps): elastic {PAPER['vs_async']}x its Async, {PAPER['vs_colocate']}x Colocate")
+        pa, pc = PAPER[a.preset]
+        print(f"\npaper ({a.preset}'s setup): elastic {pa}x its Async, {pc}x Colocate")
         terms = [c for c in df.columns if c.startswith("gpu_h_")]
         print(df[["row"] + terms].to_string(index=False))
     print(f"wrote {out}")
