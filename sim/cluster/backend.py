@@ -289,8 +289,6 @@ class SimCluster(ClusterBase):
     def open_step(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
         """A streaming step on `gpus` (the core cell) for `groups`, finished or not (gyre.sim.cluster.streaming)."""
         gpus = self._check_open(gpus, groups)
-        if self._faults is not None:
-            raise ClusterError("open_step: injected faults during streaming steps are not modelled by the simulator")
         h = Handle(f"step{self._version}")
         self._step = SimStep(self, gpus, groups, h)
         return h
