@@ -16,7 +16,13 @@ does, as the real backend does it (its flow, train_step and weights modules):
   it is rebuilt first: from the last checkpoint (every `checkpoint_every` steps; with none, from the run's
   starting weights) by replaying the steps since. A kill outside a step loses the worker of record; another
   holder takes over, or the next step waits for the rebuild; a step never starts before its workers are back.
-  Versions continue; nothing trained is lost.
+  Versions continue; nothing trained is lost. During a streaming step (gyre.sim.cluster.streaming) the victim is
+  a rank of any of its cells (`step_in_flight`: every cell's GPUs, the core's first, so a cell is hit in
+  proportion to its size, as on the real backend); the cell's micro-steps go back to the queue
+  (SimStep.worker_lost), its GPUs switch until the worker is back; a lost satellite then leaves, the core trains
+  on once its workers are back and the state of record (rebuilt if no worker holds it). A step's end, an open
+  and a join wait likewise (`trainer_ready_at`), and a streaming step replays at the time `train` would take for
+  its whole batch on the core's GPUs.
 - delay-sync:S: the sync starts S seconds late (engines keep generating on their weights meanwhile).
 - drop-sync: one engine misses the sync; it is sent again after SYNC_TIMEOUT_S.
 The log gets the real backend's notes: fault, engine_fault, engine_restarted, trainer_fault, step_retry,

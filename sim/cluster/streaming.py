@@ -18,6 +18,13 @@ every send has arrived: the gradients of the satellites still in it that trained
 cell's GPUs are free, their memory holding the trainer. A satellite still switching in then is dropped: its join
 completes with False once its switch ends, and it trains nothing.
 
+A lost trainer worker (gyre.sim.cluster.faults, the real backend's semantics: SimStep.worker_lost). Its cell's
+gradient is lost: the micro-steps it trained in this step and the one it runs go back to the queue's head, the
+other cells train on. A satellite is out of the step, its GPUs switching until the worker is back (as a voided
+`train` attempt's), then free; the step does not end before. The core keeps its place and trains on once its
+workers are back and the state of record is (rebuilt if lost). A kill during the reduction voids it; the step
+ends once the lost micro-steps are trained again. Without faults no path changes.
+
 Simplifications: a micro-step is one execution's whole trajectory (the packed tree Gyre trains as one sample);
 the optimizer step is inside train_mfu, as in `train`; cells of unequal sizes reduce at the core's shard size.
 """
@@ -217,8 +224,9 @@ class SimStep(BookedStep):
         The cell loses the gradient it accumulated: its running micro-step and those it trained in this step go back
         to the queue's head, in the order it took them (a "cell_lost" note lists the trained ones), its pending
         events are void, and its GPUs switch (SWITCHING, held by the step) until the worker's replacement is up,
-        as a voided `train` attempt's do. A satellite then leaves the step: its GPUs are free, its join (if
-        pending) completes False and its leave (if asked) completes, and the step ends no earlier. The core
+        as a voided `train` attempt's do. A satellite then leaves the step: once the worker is back its GPUs are
+        free, its join (if pending) completes False and its leave (if asked) completes; the step does not end
+        before (every GPU of the step is free when it ends). The core
         keeps its place (it holds the optimizer state): it is back once its workers are and, if the state of
         record was lost, rebuilt (checkpoint and replay), and trains on. A kill during the final reduction voids
         it (the reduction is a collective; the core's state is untouched, its optimizer step being inside the
