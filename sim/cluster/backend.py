@@ -29,7 +29,7 @@ from gyre.estimate import CostEstimate, from_costs
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process
 from gyre.hardware import Costs, check_move_at, group_train_attention_ctx
-from gyre.train_work import SAMPLING_STREAM, selected_work
+from gyre.train_work import SAMPLING_STREAM, selected_work, selected_work_each
 from gyre.trajectory.sample import SamplingConfig
 from gyre.backend import PARK, ClusterBase
 from gyre.engine_lifecycle import READY, STOPPING
@@ -240,6 +240,13 @@ class SimCluster(ClusterBase):
         self.log.append(("admit", t, ex.id, eng.id))
         moves.admit(eng, ex, t)
         return ex.handle
+
+    def _sampled_each(self, group: SimGroup) -> list[tuple[int, float]]:
+        """Per execution of a finished group, the (tokens, attention) it trains under role-bounded sampling: the
+        draw `train` makes for the group (its seed stream), split by execution (a streaming step's micro-steps)."""
+        done = [e.produced() for e in group.executions]
+        rng = np.random.default_rng([self._seed, SAMPLING_STREAM, group.id])
+        return selected_work_each(done, self.source.config, self._sampling, rng)[0]
 
     def train(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
         gpus = self._check_train(gpus, groups)

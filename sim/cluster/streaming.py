@@ -26,7 +26,8 @@ workers are back and the state of record is (rebuilt if lost). A kill during the
 ends once the lost micro-steps are trained again. Without faults no path changes.
 
 Simplifications: a micro-step is one execution's whole trajectory (the packed tree Gyre trains as one sample);
-the optimizer step is inside train_mfu, as in `train`; cells of unequal sizes reduce at the core's shard size.
+the optimizer step is inside train_mfu, as in `train`; with role-bounded sampling (gyre.train_work) a
+micro-step trains the paths `train` would draw for its group (the same draw) and costs their work; cells of unequal sizes reduce at the core's shard size.
 """
 
 from __future__ import annotations
@@ -45,9 +46,12 @@ if TYPE_CHECKING:
     from gyre.sim.cluster.backend import SimCluster
 
 
-def micro_steps(group) -> list[tuple[int, int, float]]:
+def micro_steps(group, sampled=None) -> list[tuple[int, int, float]]:
     """A finished group's micro-steps: (execution id, trained tokens, attention context sum), the shared prompt
-    (p tokens, p^2 / 2 context) on the first; they add up to what `train` charges the group."""
+    (p tokens, p^2 / 2 context) on the first; they add up to what `train` charges the group. With role-bounded
+    sampling, `sampled(group)` gives each execution's (tokens, attention) of the paths `train` would draw."""
+    if sampled is not None:
+        return [(ex.id, t, a) for ex, (t, a) in zip(group.executions, sampled(group))]
     out = []
     for i, ex in enumerate(group.executions):
         d = ex.produced()
@@ -91,6 +95,7 @@ class SimStep(BookedStep):
         self._end_epoch = 0  # a fault during the reduction bumps it: that reduction's end no longer counts
         self._rebuilding = False  # the end waits for the state of record to be rebuilt
         self._gps = c.groups_per_step
+        self._sampled = c._sampled_each if c._sampling is not None else None
         c._log(("step_open", c.now, self._version, core, len(self._groups)))
         self._watch(self._groups)
         self._add(core, None)
@@ -106,7 +111,7 @@ class SimStep(BookedStep):
     def _watch(self, groups: list) -> None:
         for g in groups:
             if g.done:
-                self.queue.extend(micro_steps(g))
+                self.queue.extend(micro_steps(g, self._sampled))
             else:
                 queued = [False]
                 for ex in g.executions:
@@ -281,7 +286,7 @@ class SimStep(BookedStep):
         if queued[0] or not group.done:
             return
         queued[0] = True
-        self.queue.extend(micro_steps(group))
+        self.queue.extend(micro_steps(group, self._sampled))
         self._dispatch()
 
     def _dispatch(self) -> None:
