@@ -62,6 +62,37 @@ def test_a_satellite_killed_mid_step_returns_its_micro_steps_and_the_core_trains
     assert roles[-2:] == [(10.0, (2,), 3), (15.0, (2,), 0)], f"GPU 2 switches 10 -> 15, then idle and free: {roles}"
 
 
+def test_a_satellite_killed_while_switching_in_never_trains_and_its_join_completes_false():
+    """Asked at 3 s, the satellite switches in until 4.5 s (onload 0.5 + pull 1); killed at 4 s, it trains nothing,
+    switches until its worker is back at 9 s, and is then free, its join completing False; the core alone trains
+    0 (4 -> 6), 1 (6 -> 7), 2 (8 -> 14), 3 (14 -> 19)."""
+    joined = []
+
+    class JoinOnce(Hand):
+        def run(self, c, steps):
+            eng = yield c.start_engine([0])
+            gs = [c.next_group(), c.next_group()]
+            for g in gs:
+                for x in g.executions:
+                    c.admit(x, eng)
+            h = c.open_step([1], gs)
+            j = c.join_step([2])
+            j.on_done(lambda j: joined.append((c.now, j.value)))
+            return (yield h)
+
+    c = _cluster(_two_groups(), 3, 2, ("kill-trainer@4",), SATELLITE_SEED)
+    c.run(JoinOnce(), 1)
+    assert _victim(c) == 2, "the seed's kill picks the satellite"
+    assert _timeline(c) == [
+        ("step_open", 3.0, 0, (1,), 2), ("cell_join", 3.5, 0, (1,)),
+        ("note", 4.0, "trainer_fault", {"worker": 2, "version": 0, "in_step": True, "record": False}),
+        ("note", 4.0, "cell_lost", {"version": 0, "gpus": [2], "micro": []}),
+        ("micro", 6.0, 0, 0, 4.0, 1, 200), ("micro", 7.0, 0, 1, 6.0, 1, 100), ("cell_leave", 9.0, 0, (2,)),
+        ("micro", 14.0, 0, 2, 8.0, 1, 600), ("micro", 19.0, 0, 3, 14.0, 1, 500),
+        ("step", 19.0, 1, 1, 1400)], _timeline(c)
+    assert joined == [(9.0, False)], f"the join completes False once the GPU is free: {joined}"
+
+
 class TrainThenStream:
     """Group 0 (done at 4 s) trains with `train` on GPU 1 (onload 0.5 s, 300 tokens: 4.5 -> 7.5), so GPU 1's worker
     holds version 1, the only copy; group 1 then streams on the core GPU 1 (nothing to switch in), GPU 2 joining
