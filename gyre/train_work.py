@@ -34,6 +34,15 @@ def segment_attention(spec: ExecutionSpec) -> np.ndarray:
 def selected_work(executions: list[ExecutionSpec], w: WorkloadConfig, sampling: SamplingConfig,
                   rng: np.random.Generator) -> tuple[int, float, int]:
     """(tokens, attention context sum, paths drawn) one group trains under `sampling`; executions in order."""
+    each, drawn = selected_work_each(executions, w, sampling, rng)
+    return sum(t for t, _ in each), sum(a for _, a in each), drawn
+
+
+def selected_work_each(executions: list[ExecutionSpec], w: WorkloadConfig, sampling: SamplingConfig,
+                       rng: np.random.Generator) -> tuple[list[tuple[int, float]], int]:
+    """Per execution, in order, the (tokens, attention context sum) of its kept segments under `sampling`, the
+    group's prompt (p tokens, p^2 / 2 context) on the first (a streaming step's micro-steps: they add up to
+    `selected_work`'s, summed in this order); and the paths drawn. One draw per group, from `rng`."""
     parents, weights, leaf_seg, leaf_exec, leaf_role, sizes = [], [], [], [], [], []
     off = 0
     for e, spec in enumerate(executions):
@@ -56,12 +65,13 @@ def selected_work(executions: list[ExecutionSpec], w: WorkloadConfig, sampling: 
             keep[s] = True
             s = par[s]
     p = executions[0].prompt
-    tokens, attn, start = p, 0.5 * p * p, 0
+    each, start = [], 0
     for spec, n in zip(executions, sizes):
         kept = keep[start:start + n]
         out = np.zeros(n, np.int64)
         out[: len(spec.tool_out)] = spec.tool_out
-        tokens += int((np.asarray(spec.gen, np.int64) + out)[kept].sum())
-        attn += float(segment_attention(spec)[kept].sum())
+        tokens = int((np.asarray(spec.gen, np.int64) + out)[kept].sum())
+        attn = float(segment_attention(spec)[kept].sum())
+        each.append((tokens + p, 0.5 * p * p + attn) if not each else (tokens, attn))
         start += n
-    return tokens, attn, int(drawn.shape[0])
+    return each, int(drawn.shape[0])

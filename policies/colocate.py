@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from gyre.cluster import Cluster
 from gyre.handles import all_of, any_of
 from gyre.policies.admit_queue import AdmissionQueue
-from gyre.policies.common import ClusterShape, cells_of, engine_slots, spread
+from gyre.policies.common import ClusterShape, cells_of, engine_slots, joins_settled, spread
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,6 +87,7 @@ class Colocate:
         by_cell = {c: [e for e in engines if e.gpus[0] in c] for c in cells}
         free: list[tuple[int, ...]] = []  # cells whose engines stopped, in the order they did
         step = None
+        joins = []  # a cell still switching in when its step ends is free once its join completes
         while len(free) < len(cells):
             if not len(queue):
                 for c in cells:
@@ -97,14 +98,15 @@ class Colocate:
                         if step is None:
                             step = cluster.open_step(c, batches[0])
                         elif cluster.training is not None and cluster.training.n_untrained:
-                            cluster.join_step(c)  # (a step with nothing left to train needs no more cells)
+                            joins.append(cluster.join_step(c))  # (a step with nothing left needs no more cells)
             pending = [h for h in finished if not h.done]
             if len(free) < len(cells) and pending:
                 yield any_of(pending)
         yield step
+        yield from joins_settled(joins)
         for batch in batches[1:]:
             c0, *rest = cells
             h = cluster.open_step(c0, batch)
-            for c in rest:
-                cluster.join_step(c)
+            joins = [cluster.join_step(c) for c in rest]
             yield h
+            yield from joins_settled(joins)

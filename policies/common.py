@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gyre.cluster import Cluster, ClusterError, EngineView, Group
-from gyre.handles import Handle, any_of
+from gyre.handles import Handle, all_of, any_of
 from gyre.policies.admit_queue import AdmissionQueue
 
 
@@ -213,13 +213,19 @@ def cells_of(cluster: Cluster, gpus: Sequence[int]) -> list[tuple[int, ...]]:
     return cells
 
 
-def stream(cluster: Cluster, gpus: Sequence[int], batch: Sequence[Group]) -> Handle:
-    """Train `batch` in a streaming step on `gpus`: the first cell opens it, the others join at once."""
+def stream(cluster: Cluster, gpus: Sequence[int], batch: Sequence[Group]) -> tuple[Handle, list[Handle]]:
+    """Train `batch` in a streaming step on `gpus`: the first cell opens it, the others join at once. Returns the
+    step's handle and the joins' (a cell still switching in when the step ends is free once its join completes)."""
     cells = cells_of(cluster, gpus)
     h = cluster.open_step(cells[0], batch)
-    for cell in cells[1:]:
-        cluster.join_step(cell)
-    return h
+    return h, [cluster.join_step(cell) for cell in cells[1:]]
+
+
+def joins_settled(joins: Sequence[Handle]) -> Steps:
+    """Wait until every join of a step that ended has completed (its cell's GPUs are free then)."""
+    pending = [j for j in joins if not j.done]
+    if pending:
+        yield all_of(pending)
 
 
 def train_loop(cluster: Cluster, steps: int, batcher: Batcher, queue: AdmissionQueue, *,
@@ -263,7 +269,7 @@ def train_loop(cluster: Cluster, steps: int, batcher: Batcher, queue: AdmissionQ
             yield sleep()
             continue
         gpus = yield from gather(batch)
-        h = stream(cluster, gpus, batch)
+        h, joins = stream(cluster, gpus, batch)
         while len(batcher.open) < batcher.gps:  # the batch fills as groups finish, while it trains
             yield sleep()
             more = batcher.take_ready()
@@ -271,6 +277,7 @@ def train_loop(cluster: Cluster, steps: int, batcher: Batcher, queue: AdmissionQ
                 cluster.extend_step(more)
         batcher.close()
         yield h
+        yield from joins_settled(joins)
         yield from after_step()
         batcher.changed.fire()
     while not streaming and cluster.version < steps:

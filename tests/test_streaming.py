@@ -227,3 +227,54 @@ def test_colocate_with_a_standalone_pool_keeps_the_pools_engine_up():
                       ("step", 8.5, 1, 1), ("sync", 9.5, 1), ("engine_up", 12.0, 2, (0,)), ("engine_down", 14.0, 2),
                       ("step", 17.5, 2, 1)], events
     assert all(1 not in r[2] for r in c.log if r[0] == "role" and r[3] == Role.TRAIN), "the pool never trains"
+
+
+def test_under_role_bounded_sampling_a_streaming_step_trains_the_work_train_would():
+    """With J_max = 1 each micro-step trains its execution's share of the paths `train` draws for the group (the
+    same draw): a one-cell streaming step of the finished batch books the tokens `train` books and ends when it
+    does (0.01 s per token), both below the exact work of the branching executions."""
+    from gyre.handles import all_of
+    from gyre.sim.cluster.backend import SimCluster
+    from gyre.trajectory import SamplingConfig
+    from gyre.workload import ExecutionSpec, ReplaySource
+    from tests.simkit import workload
+
+    def ex(i: int, gen: list[int], branches: list) -> ExecutionSpec:
+        n = len(gen)
+        return ExecutionSpec(exec_id=i, group_id=i // 2, task_id=i // 2, step=0, prompt=10, gen=gen,
+                             tool_s=[1.0] * (n - 1), tool_out=[5] * (n - 1), kv=[100 * (k + 1) for k in range(n)],
+                             branches=branches, capped=False, deadline_s=1e9)
+
+    groups = [GroupSpec(group_id=0, task_id=0, step=0, executions=[ex(0, [30, 40, 50, 60], [(2, "compact")]),
+                                                                   ex(1, [20, 20, 20, 20, 20, 20], [(2, "subagent")])]),
+              GroupSpec(group_id=1, task_id=1, step=0, executions=[ex(2, [50, 10, 10, 10], [(2, "compact")]),
+                                                                   ex(3, [10, 10, 10], [])])]
+    exact = sum(g.executions[0].prompt + sum(x.tokens - x.prompt for x in g.executions) for g in groups)
+    w = replace(workload(2, 2), subagent_turns=2, retry_back_turns=2)
+
+    class Run:
+        name = "sampled"
+
+        def __init__(self, streaming: bool) -> None:
+            self.streaming = streaming
+
+        def run(self, c, steps):
+            eng = yield c.start_engine([0])
+            gs = [c.next_group(), c.next_group()]
+            for g in gs:
+                for x in g.executions:
+                    c.admit(x, eng)
+            yield all_of([x.handle for g in gs for x in g.executions])
+            return (yield (c.open_step if self.streaming else c.train)([1], gs))
+
+    steps = {}
+    for streaming in (False, True):
+        c = SimCluster(n_gpus=2, costs=COSTS, source=ReplaySource(groups, w), check=True, seed=5,
+                       sampling=SamplingConfig(mode="roles", j_max=1))
+        c.run(Run(streaming), 1)
+        steps[streaming] = [r for r in c.log if r[0] == "step"]
+        if streaming:
+            micro = [r for r in c.log if r[0] == "micro"]
+            assert sum(r[6] for r in micro) == steps[True][0][4], "the micro-steps add up to the step's tokens"
+    assert steps[True] == steps[False], f"streaming {steps[True]} != train {steps[False]}"
+    assert steps[False][0][4] < exact, f"J_max = 1 trains {steps[False][0][4]} of {exact} tokens"

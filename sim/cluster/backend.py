@@ -29,7 +29,7 @@ from gyre.estimate import CostEstimate, from_costs
 from gyre.gc_pause import no_gc
 from gyre.handles import Handle, Process
 from gyre.hardware import Costs, check_move_at, group_train_attention_ctx
-from gyre.train_work import SAMPLING_STREAM, selected_work
+from gyre.train_work import SAMPLING_STREAM, selected_work, selected_work_each
 from gyre.trajectory.sample import SamplingConfig
 from gyre.backend import PARK, ClusterBase
 from gyre.engine_lifecycle import READY, STOPPING
@@ -241,6 +241,13 @@ class SimCluster(ClusterBase):
         moves.admit(eng, ex, t)
         return ex.handle
 
+    def _sampled_each(self, group: SimGroup) -> list[tuple[int, float]]:
+        """Per execution of a finished group, the (tokens, attention) it trains under role-bounded sampling: the
+        draw `train` makes for the group (its seed stream), split by execution (a streaming step's micro-steps)."""
+        done = [e.produced() for e in group.executions]
+        rng = np.random.default_rng([self._seed, SAMPLING_STREAM, group.id])
+        return selected_work_each(done, self.source.config, self._sampling, rng)[0]
+
     def train(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
         gpus = self._check_train(gpus, groups)
         done = [[e.produced() for e in g.executions] for g in groups]  # a deadline cut trains what it produced
@@ -289,8 +296,6 @@ class SimCluster(ClusterBase):
     def open_step(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
         """A streaming step on `gpus` (the core cell) for `groups`, finished or not (gyre.sim.cluster.streaming)."""
         gpus = self._check_open(gpus, groups)
-        if self._faults is not None:
-            raise ClusterError("open_step: injected faults during streaming steps are not modelled by the simulator")
         h = Handle(f"step{self._version}")
         self._step = SimStep(self, gpus, groups, h)
         return h

@@ -16,7 +16,13 @@ does, as the real backend does it (its flow, train_step and weights modules):
   it is rebuilt first: from the last checkpoint (every `checkpoint_every` steps; with none, from the run's
   starting weights) by replaying the steps since. A kill outside a step loses the worker of record; another
   holder takes over, or the next step waits for the rebuild; a step never starts before its workers are back.
-  Versions continue; nothing trained is lost.
+  Versions continue; nothing trained is lost. During a streaming step (gyre.sim.cluster.streaming) the victim is
+  a rank of any of its cells (`step_in_flight`: every cell's GPUs, the core's first, so a cell is hit in
+  proportion to its size, as on the real backend); the cell's micro-steps go back to the queue
+  (SimStep.worker_lost), its GPUs switch until the worker is back; a lost satellite then leaves, the core trains
+  on once its workers are back and the state of record (rebuilt if no worker holds it). A step's end, an open
+  and a join wait likewise (`trainer_ready_at`), and a streaming step replays at the time `train` would take for
+  its whole batch on the core's GPUs.
 - delay-sync:S: the sync starts S seconds late (engines keep generating on their weights meanwhile).
 - drop-sync: one engine misses the sync; it is sent again after SYNC_TIMEOUT_S.
 The log gets the real backend's notes: fault, engine_fault, engine_restarted, trainer_fault, step_retry,
@@ -78,7 +84,11 @@ class SimFaults:
         self.c.note(kind, **fields)
 
     def step_in_flight(self) -> tuple[int, ...]:
-        return self.step[0] if self.step is not None else ()
+        """The running `train` step's GPUs, or every GPU of a cell of the open streaming step (the core's first,
+        cells in join order, those switching in included), or ()."""
+        if self.step is not None:
+            return self.step[0]
+        return self.c._step.gpus() if self.c._step is not None else ()
 
     def worker_of_record(self) -> int | None:
         return self.record
@@ -196,9 +206,11 @@ class SimFaults:
     def kill_trainer(self, gpu: int) -> None:
         c, t = self.c, self.c.now
         in_step = self.step is not None and gpu in self.step[0]
+        streaming = c._step if c._step is not None and gpu in c._step.gpus() else None
         if self.record is not None:
             self.lost_at = t
-        c.note("trainer_fault", worker=gpu, version=c.version, in_step=in_step, record=gpu == self.record)
+        c.note("trainer_fault", worker=gpu, version=c.version, in_step=in_step or streaming is not None,
+               record=gpu == self.record)
         self.held[gpu] = None
         self.back_at[gpu] = t + c.costs.trainer_restart_s
         if in_step:
@@ -214,7 +226,9 @@ class SimFaults:
             holders = [g for g, v in enumerate(self.held) if v == c.version]
             self.record = holders[0] if holders else None
         if in_step:
-            c._after(self._recovery_s(t) - t, self._rebuilt_then(start))
+            c._after(self._recovery_s(t) - t, self.rebuilt_then(start))
+        if streaming is not None:
+            streaming.worker_lost(gpu)
 
     def _recovery_s(self, t: float) -> float:
         """When the state of record is back: the worker's restart, then a rebuild's replay if it was lost."""
@@ -223,7 +237,7 @@ class SimFaults:
             back += sum(self.step_s.get(v, 0.0) for v in range(self.ckpt_version + 1, self.c.version + 1))
         return back
 
-    def _rebuilt_then(self, go):
+    def rebuilt_then(self, go):
         """`go`, after the state of record is rebuilt on the lost record's GPU if it was lost."""
         def run() -> None:
             if self.record is None:
@@ -233,6 +247,15 @@ class SimFaults:
                        replayed=c.version - self.ckpt_version, recovery_s=c.now - self.lost_at)
             go()
         return run
+
+    def trainer_ready_at(self, gpus: tuple[int, ...], record: bool) -> float:
+        """When the trainer workers of `gpus` are all up (a replaced one once its restart ends) and, with `record`
+        (the GPUs will hold the state of record: a streaming step's core), the state of record is back too."""
+        t = self.c.now
+        ready = max([t] + [self.back_at.get(g, t) for g in gpus])
+        if record and self.record is None:
+            ready = max(ready, self._recovery_s(t))
+        return ready
 
     def before_step(self, gpus: tuple[int, ...], begin):
         """A step starts once its workers are back and, if no worker holds the latest state, it is rebuilt."""
@@ -245,7 +268,7 @@ class SimFaults:
 
         def wait() -> None:
             c.gpu_roles.set_role(gpus, Role.SWITCHING, t)
-            c._after(ready - t, self._rebuilt_then(begin))
+            c._after(ready - t, self.rebuilt_then(begin))
         return wait
 
     def step_running(self, gpus: tuple[int, ...], compute: float, attempt: list[int], start) -> None:
