@@ -14,8 +14,10 @@ end the execution's records become its branches of the group's prefix tree (gyre
 
 Endings: the harness exits (any code: a crash still leaves its work), is killed at `harness_timeout_s` (its
 work is scored, flagged truncated), or the execution outlives `overall_timeout_s` (its deadline: the harness is
-stopped and the execution scored 0, truncated: the paper drops such executions from training; here they stay in
-their group with reward 0, see docs/harness.md). A failed wait (the tool call timed out or lost its worker)
+stopped and the execution dropped, the paper's rule: `score` gives it the outcome "overall_timeout", so it leaves
+training and its group's advantages are computed over the members left; a group left with fewer than 2 leaves
+training, gyre.trajectory.credit). Anything that comes back for an execution past its deadline (a request, an
+answer, the harness's exit, a failed wait) drops it. A failed wait (the tool call timed out or lost its worker)
 stops the harness and scores what it left. Scoring (`score`, on a tool worker) runs the problem's tests
 (gyre.real.tasks.code's problem file) against the `solution.py` the harness left in its folder, in the sandbox
 (gyre.real.sandbox): the share of tests passed.
@@ -62,7 +64,7 @@ class HarnessTaskConfig:
     max_new_tokens: int = 32  # cap of a call's max_tokens
     max_context: int = 2048  # a call whose prompt and max_tokens exceed it is refused (HTTP 400)
     harness_timeout_s: float = 60.0  # the harness is killed then; its work is scored
-    overall_timeout_s: float = 120.0  # the execution's deadline: stopped and scored 0 (dropped)
+    overall_timeout_s: float = 120.0  # the execution's deadline: stopped and dropped (outcome "overall_timeout")
     workdir: str = ""  # working folders go under it ("": a temporary folder)
     env: tuple[tuple[str, str], ...] = ()  # more environment variables for the harness
     sandbox: str = "none"  # or "bwrap": namespaces, the proxy as the only network (gyre.real.harness_sandbox)
@@ -138,13 +140,14 @@ class HarnessEpisode:
                           cfg.harness_timeout_s, cfg.sandbox, cfg.memory_mb, cfg.file_mb)
 
     def on_tool(self, ev, now: float):
+        if now >= self.deadline_at:  # whatever came back, the execution is past its overall timeout: dropped
+            self.dropped = True
         if isinstance(ev, ToolError):
             self.fault = ev.message
             return self._stop() if not self._stopping else self._done(None)
         if ev["kind"] == "exit":
             return self._done(ev)
-        if now >= self.deadline_at:
-            self.dropped = True
+        if self.dropped:
             return self._stop()
         self.req, self.issued = ev, now
         seq = "main" if ev["role"].startswith("main") else "sub"
@@ -217,15 +220,20 @@ class HarnessTask:
 
     def score(self, group: HarnessGroup) -> list[Score]:
         """Per execution (recorder order): the share of the problem's tests its `solution.py` passes (0 without
-        one, or when dropped at the overall timeout)."""
+        one); an execution past the overall timeout is not scored: outcome "overall_timeout" (it leaves training,
+        its group's advantages are over the members left, gyre.trajectory.credit.group_advantages)."""
         limits = Limits(wall_s=self.cfg.score_wall_s)
         out = []
         for ep in sorted(group.episodes, key=lambda e: e.cursor.id):
+            truncated = ep.cursor.status == "truncated"
+            if ep.dropped:
+                out.append(Score(execution=ep.cursor.id, reward=0.0, truncated=truncated, outcome="overall_timeout"))
+                continue
             sol = Path(ep.cwd) / "solution.py"
             reward = 0.0
-            if sol.is_file() and not ep.dropped:
+            if sol.is_file():
                 res = run_python(sol.read_text(errors="replace"), list(group.problem.tests), limits)
                 reward = res["passed"] / res["total"]
-            out.append(Score(execution=ep.cursor.id, reward=float(reward), truncated=ep.cursor.status == "truncated"))
+            out.append(Score(execution=ep.cursor.id, reward=float(reward), truncated=truncated))
         return out
 
