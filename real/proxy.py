@@ -10,8 +10,9 @@ elsewhere when the execution moves while it decodes (gyre.real.flow); the harnes
 HTTP surface (tornado, bound to 127.0.0.1 unless `ProxyConfig.host` says otherwise, which start-up announces):
 
 - `POST /v1/chat/completions`: `model`, `messages` (system, user, assistant with `tool_calls`, tool), `tools`,
-  `max_tokens` / `max_completion_tokens` (capped at the task's `max_new_tokens`), `stream` (SSE: the reply as
-  one delta chunk, then a finish chunk and `data: [DONE]`; the engine returns a segment whole), `logprobs`.
+  `max_tokens` / `max_completion_tokens` (capped at the task's `max_new_tokens`), `stream` (SSE: the reply in
+  token-sized delta chunks cut at character boundaries, then one per tool call, a finish chunk and `data: [DONE]`;
+  the engines return a segment whole, so the chunks are sent once the whole answer is back), `logprobs`.
   Sampling fields (temperature, top_p, stop, seed) are ignored: the engine samples the policy at temperature 1
   and stops at the template's end-of-turn token, so the behaviour log-probs are the policy's.
 - `GET /v1/models`: the one served model.
@@ -311,18 +312,28 @@ class Proxy:
                       "choices": [{"index": 0, "message": msg, "finish_reason": reply.finish_reason, "logprobs": lp}],
                       "usage": usage})
             return
-        await _sse(h, rid, self.cfg.model_name, reply, lp, usage)
+        await _sse(h, rid, self.cfg.model_name, reply, self.codec.pieces(out["ids"], reply.content), lp, usage)
 
 
-async def _sse(h, rid: str, model: str, reply: Reply, lp, usage: dict) -> None:
+async def _sse(h, rid: str, model: str, reply: Reply, pieces: list[tuple[str, int]], lp, usage: dict) -> None:
+    """The reply as server-sent events: one content delta per piece (ChatCodec.pieces: token-sized, cut at character
+    boundaries; the first also carries the role), each with its tokens' log-probs when asked, then one delta per
+    tool call, a finish chunk with `usage`, and `data: [DONE]`. Each chunk is flushed on its own."""
     h.set_header("Content-Type", "text/event-stream")
     h.set_header("Cache-Control", "no-cache")
     base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-    delta: dict = {"role": "assistant", "content": reply.content}
-    if reply.tool_calls:
-        delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(reply.tool_calls)]
-    chunks = [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": lp}]},
-              {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}], "usage": usage}]
+
+    def chunk(delta: dict, finish=None, logprobs=None, **more) -> dict:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}], **more}
+
+    chunks, start = [], 0
+    for i, (text, end) in enumerate(pieces):
+        delta = {"role": "assistant", "content": text} if i == 0 else {"content": text}
+        chunks.append(chunk(delta, logprobs={"content": lp["content"][start:end]} if lp else None))
+        start = end
+    for k, c in enumerate(reply.tool_calls):
+        chunks.append(chunk({"tool_calls": [{"index": k, **c}]}))
+    chunks.append(chunk({}, reply.finish_reason, usage=usage))
     for c in chunks:
         h.write(f"data: {json.dumps(c)}\n\n")
         await h.flush()

@@ -72,9 +72,8 @@ class Client:
             for ln in lines[:-1]:
                 ch = json.loads(ln)["choices"][0]
                 msg["content"] += ch["delta"].get("content") or ""
-                if ch["delta"].get("tool_calls"):
-                    calls = ch["delta"]["tool_calls"]
-                    msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+                for c in ch["delta"].get("tool_calls") or []:  # one chunk per call here; indexes say which
+                    msg.setdefault("tool_calls", []).append({k: v for k, v in c.items() if k != "index"})
                 finish = ch["finish_reason"] or finish
             return msg, finish
         except (ValueError, KeyError, IndexError, TypeError):
