@@ -118,3 +118,93 @@ def test_role_bounded_sampling_draws_the_harness_paths_by_the_documented_rule(to
         assert batch.branch_source.tolist() == want[2], f"seed {seed}: packed {batch.branch_source}"
         trained = sum(int(p.rows.pred.shape[0]) for p in batch.packs)
         assert trained == L[0] + L[3] + L[5], f"seed {seed}: {trained} trained tokens, want the two main paths'"
+
+
+@pytest.fixture(scope="module")
+def engine_model(tmp_path_factory):
+    """A tiny random Qwen3 of the tiny tokenizer's vocabulary, with the tool-aware chat template."""
+    pytest.importorskip("torch")
+    from gyre.real.nn.hf_folder import write_tiny_model
+
+    folder = tmp_path_factory.mktemp("qwen3chat")
+    write_tiny_model(folder, "qwen3", vocab_size=384, seed=4)
+    for f in (ROOT / "configs" / "tiny_chat").iterdir():
+        shutil.copyfile(f, folder / f.name)
+    (folder / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
+    return str(folder)
+
+
+def test_parallel_sub_agents_are_generated_together_and_recorded_per_call(engine_model, tmp_path):
+    """Two sub-agents of one execution call at once: the proxy hands both to the backend as one round, a real torch
+    engine decodes them in one batch (its decode steps hold 2 sequences), and each call's TITO record holds its own
+    answer: each summary call continues its own sub-agent's record exactly, and every record is what the engine
+    returned for it."""
+    import asyncio
+    import json
+    import threading
+    import time
+
+    from gyre.real.engine_torch import TorchEngine, TorchEngineConfig
+
+    pt = ProxyThread(ChatTokenizer(engine_model).tok)
+    eloop = asyncio.new_event_loop()  # the engine on a loop of its own, as an engine actor is its own process
+    threading.Thread(target=eloop.run_forever, daemon=True).start()
+
+    async def make():
+        e = TorchEngine(engine_model, TorchEngineConfig(max_batch=8))
+        await e.wake(None, 0)
+        return e
+
+    eng = asyncio.run_coroutine_threadsafe(make(), eloop).result(60)
+    rounds, answers = [], {}
+
+    async def gen(seq, r, seed):
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(
+            eng.generate(seq, r["ids"], r["max_new"], [0], seed), eloop))
+
+    async def relay(key, cwd):  # the backend's part, as gyre.real.tasks.harness does it: a round at a time
+        argv = [sys.executable, str(OWN), "--turns", "2", "--subagent-at", "1", "--parallel", "2"]
+        ev = await pt.proxy.launch(key, argv, {"GYRE_TASK": "Write add_one(x)."}, str(cwd), 30.0)
+        while ev["kind"] in ("request", "requests"):
+            reqs = ev["requests"] if ev["kind"] == "requests" else [ev]
+            outs = await asyncio.gather(*[gen(f"{key}.{k}", r, r["n"]) for k, r in enumerate(reqs)])
+            rounds.append([r["n"] for r in reqs])
+            for r, o in zip(reqs, outs):
+                answers[r["n"]] = (r, o)
+            ev = await pt.proxy.respond_all(key, [(r["n"], o["tokens"], o["logprobs"]) for r, o in zip(reqs, outs)])
+        return ev
+
+    try:
+        asyncio.run_coroutine_threadsafe(eng.generate("warm", [1, 2, 3], 2, [0], 0), eloop).result(60)
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), eloop).result(5)
+        eng.get_profile()
+        pt.proxy.open("e0", "tok-e0", 16, 8192)
+        t0 = time.monotonic()
+        end = pt.call(relay("e0", tmp_path / "e0"), timeout=60)
+        wall = time.monotonic() - t0
+        batches = [b for b, _, _ in asyncio.run_coroutine_threadsafe(_profile(eng), eloop).result(5)["decode"]]
+    finally:
+        pt.close()
+        eloop.call_soon_threadsafe(eloop.stop)
+    assert end["code"] == 0, (end, (tmp_path / "e0" / ".harness.stderr").read_text())
+    roles = {n: r["role"] for n, (r, _) in answers.items()}
+    pairs = [rd for rd in rounds if len(rd) == 2]
+    assert [[roles[n] for n in rd] for rd in pairs] == [["sub-agent"] * 2, ["sub-agent-summary"] * 2], \
+        f"rounds {rounds} of roles {roles}: the parallel calls were not served together"
+    assert max(batches) == 2, f"the engine never decoded the two calls together: batches {batches}"
+    recs = {n: TitoRecord(execution="e0", n=n, role=r["role"], input_ids=tuple(r["ids"]),
+                          output_ids=tuple(o["tokens"]), logprobs=tuple(o["logprobs"]), version=0, received_s=0.0,
+                          issued_s=0.0, done_s=0.0) for n, (r, o) in answers.items()}
+    subs = [recs[n] for n in pairs[0]]
+    for n in pairs[1]:
+        own = [s for s in subs if recs[n].input_ids[:len(s.input_ids) + len(s.output_ids)] == s.input_ids + s.output_ids]
+        assert len(own) == 1, f"summary call {n} does not continue exactly one sub-agent call's ids and answer"
+    details = sorted(ChatTokenizer(engine_model).tok.decode(list(s.input_ids)).count("Detail 1 of 2") for s in subs)
+    assert details == [0, 1], "the two sub-agents must have contexts of their own"
+    calls = [json.loads(ln) for ln in (tmp_path / "e0" / "transcript.jsonl").read_text().splitlines()]
+    assert all(c["status"] == 200 and c["ok"] for c in calls) and len(calls) == len(answers), calls
+    assert wall < 30, wall
+
+
+async def _profile(eng):
+    return eng.get_profile()
