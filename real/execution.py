@@ -68,6 +68,7 @@ class RealExecution(BookedExecution):
         self.vsum = 0  # sum over generated tokens of their generating version
         self.reward: float | None = None  # as the episode reported it at its end (None: only `score` knows)
         self.inflight = None  # the pending request (Generate or Tool), re-issued after a fault
+        self.seq_ids: list[str] = [str(exec_id)]  # the engine-side sequences it used (released when it leaves one)
         self._ctx = 0
         self.segs: list[dict] = []  # per model segment: gen tokens, kv (context) at its start, tool_s after it
         self.branch_marks: list[tuple[int, str]] = []  # (segment index, compact | subagent | retry)
@@ -139,7 +140,7 @@ class RealExecution(BookedExecution):
             if self._expect is not None:
                 self.env_tokens += max(0, len(req.context) - self._expect)
             self._ctx = len(req.context)
-            name = (lambda q: str(self.id) if q == "main" else f"{self.id}.{q}")
+            name = self._seq
             if req.parallel:
                 seqs = [req.seq] + [g.seq for g in req.parallel]
                 if len(set(seqs)) != len(seqs) or any(g.parallel for g in req.parallel):
@@ -151,6 +152,13 @@ class RealExecution(BookedExecution):
         if isinstance(req, Done):
             self.reward, self.end = req.reward, req.end
         return req
+
+    def _seq(self, q: str) -> str:
+        """The engine-side id of the episode's sequence `q` (noted, so it is released with the others)."""
+        sid = str(self.id) if q == "main" else f"{self.id}.{q}"
+        if sid not in self.seq_ids:
+            self.seq_ids.append(sid)
+        return sid
 
     def __repr__(self) -> str:
         return f"<real exec {self.id} {self.phase.name} turns={self.turns} engine={self.engine_id}>"

@@ -137,7 +137,7 @@ class ExecutionFlow:
         ex.engine = None
         ex.phase = Phase.DONE
         ex.finished_at, ex.truncated = self.now, truncated
-        self._background.append(eng.actor.release.remote(str(ex.id)))
+        self._background += [eng.actor.release.remote(q) for q in ex.seq_ids]
         self._log(("finish", self.now, ex.id, end, ex.generated))
         self._log(("note", self.now, "reward", {"exec": ex.id, "group": ex.group_id, "reward": ex.reward,
                                                  "truncated": truncated, "turns": ex.turns}))
@@ -161,7 +161,7 @@ class ExecutionFlow:
         else:
             ex.migrated_at = self.now
             if src.ready:
-                self._background.append(src.actor.release.remote(str(ex.id)))
+                self._background += [src.actor.release.remote(q) for q in ex.seq_ids]
         self._log(("migrate", self.now, ex.id, src.id, dst.id))
         self._busy(src)
         self._start_queued(src)
@@ -197,7 +197,7 @@ class ExecutionFlow:
         if ex.phase == Phase.QUEUED:
             src.queue.remove(ex)
         elif src.ready:
-            self._background.append(src.actor.release.remote(str(ex.id)))
+            self._background += [src.actor.release.remote(q) for q in ex.seq_ids]
         ex.parked_phase, ex.phase = ex.phase, Phase.PARKED
         self._log(("park", self.now, ex.id, src.id))
         self._busy(src)
