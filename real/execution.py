@@ -68,6 +68,7 @@ class RealExecution(BookedExecution):
         self.vsum = 0  # sum over generated tokens of their generating version
         self.reward: float | None = None  # as the episode reported it at its end (None: only `score` knows)
         self.inflight = None  # the pending request (Generate or Tool), re-issued after a fault
+        self.seq_ids: list[str] = [str(exec_id)]  # the engine-side sequences it used (released when it leaves one)
         self._ctx = 0
         self.segs: list[dict] = []  # per model segment: gen tokens, kv (context) at its start, tool_s after it
         self.branch_marks: list[tuple[int, str]] = []  # (segment index, compact | subagent | retry)
@@ -111,6 +112,23 @@ class RealExecution(BookedExecution):
             self.first_version = version
         return self._request(self.episode.on_generated(list(tokens), list(logprobs), version, now))
 
+    def on_generated_all(self, results: list[tuple], now: float):
+        """A Generate with parallel segments came back whole: `results` (tokens, logprobs, version, done) per
+        segment, the Generate's own first (the contract's optional `on_generated_all`)."""
+        if any(not r[0] for r in results):
+            raise RuntimeError(f"execution {self.id}: engine returned an empty segment")
+        n = sum(len(r[0]) for r in results)
+        self.generated += n
+        self.vsum += sum(len(r[0]) * r[2] for r in results)
+        self.segs[-1]["gen"] = n
+        self._expect = self._ctx + len(results[0][0])
+        self.turns += 1
+        oldest = min(r[2] for r in results)
+        if self.first_version is None or oldest < self.first_version:
+            self.first_version = oldest
+        res = [(list(t), list(lp), int(v), float(d)) for t, lp, v, d in results]
+        return self._request(self.episode.on_generated_all(res, now))
+
     def on_tool(self, result, now: float):
         return self._request(self.episode.on_tool(result, now))
 
@@ -122,11 +140,25 @@ class RealExecution(BookedExecution):
             if self._expect is not None:
                 self.env_tokens += max(0, len(req.context) - self._expect)
             self._ctx = len(req.context)
-            seq = str(self.id) if req.seq == "main" else f"{self.id}.{req.seq}"
-            return dataclasses.replace(req, seq=seq)
+            name = self._seq
+            if req.parallel:
+                seqs = [req.seq] + [g.seq for g in req.parallel]
+                if len(set(seqs)) != len(seqs) or any(g.parallel for g in req.parallel):
+                    raise RuntimeError(f"execution {self.id}: parallel segments need distinct seq names, got {seqs}")
+                self.segs[-1]["kv"] += sum(len(g.context) for g in req.parallel)
+                par = tuple(dataclasses.replace(g, seq=name(g.seq)) for g in req.parallel)
+                return dataclasses.replace(req, seq=name(req.seq), parallel=par)
+            return dataclasses.replace(req, seq=name(req.seq))
         if isinstance(req, Done):
             self.reward, self.end = req.reward, req.end
         return req
+
+    def _seq(self, q: str) -> str:
+        """The engine-side id of the episode's sequence `q` (noted, so it is released with the others)."""
+        sid = str(self.id) if q == "main" else f"{self.id}.{q}"
+        if sid not in self.seq_ids:
+            self.seq_ids.append(sid)
+        return sid
 
     def __repr__(self) -> str:
         return f"<real exec {self.id} {self.phase.name} turns={self.turns} engine={self.engine_id}>"

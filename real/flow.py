@@ -72,8 +72,37 @@ class ExecutionFlow:
         seed = int(np.random.default_rng([self.cfg.seed, ex.id, ex.generated, ex.turns, req]).integers(2**62))
         actor = eng.actor
         ex.gen_t0, ex.gen_batch = self.now, eng.n_decoding
+        if action.parallel:
+            self._issue_parallel(ex, req, eng, actor, action, seed)
+            return
         ref = actor.generate.remote(action.seq, action.context, action.max_new, self.task.stop, seed)
         self._submit(ref, lambda res, err: self._on_generated(ex, req, eng, actor, res, err))
+
+    def _issue_parallel(self, ex, req, eng, actor, action, seed: int) -> None:
+        """A Generate with parallel segments: each is its own engine request (the engine batches them), sent at once;
+        the first error, or the last answer (each stamped with when it came back), is booked as one result."""
+        segs = (action, *action.parallel)
+        got: list = [None] * len(segs)
+        over = [False]
+
+        def back(i: int, res, err) -> None:
+            if over[0]:
+                return
+            if err is not None:
+                over[0] = True
+                self._on_generated(ex, req, eng, actor, None, err)
+                return
+            got[i] = {**res, "done": self.now}
+            if all(g is not None for g in got):
+                over[0] = True
+                both = {**got[0], "cancelled": any(g.get("cancelled") for g in got), "parallel": got,
+                        "prefill_tokens": sum(g.get("prefill_tokens", 0) for g in got),
+                        "prefill_s": max(g.get("prefill_s", 0.0) for g in got)}
+                self._on_generated(ex, req, eng, actor, both, None)
+
+        for i, g in enumerate(segs):
+            ref = actor.generate.remote(g.seq, g.context, g.max_new, self.task.stop, seed + i)
+            self._submit(ref, lambda res, err, i=i: back(i, res, err))
 
     def _on_generated(self, ex, req, eng, actor, res, err) -> None:
         if err is not None:
@@ -87,7 +116,11 @@ class ExecutionFlow:
         if getattr(ex, "migrated_at", None) is not None:
             self.profile["migration"].append((res["prefill_tokens"], res["prefill_s"], self.now - ex.migrated_at))
             ex.migrated_at = None
-        action = ex.on_generated(res["tokens"], res["logprobs"], res["version"], self.now)
+        if "parallel" in res:
+            action = ex.on_generated_all([(g["tokens"], g["logprobs"], g["version"], g["done"]) for g in res["parallel"]],
+                                         self.now)
+        else:
+            action = ex.on_generated(res["tokens"], res["logprobs"], res["version"], self.now)
         self._issue(ex, action)
         self._busy(eng)
 
@@ -104,7 +137,7 @@ class ExecutionFlow:
         ex.engine = None
         ex.phase = Phase.DONE
         ex.finished_at, ex.truncated = self.now, truncated
-        self._background.append(eng.actor.release.remote(str(ex.id)))
+        self._background += [eng.actor.release.remote(q) for q in ex.seq_ids]
         self._log(("finish", self.now, ex.id, end, ex.generated))
         self._log(("note", self.now, "reward", {"exec": ex.id, "group": ex.group_id, "reward": ex.reward,
                                                  "truncated": truncated, "turns": ex.turns}))
@@ -128,7 +161,7 @@ class ExecutionFlow:
         else:
             ex.migrated_at = self.now
             if src.ready:
-                self._background.append(src.actor.release.remote(str(ex.id)))
+                self._background += [src.actor.release.remote(q) for q in ex.seq_ids]
         self._log(("migrate", self.now, ex.id, src.id, dst.id))
         self._busy(src)
         self._start_queued(src)
@@ -139,7 +172,8 @@ class ExecutionFlow:
         dst, h = ex.migrate_to, ex.migrate_handle
         ex.migrate_to = ex.migrate_handle = None
         if inflight:  # the engine request is abandoned at the source (its late answer is ignored: `req` moves on)
-            self._background.append(ex.engine.actor.cancel.remote(ex.inflight.seq))
+            for g in (ex.inflight, *ex.inflight.parallel):
+                self._background.append(ex.engine.actor.cancel.remote(g.seq))
             ex.req += 1
             ex.moved_requests = getattr(ex, "moved_requests", 0) + 1
             self._log(("note", self.now, "request_moved", {"exec": ex.id, "from": ex.engine.id,
@@ -163,7 +197,7 @@ class ExecutionFlow:
         if ex.phase == Phase.QUEUED:
             src.queue.remove(ex)
         elif src.ready:
-            self._background.append(src.actor.release.remote(str(ex.id)))
+            self._background += [src.actor.release.remote(q) for q in ex.seq_ids]
         ex.parked_phase, ex.phase = ex.phase, Phase.PARKED
         self._log(("park", self.now, ex.id, src.id))
         self._busy(src)

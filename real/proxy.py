@@ -10,8 +10,9 @@ elsewhere when the execution moves while it decodes (gyre.real.flow); the harnes
 HTTP surface (tornado, bound to 127.0.0.1 unless `ProxyConfig.host` says otherwise, which start-up announces):
 
 - `POST /v1/chat/completions`: `model`, `messages` (system, user, assistant with `tool_calls`, tool), `tools`,
-  `max_tokens` / `max_completion_tokens` (capped at the task's `max_new_tokens`), `stream` (SSE: the reply as
-  one delta chunk, then a finish chunk and `data: [DONE]`; the engine returns a segment whole), `logprobs`.
+  `max_tokens` / `max_completion_tokens` (capped at the task's `max_new_tokens`), `stream` (SSE: the reply in
+  token-sized delta chunks cut at character boundaries, then one per tool call, a finish chunk and `data: [DONE]`;
+  the engines return a segment whole, so the chunks are sent once the whole answer is back), `logprobs`.
   Sampling fields (temperature, top_p, stop, seed) are ignored: the engine samples the policy at temperature 1
   and stops at the template's end-of-turn token, so the behaviour log-probs are the policy's.
 - `GET /v1/models`: the one served model.
@@ -29,8 +30,16 @@ folder, an environment of PATH, HOME, OPENAI_BASE_URL, OPENAI_API_KEY and the GY
 gyre.real.harness_sandbox's (bubblewrap namespaces with this proxy's Unix socket as the only network, or limits
 only); see docs/harness.md.
 
-Simplifications: one request of an execution is served at a time (concurrent requests of one execution queue
-in arrival order); one proxy per run, on the driver's node (harnesses are launched beside it).
+Concurrent calls of one execution (parallel sub-agents) are served in rounds: the requests waiting when the
+backend takes the execution's next event go out together (`next_event` returns them as one round; the episode
+generates them at once on its engine, gyre.real.task_api.Generate.parallel, and answers them with `respond_all`);
+a call that arrives while a round decodes waits for the round's end. An execution seen with two calls outstanding
+at once, or whose harness announced it (a request with the header `X-Gyre-Parallel`), has each round wait
+`round_window_s` for the calls sent together with its first, and a call that says it is one of N sent at once
+(`X-Gyre-Parallel: N`) waits up to `round_wait_s` until N are there.
+
+Simplifications: rounds, not independent streams (above); one proxy per run, on the driver's node (harnesses are
+launched beside it).
 """
 
 from __future__ import annotations
@@ -67,12 +76,20 @@ class ProxyConfig:
     port: int = 0  # 0: a free port
     model_name: str = "gyre-policy"  # what GET /v1/models lists
     max_body_bytes: int = 8 << 20
+    # once an execution has had two calls outstanding at once, a request taken waits this long for the calls sent
+    # with it, so they are generated together (one round, see `next_event`); 0: take what is queued only
+    round_window_s: float = 0.005
+    # a call that says it is one of N sent at once (header X-Gyre-Parallel: N) waits up to this long for the others
+    round_wait_s: float = 0.5
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
             raise ValueError(f"ProxyConfig.host must be an address, got {self.host!r}")
         if not 0 <= int(self.port) < 65536:
             raise ValueError(f"ProxyConfig.port must be in [0, 65536), got {self.port}")
+        for name in ("round_window_s", "round_wait_s"):
+            if not 0 <= getattr(self, name) <= 10:
+                raise ValueError(f"ProxyConfig.{name} must be in [0, 10] seconds, got {getattr(self, name)}")
 
 
 class ProxyError(Exception):
@@ -97,6 +114,19 @@ class Session:
     deadline: float = float("inf")  # monotonic time its harness is killed at
     closed: bool = False
     exit: dict | None = None
+    concurrent: bool = False  # it has had two calls outstanding at once (its rounds wait `round_window_s`)
+
+
+def write_files(root: str, files: dict) -> None:
+    """Write {relative path: text} under `root` (folders made as needed); a path that leaves `root` is refused."""
+    base = os.path.realpath(root)
+    for rel, text in files.items():
+        path = os.path.realpath(os.path.join(base, rel))
+        if os.path.isabs(rel) or not path.startswith(base + os.sep):
+            raise ValueError(f"file {rel!r} is not a relative path inside the working folder")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
 
 
 class Proxy:
@@ -155,9 +185,10 @@ class Proxy:
             self.by_token[token] = key
 
     async def launch(self, key: str, argv: list[str], env: dict, cwd: str, timeout_s: float, sandbox: str = "none",
-                     memory_mb: int = 4096, file_mb: int = 256) -> dict:
+                     memory_mb: int = 4096, file_mb: int = 256, files: dict | None = None) -> dict:
         """Start the execution's harness (once; a retried call only waits), fenced by `sandbox`
-        (gyre.real.harness_sandbox), and return its first event."""
+        (gyre.real.harness_sandbox), in `cwd` holding `files` ({relative path: text}, written first: a task's
+        repository), and return its first event."""
         from gyre.real import harness_sandbox as hs
 
         s = self.sessions[key]
@@ -165,6 +196,7 @@ class Proxy:
             full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": cwd, "OPENAI_BASE_URL": self.url + "/v1",
                     "OPENAI_API_KEY": s.token, "GYRE_EXECUTION": key, **env}
             os.makedirs(cwd, exist_ok=True)
+            write_files(cwd, files or {})
             if sandbox != "none":
                 argv, full = hs.wrap(argv, cwd, full, self.unix)
             argv, pre = hs.limited(argv, memory_mb, file_mb)
@@ -177,15 +209,22 @@ class Proxy:
 
     async def respond(self, key: str, n: int, ids: list[int], logprobs: list[float]) -> dict:
         """Answer request n with the generated ids (once: a retried call only waits) and return the next event."""
+        return await self.respond_all(key, [(n, ids, logprobs)])
+
+    async def respond_all(self, key: str, answers: list[tuple[int, list[int], list[float]]]) -> dict:
+        """Answer a round's requests, (n, ids, logprobs) each (once: a retried call only waits); the next event."""
         s = self.sessions[key]
-        fut = s.pending.pop(n, None)
-        if fut is not None and not fut.done():
-            fut.set_result({"ids": list(ids), "logprobs": list(logprobs)})
+        for n, ids, logprobs in answers:
+            fut = s.pending.pop(n, None)
+            if fut is not None and not fut.done():
+                fut.set_result({"ids": list(ids), "logprobs": list(logprobs)})
         return await self.next_event(key)
 
     async def next_event(self, key: str) -> dict:
-        """The execution's next request ({"kind": "request", "n", "ids", "role", "max_new", "received"}), or its
-        harness's end ({"kind": "exit", "code", "timed_out"})."""
+        """The execution's next request ({"kind": "request", "n", "ids", "role", "max_new", "received"}), or a
+        round of them when several are waiting ({"kind": "requests", "requests": [request, ...]} in arrival order:
+        calls of one harness outstanding at once, served together), or its harness's end ({"kind": "exit", "code",
+        "timed_out"}). A request taken for a concurrent execution waits `round_window_s` for others to join."""
         s = self.sessions[key]
         if s.exit is not None:
             return s.exit
@@ -198,11 +237,24 @@ class Proxy:
         for t in rest:
             t.cancel()
         if get in done:
-            return get.result()
+            return await self._round(s, get.result())
         if not s.queue.empty():
-            return s.queue.get_nowait()
+            return await self._round(s, s.queue.get_nowait())
         timed_out = not done
         return await self._end(s, timed_out)
+
+    async def _round(self, s: Session, first: dict) -> dict:
+        """`first` and the requests that join it: those queued after `round_window_s` (a concurrent execution), and
+        up to `round_wait_s` more while fewer than the `parallel` its first announced are there."""
+        if s.concurrent and self.cfg.round_window_s > 0:
+            await asyncio.sleep(self.cfg.round_window_s)  # the calls sent with it arrive
+        until = time.monotonic() + self.cfg.round_wait_s
+        while 1 + s.queue.qsize() < first.get("parallel", 1) and time.monotonic() < until and not s.closed:
+            await asyncio.sleep(0.002)
+        more = []
+        while not s.queue.empty():
+            more.append(s.queue.get_nowait())
+        return {"kind": "requests", "requests": [first, *more]} if more else first
 
     async def stop(self, key: str) -> dict:
         """End the execution's harness now (its work stays for scoring); its exit event."""
@@ -278,20 +330,24 @@ class Proxy:
         if len(ids) + max_new > s.max_context:
             raise ProxyError(400, f"messages: {len(ids)} prompt tokens + {max_new} new exceed the context of "
                                   f"{s.max_context} tokens", "messages")
-        return ids, role, max_new, body.get("stream", False), body.get("logprobs", False)
+        par = h.request.headers.get("X-Gyre-Parallel", "1")
+        if not (par.isdigit() and 1 <= int(par) <= 256):
+            raise ProxyError(400, f"X-Gyre-Parallel: expected an integer in [1, 256], got {par!r}", "X-Gyre-Parallel")
+        return ids, role, max_new, body.get("stream", False), body.get("logprobs", False), int(par)
 
     async def _chat(self, h) -> None:
         try:
             s = self._auth(h)
-            ids, role, max_new, stream, want_lp = self._parse(h, s)
+            ids, role, max_new, stream, want_lp, par = self._parse(h, s)
             if s.closed:
                 raise ProxyError(503, f"execution {s.key} has ended")
             s.n += 1
             n = s.n
             fut = asyncio.get_running_loop().create_future()
             s.pending[n] = fut
+            s.concurrent = s.concurrent or len(s.pending) > 1 or par > 1
             s.queue.put_nowait({"kind": "request", "n": n, "ids": ids, "role": role, "max_new": max_new,
-                                "received": time.time()})
+                                "received": time.time(), "parallel": par})
             out = await fut
         except ProxyError as err:
             return self._error(h, err)
@@ -311,18 +367,28 @@ class Proxy:
                       "choices": [{"index": 0, "message": msg, "finish_reason": reply.finish_reason, "logprobs": lp}],
                       "usage": usage})
             return
-        await _sse(h, rid, self.cfg.model_name, reply, lp, usage)
+        await _sse(h, rid, self.cfg.model_name, reply, self.codec.pieces(out["ids"], reply.content), lp, usage)
 
 
-async def _sse(h, rid: str, model: str, reply: Reply, lp, usage: dict) -> None:
+async def _sse(h, rid: str, model: str, reply: Reply, pieces: list[tuple[str, int]], lp, usage: dict) -> None:
+    """The reply as server-sent events: one content delta per piece (ChatCodec.pieces: token-sized, cut at character
+    boundaries; the first also carries the role), each with its tokens' log-probs when asked, then one delta per
+    tool call, a finish chunk with `usage`, and `data: [DONE]`. Each chunk is flushed on its own."""
     h.set_header("Content-Type", "text/event-stream")
     h.set_header("Cache-Control", "no-cache")
     base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
-    delta: dict = {"role": "assistant", "content": reply.content}
-    if reply.tool_calls:
-        delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(reply.tool_calls)]
-    chunks = [{**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": lp}]},
-              {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}], "usage": usage}]
+
+    def chunk(delta: dict, finish=None, logprobs=None, **more) -> dict:
+        return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}], **more}
+
+    chunks, start = [], 0
+    for i, (text, end) in enumerate(pieces):
+        delta = {"role": "assistant", "content": text} if i == 0 else {"content": text}
+        chunks.append(chunk(delta, logprobs={"content": lp["content"][start:end]} if lp else None))
+        start = end
+    for k, c in enumerate(reply.tool_calls):
+        chunks.append(chunk({"tool_calls": [{"index": k, **c}]}))
+    chunks.append(chunk({}, reply.finish_reason, usage=usage))
     for c in chunks:
         h.write(f"data: {json.dumps(c)}\n\n")
         await h.flush()

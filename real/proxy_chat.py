@@ -196,6 +196,32 @@ class ChatCodec:
     def _encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False) if text else []
 
+    def pieces(self, ids: list[int], content: str) -> list[tuple[str, int]]:
+        """The reply's `content` cut where its tokens end, for streaming: (text, end) pairs, `end` the number of
+        `ids` the pieces up to this one cover; the texts concatenate to `content` exactly. A cut falls after token
+        k where the first k tokens decode to a prefix of `content` that does not end in a partial character (a
+        byte-level token holding half of one decodes to U+FFFD: it joins the next piece); tokens past the last
+        cut (tool-call blocks, the stop token) go with the remainder, which is the last piece (possibly empty)."""
+        out, done, cut = [], 0, 0
+        for k in range(1, len(ids) + 1):
+            at = max(0, cut - 4)  # a few tokens of context before the last cut: decoders that strip a leading space
+            base = self.tok.decode(ids[at:cut], skip_special_tokens=True)
+            head = self.tok.decode(ids[at:k], skip_special_tokens=True)
+            new = head[len(base):] if head.startswith(base) else None
+            if new is None or new.endswith("\ufffd"):
+                continue  # half a character so far: it joins the next token
+            if not content.startswith(new, done):
+                break  # the content left the decoded text (a tool-call block was cut out): the rest is one piece
+            if new:
+                out.append((new, k))
+                done, cut = done + len(new), k
+        rest = content[done:]
+        if rest or not out:
+            out.append((rest, len(ids)))
+        else:
+            out[-1] = (out[-1][0], len(ids))
+        return out
+
     def decode(self, ids: list[int], execution: str, n: int, max_new: int) -> Reply:
         """The reply of generated `ids` (the n-th request of `execution`, at most `max_new` tokens)."""
         stopped = bool(ids) and ids[-1] in self.stop

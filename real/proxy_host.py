@@ -28,13 +28,16 @@ class ProxyActor:
         self.proxy.open(key, token, max_new, max_context)
 
     async def launch(self, key, token, max_new, max_context, argv, env, cwd, timeout_s, sandbox="none",
-                     memory_mb=4096, file_mb=256) -> dict:
+                     memory_mb=4096, file_mb=256, files=None) -> dict:
         """Open the execution's session and start its harness (see Proxy.launch)."""
         self.proxy.open(key, token, max_new, max_context)
-        return await self.proxy.launch(key, argv, env, cwd, timeout_s, sandbox, memory_mb, file_mb)
+        return await self.proxy.launch(key, argv, env, cwd, timeout_s, sandbox, memory_mb, file_mb, files)
 
     async def respond(self, key, n, ids, logprobs) -> dict:
         return await self.proxy.respond(key, n, ids, logprobs)
+
+    async def respond_all(self, key, answers) -> dict:
+        return await self.proxy.respond_all(key, answers)
 
     async def stop(self, key) -> dict:
         return await self.proxy.stop(key)

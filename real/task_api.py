@@ -24,7 +24,10 @@ a real run with proxies that fail on any other attribute):
   output, or a `ToolError` when the call failed, hung past its timeout or lost its worker) each return the
   next request: `Generate` (a segment to the episode's engine), `Tool` (a call to the tool service) or `Done`
   (a final answer, or a truncation: turn cap or deadline). Optional: `deadline_at`, when its wall-clock budget
-  ends (the backend's clock; inf before it starts), which policies see (gyre.cluster.ExecutionView).
+  ends (the backend's clock; inf before it starts), which policies see (gyre.cluster.ExecutionView);
+  `on_generated_all(results, now)`, needed by an episode that returns a `Generate` with `parallel` segments:
+  `results` holds (tokens, logprobs, version, done) per segment, the Generate's own first, then its parallel
+  ones in order, `done` the backend's clock when that segment came back.
 
 Why exactly this: the backend owns scheduling (engines, migrations, faults, training) and must be able to
 move an episode at any tool-call boundary by resending its context, so an episode states every request in
@@ -53,12 +56,16 @@ DEFAULT_TASK = "gyre.real.agent:AgentTask"
 class Generate:
     """A model segment after `context` (the episode's full context), at most `max_new` tokens. `seq` names
     the context within the episode (its KV cache: "main", or a sub-agent's); `branch` says the segment opens
-    a branch of the trajectory ("subagent", "retry" or "compact"), for the rollout trace."""
+    a branch of the trajectory ("subagent", "retry" or "compact"), for the rollout trace. `parallel`: more
+    segments generated at the same time on the same engine, each in its own `seq` (all names distinct), as one
+    request (moved, re-issued and cancelled together); an episode that asks for them gets their results through
+    its `on_generated_all` instead of `on_generated`."""
 
     context: list[int]
     max_new: int
     seq: str = "main"
     branch: str | None = None
+    parallel: tuple[Generate, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,7 @@ class Task(Protocol):
 
 CONTRACT = {"Task": ("config_class", "stop", "max_context", "new_group", "score"), "TaskGroup": ("prompt", "recorder", "episodes"),
             "Episode": ("start", "on_generated", "on_tool")}
-OPTIONAL = {"Task": ("score_failed",), "TaskGroup": (), "Episode": ("deadline_at",)}  # read if present
+OPTIONAL = {"Task": ("score_failed",), "TaskGroup": (), "Episode": ("deadline_at", "on_generated_all")}  # read if present
 
 
 class TaskError(ValueError):

@@ -180,6 +180,57 @@ def test_a_crashed_and_a_hung_harness_end_their_executions_with_their_work_score
     assert all(len(ep.records) == 1 for ep in eps), "each harness made exactly its first call"
 
 
+@pytest.mark.slow
+def test_parallel_sub_agents_are_one_round_on_the_engine_and_move_together(local_ray, chat_qwen3, tmp_path):
+    """The own harness with two sub-agents at once under colocate: their calls reach the backend as one round, a
+    Generate with a parallel segment, decoded at once on the execution's engine; a round moved while it decodes is
+    cancelled and re-issued whole; every record is the engine's answer to that call, and every HTTP answer a 200."""
+    argv = OWN[:-2] + ("--compact-after", "8", "--parallel", "2")
+    cfg = harness_run(chat_qwen3, tmp_path, harness=argv)
+    from gyre.real import flow
+
+    seen: dict[int, list] = {}
+    moved: list[int] = []
+    orig = flow.ExecutionFlow._on_generated
+
+    def spy(self, ex, req, eng, actor, res, err):
+        if err is None and req == ex.req and not res.get("cancelled"):
+            for g in res.get("parallel") or [res]:
+                seen.setdefault(ex.id, []).append((list(g["tokens"]), list(g["logprobs"])))
+        return orig(self, ex, req, eng, actor, res, err)
+
+    def tick(c) -> None:
+        if moved:
+            return
+        for ex in c.executions.values():
+            others = [e for e in c._engines.values() if e.ready and e is not ex.engine]
+            if ex.phase == Phase.DECODE and getattr(ex.inflight, "parallel", ()) and others:
+                c.migrate(ex, others[0])
+                moved.append(ex.id)
+                return
+
+    flow.ExecutionFlow._on_generated = spy
+    try:
+        r = run_real(cfg, "colocate", pool=ActorPool.shared(cfg.pool), on_tick=tick)
+    finally:
+        flow.ExecutionFlow._on_generated = orig
+    check_run(r, cfg.steps)
+    for calls in transcripts(r):
+        assert calls and all(c["status"] == 200 and c["ok"] for c in calls), f"a harness saw a failed call: {calls}"
+    notes = [x[3]["exec"] for x in r.log if x[0] == "note" and x[2] == "request_moved"]
+    assert moved and notes == moved, f"no parallel round was moved while it decoded: {moved}, {notes}"
+    for g in r.cluster.groups.values():
+        check_records_are_the_tree(g)
+        for ex, ep in zip(g.executions, g.env.episodes):
+            got = [(list(x.output_ids), list(x.logprobs)) for x in ep.records]
+            assert got == seen.get(ex.id), f"execution {ex.id}: records differ from the engines' answers"
+            rounds: dict[float, list[str]] = {}
+            for x in ep.records:
+                rounds.setdefault(x.issued_s, []).append(x.role)
+            pairs = sorted(v for v in rounds.values() if len(v) == 2)
+            assert pairs == [["sub-agent"] * 2, ["sub-agent-summary"] * 2], f"execution {ex.id}: rounds {rounds}"
+
+
 MINI = ROOT / ".venv-mini" / "bin" / "mini"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -91,7 +93,7 @@ def test_a_record_without_output_is_refused():
 
 def test_harness_episode_relays_records_and_drops_at_the_overall_timeout(tmp_path):
     """The harness task's episode without Ray: launch -> request -> Generate of the proxy's ids -> record -> respond;
-    a request after the deadline stops the harness and the execution is dropped (truncated, scored 0)."""
+    a request after the deadline stops the harness and the execution is dropped (truncated, outcome overall_timeout)."""
     pytest.importorskip("transformers")
     from pathlib import Path
 
@@ -117,5 +119,71 @@ def test_harness_episode_relays_records_and_drops_at_the_overall_timeout(tmp_pat
     assert stop.call.method == "stop" and ep.dropped, "a request past the deadline must stop the harness"
     done = ep.on_tool({"kind": "exit", "code": -9, "timed_out": True, "requests": 2}, 11.5)
     assert done == Done(truncated=True, end=2) and ep.cursor.status == "truncated", done
-    assert [s.reward for s in task.score(g)] == [0.0], "a dropped execution scores 0"
+    assert [(s.outcome, s.truncated) for s in task.score(g)] == [("overall_timeout", True)], "dropped, not scored"
     assert [r for _, r in ep.tito.leaves] == ["sub-agent"], ep.tito.leaves
+
+
+def harness_task(tmp_path, **kw):
+    from gyre.real.tasks.harness import HarnessTask, HarnessTaskConfig
+
+    root = Path(__file__).parents[1]
+    cfg = HarnessTaskConfig(problems=str(root / "configs" / "code_problems.jsonl"),
+                            model_dir=str(root / "configs" / "tiny_chat"), overall_timeout_s=10.0, workdir=str(tmp_path),
+                            **kw)
+    task = HarnessTask(cfg, 0)
+    task._proxy = "proxy-handle"  # no actor: the episode only names it in its tool calls
+    return task
+
+
+EXIT = {"kind": "exit", "code": 0, "timed_out": False, "requests": 0}
+
+
+def test_executions_past_the_overall_timeout_leave_training_and_the_group_is_scored_over_the_rest(tmp_path):
+    """Issue 46's rule on the harness path: of a group of four, one dropped at its deadline while it waited for the
+    harness (a correct solution.py left, never scored), one whose harness exited on its own past the deadline, one
+    killed at the harness timeout (scored, truncated), one finished: advantages over the two members left; a group
+    of two with one dropped leaves training whole, and the packer trains none of its branches."""
+    pytest.importorskip("transformers")
+    from gyre.trajectory import AdvantageConfig, group_advantages
+    from gyre.trajectory.credit import MEMBER_OUTCOMES
+
+    task = harness_task(tmp_path)
+    g = task.new_group(0, 4)  # add_one: three asserts
+    eps = g.episodes
+    for ep in eps:
+        ep.start(0.0)
+        Path(ep.cwd).mkdir(parents=True)
+    (Path(eps[0].cwd) / "solution.py").write_text("def add_one(x):\n    return x + 1\n")
+    assert eps[0].on_tool({"kind": "request", "n": 1, "ids": [5], "role": "main", "max_new": 4, "received": 0.0},
+                          10.0).call.method == "stop", "a request at the deadline must stop the harness"
+    eps[0].on_tool({**EXIT, "code": -9, "timed_out": True}, 10.5)
+    (Path(eps[1].cwd) / "solution.py").write_text("def add_one(x):\n    return x + 1\n")
+    eps[1].on_tool(EXIT, 12.0)  # exited by itself, but after the overall timeout
+    (Path(eps[2].cwd) / "solution.py").write_text("def add_one(x):\n    return 2\n")  # passes 1 of 3
+    eps[2].on_tool({**EXIT, "code": -9, "timed_out": True}, 6.0)  # the harness timeout: scored
+    (Path(eps[3].cwd) / "solution.py").write_text("def add_one(x):\n    return x + 1\n")
+    eps[3].on_tool(EXIT, 3.0)
+    scores = task.score(g)
+    got = [(s.outcome, s.truncated, round(s.reward, 3)) for s in scores]
+    assert got == [("overall_timeout", True, 0.0), ("overall_timeout", True, 0.0), ("valid", True, 0.333),
+                   ("valid", False, 1.0)], got
+    adv = group_advantages(scores)
+    members = [s.reward for s in scores if s.outcome in MEMBER_OUTCOMES]
+    assert members == [pytest.approx(1 / 3), 1.0], members
+    mean = (1 / 3 + 1.0) / 2
+    assert np.isnan(adv[:2]).all() and adv[2:] == pytest.approx([1 / 3 - mean, 1.0 - mean]), adv
+
+    g2 = task.new_group(1, 2)
+    for k, ep in enumerate(g2.episodes):
+        ep.start(0.0)
+        t = 11.0 if k == 0 else 4.0
+        ev = ep.on_tool({"kind": "request", "n": 1, "ids": [5, 6], "role": "main", "max_new": 4, "received": 0.0}, 1.0)
+        assert ev.context == [5, 6], ev
+        ep.on_generated([7, 0], [-0.5, -0.5], 0, t)
+        ep.on_tool(EXIT, t + 0.5)
+    scores2 = task.score(g2)
+    assert [s.outcome for s in scores2] == ["overall_timeout", "valid"], scores2
+    adv2 = group_advantages(scores2, AdvantageConfig())
+    assert np.isnan(adv2).all(), f"a group with one member left must leave training: {adv2}"
+    batch = build_packs([g2.recorder.tree], [adv2], PackConfig(max_tokens=64))
+    assert batch.branch_execution.size == 0 and not batch.packs, "a group that left training was packed"

@@ -15,8 +15,11 @@ prefix tree (gyre.trajectory.tree.TokenTree) from its records, in order:
 - new input tokens are environment tokens (never trained); the output is policy tokens with their log-probs.
 
 `close(execution)` adds one branch per call whose context no later call of the execution continues (the
-root-to-leaf paths the model saw), each with the role of the call that ended it, so the tree feeds
-gyre.trajectory's packing and credit as an agent loop's recorder does.
+root-to-leaf paths the model saw), each with the role of the call that ended it, stored in the tree
+(`TokenTree.add_branch(..., role)`), so the tree feeds gyre.trajectory's packing, credit and role-bounded
+sampling (gyre.trajectory.sample: main > main-summary > sub-agent > sub-agent-summary, at most J_max paths)
+as an agent loop's recorder does. A retry has no role of its own: its branch carries the role of the call
+that ended it (a retried sub-agent call is a "sub-agent" leaf); a role outside ROLES is stored as "main".
 
 Simplifications: matching compares against the execution's own calls only (other executions share the tree
 through identical environment prefixes); locating a divergence walks parent pointers (linear in the tokens
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gyre.trajectory.record import Execution, _is_ancestor_or_self
-from gyre.trajectory.tree import TokenTree
+from gyre.trajectory.tree import ROLES, TokenTree
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -101,8 +104,9 @@ class TitoTree:
                 continue  # an identical call (same ids, log-probs, version): one path
             if any(j != i and ends[j] != e and _is_ancestor_or_self(self.tree, e, ends[j]) for j in range(len(ends))):
                 continue
-            self.tree.add_branch(e, self.execution_id)
-            self.leaves.append((e, self.roles[i]))
+            role = self.roles[i] if self.roles[i] in ROLES else "main"
+            self.tree.add_branch(e, self.execution_id, role)
+            self.leaves.append((e, role))
         if execution is not None:
             close_execution(execution, self)
         return self.leaves

@@ -6,12 +6,14 @@ turns: ask the model (offering one `sh` tool), run any tool call it makes (a she
 folder, with a time limit) and send the result back with the call re-formatted (indented, keys sorted: as
 harnesses do), else keep the reply as its solution (`solution.py`); at turn `--subagent-at` spawn a sub-agent
 (its own context, role `sub-agent`, then a summary of it, `sub-agent-summary`) whose summary joins the main
-context; once the history holds more than `--compact-after` messages, summarize it (`main-summary`) and start
+context, or with `--parallel N` N of them at once, each in a thread with a context of its own (their calls
+overlap); once the history holds more than `--compact-after` messages, summarize it (`main-summary`) and start
 over from the system prompt, the task and the summary (a compaction). Every other call is streamed (SSE).
-It writes `transcript.jsonl` (one line per call: role, HTTP status, finish reason, whether the reply parsed)
-for whoever checks it. `--fault crash|hang[:SUFFIX]` writes `solution.py`, then exits with code 3 or hangs, after
+It writes `transcript.jsonl` (one line per call: role, HTTP status, finish reason, whether the reply parsed, its
+start and end in epoch seconds) for whoever checks it. `--fault crash|hang[:SUFFIX]` writes `solution.py`, then exits with code 3 or hangs, after
 its first main call (fault tests; with SUFFIX only in executions whose GYRE_EXECUTION ends with it; repeatable).
-Roles travel as the `X-Gyre-Role` header, which other servers ignore.
+Roles travel as the `X-Gyre-Role` header, and parallel sub-agents' calls say `X-Gyre-Parallel: N` (served
+together by Gyre's proxy), headers other servers ignore.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -36,27 +39,34 @@ class Client:
         self.key = os.environ["OPENAI_API_KEY"]
         self.calls = 0
         self.log = open("transcript.jsonl", "a")
+        self.lock = threading.Lock()  # parallel sub-agents call from threads
 
-    def chat(self, messages: list[dict], role: str, tools: list | None = None) -> dict:
-        self.calls += 1
-        stream = self.calls % 2 == 0
+    def chat(self, messages: list[dict], role: str, tools: list | None = None, parallel: int = 1) -> dict:
+        with self.lock:
+            self.calls += 1
+            call = self.calls
+        stream = call % 2 == 0
         body = {"model": "policy", "messages": messages, "max_tokens": 24, "stream": stream}
         if tools:
             body["tools"] = tools
         req = urllib.request.Request(self.base + "/chat/completions", data=json.dumps(body).encode(), headers={
-            "Authorization": f"Bearer {self.key}", "Content-Type": "application/json", "X-Gyre-Role": role})
+            "Authorization": f"Bearer {self.key}", "Content-Type": "application/json", "X-Gyre-Role": role,
+            **({"X-Gyre-Parallel": str(parallel)} if parallel > 1 else {})})
         t0 = time.time()
         try:
             with urllib.request.urlopen(req, timeout=600) as r:
                 status, raw = r.status, r.read().decode()
         except urllib.error.HTTPError as err:
             status, raw = err.code, err.read().decode()
+        t1 = time.time()
         msg, finish = self._parse(raw, stream) if status == 200 else (None, None)
-        self.log.write(json.dumps({"call": self.calls, "role": role, "status": status, "stream": stream,
-                                   "finish": finish, "ok": msg is not None, "s": round(time.time() - t0, 4)}) + "\n")
-        self.log.flush()
+        with self.lock:
+            self.log.write(json.dumps({"call": call, "role": role, "status": status, "stream": stream,
+                                       "finish": finish, "ok": msg is not None, "s": round(t1 - t0, 4),
+                                       "t0": t0, "t1": t1}) + "\n")
+            self.log.flush()
         if msg is None:
-            raise SystemExit(f"model call {self.calls} failed: HTTP {status}: {raw[:200]}")
+            raise SystemExit(f"model call {call} failed: HTTP {status}: {raw[:200]}")
         return msg
 
     @staticmethod
@@ -72,9 +82,8 @@ class Client:
             for ln in lines[:-1]:
                 ch = json.loads(ln)["choices"][0]
                 msg["content"] += ch["delta"].get("content") or ""
-                if ch["delta"].get("tool_calls"):
-                    calls = ch["delta"]["tool_calls"]
-                    msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in calls]
+                for c in ch["delta"].get("tool_calls") or []:  # one chunk per call here; indexes say which
+                    msg.setdefault("tool_calls", []).append({k: v for k, v in c.items() if k != "index"})
                 finish = ch["finish_reason"] or finish
             return msg, finish
         except (ValueError, KeyError, IndexError, TypeError):
@@ -102,11 +111,22 @@ def reformat(msg: dict) -> dict:
     return {"role": "assistant", "content": msg.get("content") or "", **({"tool_calls": calls} if calls else {})}
 
 
+def subagent(client: Client, task: str, k: int, of: int, found: list) -> None:
+    """One sub-agent: its own context (which detail of `of`), a call, then its summary into found[k]."""
+    detail = f"Detail {k + 1} of {of} of: " if of > 1 else "Detail of: "
+    sub = [{"role": "system", "content": "You are a sub-agent. Study one detail."},
+           {"role": "user", "content": f"{detail}{task[:80]}"}]
+    sub.append(reformat(client.chat(sub, "sub-agent", parallel=of)))
+    sub.append({"role": "user", "content": "Summarize your finding."})
+    found[k] = client.chat(sub, "sub-agent-summary", parallel=of).get("content") or ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--subagent-at", type=int, default=1)
     ap.add_argument("--compact-after", type=int, default=6)
+    ap.add_argument("--parallel", type=int, default=1, help="sub-agents run at once (threads), each its own context")
     ap.add_argument("--fault", action="append", default=[], help="crash|hang[:SUFFIX] (SUFFIX: of GYRE_EXECUTION)")
     a = ap.parse_args()
     me = os.environ.get("GYRE_EXECUTION", "")
@@ -120,12 +140,15 @@ def main() -> None:
     history = list(base)
     for turn in range(a.turns):
         if turn == a.subagent_at:
-            sub = [{"role": "system", "content": "You are a sub-agent. Study one detail."},
-                   {"role": "user", "content": f"Detail of: {task[:80]}"}]
-            sub.append(reformat(client.chat(sub, "sub-agent")))
-            sub.append({"role": "user", "content": "Summarize your finding."})
-            found = client.chat(sub, "sub-agent-summary").get("content") or ""
-            history.append({"role": "user", "content": f"A sub-agent found: {found}"})
+            found = [""] * a.parallel
+            threads = [threading.Thread(target=subagent, args=(client, task, k, a.parallel, found))
+                       for k in range(a.parallel)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for text in found:
+                history.append({"role": "user", "content": f"A sub-agent found: {text}"})
         reply = client.chat(history, "main", TOOLS)
         if a.fault:  # work first, then the fault
             with open("solution.py", "w") as f:

@@ -9,13 +9,17 @@ with the proxy as its only network, or resource limits only). The episode is the
 the backend, within the environment contract (gyre.real.task_api): waiting for the harness's next model call is a
 `Tool` call (run on the tool workers; the harness's own work between two calls is its tool time), the call itself
 a `Generate` of the ids the proxy rendered, sent to whichever engine serves the execution now, and its answer goes
-back to the harness with the next wait. Every call is recorded TITO (gyre.trajectory.tito.TitoRecord), and at the
-end the execution's records become its branches of the group's prefix tree (gyre.trajectory.tito.TitoTree).
+back to the harness with the next wait. Calls of the harness outstanding at once come as one round (gyre.real.proxy):
+one `Generate` with a `parallel` segment per further call, each in its own KV sequence, answered together. Every
+call is recorded TITO (gyre.trajectory.tito.TitoRecord), and at the end the execution's records become its
+branches of the group's prefix tree (gyre.trajectory.tito.TitoTree).
 
 Endings: the harness exits (any code: a crash still leaves its work), is killed at `harness_timeout_s` (its
 work is scored, flagged truncated), or the execution outlives `overall_timeout_s` (its deadline: the harness is
-stopped and the execution scored 0, truncated: the paper drops such executions from training; here they stay in
-their group with reward 0, see docs/harness.md). A failed wait (the tool call timed out or lost its worker)
+stopped and the execution dropped, the paper's rule: `score` gives it the outcome "overall_timeout", so it leaves
+training and its group's advantages are computed over the members left; a group left with fewer than 2 leaves
+training, gyre.trajectory.credit). Anything that comes back for an execution past its deadline (a request, an
+answer, the harness's exit, a failed wait) drops it. A failed wait (the tool call timed out or lost its worker)
 stops the harness and scores what it left. Scoring (`score`, on a tool worker) runs the problem's tests
 (gyre.real.tasks.code's problem file) against the `solution.py` the harness left in its folder, in the sandbox
 (gyre.real.sandbox): the share of tests passed.
@@ -26,6 +30,7 @@ after the run (under `workdir`, or a temporary folder) for inspection.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import sys
 import tempfile
@@ -62,7 +67,7 @@ class HarnessTaskConfig:
     max_new_tokens: int = 32  # cap of a call's max_tokens
     max_context: int = 2048  # a call whose prompt and max_tokens exceed it is refused (HTTP 400)
     harness_timeout_s: float = 60.0  # the harness is killed then; its work is scored
-    overall_timeout_s: float = 120.0  # the execution's deadline: stopped and scored 0 (dropped)
+    overall_timeout_s: float = 120.0  # the execution's deadline: stopped and dropped (outcome "overall_timeout")
     workdir: str = ""  # working folders go under it ("": a temporary folder)
     env: tuple[tuple[str, str], ...] = ()  # more environment variables for the harness
     sandbox: str = "none"  # or "bwrap": namespaces, the proxy as the only network (gyre.real.harness_sandbox)
@@ -104,6 +109,7 @@ class HarnessGroup:
         self.problem = task.problems[index % len(task.problems)]
         self.prompt = task.chat.prompt([{"role": "user", "content": self.problem.prompt}])
         self.recorder = TaskRecorder(f"task{index}", np.asarray(self.prompt, np.int64))
+        self.files: dict[str, str] = dict(getattr(self.problem, "files", {}))  # written into each working folder
         self.episodes = [HarnessEpisode(task, self, f"g{serial}e{i}") for i in range(size)]
 
 
@@ -118,7 +124,7 @@ class HarnessEpisode:
         self.cursor = None
         self.tito: TitoTree | None = None
         self.records: list[TitoRecord] = []
-        self.req: dict | None = None
+        self.reqs: list[dict] = []  # the requests of the round being generated (one, or several served at once)
         self.issued = 0.0
         self.exit: dict | None = None
         self.fault: str | None = None
@@ -135,32 +141,47 @@ class HarnessEpisode:
         self.deadline_at = now + cfg.overall_timeout_s
         env = {"GYRE_TASK": self.group.problem.prompt, **self.task.env}
         return self._call("launch", self.token, cfg.max_new_tokens, cfg.max_context, self.task.argv, env, self.cwd,
-                          cfg.harness_timeout_s, cfg.sandbox, cfg.memory_mb, cfg.file_mb)
+                          cfg.harness_timeout_s, cfg.sandbox, cfg.memory_mb, cfg.file_mb, dict(self.group.files))
 
     def on_tool(self, ev, now: float):
+        if now >= self.deadline_at:  # whatever came back, the execution is past its overall timeout: dropped
+            self.dropped = True
         if isinstance(ev, ToolError):
             self.fault = ev.message
             return self._stop() if not self._stopping else self._done(None)
         if ev["kind"] == "exit":
             return self._done(ev)
-        if now >= self.deadline_at:
-            self.dropped = True
+        if self.dropped:
             return self._stop()
-        self.req, self.issued = ev, now
-        seq = "main" if ev["role"].startswith("main") else "sub"
-        return Generate(list(ev["ids"]), int(ev["max_new"]), seq=seq)
+        self.reqs, self.issued = (ev["requests"] if ev["kind"] == "requests" else [ev]), now
+        gens, used = [], set()
+        for r in self.reqs:  # a KV sequence per call: main or sub, numbered when a round holds several of a kind
+            base = "main" if r["role"].startswith("main") else "sub"
+            seq = next(f"{base}{k or ''}" for k in range(len(self.reqs) + 1) if f"{base}{k or ''}" not in used)
+            used.add(seq)
+            gens.append(Generate(list(r["ids"]), int(r["max_new"]), seq=seq))
+        return gens[0] if len(gens) == 1 else dataclasses.replace(gens[0], parallel=tuple(gens[1:]))
 
     def on_generated(self, tokens: list[int], logprobs: list[float], version: int, now: float):
-        ev = self.req
-        rec = TitoRecord(execution=self.key, n=ev["n"], role=ev["role"], input_ids=tuple(ev["ids"]),
-                         output_ids=tuple(int(t) for t in tokens), logprobs=tuple(float(x) for x in logprobs),
-                         version=int(version), received_s=ev["received"], issued_s=self.issued, done_s=now)
-        self.records.append(rec)
-        self.tito.add(rec)
+        return self.on_generated_all([(tokens, logprobs, version, now)], now)
+
+    def on_generated_all(self, results: list[tuple], now: float):
+        """A round's answers, (tokens, logprobs, version, done) per request in the round's order: a TITO record
+        each (its own completion time), then one answer to the proxy for all."""
+        answers = []
+        for ev, (tokens, logprobs, version, done) in zip(self.reqs, results):
+            rec = TitoRecord(execution=self.key, n=ev["n"], role=ev["role"], input_ids=tuple(ev["ids"]),
+                             output_ids=tuple(int(t) for t in tokens), logprobs=tuple(float(x) for x in logprobs),
+                             version=int(version), received_s=ev["received"], issued_s=self.issued, done_s=done)
+            self.records.append(rec)
+            self.tito.add(rec)
+            answers.append((ev["n"], list(rec.output_ids), list(rec.logprobs)))
         if now >= self.deadline_at:
             self.dropped = True
             return self._stop()
-        return self._call("respond", ev["n"], list(rec.output_ids), list(rec.logprobs))
+        if len(answers) == 1:
+            return self._call("respond", *answers[0])
+        return self._call("respond_all", answers)
 
     def _stop(self) -> Tool:
         self._stopping = True
@@ -179,11 +200,11 @@ class HarnessTask:
 
     config_class = HarnessTaskConfig
 
-    def __init__(self, config: HarnessTaskConfig, seed: int) -> None:
+    def __init__(self, config: HarnessTaskConfig, seed: int, problems: list | None = None) -> None:
         check_sandbox(config.sandbox)  # a host that cannot fence as asked is refused here, in one line
         self.cfg = config
         self.seed = seed
-        self.problems = read_problems(config.problems)
+        self.problems = problems if problems is not None else read_problems(config.problems)  # (a subclass's own)
         self.chat = ChatTokenizer(config.model_dir)
         self.stop = self.chat.stop
         self.max_context = config.max_context
@@ -217,15 +238,20 @@ class HarnessTask:
 
     def score(self, group: HarnessGroup) -> list[Score]:
         """Per execution (recorder order): the share of the problem's tests its `solution.py` passes (0 without
-        one, or when dropped at the overall timeout)."""
+        one); an execution past the overall timeout is not scored: outcome "overall_timeout" (it leaves training,
+        its group's advantages are over the members left, gyre.trajectory.credit.group_advantages)."""
         limits = Limits(wall_s=self.cfg.score_wall_s)
         out = []
         for ep in sorted(group.episodes, key=lambda e: e.cursor.id):
+            truncated = ep.cursor.status == "truncated"
+            if ep.dropped:
+                out.append(Score(execution=ep.cursor.id, reward=0.0, truncated=truncated, outcome="overall_timeout"))
+                continue
             sol = Path(ep.cwd) / "solution.py"
             reward = 0.0
-            if sol.is_file() and not ep.dropped:
+            if sol.is_file():
                 res = run_python(sol.read_text(errors="replace"), list(group.problem.tests), limits)
                 reward = res["passed"] / res["total"]
-            out.append(Score(execution=ep.cursor.id, reward=float(reward), truncated=ep.cursor.status == "truncated"))
+            out.append(Score(execution=ep.cursor.id, reward=float(reward), truncated=truncated))
         return out
 
