@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # the random scenario generators
 from test_trajectory_loss import CFG, LOSS, assert_same, grads_of, scenario  # noqa: E402
 
 import gyre.trajectory.torch_ops as ops  # noqa: E402
-from gyre.real.nn.model import TinyLlama  # noqa: E402
-from gyre.trajectory import PackConfig, build_packs  # noqa: E402
+from gyre.real.nn.model import TinyLlama, TinyLlamaConfig  # noqa: E402
+from gyre.trajectory import PackConfig, TaskRecorder, build_packs  # noqa: E402
 from gyre.trajectory.loss_rows import LossRows  # noqa: E402
 from gyre.trajectory.pack import Pack  # noqa: E402
 
@@ -196,18 +196,37 @@ def test_a_64k_block_mask_builds_without_an_s_squared_tensor():
     assert watch.largest == 4096 * 4096, f"the watch saw {watch.largest} elements for the dense mask"
 
 
+def shared_prefix_group(rng: np.random.Generator):
+    """One GRPO group over a 300-token prompt: 4 executions of 150 model tokens, a 40-token tool reply, a retry
+    from the first turn and 100 more tokens (1,460 packed tokens: full and partial 128-blocks)."""
+    rec = TaskRecorder("t", rng.integers(0, 3, 300))
+    for _ in range(4):
+        ex = rec.start()
+        mark = ex.append_model(rng.integers(0, 3, 150), -rng.exponential(0.5, 150), 0)
+        ex.append_env(rng.integers(0, 3, 40))
+        ex.retry(mark)
+        ex.append_model(rng.integers(0, 3, 100), -rng.exponential(0.5, 100), 0)
+        ex.finish(float(rng.random()))
+    return rec, rng.normal(size=len(rec.executions))
+
+
 @pytest.mark.gpu
 def test_flex_loss_and_grads_equal_naive_on_cuda():
     """On CUDA, the packed loss through FlexAttention with the tree-built BlockMask (compiled flex, forward and
-    backward) equals the naive loss and gradients to 1e-5 relative in fp32."""
+    backward, 128-blocks full and partial) equals the naive loss to 1e-5 and its gradients to 1e-4 relative in fp32
+    (a wrong block moves them by O(1); fp32 SDPA on a CPU is at 2e-6 here)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    model = TinyLlama(CFG, np.random.default_rng(12), dtype=torch.float32).cuda()
-    trees, advs, branches = scenario(1, n_tasks=3)
-    ref = grads_of(model, [lambda: ops.naive_loss(model, branches, "token", LOSS, device="cuda")])
-    batch = build_packs(trees, advs, PackConfig(max_tokens=200, normalization="token"))
+    cfg = TinyLlamaConfig(vocab_size=3, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, init_std=0.4)
+    model = TinyLlama(cfg, np.random.default_rng(12), dtype=torch.float32).cuda()  # head dim 16, as flex wants
+    rec, adv = shared_prefix_group(np.random.default_rng(0))
+    batch = build_packs([rec.tree], [adv], PackConfig(max_tokens=4096, normalization="token"))
+    partial, full = ops.tree_blocks(torch.as_tensor(batch.packs[0].leave), 128)
+    assert len(batch.packs) == 1 and int(partial.sum()) > 0 and int(full.sum()) > 0, "one pack, both block kinds"
+    ref = grads_of(model, [lambda: ops.naive_loss(model, ops.branches_of(rec.tree, adv), "token", LOSS,
+                                                  device="cuda")])
     got = grads_of(model, [lambda: ops.packed_loss(model, batch.packs, LOSS, use_flex=True, device="cuda")])
     assert abs(got[0] - ref[0]) <= 1e-5 * max(1.0, abs(ref[0])), f"loss {got[0]} != {ref[0]}"
     for n, g in ref[1].items():
         err = float((got[1][n] - g).norm() / max(float(g.norm()), 1e-12))
-        assert err <= 1e-5, f"grad of {n}: relative error {err}"
+        assert err <= 1e-4, f"grad of {n}: relative error {err}"
