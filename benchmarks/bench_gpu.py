@@ -663,7 +663,7 @@ def section_decode(run: Run, models: dict) -> None:
         free_memory()
 
 
-def mask_build(run: "Run", pack, use_flex: bool) -> tuple[object, dict]:
+def mask_build(run: Run, pack, use_flex: bool) -> tuple[object, dict]:
     """Build the trainer's attention mask of `pack` (`block_mask` under flex, else the [S, S] `dense_mask`) once
     more after a warm-up: its time and, on CUDA, its peak memory above what was allocated before."""
     from gyre.trajectory.torch_ops import block_mask, dense_mask
