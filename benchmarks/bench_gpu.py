@@ -15,7 +15,10 @@ Sections of issue 49 (the default; `gpu_predict.py` gives the predictions, the H
   Qwen3-0.6B / 1.7B / 4B and a Qwen3-30B-A3B cut to its first layers, activation checkpointing on and off,
   4K-64K tokens, its peak GPU memory, against `Costs.train_time` at `train_mfu` and the memory minimum
   (`gyre.hardware.train_memory_bytes`); one row with the shards offloaded to host (the trainer's CUDA default).
-  An out-of-memory row is recorded, not fatal.
+  An out-of-memory row is recorded, not fatal. Each train and memory row also times the mask's build
+  (`mask_build_s`, `mask_build_peak_gib`).
+- mask: building the FlexAttention block mask (`torch_ops.block_mask`, from the pack's `leave` ranges) of tree
+  packs of 11K-68K tokens and of one 64K-token sequence: its time and peak GPU memory, its partial and full blocks.
 Each row is written to $OUT as it finishes (gpu_rows.csv, gpu_results.json); `--budget-s` bounds the run:
 a row whose estimated time no longer fits is recorded as skipped.
 
@@ -23,7 +26,7 @@ Older sections (`--only exactness,training,decode_tiny,hf,vllm`): the packed los
 packing vs naive steps on a ~150M TinyLlama, its decode grid, a transformers Qwen3 folder through Flex vs SDPA
 and an FSDP2 step with offload, and vLLM sleep/wake (if importable).
 
-Run: `python benchmarks/bench_gpu.py [--smoke] [--only env,copies,tree,decode,train] [--budget-s 360]`. gyre
+Run: `python benchmarks/bench_gpu.py [--smoke] [--only env,mask,copies,tree,decode,train] [--budget-s 360]`. gyre
 need not be installed: the checkout's packages are mapped as pyproject.toml's package-dir says. Without
 CUDA it prints a skip line and exits 0 (`--smoke` runs tiny sizes on the CPU instead).
 """
@@ -367,7 +370,7 @@ class Run:
         short = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()
                  if k in ("section", "model", "what", "seq", "ckpt", "attn", "batch", "context", "status",
                           "measured_s", "pred_s", "ratio", "peak_gib", "pred_mem_gib", "mem_ratio", "mfu",
-                          "gb_s", "rel_err", "t_s")}
+                          "gb_s", "rel_err", "mask_build_s", "mask_build_peak_gib", "t_s")}
         print("row", json.dumps(short), flush=True)
         self.save()
 
@@ -660,6 +663,68 @@ def section_decode(run: Run, models: dict) -> None:
         free_memory()
 
 
+def mask_build(run: Run, pack, use_flex: bool) -> tuple[object, dict]:
+    """Build the trainer's attention mask of `pack` (`block_mask` under flex, else the [S, S] `dense_mask`) once
+    more after a warm-up: its time and, on CUDA, its peak memory above what was allocated before."""
+    from gyre.trajectory.torch_ops import block_mask, dense_mask
+
+    def build():
+        return block_mask(pack, run.dev) if use_flex else dense_mask(pack, run.dev)[None]
+
+    build()  # warm-up (allocator, kernels); dropped at once
+    free_memory()
+    base = torch.cuda.memory_allocated() if run.dev == "cuda" else 0
+    if run.dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    cuda_sync()
+    t = time.perf_counter()
+    mask = build()
+    cuda_sync()
+    out = {"mask_build_s": time.perf_counter() - t}
+    if run.dev == "cuda":
+        out["mask_build_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / GIB
+    return mask, out
+
+
+# (GRPO groups concatenated into one pack) for the mask section: 11,264 packed tokens a group, so 11K-68K tokens
+MASK_GROUPS = [1, 2, 3, 6]
+
+
+def section_mask(run: Run, models: dict) -> None:
+    """Building the FlexAttention block mask of a tree pack (`torch_ops.block_mask`, from the pack's `leave`
+    ranges) at 11K-68K tokens and of one 64K-token sequence: time, peak GPU memory, its blocks; beside it what
+    the [S, S] predicate would have held at 10 B a pair (the old `create_block_mask` build, run 2's 40 GiB at 64K)."""
+    from gyre.trajectory.torch_ops import concat_packs, tree_blocks
+
+    vocab = 1000
+    cases = []
+    for groups in ([1, 2] if run.smoke else MASK_GROUPS):
+        recs = sharing_groups(np.random.default_rng(groups), groups, vocab,
+                              *((32, 2, 8, 8) if run.smoke else (1024, 2, 256, 256)))
+        advs = [np.random.default_rng(0).normal(size=len(r.executions)) for r in recs]
+        batch = build_packs([r.tree for r in recs], advs, PackConfig(max_tokens=1 << 30))
+        cases.append((f"{groups} GRPO group(s), one pack", concat_packs(batch.packs)))
+    seq = 256 if run.smoke else MAX_SEQ
+    cases.append(("one sequence", single_sequence_pack(np.random.default_rng(0), vocab, seq, PROMPT)))
+    for what, pack in cases:
+        if run.left() < 5:
+            run.add({"section": "mask", "what": what, "seq": pack.size, "status": "skipped: time"})
+            continue
+        row = {"section": "mask", "what": what, "seq": pack.size, "attn": "flex_attention",
+               "dense_predicate_gib": 10 * pack.size**2 / GIB}
+        try:
+            mask, built = mask_build(run, pack, True)
+            partial, full = tree_blocks(torch.as_tensor(pack.leave, device=run.dev), 128)
+            row |= built | {"status": "ok", "partial_blocks": int(partial.sum()), "full_blocks": int(full.sum()),
+                        "block_pairs": int(partial.numel()), "sparsity_pct": float(mask.sparsity())}
+            del mask
+        except Exception as exc:  # noqa: BLE001 (a row records its failure)
+            row |= {"status": "error", "error": f"{type(exc).__name__}: {exc}"[:400]}
+            traceback.print_exc()
+        run.add(row)
+        free_memory()
+
+
 def single_sequence_pack(rng, vocab: int, seq: int, prompt: int):
     """One pack of one sequence: a prompt of `prompt` tokens, then `seq - prompt` trained model tokens."""
     rec = TaskRecorder("t0", rng.integers(0, vocab, prompt))
@@ -754,13 +819,8 @@ def _train_row(run: Run, t: _Trainee, name: str, cfg: dict, m, seq: int, ckpt: b
     t.checkpointing(ckpt)
     use_flex = attn == "flex_attention"
     if run.dev == "cuda":
-        from gyre.trajectory.torch_ops import block_mask, dense_mask
-
-        free_memory()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        mk = block_mask(pack, run.dev) if use_flex else dense_mask(pack, run.dev)
-        row["mask_build_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / GIB
+        mk, built = mask_build(run, pack, use_flex)
+        row |= built
         del mk
     try:
         ts = timed_steps(lambda: t.step(pack, run.dev, use_flex), 1, 0)  # warm-up: compiles, AdamW state
@@ -908,7 +968,7 @@ def section_memory(run: Run, models: dict) -> None:
     import torch.distributed as dist
 
     import gpu_predict as gp
-    from gyre.trajectory.torch_ops import block_mask, dense_mask
+    from gyre.trajectory.torch_ops import block_mask
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29564")
@@ -938,13 +998,8 @@ def section_memory(run: Run, models: dict) -> None:
                         row["experts_implementation"] = getattr(t.hf.config, "_experts_implementation", None)
                 pack = single_sequence_pack(np.random.default_rng(seq), cfg["vocab_size"], seq, PROMPT)
                 try:
-                    if run.dev == "cuda":
-                        free_memory()
-                        base = torch.cuda.memory_allocated()
-                        torch.cuda.reset_peak_memory_stats()
-                    mask = block_mask(pack, run.dev) if use_flex else dense_mask(pack, run.dev)[None]
-                    if run.dev == "cuda":
-                        row["mask_build_peak_gib"] = (torch.cuda.max_memory_allocated() - base) / GIB
+                    mask, built = mask_build(run, pack, use_flex)
+                    row |= built
                     _phase_step(t, pack, run.dev, use_flex, mask)  # warm-up: compiles this length; AdamW's state
                     ph = _phase_step(t, pack, run.dev, use_flex, mask)
                     row |= ph | {"status": "ok", "measured_s": ph["fwd_bwd_s"] + ph["optimizer_s"]}
@@ -989,14 +1044,14 @@ def section_memory(run: Run, models: dict) -> None:
 
 
 SECTIONS = {"env": section_env, "copies": section_copies, "tree": section_tree, "decode": section_decode,
-            "train": section_train, "memory": section_memory}
+            "train": section_train, "memory": section_memory, "mask": section_mask}
 OLD = {"exactness": check_exactness, "training": bench_training, "decode_tiny": bench_decode, "hf": bench_hf}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (CPU check of the script)")
-    ap.add_argument("--only", default="env,copies,tree,decode,train", help="comma-separated sections")
+    ap.add_argument("--only", default="env,mask,copies,tree,decode,train", help="comma-separated sections")
     ap.add_argument("--budget-s", type=float, default=360.0, help="wall budget: rows that no longer fit are skipped")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for gpu_rows.csv and gpu_results.json")
     args = ap.parse_args()

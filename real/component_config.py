@@ -70,7 +70,9 @@ class TrainerConfig:
     # micro-batches (0: one pack per micro-batch)
     micro_batch_tokens: int = 4096
     logprob_chunk: int = 1024  # trained rows per log-softmax chunk (full-vocabulary logits never for a whole pack)
-    attention: str = "sdpa"  # "sdpa": boolean ancestor mask; "flex": FlexAttention BlockMask (CUDA only)
+    # "sdpa": boolean ancestor mask (T^2 bytes a micro-batch); "flex": FlexAttention BlockMask built from the tree
+    # (O(T + (T / 128)^2), CUDA only)
+    attention: str = "sdpa"
     # "dp": every rank of a step holds the whole model and AdamW state (replicas, gradients all-reduced);
     # "fsdp": FSDP2 over the step's ranks (gyre.real.fsdp), re-sharded whenever the step's ranks change
     sharding: str = "dp"

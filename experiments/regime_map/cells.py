@@ -6,6 +6,8 @@ after every cell, so a rerun of the cells a change could move need not rerun the
 
 Usage: python experiments/regime_map/cells.py --cell 256,768 --cell 512,768 --cell 512,1024 --name map_core_hybrid_misses
        python experiments/regime_map/cells.py --cell 1024,640,none --cell 1024,640,light --name map_core_hybrid_offaxis
+       python experiments/regime_map/cells.py --cell 512,1024 --steps 8 --set cluster.cost.train_mfu=0.21 --name x
+(`--set` replaces a dotted field of every cell's config after the cell's own, as `gyre-sim --set` does.)
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import CLUSTERS, KEEP, OUT, WINDOWS, cell_row, cell_table, write_atomic  # noqa: E402
+from run import CLUSTERS, KEEP, OUT, WINDOWS, cell_config, cell_row, cell_table, write_atomic  # noqa: E402
 
+from gyre.config import ConfigError  # noqa: E402
+from gyre.sim.cli.app import parse_sets  # noqa: E402
 from gyre.sim.harness.sweep import progress_lines  # noqa: E402
 
 
@@ -31,7 +35,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--name", default="map_cells")
     ap.add_argument("--seed", type=int, default=0, help="the workload's seed (the map itself is seed 0)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a dotted config field over every cell, e.g. cluster.cost.train_mfu=0.21 (repeatable)")
     a = ap.parse_args()
+    try:
+        sets = parse_sets(a.set)
+    except ConfigError as exc:
+        ap.error(str(exc))
     cells = []
     for text in a.cell:
         parts = text.split(",")
@@ -44,11 +54,16 @@ def main() -> None:
             ap.error(f"--cell {text}: windows (K) {[x // 1024 for x in WINDOWS]}, clusters {list(CLUSTERS)}, "
                      f"then optionally none (no growth) or light (light training)")
         cells.append((w * 1024, n, axis != "none", axis != "light", "hybrid"))
+    try:  # a bad --set fails here, in one line, before any run
+        for cell in cells:
+            cell_config(*cell, steps=a.steps, seed=a.seed, sets=sets)
+    except ConfigError as exc:
+        ap.error(str(exc))
     rows, tables = [], []
     for cell in cells:
         t0 = time.perf_counter()
-        t, params = cell_table(cell, a.steps, a.jobs, None, progress_lines(None, "runs"), seed=a.seed)
-        r = cell_row(cell, a.steps, t, params, seed=a.seed)
+        t, params = cell_table(cell, a.steps, a.jobs, None, progress_lines(None, "runs"), seed=a.seed, sets=sets)
+        r = cell_row(cell, a.steps, t, params, seed=a.seed, sets=sets) | {f"set:{k}": v for k, v in sets.items()}
         rows.append(r)
         tables.append(t.reset_index()[KEEP].assign(arch=cell[4], window=cell[0], gpus=cell[1], steps=a.steps,
                                                      seed=a.seed,

@@ -57,13 +57,16 @@ ETA = 4
 ARCHS = {"hybrid": "moe-2.4t-a95b", "gqa": "moe-2.4t-a95b-gqa", "mla": "moe-2.4t-a95b-mla"}
 
 
-def cell_config(window: int, gpus: int, growth: bool, heavy: bool, arch: str, steps: int, seed: int = 0):
+def cell_config(window: int, gpus: int, growth: bool, heavy: bool, arch: str, steps: int, seed: int = 0,
+                sets: dict | None = None):
+    """xlong-swe-kv with the cell's fields replaced, then `sets` (dotted fields, e.g. cluster.cost.train_mfu)."""
     base = get_preset("xlong-swe-kv")
     cost = CostConfig(train_extra_forwards=2 if heavy else 0, train_seq_tokens=KV_WINDOW)
     w = replace(base.workload, context_window=window,
                 drift_per_step=base.workload.drift_per_step if growth else 0.0)
     cluster = replace(base.cluster, cost=cost, model=MODELS[ARCHS[arch]])
-    return override(replace(base, workload=w, cluster=cluster), **{"cluster.gpus": gpus, "steps": steps, "seed": seed})
+    return override(replace(base, workload=w, cluster=cluster),
+                    **{"cluster.gpus": gpus, "steps": steps, "seed": seed, **(sets or {})})
 
 
 def cell_list(name: str, archs: list[str]) -> list[tuple]:
@@ -88,18 +91,19 @@ KEEP = ["policy", "config", "eta", "engine_limit", "makespan_s", "executions", "
         "gpu_h_idle", "tuned"]
 
 
-def cell_table(cell: tuple, steps: int, jobs: int, ray: str | None, done, seed: int = 0) -> tuple[pd.DataFrame, dict]:
+def cell_table(cell: tuple, steps: int, jobs: int, ray: str | None, done, seed: int = 0,
+               sets: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """compare's table for one cell (colocate, async tuned by its search with a pilot, elastic; all at eta 4),
     indexed by row, and each row's chosen params."""
-    cfg = cell_config(*cell, steps=steps, seed=seed)
+    cfg = cell_config(*cell, steps=steps, seed=seed, sets=sets)
     tuned = tune(cfg, ["colocate", "async", "elastic"], etas=(ETA,), pilot=max(1, steps // 6) < steps,
                  workers=jobs, ray=ray, on_done=lambda c, r: done(0, r))
     return tuned_table(tuned)[1].set_index("policy"), {k: t.best.params for k, t in tuned.items()}
 
 
-def cell_row(cell: tuple, steps: int, t: pd.DataFrame, params: dict, seed: int = 0) -> dict:
+def cell_row(cell: tuple, steps: int, t: pd.DataFrame, params: dict, seed: int = 0, sets: dict | None = None) -> dict:
     """The map's row of one cell from its compare table `t`: makespans, chosen splits and caps, work."""
-    cfg = cell_config(*cell, steps=steps, seed=seed)
+    cfg = cell_config(*cell, steps=steps, seed=seed, sets=sets)
     c = cfg.costs()
     n, tmin = cfg.cluster.gpus, c.min_train_gpus
     pilot = "async-pilot" if "async-pilot" in t.index else "async"

@@ -2,9 +2,11 @@
 
 What it models: a `Pack` (numpy) becomes model inputs: a boolean ancestor-or-self mask
 (mask[q, k] = k <= q < leave[k]) that SDPA takes as is, or, where `torch.nn.attention.flex_attention`
-exists, a FlexAttention `BlockMask` from the same predicate (only the blocks that hold an allowed pair are
-computed). Several packs run as one forward (`concat_packs`: their trees side by side, position ids restart,
-no pair across packs allowed), grouped up to a token budget by `micro_batches`. `packed_loss` runs one
+exists, a FlexAttention `BlockMask` of the same predicate built from the tree's `leave` ranges block by
+block (`tree_blocks`: each block pair empty, full or partial from per-block min/max of `leave`; memory
+O(T + (T / block)^2); the predicate itself runs only inside partial blocks, in the attention kernel).
+Several packs run as one forward (`concat_packs`: their trees side by side, position ids restart, no pair
+across packs allowed), grouped up to a token budget by `micro_batches`. `packed_loss` runs one
 micro-batch: the model's final hidden states, then log-probs of the trained rows only, `logprob_chunk` rows
 at a time, each chunk's full-vocabulary logits recomputed in the backward rather than kept
 (`row_logprobs`), and sums the clipped PPO/GRPO terms times the rows' weights. `naive_loss` is the
@@ -17,9 +19,10 @@ Per row, with r = exp(logp_new - logp_old) and c = weight * advantage:
 which is -weight * min(r*A, clip(r)*A) and stays exact for rows merged by advantage sign.
 
 Simplifications: no KL or entropy terms; batch 1 per forward (packs of a micro-batch are concatenated);
-the boolean mask costs T^2 bits-as-bytes (4096 tokens: 16 MiB); on CPU, torch's FlexAttention runs forward
-only (no backward), so `use_flex` is for GPUs or inference. Log-softmax runs in at least fp32 whatever the
-model's compute dtype. This is the only module of gyre.trajectory that imports torch.
+the boolean mask (the SDPA path) costs T^2 bytes (4096 tokens: 16 MiB; 64K: 4 GiB), the block mask does
+not; on CPU, torch's FlexAttention runs forward only (no backward), so `use_flex` is for GPUs or inference.
+Log-softmax runs in at least fp32 whatever the model's compute dtype. This is the only module of
+gyre.trajectory that imports torch.
 """
 
 from __future__ import annotations
@@ -61,19 +64,61 @@ def dense_mask(pack: Pack, device: torch.device | str = "cpu") -> torch.Tensor:
     return (idx[None, :] <= idx[:, None]) & (idx[:, None] < leave[None, :])
 
 
+def tree_blocks(leave: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full): bool [nb, nb], nb = ceil(S / block_size), for the ancestor-or-self predicate
+    k <= q < leave[k] of a pack in DFS preorder, each (q-block, k-block) pair classed from per-block extremes of
+    `leave` alone (memory O(S + nb^2), never [S, S]).
+
+    A pair is non-empty iff kb <= qb and max(leave over the k-block) > the q-block's first index (some k of the
+    block is <= every q of a later or the same block, and its subtree reaches into the q-block). It is full iff
+    every key precedes every query (the k-block ends at or before the q-block starts) and min(leave over the
+    k-block) > the q-block's last index. A block cut by S is never full, as create_block_mask counts it
+    (leave <= S, and keys past S get leave 0). Partial = non-empty and not full. Exact: the same classes as
+    reducing the dense [S, S] mask block by block."""
+    s = int(leave.shape[0])
+    nb = max(1, -(-s // block_size))
+    lv = torch.zeros(nb * block_size, dtype=leave.dtype, device=leave.device)
+    lv[:s] = leave  # keys past S: leave 0, never attended
+    lv = lv.view(nb, block_size)
+    first = torch.arange(nb, device=leave.device) * block_size  # first index of each block
+    last = first + (block_size - 1)  # its last index (>= S for a block cut by S)
+    qb, kb = first[:, None], first[None, :]
+    nonempty = (kb <= qb) & (lv.amax(1)[None, :] > qb)
+    full = (kb + (block_size - 1) <= qb) & (lv.amin(1)[None, :] > last[:, None])
+    return nonempty & ~full, full
+
+
+def _ordered(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A [nb, nb] bool block grid as BlockMask's (num_blocks [1, 1, nb], indices [1, 1, nb, nb]): each row's
+    set columns first, in increasing order, then the rest."""
+    b = blocks.to(torch.int32)
+    idx = torch.argsort(b, dim=-1, descending=True, stable=True).to(torch.int32)
+    return b.sum(-1, dtype=torch.int32)[None, None], idx[None, None]
+
+
 def block_mask(pack: Pack, device: torch.device | str = "cpu", block_size: int = 128):
-    """FlexAttention BlockMask of the same predicate, or None where flex attention is unavailable."""
+    """FlexAttention BlockMask of the ancestor-or-self predicate, or None where flex attention is unavailable.
+
+    Built from the tree (`tree_blocks`), not from the predicate over all pairs: full blocks skip the mask_mod,
+    which runs only in partial ones; memory O(S + (S / block_size)^2)."""
     try:
-        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import BlockMask
     except ImportError:
         return None
-    leave = torch.as_tensor(pack.leave, device=device)
+    s = pack.size
+    leave = torch.as_tensor(pack.leave, dtype=torch.int64, device=device)
+    partial, full = tree_blocks(leave, block_size)
+    # padded to whole blocks (leave 0: never attended), so the mask_mod may be asked about any index of a block
+    lv = torch.zeros(partial.shape[0] * block_size, dtype=torch.int64, device=device)
+    lv[:s] = leave
 
     def ancestor_or_self(b, h, q, k):
-        return (k <= q) & (q < leave[k])
+        return (k <= q) & (q < lv[k])
 
-    return create_block_mask(ancestor_or_self, B=None, H=None, Q_LEN=pack.size, KV_LEN=pack.size,
-                             device=device, BLOCK_SIZE=block_size)
+    kv_num, kv_idx = _ordered(partial)
+    full_num, full_idx = _ordered(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=block_size,
+                                    mask_mod=ancestor_or_self, seq_lengths=(s, s))
 
 
 def micro_batches(packs: list[Pack], max_tokens: int) -> list[list[Pack]]:
@@ -193,8 +238,11 @@ def micro_batch_loss(model: torch.nn.Module, pack: Pack, config: LossConfig, *, 
     """One forward over `pack` (concat_packs of a micro-batch): hidden states, then chunked row log-probs."""
     ids = torch.as_tensor(pack.input_ids, device=device)[None]
     pos = torch.as_tensor(pack.position_ids, device=device)[None]
-    mask = block_mask(pack, device) if use_flex else None
-    if mask is None:
+    if use_flex:
+        mask = block_mask(pack, device)
+        if mask is None:  # no silent fall back to the [T, T] mask: at 64K tokens it is 4 GiB per layer call
+            raise RuntimeError("use_flex: torch.nn.attention.flex_attention is not available in this torch")
+    else:
         mask = dense_mask(pack, device)[None]
     h = model.hidden_states(ids, pos, mask)[0]
     pred = torch.as_tensor(pack.rows.pred, device=device)
