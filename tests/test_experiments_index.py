@@ -14,14 +14,19 @@ EXP = Path(__file__).resolve().parents[1] / "experiments"
 README = EXP / "README.md"
 
 
-def index_rows() -> list[tuple[str, str]]:
-    """(experiment column, headline column) of every row of the README's index table."""
+def index_cells() -> list[list[str]]:
+    """The five cells of every row of the README's index table."""
     rows = []
     for line in README.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 5 and cells[0].startswith("["):
-            rows.append((cells[0], cells[3]))
+            rows.append(cells)
     return rows
+
+
+def index_rows() -> list[tuple[str, str]]:
+    """(experiment column, headline column) of every row of the README's index table."""
+    return [(c[0], c[3]) for c in index_cells()]
 
 
 def headline(name: str, qualifier: str = "") -> str:
@@ -51,6 +56,18 @@ def test_index_fits_two_screens_and_lists_every_experiment():
     folders = {p.parent.name for p in EXP.glob("*/run.py")}
     indexed = {re.match(r"\[([^\]]+)\]", e).group(1) for e, _ in index_rows()}
     assert folders == indexed, f"folders not indexed {folders - indexed}, indexed without a folder {indexed - folders}"
+
+
+def test_index_results_files_exist():
+    """Each file the results column names by its full name (no pattern) is committed under results/."""
+    missing = []
+    for cells in index_cells():
+        name = re.match(r"\[([^\]]+)\]", cells[0]).group(1)
+        first = cells[4].split("(")[0]  # names in parentheses are written by other modes of the command
+        for f in re.findall(r"`([^`{}*]+\.(?:csv|png|json))`", first):
+            if not f.startswith("..") and not (EXP / name / "results" / f).exists():
+                missing.append(f"{name}/results/{f}")
+    assert not missing, f"experiments/README.md names results files that do not exist: {missing}"
 
 
 def test_no_experiment_patches_internals_or_imports_private_names():
