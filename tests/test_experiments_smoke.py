@@ -148,12 +148,14 @@ def test_copied_runner(tmp_path, name, args, outputs):
         columns(tmp_path / name / "results" / fname, *cols)
 
 
-@pytest.mark.slow  # ~20 s: the tiny-cpu preset's actors start on the shared node
 @pytest.mark.xdist_group("ray")  # with the other local-Ray tests, in one worker
 def test_real_stability(tmp_path, local_ray, monkeypatch):
-    """run.py --seeds 1 --steps 1, in this process on the suite's local Ray node: one run's row."""
+    """run.py on tiny-test at its own lr, one seed, one step, in this process on the suite's local Ray node: one
+    run's row. Its pool is the tiny-test pool the other Ray tests of this worker share (ActorPool.shared): ~2 s
+    when warm; the first Ray test of a worker pays the actors' start (~20 s) whichever test it is."""
     import runpy
 
-    monkeypatch.setattr(sys, "argv", ["run.py", "--seeds", "1", "--steps", "1", "--lrs", "1e-2", "--out", str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", ["run.py", "--preset", "tiny-test", "--seeds", "1", "--steps", "1", "--lrs", "3e-3",
+                                      "--out", str(tmp_path)])
     runpy.run_path(str(EXP / "real_stability/run.py"), run_name="__main__")
     columns(tmp_path / "runs.csv", "policy", "lr", "seed", "makespan_s", "reward_last5", "stalled_since")
