@@ -36,10 +36,19 @@ HERE = Path(__file__).resolve().parent
 ETAS = (0, 1, 2, 4)
 
 
-def run_one(job: tuple[str, int, str, dict]) -> dict:
+SMOKE = {"cluster.gpus": 8, "workload.groups_per_step": 4}  # --smoke: a tiny cluster, for the test suite
+
+
+def base_config(preset: str, smoke: bool, steps: int | None = None):
+    """The preset (at `steps` if given), shrunk to SMOKE's cluster and batch with `smoke`."""
+    cfg = override(get_preset(preset), **(SMOKE if smoke else {}), **({"steps": steps} if steps else {}))
+    return cfg.validate()
+
+
+def run_one(job: tuple[str, int, str, dict, bool]) -> dict:
     """One simulation; returns the summary row plus the small pieces the figures need."""
-    preset, steps, policy, params = job
-    cfg = override(get_preset(preset), steps=steps)
+    preset, steps, policy, params, smoke = job
+    cfg = base_config(preset, smoke, steps)
     r = simulate(cfg, policy, params)
     s = r.metrics.summary()
     return {
@@ -57,10 +66,10 @@ def run_one(job: tuple[str, int, str, dict]) -> dict:
     }
 
 
-def async_grid(preset: str) -> list[dict]:
+def async_grid(preset: str, smoke: bool = False) -> list[dict]:
     """Four rollout splits x every eta x every per-engine cap compare's search tries (the engine's admission
     limit, omitted, and its halvings: policies.tuning.halvings)."""
-    cfg = get_preset(preset)
+    cfg = base_config(preset, smoke)
     c = cfg.costs()
     per, n = c.engine_gpus, cfg.cluster.gpus
     rs = [r for r in range(per, n - c.min_train_gpus + 1, per)]
@@ -71,9 +80,9 @@ def async_grid(preset: str) -> list[dict]:
     return [dict(rollout_gpus=r, eta=e, **k) for r in rs for e in ETAS for k in caps]
 
 
-def elastic_grid(preset: str) -> list[dict]:
+def elastic_grid(preset: str, smoke: bool = False) -> list[dict]:
     """Elastic's own search grid (policies.elastic.Elastic.grid: every eta at every cap async tries)."""
-    return Elastic.grid(shape_of(get_preset(preset)), ETAS)
+    return Elastic.grid(shape_of(base_config(preset, smoke)), ETAS)
 
 
 def run_jobs(jobs, n_jobs: int, ray: str | None = None) -> list[dict]:
@@ -100,12 +109,13 @@ def main() -> None:
     ap.add_argument("--ray", default=None, help=RAY_HELP)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--reuse-selection", action="store_true", help="read {preset}_selection.csv instead of rerunning it")
+    ap.add_argument("--smoke", action="store_true", help="the preset on 8 GPUs, 4 groups a step (the test suite's run)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
-    sel_jobs = [(a.preset, a.select_steps, "async", p) for p in async_grid(a.preset)]
-    sel_jobs += [(a.preset, a.select_steps, "elastic", p) for p in elastic_grid(a.preset)]
+    sel_jobs = [(a.preset, a.select_steps, "async", p, a.smoke) for p in async_grid(a.preset, a.smoke)]
+    sel_jobs += [(a.preset, a.select_steps, "elastic", p, a.smoke) for p in elastic_grid(a.preset, a.smoke)]
     if a.reuse_selection:
         sel = pd.read_csv(a.out / f"{a.preset}_selection.csv")
     else:
@@ -114,8 +124,8 @@ def main() -> None:
     best = {pol: _fastest(sel[sel.policy == pol]) for pol in ("async", "elastic")}
     print(f"selection done in {time.perf_counter() - t0:.0f}s: {best}", flush=True)
 
-    final = [(a.preset, a.steps, "colocate", {}), (a.preset, a.steps, "async", best["async"]),
-             (a.preset, a.steps, "elastic", best["elastic"])]
+    final = [(a.preset, a.steps, "colocate", {}, a.smoke), (a.preset, a.steps, "async", best["async"], a.smoke),
+             (a.preset, a.steps, "elastic", best["elastic"], a.smoke)]
     rows = run_jobs(final, a.jobs, a.ray)
     table = public(rows)
     colo, asy = table.iloc[0], table.iloc[1]

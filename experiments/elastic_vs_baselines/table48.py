@@ -5,21 +5,23 @@ the two (the best baseline) at equal work.
 Equal work is compare's rule (policies.tuning.equal_work): a row's scheduler-induced cuts exceed the least of
 the file's rows by at most 1% of the run's executions. Only the per-engine caps of `--caps` are read (the
 grid run48.py was run over; a file may hold older rows at other caps). Prints a markdown table per file and
-the headline over files, and writes results/run48_summary.csv.
+the headline over files, and writes <results>/run48_summary.csv.
 
-Usage: python experiments/elastic_vs_baselines/table48.py [--caps 4,5]
+Usage: python experiments/elastic_vs_baselines/table48.py [--caps 4,5] [--steps 48] [--results DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import pandas as pd
 
 from gyre.policies.tuning import equal_work
+from gyre.presets import get_preset
 
-from model_based import HERE
+from run48 import HERE
 
 CONFIG = ["policy", "eta", "rollout_gpus", "max_running"]
 
@@ -52,15 +54,15 @@ def headline(d: pd.DataFrame) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--caps", default="4,5", help="per-engine caps of the grid (comma-separated)")
+    ap.add_argument("--steps", type=int, default=48, help="the run length of the row files read")
+    ap.add_argument("--results", type=Path, default=HERE / "results", help="the folder of run48.py's row files")
     a = ap.parse_args()
     caps = {int(c) for c in a.caps.split(",")}
     rows = []
-    for path in sorted((HERE / "results").glob("run48_*_s48_seed*.csv")):
-        if "_tiers_" in path.name or "_nohold_" in path.name:  # their own rows (README), not this grid
-            continue
-        m = re.match(r"run48_(.+?)(?:_g(\d+))?_s48_seed(\d+)\.csv", path.name)
+    for path in sorted(a.results.glob(f"run48_*_s{a.steps}_seed*.csv")):
+        m = re.match(rf"run48_(.+?)(?:_g(\d+))?_s{a.steps}_seed(\d+)\.csv", path.name)
         d = latest_rows(path, caps)
-        gpus = int(m.group(2)) if m.group(2) else 1024
+        gpus = int(m.group(2)) if m.group(2) else int(get_preset(m.group(1)).cluster.gpus)
         h = {"preset": m.group(1), "gpus": gpus, "seed": int(m.group(3)), "rows": len(d),
              "least_cuts": int(d["sched_cuts"].min()), "executions": int(d["executions"].max()), **headline(d)}
         rows.append(h)
@@ -77,7 +79,7 @@ def main() -> None:
               f"{h['async_h']:.2f} h {h['async_config']}), elastic / colocate {h['elastic_vs_colocate']:.3f}x, "
               f"elastic / the best equal-work baseline {h['elastic_vs_best']:.3f}x")
     out = pd.DataFrame(rows)
-    out.to_csv(HERE / "results" / "run48_summary.csv", index=False)
+    out.to_csv(a.results / "run48_summary.csv", index=False)
     print("\n" + out[["preset", "gpus", "seed", "elastic_vs_async", "elastic_vs_colocate", "elastic_vs_best", "elastic_config",
                       "async_config", "least_cuts"]].to_string(index=False))
 

@@ -40,9 +40,11 @@ def row(run, name: str, label: str, coef: Coefficients, test: np.ndarray) -> dic
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--grid", default="0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0")
+    ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args()
     grid = [float(x) for x in a.grid.split(",")]
-    OUT.mkdir(parents=True, exist_ok=True)
+    out = a.out
+    out.mkdir(parents=True, exist_ok=True)
     rows = []
     for d in sorted(p for p in DATA.iterdir() if (p / "meta.json").exists()):
         run = read_run(d)
@@ -52,7 +54,7 @@ def main() -> None:
         for x in grid:
             rows.append(row(run, d.name, f"x={x}", replace(Coefficients(), eff_bw=x, eff_kv=x, eff_flops=x), test))
             print(rows[-1], flush=True)
-    with (OUT / "uniform.csv").open("w", newline="") as fh:
+    with (out / "uniform.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
@@ -73,8 +75,8 @@ def main() -> None:
     ax.set_title("one efficiency for both runs (data: LLMServingSim, MIT)", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "uniform.png", dpi=110)
-    print(f"wrote {OUT / 'uniform.csv'}, {OUT / 'uniform.png'}")
+    fig.savefig(out / "uniform.png", dpi=110)
+    print(f"wrote {out / 'uniform.csv'}, {out / 'uniform.png'}")
 
 
 if __name__ == "__main__":

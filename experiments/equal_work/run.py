@@ -40,9 +40,13 @@ KEEP = ["policy", "config", "eta", "engine_limit", "makespan_s", "executions", "
         "staleness_max", "equal_work", "vs_eta_bound", "sim_wall_s"]
 
 
-def compare_table(preset: str, steps: int, seed: int, jobs: int, ray: str | None = None) -> pd.DataFrame:
+SMOKE = {"cluster.gpus": 8, "workload.groups_per_step": 4}  # --smoke: a tiny cluster, for the test suite
+
+
+def compare_table(preset: str, steps: int, seed: int, jobs: int, ray: str | None = None,
+                  smoke: bool = False) -> pd.DataFrame:
     """compare's table (colocate, async and elastic at each eta) for one seed."""
-    cfg = override(get_preset(preset), steps=steps, seed=seed).validate()
+    cfg = override(get_preset(preset), steps=steps, seed=seed, **(SMOKE if smoke else {})).validate()
     done = progress_lines(None, f"seed {seed}: runs")
     tuned = tune(cfg, ["colocate", "async", "elastic"], pilot=False, workers=jobs, ray=ray, on_done=lambda c, r: done(0, r))
     _, table, _ = tuned_table(tuned)
@@ -114,6 +118,7 @@ def main() -> None:
     ap.add_argument("--rerun", default=None, metavar="POLICY",
                     help="rerun only this policy's search (at --etas) and replace its rows in the stored tables")
     ap.add_argument("--etas", type=int, nargs="+", default=list(ETAS), help="with --rerun: the etas to rerun")
+    ap.add_argument("--smoke", action="store_true", help="the preset on 8 GPUs, 4 groups a step (the test suite's run)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     stem = f"{a.preset}_{a.steps}steps"
@@ -126,7 +131,7 @@ def main() -> None:
                 raise SystemExit(f"{path}: no rows for seed {seed} to rerun {a.rerun} into (run the seed whole first)")
             table = rerun_rows(a.preset, a.steps, seed, a.jobs, a.rerun, tuple(a.etas), stored[stored["seed"] == seed], a.ray)
         else:
-            table = compare_table(a.preset, a.steps, seed, a.jobs, a.ray)
+            table = compare_table(a.preset, a.steps, seed, a.jobs, a.ray, smoke=a.smoke)
         rows = table[[*KEEP, "preset", "steps", "seed"]]
         _merge_seed(a.out / f"{stem}_rows.csv", rows, seed)
         head = _merge_seed(a.out / f"{stem}.csv", pd.DataFrame(pairs(table)), seed)

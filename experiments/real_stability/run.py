@@ -6,7 +6,8 @@ for `--steps` steps on `--seeds` task seeds (independent runs) per trainer setti
 reward of the last 5 steps and the step from which it stalled (if it did).
 
 Outputs: results/runs.csv (setting, seed, reward first 5 / last 5, stalled_since, makespan).
-Usage: python experiments/real_stability/run.py [--policy async] [--seeds 8] [--steps 30] [--lrs 1e-2,3e-3]
+Usage: python experiments/real_stability/run.py [--policy async] [--preset tiny-cpu] [--seeds 8] [--steps 30]
+       [--lrs 1e-2,3e-3] [--out DIR]
 """
 
 from __future__ import annotations
@@ -24,16 +25,17 @@ HERE = Path(__file__).resolve().parent
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--policy", default="async")
+    ap.add_argument("--preset", default="tiny-cpu", help="a real preset (gyre.real.config.PRESETS)")
     ap.add_argument("--seeds", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--lrs", default="1e-2,3e-3", help="trainer learning rates to compare")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
     from gyre.real.pool import ActorPool
-    from gyre.real.config import preset_tiny_cpu
+    from gyre.real.config import get_preset
     from gyre.real.runner import run_real
 
-    base = dataclasses.replace(preset_tiny_cpu(), steps=args.steps)
+    base = dataclasses.replace(get_preset(args.preset), steps=args.steps)
     rows, t0 = [], time.perf_counter()
     for lr in (float(x) for x in args.lrs.split(",")):
         tc = dataclasses.replace(base.pool.trainer_config, lr=lr)

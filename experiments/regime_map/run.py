@@ -26,7 +26,7 @@ rows); `elastic_vs_best` divides by the fastest baseline doing equal work (compa
 cell whose elastic row does not do equal work itself says so (`elastic_equal_work`, "unequal work" in the figure).
 
 python experiments/regime_map/run.py [--steps 6] [--jobs 2] [--cells core|all|1m|one] [--arch hybrid,gqa,mla]
-    [--name map] [--resume]  ->  results/<name>.csv, .png (one row per cell), results/<name>_rows.csv (every policy
+    [--seed 0] [--name map] [--out DIR] [--resume]  ->  results/<name>.csv, .png (one row per cell), results/<name>_rows.csv (every policy
     row of every cell, with its work columns). Both CSVs are rewritten (tmp file, then rename) after every cell;
     `--resume` skips the cells already in results/<name>.csv (matched by KEY) and refuses a CSV written at other
     --steps or by an older run.py (without KEY, steps or executions columns).
@@ -174,6 +174,8 @@ def main() -> None:
                     help=f"comma-separated architectures, each a copy of the cells: {', '.join(ARCHS)}")
     ap.add_argument("--gpus", default="", help="comma-separated cluster sizes: only the cells on these (default: all)")
     ap.add_argument("--name", default="map", help="results/<name>.csv and .png")
+    ap.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    ap.add_argument("--out", type=Path, default=OUT, help="the folder of <name>.csv (default: results/)")
     ap.add_argument("--resume", action="store_true",
                     help="skip the cells already in results/<name>.csv (same --steps), append the rest")
     a = ap.parse_args()
@@ -181,7 +183,7 @@ def main() -> None:
     if not set(archs) <= set(ARCHS):
         ap.error(f"--arch: unknown {sorted(set(archs) - set(ARCHS))}; known: {', '.join(ARCHS)}")
     if a.plot_only:
-        heatmap(pd.read_csv(OUT / f"{a.name}.csv"), OUT / f"{a.name}.png")
+        heatmap(pd.read_csv(a.out / f"{a.name}.csv"), a.out / f"{a.name}.png")
         return
     cells = cell_list(a.cells, archs)
     if a.gpus:
@@ -189,8 +191,8 @@ def main() -> None:
         cells = [c for c in cells if c[1] in keep]
         if not cells:
             ap.error(f"--gpus {a.gpus}: no cell of --cells {a.cells} has that cluster size; sizes: {CLUSTERS}")
-    OUT.mkdir(parents=True, exist_ok=True)
-    map_path, rows_path = OUT / f"{a.name}.csv", OUT / f"{a.name}_rows.csv"
+    a.out.mkdir(parents=True, exist_ok=True)
+    map_path, rows_path = a.out / f"{a.name}.csv", a.out / f"{a.name}_rows.csv"
     prev, prev_rows = resumed(map_path, rows_path, a.steps) if a.resume else (pd.DataFrame(), pd.DataFrame())
     have = set(prev[KEY].itertuples(index=False, name=None)) if len(prev) else set()
     todo = [c for c in cells if cell_key(c) not in have]
@@ -200,9 +202,9 @@ def main() -> None:
     done = progress_lines(None, "runs")
     rows, tables = prev.to_dict("records"), [prev_rows] if len(prev_rows) else []
     for i, cell in enumerate(todo):  # one cell at a time; each search round's runs in parallel
-        t, params = cell_table(cell, a.steps, a.jobs, a.ray, done)
-        rows.append(cell_row(cell, a.steps, t, params))
-        tables.append(t.reset_index()[KEEP].assign(arch=cell[4], window=cell[0], gpus=cell[1], steps=a.steps,
+        t, params = cell_table(cell, a.steps, a.jobs, a.ray, done, seed=a.seed)
+        rows.append(cell_row(cell, a.steps, t, params, seed=a.seed))
+        tables.append(t.reset_index()[KEEP].assign(arch=cell[4], window=cell[0], gpus=cell[1], steps=a.steps, seed=a.seed,
                                                      growth="3x" if cell[2] else "none",
                                                      training="heavy" if cell[3] else "light"))
         write_atomic(pd.concat(tables), rows_path)  # rows first: a map row always has its compare rows
@@ -212,7 +214,7 @@ def main() -> None:
         print(f"cell {i + 1}/{len(todo)} {cell_key(cell)}: elapsed {el:.0f} s, ETA {eta:.0f} s "
               f"({len(rows)} cells in {map_path.name})", flush=True)
     df = pd.DataFrame(rows)
-    heatmap(df, OUT / f"{a.name}.png")
+    heatmap(df, a.out / f"{a.name}.png")
     print(df[["arch", "window", "gpus", "growth", "training", "colocate_s", "async_best_s", "async_best_R",
               "async_best_cap", "elastic_s", "elastic_vs_best", "elastic_vs_pilot_async", "ceiling",
               "colocate_sched_cuts", "async_best_sched_cuts", "elastic_sched_cuts", "async_best_equal_work",

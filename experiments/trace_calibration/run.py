@@ -6,6 +6,7 @@ The default of `gyre-sim calibrate --recent` is the mode that meets more (trace,
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pandas as pd
@@ -20,19 +21,24 @@ TRACES = [DATA / "azure_llm_inference_2023_code.csv", DATA / "vllm_timings/RTX40
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", type=int, default=len(TRACES), help="the first N traces only")
+    ap.add_argument("--draws", type=int, default=100_000, help="model draws per fit")
+    ap.add_argument("--out", type=Path, default=Path(__file__).with_name("results"))
+    a = ap.parse_args()
     rows = []
-    for path in TRACES:
+    for path in TRACES[: a.traces]:
         tr = load_trace(path, grouping=Grouping(group_size=8, groups_per_step=64))
         for mode in ("all", "auto"):
-            cw = fit_workload(tr, WorkloadFitOptions(split=0.7, recent=mode, model_draws=100_000))
+            cw = fit_workload(tr, WorkloadFitOptions(split=0.7, recent=mode, model_draws=a.draws))
             for q, m in cw.report.get("quality", {}).items():
                 rows.append({"trace": path.name if path.name != "requests.jsonl" else path.parent.name, "mode": mode,
                              "chosen": cw.report["recent"]["chosen"], "quantity": q, "n_held": int(m["n_test"]),
                              "ks_d": m["ks_d"], "p99_err": m["p99_err"], "maxk_mean_err": m["maxk_mean_err"],
                              "marks_met": sum(m["marks"].values())})
     df = pd.DataFrame(rows)
-    out = Path(__file__).with_name("results")
-    out.mkdir(exist_ok=True)
+    out = a.out
+    out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "recent_default.csv", index=False)
     pd.set_option("display.width", 160)
     print(df.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
