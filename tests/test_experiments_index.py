@@ -136,6 +136,8 @@ def test_paper_table_headline():
         ("elastic", "elastic (forecasting, defaults)"), ("async + streaming", "async + streaming (same split)"),
         ("waterlevel", "waterlevel (cells of 512, pool 0)"))}
     expect(headline("paper_table"), *(f"{k} {v:.2f}x" for k, v in vs.items()))
+    cited = ["elastic (forecasting, defaults)", "async + streaming (same split)", "waterlevel (cells of 512, pool 0)"]
+    assert d.loc[cited, "equal_work"].all(), "the headline's rows do equal work"
 
 
 def test_streaming_headline():

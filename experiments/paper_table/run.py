@@ -1,7 +1,8 @@
 """The paper's table on Gyre's 2.4T setup: every design side by side at equal work, ratios beside the paper's.
 
-Setup: the `xlong-swe-kv` preset (PAPER.md's flagship: the 2.4T-A95B hybrid MoE, ~700K-token rollouts, a 4 h
-deadline, lengths growing 3x over the run), `--steps` steps (the paper runs 48) on `--gpus` H200s (the paper does
+Setups (`--preset`): `xlong-swe-kv` (PAPER.md's flagship: the 2.4T-A95B hybrid MoE, ~700K-token rollouts, a 4 h
+deadline, lengths growing 3x over the run), `nl2repo-122b` and `deepswe-122b` (the 122B setups, gyre.presets);
+`--steps` steps (the paper runs 48) on `--gpus` H200s (the paper does
 not state its cluster size: run several). Rows, all at eta 1 except colocate (on-policy):
 - colocate; colocate + streaming (idle cells train finished groups while the tail rolls out);
 - the paper's Async: a fixed split chosen as its user would, without hindsight: one pilot step of colocate
@@ -13,11 +14,12 @@ not state its cluster size: run several). Rows, all at eta 1 except colocate (on
 - elastic (the forecasting controller) at its default settings;
 - async at its hindsight-best split and cap (`gyre-sim compare`'s search at eta 1).
 Rows are marked equal work when their scheduler-induced cuts exceed the least of the table's by at most 1% of
-the executions. Prints and writes results/paper_table_<gpus>gpus_<steps>steps.csv with each row's makespan, its
+the executions. Prints and writes results/paper_table[_<preset>]_<gpus>gpus_<steps>steps_seed<seed>.csv with each row's makespan, its
 work, its GPU-time decomposition (gyre.gpu_time) in GPU-hours, and the ratios waterlevel / paper's Async and
-waterlevel / colocate beside the paper's 1.78x and 1.21x.
+waterlevel / colocate beside the paper's (PAPER).
 
-Usage: python experiments/paper_table/run.py [--gpus 1024] [--steps 8] [--seed 0] [--cells 352:320 512:0]
+Usage: python experiments/paper_table/run.py [--preset xlong-swe-kv] [--gpus 1024] [--steps 8] [--seed 0]
+           [--cells 512:0 256:0] [--no-hindsight]
 """
 
 from __future__ import annotations
