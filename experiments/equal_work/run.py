@@ -14,10 +14,12 @@ Outputs (results/): <preset>_<steps>steps_rows.csv (every row of every seed's co
 <preset>_<steps>steps.csv (the headline pairs), each rewritten as every seed finishes, keeping the other seeds'
 rows already there (`--seeds 1 2` adds to a file holding seed 0). After a change to one policy,
 `--rerun elastic --etas 0` runs only that policy's search at those etas and replaces its per-eta rows in each
-seed's stored table (the other rows stay; every row's equal-work mark is recomputed over the new table).
+seed's stored table (the other rows stay; every row's equal-work mark is recomputed over the new table); a policy
+the table lacks (`--rerun waterlevel`) is added as rows `waterlevel-eta<e>` (not in the headline pairs).
 Usage:
   python experiments/equal_work/run.py --preset xlong-swe-kv --steps 6 --seeds 0 1 2 [--jobs 1]
   python experiments/equal_work/run.py --preset short-math --steps 4 --rerun elastic --etas 0
+  python experiments/equal_work/run.py --preset xlong-swe-kv --steps 6 --rerun waterlevel
 """
 
 from __future__ import annotations
@@ -66,11 +68,9 @@ def rerun_rows(preset: str, steps: int, seed: int, jobs: int, policy: str, etas:
         fresh.append(table.assign(policy=f"{policy}-eta{eta}", preset=preset, steps=steps, seed=seed))
     new = pd.concat(fresh, ignore_index=True)
     rows = stored.set_index("policy")
-    missing = [p for p in new["policy"] if p not in rows.index]
-    if missing:
-        raise SystemExit(f"{preset} {steps} steps seed {seed}: no stored row {missing[0]} to replace (run the seed whole)")
-    for _, r in new.iterrows():
-        rows.loc[r["policy"], [k for k in KEEP if k != "policy"]] = [r[k] for k in KEEP if k != "policy"]
+    for _, r in new.iterrows():  # a policy the table lacks (e.g. waterlevel) gets new rows
+        rows.loc[r["policy"], [k for k in KEEP if k != "policy"] + ["preset", "steps", "seed"]] = \
+            [r[k] for k in KEEP if k != "policy"] + [preset, steps, seed]
     out = rows.reset_index()
     out["equal_work"] = equal_work(out["sched_cuts"].astype(int).tolist(), int(out["executions"].max()))
     return out
