@@ -11,6 +11,9 @@ Each GPU-second of [0, makespan] lands in exactly one term (GPU-seconds):
 - `kv_reprefill`: re-prefill of contexts that KV pressure freed (the "preempt" records' GPU-seconds, the
   cost model's price of recomputing them, charged at the preemption; carved out of `rollout_decoding`,
   never more than it holds, because chunked prefill shares the decodes' steps);
+- `request_discarded`: decode work thrown away by in-flight requests cancelled at their source and retried
+  elsewhere (the "move_request" records' GPU-seconds, each the decode-step shares of its discarded tokens;
+  carved out of `rollout_decoding` like `kv_reprefill`, never more than it holds after it);
 - `rollout_waiting`: a rollout engine holding executions none of which decodes (tool calls, prefills,
   queued behind KV);
 - `rollout_empty`: a rollout engine holding no execution (waiting for the tail elsewhere, or for work);
@@ -37,8 +40,8 @@ from collections import defaultdict
 from gyre.cluster import Role
 from gyre.metrics import by_kind
 
-TERMS = ("rollout_decoding", "rollout_thin", "weight_sync", "kv_reprefill", "rollout_waiting", "rollout_empty",
-         "train", "switching", "idle_first_batch", "idle")
+TERMS = ("rollout_decoding", "rollout_thin", "weight_sync", "kv_reprefill", "request_discarded", "rollout_waiting",
+         "rollout_empty", "train", "switching", "idle_first_batch", "idle")
 _ROLE_TERM = {int(Role.IDLE): "idle", int(Role.TRAIN): "train", int(Role.SWITCHING): "switching"}
 
 
@@ -138,12 +141,15 @@ def decompose(log: list[tuple], n_gpus: int, sync_s: float, full_at: int = 0) ->
             elif what == "pause":
                 pause += d
     rollout = roles.get(int(Role.ROLLOUT), 0.0)
-    swept = sum(out[k] for k in TERMS if k not in ("kv_reprefill", "idle_first_batch", *_ROLE_TERM.values()))
+    swept = sum(out[k] for k in TERMS if k not in ("kv_reprefill", "request_discarded", "idle_first_batch",
+                                                   *_ROLE_TERM.values()))
     if abs(swept - rollout) > 1e-6 * max(1.0, n_gpus * makespan):
         raise ValueError(f"rollout GPU-seconds {rollout:.6g} from the role records, {swept:.6g} inside engine "
                          "lives: the log has rollout time outside one engine life (injected faults?)")
     out["kv_reprefill"] = min(out["rollout_decoding"], float(sum(r[5] for r in kinds.get("preempt", []))))
     out["rollout_decoding"] -= out["kv_reprefill"]
+    out["request_discarded"] = min(out["rollout_decoding"], float(sum(r[6] for r in kinds.get("move_request", []))))
+    out["rollout_decoding"] -= out["request_discarded"]
     return out
 
 

@@ -29,7 +29,7 @@ def test_colocate_hand_timeline_terms():
     c.run(make_policy("colocate"), steps=1)
     got = decompose(c.log, 2, sync_s=1.0)
     # switching: wake + sync 0-3 s, sleep 6-7 s, onload 7-7.5 s on both GPUs = 2 x 4.5; train 7.5-10.25 s x 2
-    want = {"rollout_decoding": 1.5 + 3.0, "rollout_thin": 0.0, "weight_sync": 0.0, "kv_reprefill": 0.0,
+    want = {"rollout_decoding": 1.5 + 3.0, "rollout_thin": 0.0, "weight_sync": 0.0, "kv_reprefill": 0.0, "request_discarded": 0.0,
             "rollout_waiting": 1.0, "rollout_empty": 0.5, "train": 5.5, "switching": 9.0, "idle_first_batch": 0.0,
             "idle": 0.0}
     assert got == pytest.approx(want, abs=1e-9), got
@@ -51,7 +51,7 @@ def test_async_hand_timeline_sync_and_idle():
     # GPU 0: wake + sync 0-3 s, decoding 3-5 s, empty 5-8.5 s, sync 8.5-9.5 s, empty 9.5-12.5 s (the sync ending
     # at 13.5 s lies after the last step). GPU 1: idle 0-5 s, onload 5-5.5 s, train 5.5-8.5 s (300 tokens x
     # 0.01 s), idle 8.5-9.5 s (the second group is trained after the sync), train 9.5-12.5 s.
-    want = {"rollout_decoding": 2.0, "rollout_thin": 0.0, "weight_sync": 1.0, "kv_reprefill": 0.0,
+    want = {"rollout_decoding": 2.0, "rollout_thin": 0.0, "weight_sync": 1.0, "kv_reprefill": 0.0, "request_discarded": 0.0,
             "rollout_waiting": 0.0, "rollout_empty": 3.5 + 3.0, "train": 6.0, "switching": 3.0 + 0.5,
             "idle_first_batch": 5.0, "idle": 1.0}
     assert got == pytest.approx(want, abs=1e-9), got

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gyre.cluster import ClusterError, Phase
 from gyre.config import ConfigError, override
 from gyre.hardware import CostConfig
+from gyre.gpu_time import decompose
 from gyre.metrics import compute_metrics
 from gyre.presets import get_preset
 from gyre.workload import GroupSpec
@@ -84,6 +85,9 @@ def test_request_cancelled_mid_decode_is_retried_after_its_reprefill():
     s = m.summary()
     assert (s["request_moves"], s["discarded_tokens"], round(s["discarded_gpu_s"], 9)) == (1, 100.0, 1.0), s
     assert [r[2:] for r in c.log if r[0] == "step"] == [(1, 1, 1000 + 400 + 200)], "trains the kept trajectory"
+    # engine 0 decodes 4.01-5.01 and 6.22-7.22, engine 1 8.53-11.53: 5 GPU-s, of which the cancelled 1 s is discarded
+    d = decompose(c.log, 3, sync_s=1.0)
+    assert (round(d["request_discarded"], 9), round(d["rollout_decoding"], 9)) == (1.0, 4.0), d
 
 
 def test_request_retried_after_a_kv_read_skips_the_reprefill():
