@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from gyre.config import ClusterConfig, RunConfig
+from gyre.gpu_time import decompose
 from gyre.handles import all_of
 from gyre.hardware import CostConfig, Costs, derive_costs
 from gyre.policies import REGISTRY
@@ -25,8 +26,9 @@ from gyre.presets import GPUS, MODELS
 from gyre.roofline import Coefficients
 from gyre.sim.harness.runner import simulate
 from gyre.traces.schema import read_trace
+from gyre.trajectory import SamplingConfig
 from gyre.workload import ExecutionSpec, GroupSpec, ReplaySource
-from tests.simkit import workload
+from tests.simkit import tiny_config, workload
 
 DATA = Path(__file__).parent / "data"
 
@@ -296,3 +298,21 @@ def test_rollout_work_is_at_least_the_logged_tokens_at_peak_flops(groups, gpus):
     decoded = sum(x[4] for x in r.log if x[0] == "finish" and x[2] in sure)
     floor = (decoded + prompts) * 2 * (P - 2 * E) / PEAK
     assert r.bound.rollout_gpu_s >= floor, (r.bound.rollout_gpu_s, floor)
+
+
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(mode="roles", j_max=1)], ids=["exact", "roles-1"])
+def test_the_bounds_training_is_what_the_run_trains(sampling):
+    """With nothing cut (no deadline), the bound's training GPU-seconds are the run's, read from its role records
+    (gyre.gpu_time's `train` term: async trains on fixed GPUs, every TRAIN second computing): under role-bounded
+    sampling the drawn paths' work, below exact training's on branching executions (compaction, sub-agents,
+    retries)."""
+    cfg = tiny_config(gpus=6, groups_per_step=3, steps=3, seed=4)
+    cfg = replace(cfg, sampling=sampling, workload=replace(cfg.workload, deadline_s=float("inf"), subagent_p=0.3,
+                                                           retry_p=0.3))
+    r = simulate(cfg, "async", {"eta": 1, "rollout_gpus": 4})
+    train = decompose(r.log, cfg.cluster.gpus, r.costs.sync_s)["train"]
+    assert r.bound.train_gpu_s == pytest.approx(train, rel=1e-9), (r.bound.train_gpu_s, train)
+    assert r.makespan_s >= r.bound.makespan_s
+    if sampling.sampled:
+        exact = simulate(replace(cfg, sampling=SamplingConfig()), "async", {"eta": 1, "rollout_gpus": 4})
+        assert r.bound.train_gpu_s < 0.9 * exact.bound.train_gpu_s, (r.bound.train_gpu_s, exact.bound.train_gpu_s)

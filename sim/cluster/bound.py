@@ -14,7 +14,9 @@ Every term is a minimum of something the simulator charges (its engine and gyre.
   FLOPs), each prefill token attends to at least its offset, and a step holds at most
   max(budget, KV capacity / (smallest context + a sequence's state)) tokens. Linear costs: a per step plus
   b, c and the per-token prefill price, at the same minima.
-- training GPU-work: 6 x active params per trained token plus attention (Costs.train_time);
+- training GPU-work: 6 x active params per trained token plus attention (Costs.train_time); under role-bounded
+  sampling (`sampling`, with the run's `workload` and `seed`) the tokens of the paths the simulator draws for the
+  group (gyre.train_work, the same draw as SimCluster.train's);
 - solo latency of an execution: each token decoded at batch 1 at its segment's starting context,
   each prefill token at its cheapest (Costs.min_prefill_s_per_token), plus its tool time, capped by
   its deadline (a deadline only cuts at a turn boundary, after it has passed), plus
@@ -42,7 +44,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gyre.hardware import Costs, group_train_attention_ctx
-from gyre.workload import GroupSpec
+from gyre.train_work import SAMPLING_STREAM, selected_work
+from gyre.trajectory.sample import SamplingConfig
+from gyre.workload import GroupSpec, WorkloadConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,17 +144,23 @@ def rollout_gpu_s_min(p: _PerExec, costs: Costs) -> float:
 
 
 def lower_bound(groups: list[GroupSpec], costs: Costs, n_gpus: int, groups_per_step: int,
-                eta: int | None = None) -> Bound:
+                eta: int | None = None, sampling: SamplingConfig | None = None, workload: WorkloadConfig | None = None,
+                seed: int = 0) -> Bound:
     execs = [e for g in groups for e in g.executions]
     if not execs:
         return Bound(work_s=0.0, critical_path_s=0.0, rollout_gpu_s=0.0, train_gpu_s=0.0, eta=eta)
     p = per_exec(execs, costs)
     sizes = np.fromiter((len(g.executions) for g in groups), np.int64, len(groups))
     rollout = rollout_gpu_s_min(p, costs)
-    # training GPU-seconds per group: the shared prompt once, then every execution's own tokens
-    tokens = np.array([g.executions[0].prompt + sum(e.tokens - e.prompt for e in g.executions) for g in groups],
-                      dtype=float)
-    attn = np.array([group_train_attention_ctx(g.executions) for g in groups], dtype=float)
+    if sampling is None or not sampling.sampled:  # training GPU-seconds per group: the shared prompt once, then every execution's tokens
+        tokens = np.array([g.executions[0].prompt + sum(e.tokens - e.prompt for e in g.executions) for g in groups],
+                          dtype=float)
+        attn = np.array([group_train_attention_ctx(g.executions) for g in groups], dtype=float)
+    else:
+        works = [selected_work(g.executions, workload, sampling, np.random.default_rng([seed, SAMPLING_STREAM, g.group_id]))
+                 for g in groups]
+        tokens = np.array([w[0] for w in works], dtype=float)
+        attn = np.array([w[1] for w in works], dtype=float)
     train_g = np.array([costs.train_time(t, 1, a) for t, a in zip(tokens, attn)])
     train = float(train_g.sum())
     solo = _group_max(p.solo, sizes)

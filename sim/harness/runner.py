@@ -74,5 +74,6 @@ def simulate(
         metrics.extra["trained_other_groups"] = int({g.group_id for g in must} != set(cluster.trained_groups))
         if cfg.faults:  # what the run survived, counted from its log (the real backend's columns)
             metrics.extra.update(fault_summary(cluster.log))
-        bound = lower_bound(must, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None))
+        bound = lower_bound(must, costs, cfg.cluster.gpus, cfg.workload.groups_per_step, getattr(pol, "eta", None),
+                            sampling=cfg.sampling, workload=cfg.workload, seed=cfg.seed)
     return SimResult(name, cfg, costs, cluster.log, metrics, bound, wall, cluster.events, issued)
