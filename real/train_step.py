@@ -154,13 +154,17 @@ class TrainSteps:
         self._log(("note", self.now, "step_retry", {"version": self._tv + 1, "gpus": list(gpus), "errors": errors}))
         self._next_step()
 
-    def _stream_ended(self, core: tuple[int, ...], stats: dict, save: str | None, batch) -> None:
-        """A streaming step's core stepped (gyre.real.streaming): its workers hold the new state of record; its
-        batch replays as one optimizer step."""
+    def _stream_ended(self, core: tuple[int, ...], first: int, stats: dict, save: str | None, batch) -> None:
+        """A streaming step's core stepped (gyre.real.streaming): its workers `core` (those still alive) hold the new
+        state of record (none: it is rebuilt on `first`'s GPU); its batch replays as one optimizer step."""
         self._stepping = False
-        self._tv, self._record = stats["version"], core[0]
+        self._tv = stats["version"]
         for g in core:
             self._held[g], self._shard_of[g] = self._tv, None
+        if core:
+            self._record = core[0]
+        else:
+            self._lose_record(first)
         self._batches[self._tv] = (batch, 1)
         if save:
             self._ckpt_version = self._tv
