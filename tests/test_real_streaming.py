@@ -427,6 +427,8 @@ def test_a_satellite_lost_during_the_reduction_voids_it_and_the_core_trains_its_
     notes = [r for r in c.log if r[0] == "note" and r[2] in ("reduction_void", "cell_lost", "trainer_fault")]
     kinds = [(r[2], r[3].get("gpus", r[3].get("lost", r[3].get("worker")))) for r in notes]
     assert kinds == [("trainer_fault", 2), ("reduction_void", [[2]]), ("cell_lost", [2])], f"notes {kinds}"
+    failed = sorted(e.split(" (")[0] for e in notes[1][3]["errors"])
+    assert failed == ["rank 0", "rank 1"], f"the core did not fail inside the all-reduce: {notes[1][3]['errors']}"
     lost = notes[2][3]["micro"]
     assert lost and notes[1][1] >= seen["killed"], f"the satellite's micro-steps {lost} after the kill"
     again = [r for r in c.log if r[0] == "micro" and r[3] in lost and r[1] > notes[1][1]]
@@ -447,6 +449,8 @@ def test_the_core_lost_during_the_reduction_is_rebuilt_and_the_reduction_redone_
     assert (p1.version, p2.version) == (1, 2), f"versions {p1.version}, {p2.version}"
     notes = {r[2]: r[3] for r in c.log if r[0] == "note"}
     assert notes["reduction_void"]["lost"] == [[1]], notes["reduction_void"]
+    failed = sorted(e.split(" (")[0] for e in notes["reduction_void"]["errors"])
+    assert failed == ["rank 0", "rank 1"], f"the satellite did not fail inside the all-reduce: {notes['reduction_void']}"
     assert notes["cell_lost"]["gpus"] == [1] and notes["cell_lost"]["micro"], notes["cell_lost"]
     rec = notes["trainer_recovered"]
     assert (rec["worker"], rec["version"], rec["replayed"]) == (1, 1, 1), rec
