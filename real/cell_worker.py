@@ -13,12 +13,12 @@ backend: gloo on CPU, NCCL on GPU), and each core rank divides by the batch's no
 AdamW: version v + 1, published.
 
 A reduction that fails. The all-reduce sums one flat copy of each rank's accumulated gradient (the left
-satellites' are added to the first rank's copy), so a reduction that fails on a worker (a member lost: gloo's peer closed, or
-the group's timeout) leaves that worker's `.grad` exactly as the micro-steps left it: the driver can void the
-reduction and run it again among the survivors (gyre.real.streaming). A rank whose all-reduce returned holds
-every member's contribution, so a core rank that steps has the whole batch's gradient whoever was lost after.
-A satellite's gradient stays until its next `cell_begin` (or `train`) zeroes it. The copy is the flat buffer an
-all-reduce of the gradients takes anyway (gyre.real.collective.allreduce_sum).
+satellites' are added to the first rank's copy), so a reduction that fails on a worker (a member lost: gloo's
+peer closed, or the group's timeout) leaves that worker's `.grad` exactly as the micro-steps left it: the driver
+can void the reduction and run it again among the survivors (gyre.real.streaming). A rank whose all-reduce
+returned holds every member's contribution, so a core rank that steps has the whole batch's gradient whoever
+was lost after. A satellite's gradient stays until its next `cell_begin` (or `train`) zeroes it. The copy is
+the flat buffer an all-reduce of the gradients takes anyway (gyre.real.collective.allreduce_sum).
 
 Loss weights. The whole-batch loss weights rows batch-globally (gyre.trajectory.pack: "token": 1 / rows of the
 batch; "sequence": 1 / (active executions * rows of the execution)), which a micro-step cannot know before the

@@ -128,11 +128,18 @@ class RealStep(BookedStep):
 
     def _take_snapshot(self) -> None:
         c = self.c
-        self._snapshot, ack = c.pool.trainers[c._record].snapshot.remote()
+        gpu = c._record
+        actor = c.pool.trainers[gpu]
+        ref, ack = actor.snapshot.remote()
 
         def taken(_n, err) -> None:
+            if isinstance(err, ray.exceptions.RayActorError):  # the worker of record died: read them again once
+                c._trainer_dead(gpu, actor)  # another worker holds the state, or it is rebuilt (_when_record)
+                c._when_record(self._take_snapshot)
+                return
             if err is not None:
                 raise ClusterError(f"open_step: the weights of version {self._tv} could not be read: {err}")
+            self._snapshot = ref  # (set once read: a cell never loads a snapshot that failed)
             waiting, self._waiting = self._waiting, []
             for cell in waiting:
                 self._begin(cell)

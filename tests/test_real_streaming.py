@@ -450,7 +450,7 @@ def test_the_core_lost_during_the_reduction_is_rebuilt_and_the_reduction_redone_
     notes = {r[2]: r[3] for r in c.log if r[0] == "note"}
     assert notes["reduction_void"]["lost"] == [[1]], notes["reduction_void"]
     failed = sorted(e.split(" (")[0] for e in notes["reduction_void"]["errors"])
-    assert failed == ["rank 0", "rank 1"], f"the satellite did not fail inside the all-reduce: {notes['reduction_void']}"
+    assert failed == ["rank 0", "rank 1"], f"the satellite did not fail in the all-reduce: {notes['reduction_void']}"
     assert notes["cell_lost"]["gpus"] == [1] and notes["cell_lost"]["micro"], notes["cell_lost"]
     rec = notes["trainer_recovered"]
     assert (rec["worker"], rec["version"], rec["replayed"]) == (1, 1, 1), rec
