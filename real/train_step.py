@@ -229,8 +229,12 @@ class TrainSteps:
         self._held[gpu], self._shard_of[gpu] = None, None
         if gpu == 0:  # it served the collective store: the replacement serves a new one
             self._store_pending = True
+            server = self.pool.trainers[0]
 
             def served(addr, err) -> None:
+                if isinstance(err, ray.exceptions.RayActorError):  # the replacement died too: its own serves
+                    self._trainer_dead(0, server)
+                    return
                 if err is not None:
                     raise ClusterError(f"trainer worker 0: the replacement could not serve the store: {err}")
                 self.pool.book.new_store(tuple(addr))
