@@ -458,3 +458,38 @@ def test_the_core_lost_during_the_reduction_is_rebuilt_and_the_reduction_redone_
     check_micro_log(c, p1)
     check_micro_log(c, p2)
     check_update(c, weights, [recs1, recs2], rel=1e-3)
+
+
+def test_a_satellite_asked_to_leave_then_killed_returns_its_micro_steps_and_its_leave_completes(pool):
+    """The satellite (2,) is asked to leave while it trains a micro-step, having trained one already, and is killed
+    at once (before it hands its gradient over): its leave still completes (None), every micro-step it took goes
+    back to the queue (a "cell_lost" note) and is trained again on the core, and the update is the whole batch's."""
+    rng = np.random.default_rng(31)
+    recs = random_recs(rng, 3)
+    policy = Scripted((1,), recs, [(0.0, "join", (2,)), (0.0, "finish", 0), (0.0, "finish", 1), (0.0, "finish", 2)])
+    asked = []
+
+    def leave_then_kill(c) -> None:
+        sat = next((x for x in c._step._cells if x.gpus == (2,)), None) if c._step is not None else None
+        if not asked and sat is not None and sat.busy is not None and sat.trained:
+            asked.append((c.leave_step((2,)), [m[0] for m in sat.trained] + [sat.busy[0][0]]))
+            c.kill_trainer(2)
+
+    c = RealCluster(pool=pool, config=dataclasses.replace(CFG.cluster, estimate="none"))
+    try:
+        c.run(policy, 1, on_tick=leave_then_kill)
+        weights = c.trainer_weights()
+    finally:
+        c.close()
+    assert asked, "the satellite never trained a second micro-step"
+    leave, took = asked[0]
+    assert leave.done and leave.value is None, f"the leave did not complete: {leave}"
+    lost = [r[3] for r in c.log if r[0] == "note" and r[2] == "cell_lost"]
+    assert [x["gpus"] for x in lost] == [[2]] and set(lost[0]["micro"]) <= set(took) and lost[0]["micro"], lost
+    t_lost = next(r[1] for r in c.log if r[0] == "note" and r[2] == "cell_lost")
+    again = {r[3] for r in c.log if r[0] == "micro" and r[1] > t_lost}
+    assert set(took) <= again | set(lost[0]["micro"]) and set(lost[0]["micro"]) <= again, \
+        f"micro-steps taken {took}, lost {lost[0]['micro']}, trained after the loss {again}"
+    assert [r[3] for r in c.log if r[0] == "cell_leave"] == [(2,)], "the satellite left once (the core is freed by the end)"
+    check_micro_log(c, policy)
+    check_update(c, weights, [recs])
