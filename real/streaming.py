@@ -6,8 +6,8 @@ differs is that the work runs on trainer workers (gyre.real.cell_worker) and tak
 Micro-steps. A group of the batch becomes trainable once it has finished and its scores are back (the rewards
 are computed off the driver, gyre.real.verify; its group-relative advantages need every score): one micro-step
 per execution, its part of the group's tree (gyre.trajectory.Preorder.of_execution), in the recorder's order
-(RealGroup.recorded_ids: the order the episodes started), queued in the order the groups were scored. Each cell trains one micro-step at a time and takes the queue's head as it frees
-up, cells in join order (the core first).
+(RealGroup.recorded_ids: the order the episodes started), queued in the order the groups were scored. Each cell
+trains one micro-step at a time and takes the queue's head as it frees up, cells in join order (the core first).
 
 A cell's life. A cell is the trainer workers of its GPUs. Open (the core) or join (a satellite): its GPUs switch
 in (SWITCHING) while each worker loads the core's weight snapshot of the step's version (read once, at the
@@ -24,18 +24,21 @@ A lost worker (its call fails, or a probe finds it dead): the cell it belongs to
 accumulated, so every micro-step the cell took goes back to the queue's head (a "cell_lost" note lists them;
 they are trained again, and the log shows each one's "micro" records and the loss between them). A satellite
 then leaves the step; the core (it holds the optimizer state) reloads the snapshot on its workers (the lost one
-replaced, and the state of record rebuilt first if it held it: checkpoint and replay) and trains on.
+replaced, and the state of record rebuilt first if it held it: checkpoint and replay) and trains on. A satellite
+asked to leave and lost before its gradient is handed over is lost alike; its leave completes once it is out. The
+snapshot's worker lost before it is read: it is read again from the worker then holding the state (or rebuilt).
 
-A worker lost during the final reduction (from its end's entry in the training queue until the reduction's
-calls are back). The reduction stands if a rank of the core returned from it: its all-reduce received every
-member's gradient, so its optimizer step is the whole batch's (the core's ranks that failed hold an unknown
-state). Otherwise it is voided and redone among the survivors, the simulator's semantics: each worker reduced a
-copy of its gradient (gyre.real.cell_worker), so every surviving cell still holds what it accumulated, and the
-left satellites' gradients are still to add; the lost worker's cell is lost as above (a satellite's micro-steps
-back to the queue, retrained by the cells still in the step; the core reloads, rebuilding the state of record
-first if it held it: checkpoint and replay), and the step ends again, with a fresh group, once they are trained.
-A member lost before the group of a new membership has formed stalls the others until the collective timeout
-(gyre.real.collective.CollectiveConfig.timeout_s); a group formed before fails at once (gloo's peer closes).
+A worker lost during the final reduction (from its end's entry in the training queue until the reduction's calls
+are back). The reduction stands if a rank of the core returned from it: its all-reduce received every member's
+gradient, so its optimizer step is the whole batch's (the core's ranks that failed hold an unknown state).
+Otherwise it is voided (a "reduction_void" note) and redone among the survivors, the simulator's semantics: each
+worker reduced a copy of its gradient (gyre.real.cell_worker), so every surviving cell still holds what it
+accumulated, and the left satellites' gradients are still to add; the lost worker's cell is lost as above (a
+satellite's micro-steps back to the queue, retrained by the cells still in the step; the core reloads,
+rebuilding the state of record first if it held it: checkpoint and replay), and the step ends again, with a
+fresh group, once they are trained. A member lost before the group of a new membership has formed stalls the
+others until the collective timeout (gyre.real.collective.CollectiveConfig.timeout_s); a group formed before
+fails at once (gloo's peer closes).
 
 Simplifications: one optimizer step per streaming step (gyre.real.cell_worker); a micro-step's "tokens" are its
 packed tokens, as `train` reports.

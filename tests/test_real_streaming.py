@@ -499,6 +499,6 @@ def test_a_satellite_asked_to_leave_then_killed_returns_its_micro_steps_and_its_
     again = {r[3] for r in c.log if r[0] == "micro" and r[1] > t_lost}
     assert set(took) <= again | set(lost[0]["micro"]) and set(lost[0]["micro"]) <= again, \
         f"micro-steps taken {took}, lost {lost[0]['micro']}, trained after the loss {again}"
-    assert [r[3] for r in c.log if r[0] == "cell_leave"] == [(2,)], "the satellite left once (the core is freed by the end)"
+    assert [r[3] for r in c.log if r[0] == "cell_leave"] == [(2,)], "the satellite left once (the end frees the core)"
     check_micro_log(c, policy)
     check_update(c, weights, [recs])
