@@ -209,6 +209,8 @@ def test_a_kill_during_the_reduction_voids_it_and_the_step_trains_the_lost_cell_
         ("cell_join", 19.5, 0, (1,)), ("micro", 23.5, 0, 2, 17.5, 2, 600),
         ("step", 24.5, 1, 2, 1400)], _timeline(c)
     assert [r[1] for r in c.log if r[0] == "trained"] == [24.5] * 4, "the batch is trained once, at the step's end"
+    voids = [r[1:] for r in c.log if r[0] == "note" and r[2] == "reduction_void"]
+    assert voids == [(14.5, "reduction_void", {"version": 0, "lost": [[1]], "errors": []})], voids
 
 
 def check_micro_steps_from_the_log(log: list[tuple], restart_s: float) -> None:
