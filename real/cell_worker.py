@@ -10,7 +10,15 @@ leaving satellite hands its accumulated gradient over (`cell_grads`, kept in the
 `cell_end` ends the step: the core's first rank adds the gradients of the satellites that left, the ranks of
 the core and of the satellites still in the step sum their gradients (one all-reduce over the collective
 backend: gloo on CPU, NCCL on GPU), and each core rank divides by the batch's normalization, clips and steps
-AdamW: version v + 1, published; a satellite drops its gradient.
+AdamW: version v + 1, published.
+
+A reduction that fails. The all-reduce sums one flat copy of each rank's accumulated gradient (the left
+satellites' are added to the first rank's copy), so a reduction that fails on a worker (a member lost: gloo's
+peer closed, or the group's timeout) leaves that worker's `.grad` exactly as the micro-steps left it: the driver
+can void the reduction and run it again among the survivors (gyre.real.streaming). A rank whose all-reduce
+returned holds every member's contribution, so a core rank that steps has the whole batch's gradient whoever
+was lost after. A satellite's gradient stays until its next `cell_begin` (or `train`) zeroes it. The copy is
+the flat buffer an all-reduce of the gradients takes anyway (gyre.real.collective.allreduce_sum).
 
 Loss weights. The whole-batch loss weights rows batch-globally (gyre.trajectory.pack: "token": 1 / rows of the
 batch; "sequence": 1 / (active executions * rows of the execution)), which a micro-step cannot know before the
@@ -88,21 +96,19 @@ class CellWorker:
         left (given to the core's first rank only)."""
         if state is not None:
             self._set_state(state)
-        params = dict(self.model.named_parameters())
-        for p in params.values():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+        params = list(self.model.named_parameters())
+        # one flat copy is reduced: `.grad` stays the micro-steps' until the reduction has succeeded here
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for _, p in params])
         for grads in left:
-            for n, p in params.items():
-                p.grad.add_(grads[n].to(p.grad.device))
+            flat.add_(torch.cat([grads[n].reshape(-1) for n, _ in params]).to(flat.device))
         if spec is not None:
-            C.allreduce_sum(self.dp.group(spec), [p.grad for p in params.values()])
+            C.allreduce_flat(self.dp.group(spec), flat)
         if not core:
-            self.opt.zero_grad(set_to_none=True)
             return {}
-        for p in params.values():
-            p.grad.div_(divisor)
-        gnorm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), self.cfg.grad_clip))
+        flat.div_(divisor)
+        for (_, p), part in zip(params, flat.split([p.numel() for _, p in params])):
+            p.grad = part.view_as(p)
+        gnorm = float(torch.nn.utils.clip_grad_norm_([p for _, p in params], self.cfg.grad_clip))
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.version = self._cell_version + 1

@@ -270,6 +270,11 @@ def allreduce_sum(pg, tensors: list[torch.Tensor]) -> None:
         t.copy_(part.view_as(t))
 
 
+def allreduce_flat(pg, flat: torch.Tensor) -> None:
+    """Sum one flat tensor over the group, in place (a failed all-reduce leaves it partly summed: pass a copy)."""
+    pg.allreduce([flat]).wait()
+
+
 def allreduce_max(pg, t: torch.Tensor) -> None:
     """The elementwise maximum of `t` over the group, in place."""
     from torch._C._distributed_c10d import AllreduceOptions, ReduceOp

@@ -6,8 +6,8 @@ differs is that the work runs on trainer workers (gyre.real.cell_worker) and tak
 Micro-steps. A group of the batch becomes trainable once it has finished and its scores are back (the rewards
 are computed off the driver, gyre.real.verify; its group-relative advantages need every score): one micro-step
 per execution, its part of the group's tree (gyre.trajectory.Preorder.of_execution), in the recorder's order
-(RealGroup.recorded_ids: the order the episodes started), queued in the order the groups were scored. Each cell trains one micro-step at a time and takes the queue's head as it frees
-up, cells in join order (the core first).
+(RealGroup.recorded_ids: the order the episodes started), queued in the order the groups were scored. Each cell
+trains one micro-step at a time and takes the queue's head as it frees up, cells in join order (the core first).
 
 A cell's life. A cell is the trainer workers of its GPUs. Open (the core) or join (a satellite): its GPUs switch
 in (SWITCHING) while each worker loads the core's weight snapshot of the step's version (read once, at the
@@ -24,10 +24,24 @@ A lost worker (its call fails, or a probe finds it dead): the cell it belongs to
 accumulated, so every micro-step the cell took goes back to the queue's head (a "cell_lost" note lists them;
 they are trained again, and the log shows each one's "micro" records and the loss between them). A satellite
 then leaves the step; the core (it holds the optimizer state) reloads the snapshot on its workers (the lost one
-replaced, and the state of record rebuilt first if it held it: checkpoint and replay) and trains on.
+replaced, and the state of record rebuilt first if it held it: checkpoint and replay) and trains on. A satellite
+asked to leave and lost before its gradient is handed over is lost alike; its leave completes once it is out. The
+snapshot's worker lost before it is read: it is read again from the worker then holding the state (or rebuilt).
 
-Simplifications: a worker lost during the final reduction ends the run (ClusterError); one optimizer step per
-streaming step (gyre.real.cell_worker); a micro-step's "tokens" are its packed tokens, as `train` reports.
+A worker lost during the final reduction (from its end's entry in the training queue until the reduction's calls
+are back). The reduction stands if a rank of the core returned from it: its all-reduce received every member's
+gradient, so its optimizer step is the whole batch's (the core's ranks that failed hold an unknown state).
+Otherwise it is voided (a "reduction_void" note) and redone among the survivors, the simulator's semantics: each
+worker reduced a copy of its gradient (gyre.real.cell_worker), so every surviving cell still holds what it
+accumulated, and the left satellites' gradients are still to add; the lost worker's cell is lost as above (a
+satellite's micro-steps back to the queue, retrained by the cells still in the step; the core reloads,
+rebuilding the state of record first if it held it: checkpoint and replay), and the step ends again, with a
+fresh group, once they are trained. A member lost before the group of a new membership has formed stalls the
+others until the collective timeout (gyre.real.collective.CollectiveConfig.timeout_s); a group formed before
+fails at once (gloo's peer closes).
+
+Simplifications: one optimizer step per streaming step (gyre.real.cell_worker); a micro-step's "tokens" are its
+packed tokens, as `train` reports.
 """
 
 from __future__ import annotations
@@ -81,6 +95,7 @@ class RealStep(BookedStep):
         self._left: list = []  # object refs of the gradients of satellites that left
         self.sending = 0  # leaving satellites handing their gradients over
         self.ending = False  # reducing into the core: no join, no leave
+        self._reducing: list[_Cell] = []  # the cells whose gradients the end reduces, the core first
         self._snapshot = None  # object ref of the core's weights of version _tv (read once the record is there)
         self._waiting: list[_Cell] = []  # cells waiting for the snapshot
         self._gps = c.groups_per_step
@@ -116,11 +131,18 @@ class RealStep(BookedStep):
 
     def _take_snapshot(self) -> None:
         c = self.c
-        self._snapshot, ack = c.pool.trainers[c._record].snapshot.remote()
+        gpu = c._record
+        actor = c.pool.trainers[gpu]
+        ref, ack = actor.snapshot.remote()
 
         def taken(_n, err) -> None:
+            if isinstance(err, ray.exceptions.RayActorError):  # the worker of record died: read them again once
+                c._trainer_dead(gpu, actor)  # another worker holds the state, or it is rebuilt (_when_record)
+                c._when_record(self._take_snapshot)
+                return
             if err is not None:
                 raise ClusterError(f"open_step: the weights of version {self._tv} could not be read: {err}")
+            self._snapshot = ref  # (set once read: a cell never loads a snapshot that failed)
             waiting, self._waiting = self._waiting, []
             for cell in waiting:
                 self._begin(cell)
@@ -272,7 +294,10 @@ class RealStep(BookedStep):
         """Worker `gpu` died (gyre.real.train_step._trainer_dead): its cell, if idle, is lost now; a cell with a call
         in flight is lost once the call is back."""
         cell = next((x for x in self._cells if gpu in x.gpus), None)
-        if cell is None or self.ending:
+        if cell is None or self.done:
+            return
+        if self.ending and cell in self._reducing:  # the reduction voids (or stands) once its calls are back
+            cell.dead = True
             return
         if cell.ready and cell.busy is None:
             self._lose(cell)
@@ -373,6 +398,9 @@ class RealStep(BookedStep):
         the state of record: `state`, for its workers in `stale`)."""
         c = self.c
         members = tuple(g for x in self._reducing for g in x.gpus)
+        if any(x.dead for x in self._reducing):  # a worker was lost while the end waited in the queue
+            self._void(members)
+            return
         n_core = len(self._reducing[0].gpus)
         specs = c.pool.book.specs(tuple(f"t{g}" for g in members), "dp") if len(members) > 1 else [None]
         st = list(self._stats.values())
@@ -381,27 +409,64 @@ class RealStep(BookedStep):
         else:
             divisor = sum(1 for s in st if s["rows"] > 0)
         left, outs, errors = [len(members)], {}, []
+        faults_before = c._trainer_faults
 
-        def one(rank: int):
+        def one(rank: int, actor):
             def done(out, err) -> None:
+                g = members[rank]
+                if isinstance(err, ray.exceptions.RayActorError):
+                    c._trainer_dead(g, actor)  # its cell is marked dead (worker_lost)
                 if err is not None:
-                    errors.append(f"rank {rank} (GPU {members[rank]}): {str(err).splitlines()[0][:160]}")
-                outs[rank] = out
+                    errors.append(f"rank {rank} (GPU {g}): {str(err).splitlines()[0][:160]}")
+                else:
+                    outs[rank] = out
                 left[0] -= 1
                 if left[0] == 0:
-                    if errors:
+                    stepped = [r for r in range(n_core) if r in outs]
+                    if stepped:  # the core stepped on every member's gradient: the step stands
+                        if errors:
+                            c.pool.book.broken("dp", tuple(f"t{g}" for g in members))
+                            c._log(("note", c.now, "step_partial", {"version": self._version + 1, "errors": errors}))
+                        # its ranks lost since hold nothing (none left: the state is rebuilt, this batch replayed)
+                        live = tuple(members[r] for r in stepped if c.pool.trainers[members[r]] is ranks[r])
+                        self._reduced(live, members[stepped[0]], outs[stepped[0]], st,
+                                      save if 0 in stepped else None, batch)  # (rank 0 writes it)
+                    elif any(x.dead for x in self._reducing) or c._trainer_faults != faults_before:
+                        self._void(members, errors)  # (a rank may fail for a worker lost elsewhere: worker 0's store)
+                    else:
                         raise ClusterError(f"streaming step {self._version + 1}: the reduction into the core "
-                                           f"failed (a worker lost then is not survived): {'; '.join(errors)}")
-                    self._reduced(outs[0], st, save, batch)
+                                           f"failed: {'; '.join(errors) or 'no rank of the core returned'}")
             return done
 
+        ranks = [c.pool.trainers[g] for g in members]
         for rank, (g, spec) in enumerate(zip(members, specs)):
             core = rank < n_core
             args = (spec, core, float(max(divisor, 1)), save if rank == 0 else None,
                     state if core and g in stale else None, *(self._left if rank == 0 else ()))
-            c._submit(c.pool.trainers[g].cell_end.remote(*args), one(rank))
+            c._submit(ranks[rank].cell_end.remote(*args), one(rank, ranks[rank]))
 
-    def _reduced(self, out: dict, st: list[dict], save: str | None, batch) -> None:
+    def _void(self, members: tuple[int, ...], errors: Sequence[str] = ()) -> None:
+        """The reduction failed on every rank of the core: nothing was applied. Its entry leaves the training queue,
+        the cells whose worker was lost are lost (their micro-steps back to the queue), and the step ends again once
+        they are trained, among the cells still in it (their gradients, and the left satellites', are intact)."""
+        c = self.c
+        if len(members) > 1:
+            c.pool.book.broken("dp", tuple(f"t{g}" for g in members))
+        entry = c._steps.popleft()
+        assert isinstance(entry[1], _End) and entry[1].step is self, "the training queue's head is not this end"
+        c._stepping = False
+        self.ending = False
+        lost, self._reducing = [x for x in self._reducing if x.dead], []
+        c._log(("note", c.now, "reduction_void", {"version": self._version, "lost": [list(x.gpus) for x in lost],
+                                                  "errors": list(errors)}))
+        for cell in lost:
+            self._lose(cell)
+        self._dispatch()
+        self._maybe_end()
+        c._next_step()
+
+    def _reduced(self, live: tuple[int, ...], first: int, out: dict, st: list[dict], save: str | None,
+                 batch) -> None:
         tokens = sum(s["tokens"] for s in st)
         rows = sum(s["rows"] for s in st)
         mm = np.sum([s["mismatch"] for s in st], axis=0) if st else np.zeros(2)
@@ -409,7 +474,7 @@ class RealStep(BookedStep):
         stats = {**out, "loss": sum(s["loss"] for s in st) / max(div, 1), "tokens": tokens, "rows": rows,
                  "logp_mismatch": float(mm[0] / mm[1]) if mm[1] > 0 else 0.0, "epochs": 1, "drift": 0.0,
                  "cells": len(self._reducing), "micro_steps": len(st)}
-        self.c._stream_ended(self._reducing[0].gpus, stats, save, batch)
+        self.c._stream_ended(live, first, stats, save, batch)
 
     def _booked(self, stats: dict) -> None:
         """The new version is published: book the step and free every cell in it."""

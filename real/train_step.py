@@ -154,13 +154,17 @@ class TrainSteps:
         self._log(("note", self.now, "step_retry", {"version": self._tv + 1, "gpus": list(gpus), "errors": errors}))
         self._next_step()
 
-    def _stream_ended(self, core: tuple[int, ...], stats: dict, save: str | None, batch) -> None:
-        """A streaming step's core stepped (gyre.real.streaming): its workers hold the new state of record; its
-        batch replays as one optimizer step."""
+    def _stream_ended(self, core: tuple[int, ...], first: int, stats: dict, save: str | None, batch) -> None:
+        """A streaming step's core stepped (gyre.real.streaming): its workers `core` (those still alive) hold the new
+        state of record (none: it is rebuilt on `first`'s GPU); its batch replays as one optimizer step."""
         self._stepping = False
-        self._tv, self._record = stats["version"], core[0]
+        self._tv = stats["version"]
         for g in core:
             self._held[g], self._shard_of[g] = self._tv, None
+        if core:
+            self._record = core[0]
+        else:
+            self._lose_record(first)
         self._batches[self._tv] = (batch, 1)
         if save:
             self._ckpt_version = self._tv
@@ -225,8 +229,12 @@ class TrainSteps:
         self._held[gpu], self._shard_of[gpu] = None, None
         if gpu == 0:  # it served the collective store: the replacement serves a new one
             self._store_pending = True
+            server = self.pool.trainers[0]
 
             def served(addr, err) -> None:
+                if isinstance(err, ray.exceptions.RayActorError):  # the replacement died too: its own serves
+                    self._trainer_dead(0, server)
+                    return
                 if err is not None:
                     raise ClusterError(f"trainer worker 0: the replacement could not serve the store: {err}")
                 self.pool.book.new_store(tuple(addr))

@@ -74,10 +74,9 @@ def check_survived(r, bound: int) -> None:
     assert 0 < mismatch.max() < 1e-5, f"{r.policy}: engines off the trainer's weights: {list(mismatch)}"
 
 
-ON_POLICY = {"async": {"eta": 0}, "elastic": {"eta": 0}}  # every sample from the trainer's latest weights
-# waterlevel trains in streaming steps: a trainer worker lost during a step's reduction into the core is not survived
-# yet (gyre.real.streaming), so random trainer kills are not drawn for it
-FAULTABLE = sorted(p for p in REGISTRY if p != "waterlevel")
+# every sample from the trainer's latest weights
+ON_POLICY = {"async": {"eta": 0}, "elastic": {"eta": 0}, "waterlevel": {"eta": 0}}
+FAULTABLE = sorted(REGISTRY)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -377,3 +377,128 @@ def test_a_groups_recorded_executions_are_its_episodes_in_start_order():
     want = [ex.id for ex in reversed(grp.executions)]
     assert grp.recorded_ids() == want, f"recorded {grp.recorded_ids()}, started {want}"
     assert [e.id for e in grp.env.recorder.executions] == list(range(cfg.group_size)), "recorder numbering"
+
+
+def _kill_in_reduction(pool, victim: int, blocked: int | None):
+    """Two streaming steps on core (1,) and satellite (2,), both joined from the start; in step 2, `blocked`'s worker
+    is kept busy 1 s (its end of the reduction queued behind), so the other member waits inside the all-reduce of
+    the group step 1 formed, and `victim`'s worker is killed 0.3 s into the reduction (`blocked` None: killed, and
+    its loss handled, as the end is launched, before any call of the reduction). Returns (cluster, weights, the two
+    steps' policies and batches, what the test hook saw)."""
+    import time
+
+    rng = np.random.default_rng(23)
+    recs1, recs2 = random_recs(rng, 2), random_recs(rng, 2)
+    p1 = Scripted((1,), recs1, [(0.0, "join", (2,)), (0.0, "finish", 0), (0.1, "finish", 1)])
+    p2 = Scripted((1,), recs2, [(0.0, "join", (2,)), (0.0, "finish", 0), (0.1, "finish", 1)])
+    seen = {}
+    launch = RealStep.launch
+
+    def hooked(self, state, stale, save, batch):
+        c = self.c
+        if self._version == 1 and "members" not in seen:
+            seen["members"] = tuple(x.gpus for x in self._reducing)
+            if blocked is None:  # what the driver does once it learns of the death
+                seen["killed"] = c.now
+                actor = pool.trainers[victim]
+                ray.kill(actor, no_restart=True)
+                c._trainer_dead(victim, actor)
+            else:
+                pool.trainers[blocked].__ray_call__.remote(lambda _self: time.sleep(1.0))
+                c._call_after(0.3, lambda: (seen.setdefault("killed", c.now), c.kill_trainer(victim)))
+        launch(self, state, stale, save, batch)
+
+    RealStep.launch = hooked
+    c = RealCluster(pool=pool, config=dataclasses.replace(CFG.cluster, estimate="none"))
+    try:
+        c.run(Steps([p1, p2]), 2)
+        weights = c.trainer_weights()
+    finally:
+        RealStep.launch = launch
+        c.close()
+    return c, weights, (p1, p2), (recs1, recs2), seen
+
+
+def _reduced_cells(c) -> list[int]:
+    return [r[3]["cells"] for r in c.log if r[0] == "note" and r[2] == "train"]
+
+
+@pytest.mark.parametrize("inside", [True, False])
+def test_a_satellite_lost_during_the_reduction_voids_it_and_the_core_trains_its_micro_steps_again(pool, inside):
+    """Step 2's reduction waits on the satellite (2,), killed inside it (or lost as the end is launched): the
+    reduction is voided (the core's rank was in the all-reduce, or never called, so nothing was applied), the
+    satellite's micro-steps go back to the queue and the core, whose accumulated gradient the void left intact,
+    trains them and ends the step alone: both steps' weights are one process's naive update of each batch, and
+    every micro-step stands once."""
+    c, weights, (p1, p2), (recs1, recs2), seen = _kill_in_reduction(pool, victim=2, blocked=2 if inside else None)
+    assert seen.get("members") == ((1,), (2,)) and "killed" in seen, f"the kill did not land in a 2-cell end: {seen}"
+    assert (p1.version, p2.version) == (1, 2), f"versions {p1.version}, {p2.version}"
+    notes = [r for r in c.log if r[0] == "note" and r[2] in ("reduction_void", "cell_lost", "trainer_fault")]
+    kinds = [(r[2], r[3].get("gpus", r[3].get("lost", r[3].get("worker")))) for r in notes]
+    assert kinds == [("trainer_fault", 2), ("reduction_void", [[2]]), ("cell_lost", [2])], f"notes {kinds}"
+    failed = sorted(e.split(" (")[0] for e in notes[1][3]["errors"])
+    assert failed == (["rank 0", "rank 1"] if inside else []), f"the reduction's calls: {notes[1][3]['errors']}"
+    lost = notes[2][3]["micro"]
+    assert lost and notes[1][1] >= seen["killed"], f"the satellite's micro-steps {lost} after the kill"
+    again = [r for r in c.log if r[0] == "micro" and r[3] in lost and r[1] > notes[1][1]]
+    assert sorted(r[3] for r in again) == sorted(lost) and {r[5] for r in again} == {1}, f"retrained {again}"
+    assert _reduced_cells(c) == [2, 1], f"cells reduced per step: {_reduced_cells(c)}"
+    check_micro_log(c, p1)
+    check_micro_log(c, p2)
+    check_update(c, weights, [recs1, recs2], rel=1e-3)
+
+
+def test_the_core_lost_during_the_reduction_is_rebuilt_and_the_reduction_redone_with_the_satellite(pool):
+    """Step 2's reduction waits on the core (1,), killed inside it while the satellite waits in the all-reduce: the
+    reduction is voided; the core held the only state of record (version 1), so it is rebuilt (the starting weights,
+    step 1 replayed); its micro-steps go back to the queue, and the step ends with a fresh reduction of the two
+    cells, the satellite's gradient kept through the void: the weights are the naive update of both batches."""
+    c, weights, (p1, p2), (recs1, recs2), seen = _kill_in_reduction(pool, victim=1, blocked=1)
+    assert seen.get("members") == ((1,), (2,)) and "killed" in seen, f"the kill did not land in a 2-cell end: {seen}"
+    assert (p1.version, p2.version) == (1, 2), f"versions {p1.version}, {p2.version}"
+    notes = {r[2]: r[3] for r in c.log if r[0] == "note"}
+    assert notes["reduction_void"]["lost"] == [[1]], notes["reduction_void"]
+    failed = sorted(e.split(" (")[0] for e in notes["reduction_void"]["errors"])
+    assert failed == ["rank 0", "rank 1"], f"the satellite did not fail in the all-reduce: {notes['reduction_void']}"
+    assert notes["cell_lost"]["gpus"] == [1] and notes["cell_lost"]["micro"], notes["cell_lost"]
+    rec = notes["trainer_recovered"]
+    assert (rec["worker"], rec["version"], rec["replayed"]) == (1, 1, 1), rec
+    assert _reduced_cells(c) == [2, 2], f"cells reduced per step: {_reduced_cells(c)}"
+    check_micro_log(c, p1)
+    check_micro_log(c, p2)
+    check_update(c, weights, [recs1, recs2], rel=1e-3)
+
+
+def test_a_satellite_asked_to_leave_then_killed_returns_its_micro_steps_and_its_leave_completes(pool):
+    """The satellite (2,) is asked to leave while it trains a micro-step, having trained one already, and is killed
+    at once (before it hands its gradient over): its leave still completes (None), every micro-step it took goes
+    back to the queue (a "cell_lost" note) and is trained again on the core, and the update is the whole batch's."""
+    rng = np.random.default_rng(31)
+    recs = random_recs(rng, 3)
+    policy = Scripted((1,), recs, [(0.0, "join", (2,)), (0.0, "finish", 0), (0.0, "finish", 1), (0.0, "finish", 2)])
+    asked = []
+
+    def leave_then_kill(c) -> None:
+        sat = next((x for x in c._step._cells if x.gpus == (2,)), None) if c._step is not None else None
+        if not asked and sat is not None and sat.busy is not None and sat.trained:
+            asked.append((c.leave_step((2,)), [m[0] for m in sat.trained] + [sat.busy[0][0]]))
+            c.kill_trainer(2)
+
+    c = RealCluster(pool=pool, config=dataclasses.replace(CFG.cluster, estimate="none"))
+    try:
+        c.run(policy, 1, on_tick=leave_then_kill)
+        weights = c.trainer_weights()
+    finally:
+        c.close()
+    assert asked, "the satellite never trained a second micro-step"
+    leave, took = asked[0]
+    assert leave.done and leave.value is None, f"the leave did not complete: {leave}"
+    lost = [r[3] for r in c.log if r[0] == "note" and r[2] == "cell_lost"]
+    assert [x["gpus"] for x in lost] == [[2]] and set(lost[0]["micro"]) <= set(took) and lost[0]["micro"], lost
+    t_lost = next(r[1] for r in c.log if r[0] == "note" and r[2] == "cell_lost")
+    again = {r[3] for r in c.log if r[0] == "micro" and r[1] > t_lost}
+    assert set(took) <= again | set(lost[0]["micro"]) and set(lost[0]["micro"]) <= again, \
+        f"micro-steps taken {took}, lost {lost[0]['micro']}, trained after the loss {again}"
+    assert [r[3] for r in c.log if r[0] == "cell_leave"] == [(2,)], "the satellite left once (the end frees the core)"
+    check_micro_log(c, policy)
+    check_update(c, weights, [recs])

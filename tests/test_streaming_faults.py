@@ -62,6 +62,46 @@ def test_a_satellite_killed_mid_step_returns_its_micro_steps_and_the_core_trains
     assert roles[-2:] == [(10.0, (2,), 3), (15.0, (2,), 0)], f"GPU 2 switches 10 -> 15, then idle and free: {roles}"
 
 
+def test_a_satellite_asked_to_leave_then_killed_returns_its_micro_steps_and_its_leave_completes_once_free():
+    """Ready at 4.5 s, the satellite trained execution 1 (4.5 -> 5.5) and trains execution 3 from 8 s when it is asked
+    to leave at 9 s: it leaves only after that micro-step, so nothing is sent yet. Killed at 10 s, it sends nothing:
+    1 and 3 go back to the queue's head, its GPU switches until its worker is back at 15 s, and only then is it free
+    and its leave complete (None); the core trains 2 (8 -> 14), 1 (14 -> 15), 3 (15 -> 20) and the version moves at
+    20 s without a reduction, as if the leave had not been asked."""
+    left = []
+
+    class LeaveThenKill(Hand):
+        def run(self, c, steps):
+            eng = yield c.start_engine([0])
+            gs = [c.next_group(), c.next_group()]
+            for g in gs:
+                for x in g.executions:
+                    c.admit(x, eng)
+            h = c.open_step([1], gs)
+            yield c.timeout(3.0 - c.now)
+            c.join_step([2])
+            yield c.timeout(9.0 - c.now)
+            lv = c.leave_step([2])
+            lv.on_done(lambda lv: left.append((c.now, lv.value, c.training.cells)))
+            return (yield h)
+
+    c = _cluster(_two_groups(), 3, 2, ("kill-trainer@10",), SATELLITE_SEED)
+    c.run(LeaveThenKill(), 1)
+    assert _victim(c) == 2, "the seed's kill picks the satellite"
+    assert _timeline(c) == [
+        ("step_open", 3.0, 0, (1,), 2), ("cell_join", 3.5, 0, (1,)), ("cell_join", 4.5, 0, (2,)),
+        ("micro", 5.5, 0, 1, 4.5, 2, 100), ("micro", 6.0, 0, 0, 4.0, 1, 200),
+        ("note", 10.0, "trainer_fault", {"worker": 2, "version": 0, "in_step": True, "record": False}),
+        ("note", 10.0, "cell_lost", {"version": 0, "gpus": [2], "micro": [1]}),
+        ("micro", 14.0, 0, 2, 8.0, 1, 600), ("cell_leave", 15.0, 0, (2,)),
+        ("micro", 15.0, 0, 1, 14.0, 1, 100), ("micro", 20.0, 0, 3, 15.0, 1, 500),
+        ("step", 20.0, 1, 1, 1400)], _timeline(c)
+    assert left == [(15.0, None, [(1,)])], f"the leave completes once GPU 2 is free, the core alone left: {left}"
+    roles = [r[1:] for r in c.log if r[0] == "role" and r[2] == (2,)]
+    assert roles[-3:] == [(8.0, (2,), 2), (10.0, (2,), 3), (15.0, (2,), 0)], \
+        f"GPU 2 trains from 8 s, switches 10 -> 15, then idle and free: {roles}"
+
+
 def test_a_satellite_killed_while_switching_in_never_trains_and_its_join_completes_false():
     """Asked at 3 s, the satellite switches in until 4.5 s (onload 0.5 + pull 1); killed at 4 s, it trains nothing,
     switches until its worker is back at 9 s, and is then free, its join completing False; the core alone trains
@@ -169,6 +209,8 @@ def test_a_kill_during_the_reduction_voids_it_and_the_step_trains_the_lost_cell_
         ("cell_join", 19.5, 0, (1,)), ("micro", 23.5, 0, 2, 17.5, 2, 600),
         ("step", 24.5, 1, 2, 1400)], _timeline(c)
     assert [r[1] for r in c.log if r[0] == "trained"] == [24.5] * 4, "the batch is trained once, at the step's end"
+    voids = [r[1:] for r in c.log if r[0] == "note" and r[2] == "reduction_void"]
+    assert voids == [(14.5, "reduction_void", {"version": 0, "lost": [[1]], "errors": []})], voids
 
 
 def check_micro_steps_from_the_log(log: list[tuple], restart_s: float) -> None:

@@ -22,8 +22,8 @@ A lost trainer worker (gyre.sim.cluster.faults, the real backend's semantics: Si
 gradient is lost: the micro-steps it trained in this step and the one it runs go back to the queue's head, the
 other cells train on. A satellite is out of the step, its GPUs switching until the worker is back (as a voided
 `train` attempt's), then free; the step does not end before. The core keeps its place and trains on once its
-workers are back and the state of record is (rebuilt if lost). A kill during the reduction voids it; the step
-ends once the lost micro-steps are trained again. Without faults no path changes.
+workers are back and the state of record is (rebuilt if lost). A kill during the reduction voids it (a
+"reduction_void" note); the step ends once the lost micro-steps are trained again. Without faults no path changes.
 
 Simplifications: a micro-step is one execution's whole trajectory (the packed tree Gyre trains as one sample);
 the optimizer step is inside train_mfu, as in `train`; with role-bounded sampling (gyre.train_work) a
@@ -244,6 +244,7 @@ class SimStep(BookedStep):
         if self.ending:
             self.ending = False
             self._end_epoch += 1
+            c.note("reduction_void", version=self._version, lost=[list(cell.gpus)], errors=[])  # (the real one's)
         cell.epoch += 1
         if cell.busy is not None:
             ex_id, tokens, attn, _t0, _dt = cell.busy
