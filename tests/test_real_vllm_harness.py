@@ -37,7 +37,7 @@ TOKENS = 64  # each call's max_tokens: a decode long enough that a cancel sent a
 @pytest.fixture(scope="module")
 def vllm_chat_qwen3(tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen3chat-vllm")
-    write_tiny_model(folder, "qwen3", vocab_size=384, seed=4, head_dim=32, max_position_embeddings=MAX_LEN)
+    write_tiny_model(folder, "qwen3", vocab_size=384, seed=4, head_dim=32)  # 4096 positions
     for f in (ROOT / "configs" / "tiny_chat").iterdir():
         shutil.copyfile(f, folder / f.name)
     (folder / "chat_template.jinja").write_text(TOOLS_TEMPLATE)
