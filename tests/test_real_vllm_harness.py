@@ -52,8 +52,8 @@ def live_requests(actor) -> tuple[dict, int]:
 def test_own_harness_on_vllm_engines_with_a_request_moved_mid_decode(local_ray, vllm_chat_qwen3, tmp_path):
     """The own harness runs end to end under colocate on two vLLM engines: a request moved while it decodes is
     cancelled at its source (its generate answers cancelled) and completed at its destination, every harness call
-    is one record equal to the engines' answer and an HTTP 200, the records lie on the tree with every branch
-    kind, and neither engine holds a request after the run."""
+    is one record equal to the engines' answer and an HTTP 200 with the role it sent, the records lie on the tree
+    with the sub-agent's and the compaction's branches, and neither engine holds a request after the run."""
     argv = OWN + ("--max-tokens", str(TOKENS))
     cfg = harness_run(vllm_chat_qwen3, tmp_path, harness=argv)
     task = dataclasses.replace(cfg.cluster.task, max_new_tokens=TOKENS, max_context=MAX_LEN)
@@ -114,5 +114,7 @@ def test_own_harness_on_vllm_engines_with_a_request_moved_mid_decode(local_ray, 
             got = [(list(x.output_ids), list(x.logprobs)) for x in ep.records]
             want = [(a["tokens"], a["logprobs"]) for a in answers if a["exec"] == ex.id and a["current"]]
             assert got == want and len(got) == len(calls), f"execution {ex.id}: records differ from the engines' ones"
-            assert [x.role for x in ep.records] == [c["role"] for c in calls], f"execution {ex.id}: roles"
+            roles = [x.role for x in ep.records]
+            assert roles == [c["role"] for c in calls], f"execution {ex.id}: roles {roles}"
+            assert {"sub-agent", "sub-agent-summary", "main-summary"} <= set(roles), f"execution {ex.id}: roles {roles}"
             assert ep.tito.kinds.count("branch") >= 2, f"execution {ex.id}: kinds {ep.tito.kinds}"
