@@ -193,6 +193,38 @@ class TestVllmEngine:
         cached = len(ctx2) - r2["prefill_tokens"]
         assert cached >= 3 * BLOCK and cached % BLOCK == 0, f"follow-up turn reused {cached} of {len(ctx2)} tokens"
 
+    @pytest.mark.parametrize("when", ["decoding", "just-issued"])
+    def test_cancel_aborts_a_request_in_flight(self, eng, when):
+        """cancel (vLLM's abort) on a request decoding, or issued a moment ago: its generate returns cancelled,
+        nothing stays live (gyre's map; vLLM's requests 0.2 s on, well before 480 tokens could decode), and the
+        sequence's next request is served whole with the served weights' log-probs; with nothing in flight, False."""
+        engine, run = eng
+        ctx = [int(t) for t in np.random.default_rng(8).integers(0, CFG.vocab_size, 20)]
+
+        async def cancel_in_flight():
+            task = asyncio.ensure_future(engine.generate("x", ctx, 480, [], 1))
+            await asyncio.sleep(0)  # generate has run up to its first await: the request is live
+            if when == "decoding":
+                while engine.engine.get_num_unfinished_requests() == 0:
+                    await asyncio.sleep(0.005)
+                await asyncio.sleep(0.1)
+            running = not task.done()
+            ok = await engine.cancel("x")
+            return running, ok, await task
+
+        running, ok, res = run(cancel_in_flight())
+        assert running and ok, f"cancel found nothing in flight (running={running}, cancel -> {ok})"
+        assert res == {"cancelled": True, "tokens": [], "logprobs": [], "version": engine.version}, \
+            f"cancelled generate: {res}"
+        run(asyncio.sleep(0.2))  # vLLM's abort reaches its engine core
+        assert engine._live == {} and engine._cancelled == set(), f"leaked: {engine._live}, {engine._cancelled}"
+        assert engine.engine.get_num_unfinished_requests() == 0, "vLLM still holds the aborted request"
+        assert run(engine.cancel("x")) is False, "nothing in flight: cancel must say so"
+        r = run(engine.generate("x", ctx, 12, [], 2))
+        ref = reference_logprobs(tiny_weights(0), ctx, r["tokens"])
+        assert len(r["tokens"]) == 12 and np.abs(np.array(r["logprobs"]) - ref).max() < 1e-3, f"next request: {r}"
+        assert engine._live == {}, f"a finished request stayed live: {engine._live}"
+
     def test_sleep_then_wake_sets_the_version_and_drops_cached_prefixes(self, eng):
         """A sleeping engine refuses requests; after wake its outputs carry the new version; no prefix survives."""
         engine, run = eng

@@ -10,8 +10,9 @@ context, or with `--parallel N` N of them at once, each in a thread with a conte
 overlap); once the history holds more than `--compact-after` messages, summarize it (`main-summary`) and start
 over from the system prompt, the task and the summary (a compaction). Every other call is streamed (SSE).
 It writes `transcript.jsonl` (one line per call: role, HTTP status, finish reason, whether the reply parsed, its
-start and end in epoch seconds) for whoever checks it. `--fault crash|hang[:SUFFIX]` writes `solution.py`, then exits with code 3 or hangs, after
-its first main call (fault tests; with SUFFIX only in executions whose GYRE_EXECUTION ends with it; repeatable).
+start and end in epoch seconds) for whoever checks it. Each call asks for `--max-tokens` tokens (24).
+`--fault crash|hang[:SUFFIX]` writes `solution.py`, then exits with code 3 or hangs, after its first main call
+(fault tests; with SUFFIX only in executions whose GYRE_EXECUTION ends with it; repeatable).
 Roles travel as the `X-Gyre-Role` header, and parallel sub-agents' calls say `X-Gyre-Parallel: N` (served
 together by Gyre's proxy), headers other servers ignore.
 """
@@ -34,7 +35,8 @@ TOOLS = [{"type": "function", "function": {"name": "sh", "description": "run a s
 
 
 class Client:
-    def __init__(self) -> None:
+    def __init__(self, max_tokens: int = 24) -> None:
+        self.max_tokens = max_tokens
         self.base = os.environ["OPENAI_BASE_URL"].rstrip("/")
         self.key = os.environ["OPENAI_API_KEY"]
         self.calls = 0
@@ -46,7 +48,7 @@ class Client:
             self.calls += 1
             call = self.calls
         stream = call % 2 == 0
-        body = {"model": "policy", "messages": messages, "max_tokens": 24, "stream": stream}
+        body = {"model": "policy", "messages": messages, "max_tokens": self.max_tokens, "stream": stream}
         if tools:
             body["tools"] = tools
         req = urllib.request.Request(self.base + "/chat/completions", data=json.dumps(body).encode(), headers={
@@ -127,6 +129,7 @@ def main() -> None:
     ap.add_argument("--subagent-at", type=int, default=1)
     ap.add_argument("--compact-after", type=int, default=6)
     ap.add_argument("--parallel", type=int, default=1, help="sub-agents run at once (threads), each its own context")
+    ap.add_argument("--max-tokens", type=int, default=24, help="each call's max_tokens")
     ap.add_argument("--fault", action="append", default=[], help="crash|hang[:SUFFIX] (SUFFIX: of GYRE_EXECUTION)")
     a = ap.parse_args()
     me = os.environ.get("GYRE_EXECUTION", "")
@@ -135,7 +138,7 @@ def main() -> None:
     if a.fault not in (None, "crash", "hang"):
         ap.error(f"--fault: expected crash or hang, got {a.fault!r}")
     task = os.environ.get("GYRE_TASK", "")
-    client = Client()
+    client = Client(a.max_tokens)
     base = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
     history = list(base)
     for turn in range(a.turns):
