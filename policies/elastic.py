@@ -36,11 +36,11 @@ from gyre.handles import Handle, any_of
 from gyre.policies.common import Batcher, ClusterShape, train_loop
 from gyre.policies.elastic_config import ElasticConfig
 from gyre.policies.deadline_cap import DeadlineCaps
-from gyre.policies.elastic_forecast import (Forecast, Records, boundary_wait_s, cut_p, drawn_remaining_s, load_scale,
+from gyre.policies.elastic_forecast import (Forecast, boundary_wait_s, cut_p, drawn_remaining_s, load_scale,
                                             remaining_s)
 from gyre.policies.elastic_plan import Candidate, choose_grow, initial_engines, lend_pays, size_trainer, tool_call_seen
 from gyre.policies.elastic_pool import EnginePool
-from gyre.policies.survival import History
+from gyre.policies.lengths import History, Records
 from gyre.policies.tuning import WORK_TOLERANCE, halvings
 
 
@@ -90,8 +90,7 @@ class Elastic:
         yield from train_loop(cluster, steps, self.batcher, pool.admission, engines=pool.ready, gather=self._gather,
                               after_step=self._after_step, wait=self._react, label="elastic-producer")
 
-    def _finished(self, group, h: Handle) -> None:
-        """An execution finished: sample the engines' load, record what it showed."""
+    def _finished(self, group, h: Handle) -> None:  # sample the engines' load, record what it showed
         ready = [e for e in self.pool.engines if e.ready and e.n_live]
         if ready:
             self.records.sample_step(sum(self.est.step_s(e.n_live, e.kv_used) for e in ready) / len(ready))
@@ -102,13 +101,12 @@ class Elastic:
     def _history(self) -> History:
         return self.records.history(self.cluster.live())
 
-    def _remaining(self):
-        """Each live execution's expected remaining seconds at its engine's load factor (for the deadline cap)."""
+    def _remaining(self):  # for the deadline cap: expected remaining seconds at an engine's load factor
         hist, now, r = self._history(), self.cluster.now, self.config.unseen_residual
         return lambda x, load: remaining_s(x, hist, now, r, load)
 
     def _loads(self) -> dict[int, float]:
-        """Each busy ready engine's step time now over the mean one finished executions were measured at."""
+        """Each busy engine's step time now over the mean one finished executions were measured at."""
         seen = self.records.seen
         if seen <= 0:
             return {}
@@ -128,19 +126,15 @@ class Elastic:
             waits[x.id] = boundary_wait_s(x, hist, now, rem, c.boundary_share, c.unseen_residual, f)
         return finish, waits
 
-    def _admissible(self) -> int:
-        """Groups the staleness bound lets in before the next step, of those still to come."""
+    def _admissible(self) -> int:  # groups the staleness bound lets in before the next step, of those to come
         b = self.batcher
         return max(0, min(b.steps * b.gps - b.n_admitted, (self.eta + 1) * b.gps - len(b.admitted)))
 
-    def _beyond_next_batch(self) -> bool:
-        """More untrained groups admitted or admissible than the next batch takes (3.)?"""
+    def _beyond_next_batch(self) -> bool:  # more untrained groups admitted or admissible than a batch takes (3.)
         return len(self.batcher.admitted) + self._admissible() > self.batcher.gps
 
     def _forecast(self, hist: History, exclude: set[int] = frozenset()) -> Forecast:
-        """The snapshot every decision reads: predictions now, the pending groups (those still to be admitted,
-        up to what the staleness bound lets in next, as ids < 0), their batch index (admitted at version a: due
-        at step a + eta) and the executions waiting to start."""
+        """The snapshot every decision reads; a group admitted at version a is due at step a + eta."""
         cl, est, b, rec, r = self.cluster, self.est, self.batcher, self.records, self.config.unseen_residual
         now, live, ready, load = cl.now, cl.live(), self.pool.ready(), self._loads()
         finish, waits = self._predict(hist)
@@ -163,7 +157,6 @@ class Elastic:
                         risk=lambda x, s=1.0, d=0.0: cut_p(x, hist, now, r, s, load.get(x.engine_id, 1.0), d),
                         start_s=est.engine_start_s, stop_s=est.engine_stop_s, onload_s=est.trainer_start_s)
 
-    # ------------------------------------------------------------------ 1. a batch is ready
     def _gather(self, batch):
         """The step's GPUs: the size `_choose` picks, its engines drained; admission held while none fits."""
         cluster, pool = self.cluster, self.pool
@@ -197,7 +190,6 @@ class Elastic:
         return size_trainer(f, kv_fill=self.config.kv_fill, slots=self.pool.drain_room, most=self.pool.most,
                             tolerance=WORK_TOLERANCE * self.batcher.gps * rec.group_size)
 
-    # ------------------------------------------------------------------ 2. a step ends
     def _after_step(self):
         self.pool.set_reserve(0)
         self.start_reserve = False
@@ -219,7 +211,6 @@ class Elastic:
         drain_s = hist.seg_s * (1 if last <= 1 else self.config.boundary_share) + self.est.engine_stop_s
         return choose_grow(self._forecast(hist), drain_s, self.est.engine_stop_s if self.eta == 0 else None)
 
-    # ------------------------------------------------------------------ 0. and 3. between decisions
     def _react(self) -> list[Handle]:
         """Lend the start's reserve where that pays (0.), else the pool's between-decision steps (3.)."""
         pool = self.pool

@@ -8,23 +8,25 @@ its engine's slowdown delays it in full; waiting executions take finished ones' 
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gyre.cluster import EngineView, ExecutionView
 from gyre.policies.batch_times import batch_ready_times, last_batch_end, run_queue
 from gyre.policies.elastic_forecast import Forecast
+from gyre.policies.placement import assign_targets, room
 
 
-def pending_ends(f: Forecast, free_at: Sequence[float], factor: float) -> list[float]:
-    """When each pending group ends: its live executions' last finish, and its waiting ones' as they take slots
-    (`free_at`), each a finished one's duration times `factor`."""
-    jobs = [f.durations[i % len(f.durations)] * factor if f.durations else 0.0 for i in range(len(f.waiting))]
+def pending_ends(f: Forecast, free_at: Sequence[float], factor: Callable[[int, float], float],
+                 finish: Mapping[int, float] | None = None) -> list[float]:
+    """When each pending group ends: its live executions' last finish (`finish`, default the forecast's), and
+    its waiting ones' as they take slots (`free_at`), each a finished one's duration times factor(i, start)."""
+    jobs = [f.durations[i % len(f.durations)] if f.durations else 0.0 for i in range(len(f.waiting))]
+    finish = f.finish if finish is None else finish
     ends: dict[int, float] = {}
-    for x in f.live:  # each group's latest predicted finish over its live executions
-        ends[x.group_id] = max(ends.get(x.group_id, f.now), f.finish[x.id])
-    for gid, t in zip(f.waiting, run_queue(free_at, jobs)):
+    for x in f.live:
+        ends[x.group_id] = max(ends.get(x.group_id, f.now), finish[x.id])
+    for gid, t in zip(f.waiting, run_queue(free_at, jobs, factor)):
         ends[gid] = max(ends.get(gid, f.now), t)
     return [f.now if gid in f.finished else ends.get(gid, f.now) for gid in f.pending]
 
@@ -40,34 +42,8 @@ class DrainPlan:
         return [g for e in self.victims for g in e.gpus]
 
 
-def _room(e: EngineView) -> int:
-    return e.admit_limit - e.n_live
-
-
-def assign_targets(executions: Sequence[ExecutionView], targets: Sequence[EngineView], *, kv_fill: float,
-                   slots: Callable[[EngineView], int] = _room
-                   ) -> tuple[list[tuple[ExecutionView, EngineView]], list[ExecutionView]]:
-    """Best fit, largest context first, to the target with the most free KV below `kv_fill` and room (`slots`);
-    ties by id. Returns (moves, the executions no target can take)."""
-    free = {t.id: t.kv_capacity * kv_fill - t.kv_used for t in targets}
-    left = {t.id: slots(t) for t in targets}
-    heap = [(-free[t.id], t.id, i) for i, t in enumerate(targets) if left[t.id] > 0]
-    heapq.heapify(heap)
-    moves, parks = [], []
-    for x in sorted(executions, key=lambda x: (-x.context_tokens, x.id)):
-        if heap and -heap[0][0] >= x.context_tokens:
-            neg, tid, i = heapq.heappop(heap)
-            moves.append((x, targets[i]))
-            left[tid] -= 1
-            if left[tid] > 0:
-                heapq.heappush(heap, (neg + x.context_tokens, tid, i))
-        else:  # the roomiest target cannot take the largest remaining context: neither can any other
-            parks.append(x)
-    return moves, parks
-
-
 def plan_drain(engines: Sequence[EngineView], live: Sequence[ExecutionView], n_victims: int, *, kv_fill: float,
-               slots: Callable[[EngineView], int] = _room) -> DrainPlan:
+               slots: Callable[[EngineView], int] = room) -> DrainPlan:
     """Drain the first `n_victims` engines (all but one at most) by fewest live, then decoding, executions."""
     order = sorted(engines, key=lambda e: (e.n_live, e.n_decoding, e.id))
     victims = order[: max(0, min(n_victims, len(order) - 1))]
@@ -122,17 +98,9 @@ def evaluate(f: Forecast, plan: DrainPlan, gpus: int, train_s: float) -> Candida
     free_at = (list(t_of.values())
                + [now] * sum(max(0, e.admit_limit - used.get(e.id, 0)) for e in f.engines if e.id not in vids)
                + [back] * sum(e.admit_limit for e in plan.victims) + list(f.starting))
-    jobs = [f.durations[i % len(f.durations)] if f.durations else 0.0 for i in range(len(f.waiting))]
     f_stay, f_all = f.scale(max(len(f.engines) - len(vids), 1)), f.scale(max(len(f.engines), 1))
-    done_at = run_queue(free_at, jobs, lambda i, t: f_stay if t < back else f_all)
-    group_end: dict[int, float] = {}
-    cuts = 0.0
-    for x in f.live:
-        cuts += f.risk(x, stretch[x.id]) - f.risk(x, 1.0)
-        group_end[x.group_id] = max(group_end.get(x.group_id, now), t_of[x.id])
-    for gid, t in zip(f.waiting, done_at):
-        group_end[gid] = max(group_end.get(gid, now), t)
-    ends = [now if g in f.finished else group_end.get(g, now) for g in f.pending]
+    ends = pending_ends(f, free_at, lambda i, t: f_stay if t < back else f_all, t_of)
+    cuts = sum(f.risk(x, stretch[x.id]) - f.risk(x, 1.0) for x in f.live)
     n = f.per_batch
     ready = batch_ready_times(ends, n, f.due)[0] if n > 0 and ends else now
     again = train_s + ((gather + f.stop_s) if plan.victims else 0.0)
@@ -217,7 +185,8 @@ def choose_grow(f: Forecast, drain_s: float, empty_drain_s: float | None = None)
         keep = f.free - k * f.per
         g, wait = (keep, 0.0) if keep >= f.min_train else (-(-f.min_train // f.per) * f.per, drain_s)
         free_at = [f.finish[x.id] for x in f.live] + [f.now] * unused + [f.now + f.start_s] * (k * limit)
-        last = pending_ends(f, free_at, f.scale(e))
+        scale = f.scale(e)
+        last = pending_ends(f, free_at, lambda i, t: scale)
         end = last_batch_end(f.now + wait, last, f.per_batch, f.train_s(g) + f.onload_s, f.due) if last else f.now
         if last and empty_drain_s is not None and e > 1:
             drained = f.free + (engines - 1) * f.per  # all but one engine (plan_drain), k of them new
@@ -252,36 +221,6 @@ def lend_pays(f: Forecast, wait_s: float) -> bool:
     """Decision 0: lend the reserve? If the first batch is predicted ready after the lent engines' start and the
     drain that returns them (`wait_s` for boundaries, the stop, the onload)."""
     free_at = [f.finish[x.id] for x in f.live] + [f.now] * sum(max(0, e.admit_limit - e.n_live) for e in f.engines)
-    last = pending_ends(f, free_at, 1.0)
+    last = pending_ends(f, free_at, lambda i, t: 1.0)
     ready = batch_ready_times(last, f.per_batch, f.due)[0] if last else f.now
     return ready - f.now > f.start_s + wait_s + f.stop_s + f.onload_s
-
-
-def spread_moves(engines: Sequence[EngineView], live: Sequence[ExecutionView], *, kv_fill: float,
-                 slots: Callable[[EngineView], int] = _room) -> list[tuple[ExecutionView, EngineView]]:
-    """Even the live executions out: an engine above ceil(mean) gives its smallest contexts to the one carrying
-    fewest while that narrows the gap, it has room (`slots`) and KV below `kv_fill`; ties by id."""
-    if not engines:
-        return []
-    high = -(-sum(e.n_live for e in engines) // len(engines))
-    load = {e.id: e.n_live for e in engines}
-    room = {e.id: slots(e) for e in engines}
-    kv = {e.id: kv_fill * e.kv_capacity - e.kv_used for e in engines}
-    mine: dict[int, list[ExecutionView]] = {}
-    for x in live:
-        mine.setdefault(x.engine_id, []).append(x)
-    moves = []
-    for src in sorted(engines, key=lambda e: (-e.n_live, e.id)):
-        for x in sorted(mine.get(src.id, []), key=lambda x: (x.context_tokens, x.id)):
-            if load[src.id] <= high:
-                break
-            dst = min((e for e in engines if e.id != src.id and room[e.id] > 0 and kv[e.id] >= x.context_tokens),
-                      key=lambda e: (load[e.id], e.id), default=None)
-            if dst is None or load[dst.id] + 2 > load[src.id]:
-                break
-            moves.append((x, dst))
-            load[src.id] -= 1
-            load[dst.id] += 1
-            room[dst.id] -= 1
-            kv[dst.id] -= x.context_tokens
-    return moves

@@ -1,12 +1,7 @@
-"""The elastic controller's engines (`EnginePool`), the only writer of their state, and the deadline cap.
-
-The pool carries out what the controller decides: start engines (`grow`, `start`), empty engines by migration
-at tool-call boundaries and stop them (`drain`, one at a time), lend the start's reserve (`lend_reserve`), and
-between decisions lend free GPUs to waiting executions, rebalance engines' KV queues and consolidate engines
-whose load has thinned (`between_decisions`). No execution is aborted: one left on a drained engine all the
-same (moved back by a fault's restart, or joined meanwhile) is parked (policies.admit_queue) and resumed
-where room frees. Simplifications: one drain or lend in flight at a time; engines start and stop whole.
-"""
+"""The elastic controller's engines: `EnginePool` carries out what the controller decides and is the only writer
+of their state. No execution is aborted: one left on a drained engine all the same (moved back by a fault's
+restart, or joined meanwhile) is parked and resumed where room frees. Simplifications: one drain or lend in
+flight at a time; engines start and stop whole."""
 
 from __future__ import annotations
 
@@ -17,7 +12,8 @@ from gyre.handles import Handle, all_of
 from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Signal, engine_slots
 from gyre.policies.elastic_forecast import frees_sooner
-from gyre.policies.elastic_plan import DrainPlan, plan_drain, spread_moves
+from gyre.policies.elastic_plan import DrainPlan, plan_drain
+from gyre.policies.placement import spread_moves
 
 
 class EnginePool:
@@ -38,14 +34,12 @@ class EnginePool:
         self.admission = AdmissionQueue(cluster, self.ready, limit=self.quota)
         self.moving: dict[int, tuple[Handle, int]] = {}  # execution id -> its move in flight and its target
 
-    # ------------------------------------------------------------------ state the controller sets
     def set_reserve(self, gpus: int) -> None:
         self.reserve = gpus
 
     def hold_admission(self, hold: bool) -> None:
         self.hold = hold
 
-    # ------------------------------------------------------------------ what engines may carry
     def most(self, e: EngineView) -> int:
         """The executions `e` may carry after a drain: its admission limit within `max_running`."""
         return e.admit_limit if self.max_running is None else min(e.admit_limit, self.max_running)
@@ -55,8 +49,8 @@ class EnginePool:
         return self.most(e) - e.n_live - self.admission.incoming.get(e.id, 0)
 
     def quota(self, e: EngineView) -> int:
-        """The executions `e` may be handed: none while admission holds, else its `even_part` within
-        `max_running` and the deadline cap."""
+        """The executions `e` may be handed: none while admission holds, else within `even_part`, `max_running`
+        and the deadline cap."""
         if self.hold:
             return 0
         n = self.even_part(e) if self.max_running is None else min(self.even_part(e), self.max_running)
@@ -76,16 +70,12 @@ class EnginePool:
 
     @property
     def idle(self) -> bool:
-        """No drain or lend in flight."""
         return self.in_flight() is None
 
     def in_flight(self) -> Handle | None:
-        for h in (self.draining, self.lending):
-            if h is not None and not h.done:
-                return h
-        return None
+        """The drain or lend in flight, if any."""
+        return next((h for h in (self.draining, self.lending) if h is not None and not h.done), None)
 
-    # ------------------------------------------------------------------ moves
     def move(self, x: ExecutionView, target: EngineView) -> Handle:
         """Migrate `x` at its next tool-call boundary; one already moving keeps its move."""
         if x.id in self.moving:
@@ -95,13 +85,12 @@ class EnginePool:
         h.on_done(lambda _h, i=x.id: self.moving.pop(i, None))
         return h
 
-    def park(self, x: ExecutionView) -> Handle:
+    def park(self, x: ExecutionView) -> Handle:  # one moving: its move (the caller looks again)
         return self.moving[x.id][0] if x.id in self.moving else self.admission.park(x)
 
     def moves_into(self, ids: set[int]) -> list[Handle]:
         return [h for h, t in self.moving.values() if t in ids]
 
-    # ------------------------------------------------------------------ engines on and off
     def grow(self, sync: bool = True, engines: int | None = None):
         """Start `engines` engines (None: as many as the free GPUs take) and sync stale ones; yields until all serve."""
         stale = [e for e in self.engines if e.ready and e.version < self.cluster.version] if sync else []
@@ -164,7 +153,6 @@ class EnginePool:
         self.draining = None
         self.load.fire()
 
-    # ------------------------------------------------------------------ lends
     def lend_reserve(self, decide: Callable[[], bool]) -> None:
         """Once this instant's events are in, if `decide()`: engines on the reserve, the live executions spread
         evenly over old and new engines (`spread_moves`) at their tool-call boundaries."""

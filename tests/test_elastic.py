@@ -16,9 +16,10 @@ from gyre.hardware import Costs
 from gyre.policies.elastic import Elastic
 from gyre.policies.batch_times import batch_ready_times, last_batch_end, run_queue
 from gyre.policies.elastic_forecast import Forecast, boundary_wait_s, frees_sooner, remaining_s
-from gyre.policies.elastic_plan import (Candidate, DrainPlan, assign_targets, choose, choose_grow, evaluate,
-                                        initial_engines, lend_pays, plan_drain, spread_moves, tool_call_seen)
-from gyre.policies.survival import History
+from gyre.policies.elastic_plan import (Candidate, DrainPlan, choose, choose_grow, evaluate, initial_engines,
+                                        lend_pays, plan_drain, tool_call_seen)
+from gyre.policies.placement import assign_targets, spread_moves
+from gyre.policies.lengths import History
 from gyre.presets import get_preset
 from gyre.sim.cluster.backend import SimCluster
 from gyre.sim.harness.runner import simulate

@@ -1,4 +1,4 @@
-"""Kaplan-Meier survival of segments and durations (policies.survival), the remaining times elastic draws from
+"""Kaplan-Meier survival of segments and durations (policies.lengths), the remaining times elastic draws from
 them, and the per-engine deadline cap (policies.deadline_cap), on hand-computed cases."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gyre.cluster import Phase
 from gyre.policies.deadline_cap import DeadlineCaps, deadline_cap
 from gyre.policies.elastic_forecast import drawn_remaining_s, remaining_s
-from gyre.policies.survival import Durations, History, level
+from gyre.policies.lengths import Durations, History, level
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""Kaplan-Meier survival of rollout lengths from what has been observed: finished executions are events, live
-ones censored at their progress (so the long ones, which finish last, are not missing from the estimate).
+"""Rollout lengths as observed: the records of finished executions (`Records`) and Kaplan-Meier estimates from
+them, finished executions as events and live ones censored at their progress (so the long ones, which finish
+last, are not missing from the estimate).
 
 `History` holds segment counts, `Durations` seconds from first run to finish. Past the largest observation the
 tail is a Pareto of index 1 + 1 / r, whose mean residual life is r times the age it is reached at (`r`: the
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from gyre.cluster import ExecutionView
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0  # i x 0.618... mod 1 covers (0, 1) most evenly
 
@@ -132,3 +135,60 @@ class Durations:
             return self.r * age
         i = bisect.bisect_left(self.neg_s, -base * (1.0 - u), lo=bisect.bisect_right(self.times, age))
         return self.times[i] - age if i < len(self.times) else (1.0 + self.r) * max(self.times[-1], age) - age
+
+
+class Records:
+    """What finished executions showed, fed one at a time (`finished`); `state` is what a resumed run keeps."""
+
+    FIELDS = ("segs", "ctx", "seg_s", "started_durations", "group_size", "seen_step", "last_counts", "max_ctx")
+
+    def __init__(self) -> None:
+        self.segs: list[int] = []  # segments of each finished execution
+        self.ctx: list[float] = []  # its mean context over its life
+        self.seg_s: list[float] = []  # its seconds per segment
+        # (first run, id, duration), in start order: in finish order the first are the shortest
+        self.started_durations: list[tuple[float, int, float]] = []
+        self.group_size = 1  # executions per group
+        self.seen_step = [0.0, 0]  # sum and count of the mean engine step time sampled at finishes
+        self.max_ctx = 0  # the largest live context seen (what compaction bounds contexts at)
+        self.last_counts = (0.0, 0.0)  # the last batch's trained tokens and attention sum
+        self._segs_sorted: list[int] = []
+
+    def state(self) -> dict:
+        return {k: getattr(self, k) for k in self.FIELDS}
+
+    def load_state(self, state: dict) -> None:
+        for k in self.FIELDS:
+            if k in state:
+                setattr(self, k, state[k])
+        self._segs_sorted = sorted(self.segs)
+
+    def finished(self, x: ExecutionView, group_size: int, now: float) -> None:
+        self.group_size = group_size
+        segs = x.turns_done + 1
+        t0 = x.started_at if x.started_at is not None else now
+        self.segs.append(segs)
+        bisect.insort(self._segs_sorted, segs)
+        self.ctx.append(0.5 * x.trajectory_tokens)
+        self.seg_s.append((now - t0) / segs)
+        bisect.insort(self.started_durations, (t0, x.id, now - t0))
+
+    def durations(self) -> list[float]:
+        return [d for _, _, d in self.started_durations]
+
+    def sample_step(self, step_s: float) -> None:  # the mean engine step as one finishes: its duration's load
+        self.seen_step[0] += step_s
+        self.seen_step[1] += 1
+
+    @property
+    def seen(self) -> float:
+        return self.seen_step[0] / max(self.seen_step[1], 1)
+
+    def history(self, live: Sequence[ExecutionView]) -> History:
+        mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+        return History(segments=tuple(self._segs_sorted), seg_s=mean(self.seg_s), ctx=mean(self.ctx),
+                       live_done=tuple(x.turns_done for x in live))
+
+    def duration_dist(self, live: Sequence[ExecutionView], now: float, r: float) -> Durations:
+        ages = [now - x.started_at for x in live if x.started_at is not None]
+        return Durations((d for _, _, d in self.started_durations), ages, r)
