@@ -19,7 +19,7 @@ class ElasticConfig:
     # (uniformly far into its current segment).
     boundary_share: float = 0.5
     # (0, 1]. An engine whose live executions fall below this share of the most it has carried is consolidated:
-    # a quarter of a full engine re-prefills little and leaves the targets most of their room.
+    # a quarter of a full engine re-prefills little and leaves the targets most of their KV.
     load_share: float = 0.25
     # >= 1, or None (the engine's admission limit). The most executions an engine is handed. Not derived: which
     # concurrency lets a length tail meet its deadline depends on how much each added sequence slows a step,

@@ -46,7 +46,7 @@ def spread_moves(engines: Sequence[EngineView], live: Sequence[ExecutionView], *
         return []
     high = -(-sum(e.n_live for e in engines) // len(engines))
     load = {e.id: e.n_live for e in engines}
-    room = {e.id: slots(e) for e in engines}
+    left = {e.id: slots(e) for e in engines}
     kv = {e.id: kv_fill * e.kv_capacity - e.kv_used for e in engines}
     mine: dict[int, list[ExecutionView]] = {}
     for x in live:
@@ -56,13 +56,13 @@ def spread_moves(engines: Sequence[EngineView], live: Sequence[ExecutionView], *
         for x in sorted(mine.get(src.id, []), key=lambda x: (x.context_tokens, x.id)):
             if load[src.id] <= high:
                 break
-            dst = min((e for e in engines if e.id != src.id and room[e.id] > 0 and kv[e.id] >= x.context_tokens),
+            dst = min((e for e in engines if e.id != src.id and left[e.id] > 0 and kv[e.id] >= x.context_tokens),
                       key=lambda e: (load[e.id], e.id), default=None)
             if dst is None or load[dst.id] + 2 > load[src.id]:
                 break
             moves.append((x, dst))
             load[src.id] -= 1
             load[dst.id] += 1
-            room[dst.id] -= 1
+            left[dst.id] -= 1
             kv[dst.id] -= x.context_tokens
     return moves
