@@ -2,7 +2,7 @@
 
 Generation never stops; the Batcher keeps staleness <= eta. The controller sees the engines' load, the live
 executions' progress, what finished executions showed, and the cluster's cost estimate; never a future
-length. Every decision forecasts, from one snapshot (elastic_plan.Forecast), when the last pending group is
+length. Every decision forecasts, from one snapshot (elastic_forecast.Forecast), when the last pending group is
 trained, among choices expected to cut at most the equal-work tolerance (policies.tuning) more executions
 than the least-cutting one. Executions move only at tool-call boundaries; none is aborted.
 
