@@ -687,3 +687,28 @@ def test_consolidation_moves_executions_only_while_other_groups_can_run():
     assert beyond(1, admitted=2, n_admitted=6), "eta 1 after a step: the bound admits two more groups now"
     assert not beyond(1, admitted=2, n_admitted=20), "the last step: all 20 groups admitted, two untrained"
     assert beyond(4, admitted=3, n_admitted=20), "three untrained at the end: the last two batches"
+
+
+def test_config_is_six_fields_and_only_the_pool_writes_its_state():
+    """ElasticConfig's fields are frozen at the six with a reason (docs/elastic.md); no elastic module but
+    elastic_pool assigns an attribute of the pool (`pool.x = ...`, `self.pool.x = ...`): it owns its state."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from gyre.policies.elastic_config import ElasticConfig
+
+    names = [f.name for f in dataclasses.fields(ElasticConfig)]
+    assert names == ["eta", "kv_fill", "unseen_residual", "boundary_share", "load_share", "max_running"], names
+    root = Path(__file__).resolve().parents[1] / "policies"
+    writes = []
+    for path in sorted(root.glob("elastic*.py")):
+        if path.name == "elastic_pool.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and "pool" in ast.unparse(t.value).split("."):
+                    writes.append(f"{path.name}:{node.lineno} {ast.unparse(t)}")
+    assert not writes, f"pool state written outside EnginePool: {writes}"
