@@ -11,9 +11,9 @@ without this component. With a lookahead of the whole run it is a full sort by p
 
 Why windows, longest first: a group admitted at version a must be trained by step a + eta, so a long
 rollout holds back the steps that follow it. Admitting a window's long groups together lets their
-latencies overlap, one stall per window instead of one per eta + 1 steps (the oracle orders of
-experiments/elastic_vs_baselines/oracle.py sort the same way by true duration: within windows of h
-steps, or the whole run). Admitting a long group early without company gains nothing: its deadline
+latencies overlap, one stall per window instead of one per eta + 1 steps (the oracle orders measured in
+experiments/LOG.md, 2026-11-30, sorted the same way by true duration: within windows of h steps, or the
+whole run; `git show f89bc94:experiments/elastic_vs_baselines/oracle.py`). Admitting a long group early without company gains nothing: its deadline
 moves with it. A wrong prediction costs only order: every group of a window is admitted before the next
 window is drawn.
 
@@ -22,7 +22,8 @@ finish (its turns) on the execution's handle; `Quality` gets the prediction at a
 observed longest turns when the group completes. `report` writes the run's quality as a "foresight"
 note in the event log.
 
-Both async and elastic build their Batcher with one (`ForesightParams` are their shared parameters).
+Async builds its Batcher with one (`ForesightParams` are its parameters); elastic admits in drawn order
+(its predictor measured as no gain: experiments/LOG.md, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from gyre.policies.foresight import PREDICTORS, Quality, make_predictor
 
 @dataclass(frozen=True, kw_only=True)
 class ForesightParams:
-    """The parameters every policy with ordered admission takes."""
+    """The parameters of ordered admission (policies.async_split)."""
 
     predictor: str = "none"  # policies.foresight.PREDICTORS
     lookahead: int = 4  # steps' worth of groups per window drawn ahead of admission (with a predictor other than none)

@@ -14,10 +14,12 @@ from gyre.cluster import Phase, Role
 from gyre.config import override
 from gyre.hardware import Costs
 from gyre.policies.elastic import Elastic
-from gyre.policies.elastic_start import initial_engines, release_reserve, spread_moves, tool_call_seen
-from gyre.policies.elastic_plan import (Candidate, DrainPlan, History, assign_targets, batch_ready_times, choose,
-                                        choose_grow, evaluate, last_batch_end, plan_drain, run_queue)
-from gyre.policies.elastic_predict import boundary_wait_s, frees_sooner, remaining_s
+from gyre.policies.batch_times import batch_ready_times, last_batch_end, run_queue
+from gyre.policies.elastic_forecast import Forecast, boundary_wait_s, frees_sooner, remaining_s
+from gyre.policies.elastic_plan import (Candidate, DrainPlan, choose, choose_grow, evaluate, initial_engines,
+                                        lend_pays, plan_drain, tool_call_seen)
+from gyre.policies.placement import assign_targets, spread_moves
+from gyre.policies.lengths import History
 from gyre.presets import get_preset
 from gyre.sim.cluster.backend import SimCluster
 from gyre.sim.harness.runner import simulate
@@ -48,6 +50,18 @@ class Ex:
     started_at: float | None = 0.0
     phase: Phase = Phase.DECODE
     deadline_at: float = float("inf")
+    group_id: int = 0
+
+
+def _forecast(**kw) -> Forecast:
+    """A snapshot at 0 s with nothing pending, every cost 0 and no deadline risk, but for `kw` (without `due`, no
+    pending group is due before the others: batches in order of finish)."""
+    base = dict(now=0.0, engines=(), live=(), finish={}, waits={}, pending=(), due=(), finished=frozenset(),
+                waiting=(), durations=(), per_batch=1, free=0, per=1, min_train=1, scale=lambda n: 1.0,
+                step_s=lambda n, kv: 1.0, train_s=lambda g: 0.0, risk=lambda x, s=1.0, d=0.0: 0.0, start_s=0.0,
+                stop_s=0.0, onload_s=0.0)
+    kw.setdefault("due", (len(kw.get("pending", ())),) * len(kw.get("pending", ())))
+    return Forecast(**{**base, **kw})
 
 
 # ---------------------------------------------------------------- pure decisions
@@ -149,12 +163,11 @@ def test_evaluate_exact_case():
     tool-call wait and training), stretches engine 0's two executions by the step time 1.3 / 1.2, and the
     following batch is ready when its group ends."""
     e0, e1 = Eng(0, (0,), n_live=2, kv_used=20.0), Eng(1, (1,), n_live=1, kv_used=10.0)
-    a, b, c = Ex(1, 0, 10), Ex(2, 0, 10), Ex(3, 1, 10)
+    a, b, c = Ex(1, 0, 10, group_id=10), Ex(2, 0, 10, group_id=11), Ex(3, 1, 10, group_id=11)
     plan = plan_drain([e0, e1], [a, b, c], 1, kv_fill=1.0)
-    cand = evaluate(plan, gpus=1, now=100.0, train_s=20.0, finish={1: 112.0, 2: 130.0, 3: 106.0},
-                    waits_s={1: 0.0, 2: 0.0, 3: 4.0}, engines=[e0, e1], live=[a, b, c],
-                    group_of={1: 10, 2: 11, 3: 11}, pending=[10, 11], finished=set(), n_next=1, queued=[],
-                    durations=[], step_s=_estimate_step, stop_s=1.0)
+    kw = dict(now=100.0, engines=(e0, e1), finish={1: 112.0, 2: 130.0, 3: 106.0}, waits={1: 0.0, 2: 0.0, 3: 4.0},
+              pending=(10, 11), step_s=_estimate_step)
+    cand = evaluate(_forecast(live=(a, b, c), stop_s=1.0, **kw), plan, 1, 20.0)
     assert cand.step_end == pytest.approx(100.0 + 4.0 + 1.0 + 20.0), "tool-call wait, engine stop, training"
     # engine 0 goes from 2 to 3 sequences: step 1.2 s -> 1.3 s; its executions' remaining times stretch
     assert cand.next_ready == pytest.approx(100.0 + 12.0 * 1.3 / 1.2), "group 10 ends first"
@@ -162,13 +175,11 @@ def test_evaluate_exact_case():
     # exec 2 at 132.5; batches of one group, each trained after draining engine 1 again (its 4 s wait and
     # 1 s stop before 20 s of training): max(125, 113) + 25 = 150, then max(150, 132.5) + 25 = 175
     assert cand.last_end == pytest.approx(175.0), "two batches of one group after the step, each re-drained"
-    assert cand.cuts == 0, "no deadline"
-    late = Ex(2, 0, 10, deadline_at=131.0)  # would finish at 130, stretched past 131
-    cut = evaluate(plan, gpus=1, now=100.0, train_s=20.0, finish={1: 112.0, 2: 130.0, 3: 106.0},
-                   waits_s={1: 0.0, 2: 0.0, 3: 4.0}, engines=[e0, e1], live=[a, late, c],
-                   group_of={1: 10, 2: 11, 3: 11}, pending=[10, 11], finished=set(), n_next=1, queued=[],
-                   durations=[], step_s=_estimate_step)
-    assert cut.cuts == 1, "a delay past a deadline it would have met is a cut"
+    assert cand.cuts == 0, "no deadline risk"
+    # a risk that grows with the stretch: 0.1 per unit of stretch above 1, summed over the stretched executions
+    risky = _forecast(live=(a, b, c), risk=lambda x, s=1.0, d=0.0: 0.1 * s, **kw)
+    stretch = 1.3 / 1.2 - 1 + 1.3 / 1.2 - 1 + 1.3 / 1.1 - 1
+    assert evaluate(risky, plan, 1, 20.0).cuts == pytest.approx(0.1 * stretch), "each stretch priced by its risk"
 
 
 def test_choose_fewest_cuts_then_soonest():
@@ -184,27 +195,28 @@ def test_choose_fewest_cuts_then_soonest():
 
 def test_choose_grow_exact_cases():
     """Engines at a step end: start them where waiting work needs slots, keep GPUs free where it does not."""
-    kw = dict(now=0.0, per=1, min_train=1, limit=1, live_ends={}, finished=set(), per_batch=1, start_s=1.0,
-              drain_s=0.0)
-    # 2 free GPUs, 1 engine with a free slot, 4 queued jobs of 10 s (groups 0-3), training 1 s on any size
-    many = dict(free_gpus=2, engines=1, live_free_at=[], unused_slots=1, pending=[0, 1, 2, 3], queued=[0, 1, 2, 3],
-                durations=[10.0], train_s=lambda g: 1.0, scale=lambda e: 1.0)
+    def grow(empty_drain_s=None, **kw):
+        return choose_grow(_forecast(start_s=1.0, **kw), 0.0, empty_drain_s)
+
+    # 2 free GPUs, 1 engine with a free slot, 4 waiting jobs of 10 s (groups 0-3), training 1 s on any size
+    many = dict(free=2, engines=(Eng(0, (0,), admit_limit=1),), pending=(0, 1, 2, 3), waiting=(0, 1, 2, 3),
+                durations=(10.0,), train_s=lambda g: 1.0, scale=lambda e: 1.0)
     # k=0: jobs end 10, 20, 30, 40 -> last trained 41; k=1: slots at 0 and 1: 10, 11, 20, 21 -> 22; k=2
     # leaves no GPU to train: the step drains first (0 s here) and trains on 1: slots 0, 1, 1 -> 10, 11, 11, 20 -> 21
-    assert choose_grow(**kw, **many) == 2, "queued work: every free GPU serves"
-    few = dict(many, pending=[0], queued=[0], durations=[10.0], train_s=lambda g: 8.0 / g)
+    assert grow(**many) == 2, "queued work: every free GPU serves"
+    few = dict(many, pending=(0,), waiting=(0,), durations=(10.0,), train_s=lambda g: 8.0 / g)
     # one job: done at 10 whatever k; training 8 / g: k=0 keeps 2 GPUs (4 s) -> 14, k=1 keeps 1 (8 s) -> 18
-    assert choose_grow(**kw, **few) == 0, "nothing waits for a slot: the GPUs stay the trainer's"
+    assert grow(**few) == 0, "nothing waits for a slot: the GPUs stay the trainer's"
     # the same job twice as fast per engine added (scale 2 / engines): k=0: 20 + 4 = 24; k=1: 10 + 8 = 18;
     # k=2: 6.67, then a step on the 1 GPU drained back: 6.67 + 8 = 14.67
-    assert choose_grow(**kw, **dict(few, scale=lambda e: 2.0 / e)) == 2, "a faster rollout can be worth the trainer"
+    assert grow(**dict(few, scale=lambda e: 2.0 / e)) == 2, "a faster rollout can be worth the trainer"
     # eta 0 (every engine empty when the next batch is ready): the next trainer may also take every GPU but
     # one engine's after the engines' stop (1 s). Rollout 10 s x 3 / (engines + 2): 10, 7.5, 6 s. Without
     # that: k=0: 10 + 4 = 14; k=1: 7.5 + 8 = 15.5; k=2: 6 + 8 = 14 (tie: fewer) -> 0. With it: k=0 has no
     # engine to drain beside the one that stays: 14; k=1: 7.5 + 1 + 8 / 2 = 12.5; k=2: 6 + 1 + 4 = 11 -> 2
     faster = dict(few, scale=lambda e: 3.0 / (e + 2))
-    assert choose_grow(**kw, **faster) == 0, "the GPUs kept free train the next step"
-    assert choose_grow(**kw, **faster, empty_drain_s=1.0) == 2, "at eta 0 the engines' GPUs train it after a stop"
+    assert grow(**faster) == 0, "the GPUs kept free train the next step"
+    assert grow(**faster, empty_drain_s=1.0) == 2, "at eta 0 the engines' GPUs train it after a stop"
 
 
 # ---------------------------------------------------------------- exact timelines on hand-built workloads
@@ -262,16 +274,21 @@ def test_initial_engines_balances_decode_and_training():
     assert initial_engines(eta=0, train_s_per_token_gpu=0.5, **kw) == 5, "eta 0: every GPU an engine"
 
 
-def test_tool_call_seen_and_release_exact_cases():
-    """The start's GPUs are lent only once a tool call is seen and the first batch is further off than the
+def test_tool_call_seen_and_lend_exact_cases():
+    """The start's reserve is lent only once a tool call is seen and the first batch is further off than the
     switch (engine start + boundary wait + stop + onload) costs."""
     assert not tool_call_seen([0, 0], [1, 1]), "single-turn so far: no live execution past a segment, none ran two"
     assert tool_call_seen([0, 1], []), "a live execution past its first segment"
     assert tool_call_seen([], [1, 3]), "a finished execution of three segments"
-    kw = dict(wait_s=2.0, start_s=5.0, stop_s=1.0, onload_s=1.5)  # the switch costs 9.5 s
-    assert release_reserve(tool_call=True, ready_in_s=9.6, **kw), "the batch 9.6 s off: lending pays"
-    assert not release_reserve(tool_call=True, ready_in_s=9.5, **kw), "exactly the switch: kept"
-    assert not release_reserve(tool_call=False, ready_in_s=1e6, **kw), "no tool call: a drain waits whole rollouts"
+    kw = dict(start_s=5.0, stop_s=1.0, onload_s=1.5, pending=(0,), due=(0,))  # with a 2 s wait the switch costs 9.5 s
+
+    def first_batch_at(t):
+        x = Ex(1, 0, group_id=0)
+        return _forecast(live=(x,), finish={1: t}, **kw)
+
+    assert lend_pays(first_batch_at(9.6), 2.0), "the batch 9.6 s off: lending pays"
+    assert not lend_pays(first_batch_at(9.5), 2.0), "exactly the switch: kept"
+    assert not lend_pays(_forecast(finished=frozenset({0}), **kw), 2.0), "the batch is ready now: kept"
 
 
 def test_spread_moves_exact_case():
@@ -459,7 +476,7 @@ def _scarce(seed: int, steps: int = 3):
     return override(_small("xlong-swe-small", seed, steps), **{"workload.tool_out_tokens": LogNormal(median=4000, p99_ratio=4.0)})
 
 
-def _checked_run(cfg, eta, monkeypatch, tiers=None):
+def _checked_run(cfg, eta, monkeypatch):
     phases = []
     orig = SimCluster._do_migrate
 
@@ -468,18 +485,18 @@ def _checked_run(cfg, eta, monkeypatch, tiers=None):
         orig(self, ex, t)
 
     monkeypatch.setattr(SimCluster, "_do_migrate", spy)
-    return simulate(cfg, "elastic", {"eta": eta, **({"tiers": tiers} if tiers else {})}, check=True), phases
+    return simulate(cfg, "elastic", {"eta": eta}, check=True), phases
 
 
 @pytest.mark.invariants
 @settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), preset=st.sampled_from(["xlong-swe-small", "short-math", "scarce"]),
-       eta=st.sampled_from([0, 1, 2]), tiers=st.sampled_from([None, ((0.0, 4), (30.0, 2), (120.0, 1))]))
-def test_properties_over_seeds(seed, preset, eta, tiers, monkeypatch):
+       eta=st.sampled_from([0, 1, 2]))
+def test_properties_over_seeds(seed, preset, eta, monkeypatch):
     """No abort or restart, migrations only off the decode batch, GPUs conserved (checked per event), staleness <= eta
-    (rebuilt from the log), over 2 steps; with placement by age (tiers) too."""
+    (rebuilt from the log), over 2 steps."""
     cfg = _scarce(seed, steps=2) if preset == "scarce" else _small(preset, seed, steps=2)
-    r, phases = _checked_run(cfg, eta, monkeypatch, tiers)
+    r, phases = _checked_run(cfg, eta, monkeypatch)
     assert all(p != Phase.DECODE for p, _, _ in phases), f"a migration interrupted decoding: {phases}"
     starts = [rec[2] for rec in r.log if rec[0] == "start"]
     finishes = [rec[2] for rec in r.log if rec[0] == "finish"]
@@ -521,7 +538,8 @@ def test_bad_params_one_line():
         assert "\n" not in str(exc.value), str(exc.value)
     from gyre.policies import UnknownPolicy, make_policy
 
-    for knob in ("start_trainer", "decay", "greedy", "consolidate", "adapt_trainer"):
+    for knob in ("start_trainer", "decay", "greedy", "consolidate", "adapt_trainer", "tiers", "protect_level",
+                 "predictor", "lookahead", "hold", "cut_share"):
         with pytest.raises(UnknownPolicy, match=knob):
             make_policy("elastic", **{knob: 1})
 
@@ -669,3 +687,28 @@ def test_consolidation_moves_executions_only_while_other_groups_can_run():
     assert beyond(1, admitted=2, n_admitted=6), "eta 1 after a step: the bound admits two more groups now"
     assert not beyond(1, admitted=2, n_admitted=20), "the last step: all 20 groups admitted, two untrained"
     assert beyond(4, admitted=3, n_admitted=20), "three untrained at the end: the last two batches"
+
+
+def test_config_is_six_fields_and_only_the_pool_writes_its_state():
+    """ElasticConfig's fields are frozen at the six with a reason (docs/elastic.md); no elastic module but
+    elastic_pool assigns an attribute of the pool (`pool.x = ...`, `self.pool.x = ...`): it owns its state."""
+    import ast
+    import dataclasses
+    from pathlib import Path
+
+    from gyre.policies.elastic_config import ElasticConfig
+
+    names = [f.name for f in dataclasses.fields(ElasticConfig)]
+    assert names == ["eta", "kv_fill", "unseen_residual", "boundary_share", "load_share", "max_running"], names
+    root = Path(__file__).resolve().parents[1] / "policies"
+    writes = []
+    for path in sorted(root.glob("elastic*.py")):
+        if path.name == "elastic_pool.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and "pool" in ast.unparse(t.value).split("."):
+                    writes.append(f"{path.name}:{node.lineno} {ast.unparse(t)}")
+    assert not writes, f"pool state written outside EnginePool: {writes}"

@@ -1,5 +1,5 @@
-"""The elastic controller's records and the spread it draws remaining times from, and its per-engine deadline
-cap, on hand-computed cases."""
+"""Kaplan-Meier survival of segments and durations (policies.lengths), the remaining times elastic draws from
+them, and the per-engine deadline cap (policies.deadline_cap), on hand-computed cases."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre.cluster import Phase
-from gyre.policies.elastic_history import History, Spread, drawn_remaining_s, level
-from gyre.policies.elastic_config import ElasticConfig
-from gyre.policies.elastic_predict import protected_remaining_s, remaining_s
-from gyre.policies.elastic_pool import DeadlineCaps, deadline_cap
+from gyre.policies.deadline_cap import DeadlineCaps, deadline_cap
+from gyre.policies.elastic_forecast import drawn_remaining_s, remaining_s
+from gyre.policies.lengths import Durations, History, level
 
 
 @dataclass
@@ -27,10 +26,10 @@ class Ex:
     deadline_at: float = float("inf")
 
 
-def test_spread_quantiles_by_hand():
+def test_durations_quantiles_by_hand():
     """Durations 10, 20, 30, 40 (no live ones): S = 3/4, 1/2, 1/4, 0 after each; a draw at level u is the
     first duration where S falls to (1 - u) x S(age), minus the age."""
-    sp = Spread([40, 10, 30, 20], [], unseen_residual=1.0)
+    sp = Durations([40, 10, 30, 20], [], unseen_residual=1.0)
     assert sp.survival(15) == 0.75, "one of four ended by 15"
     assert sp.remaining(0, 0.5) == 20, "the median from the start"
     assert sp.remaining(0, 0.1) == 10, "S(10) = 0.75 <= 0.9"
@@ -38,32 +37,32 @@ def test_spread_quantiles_by_hand():
     assert sp.remaining(0, 0.99) == 40, "the top level takes the longest"
 
 
-def test_spread_counts_live_ages_as_censored():
+def test_durations_counts_live_ages_as_censored():
     """Durations 10 and 30 with one live execution 20 s in: at 10 one of three ends (S = 2/3), the live one
     leaves the risk set at 20, at 30 the last at risk ends (S = 0)."""
-    sp = Spread([10, 30], [20], unseen_residual=1.0)
+    sp = Durations([10, 30], [20], unseen_residual=1.0)
     assert sp.survival(10) == pytest.approx(2 / 3), "one of three at risk ended at 10"
     assert sp.remaining(20, 0.5) == 10, "20 s in, only the 30 is left"
     assert sp.remaining(0, 0.2) == 10, "S(10) = 2/3 <= 0.8"
 
 
-def test_spread_tail_past_every_observation_is_its_mean():
+def test_durations_tail_past_every_observation_is_its_mean():
     """A level past the largest observation takes the Pareto tail's mean: (1 + unseen_residual) x the age
     the tail is reached at (the largest observation, or the execution's age if older), minus the age."""
-    sp = Spread([10], [15], unseen_residual=1.0)  # S = 1/2 after 10; the live one censored at 15
+    sp = Durations([10], [15], unseen_residual=1.0)  # S = 1/2 after 10; the live one censored at 15
     assert sp.remaining(15, 0.9) == pytest.approx(2 * 15 - 15), "older than every finish: it lasts its age again"
     assert sp.remaining(0, 0.9) == pytest.approx(2 * 10), "from the start, the tail reached at 10"
-    assert Spread([10], [15], unseen_residual=0.5).remaining(15, 0.9) == pytest.approx(1.5 * 15 - 15), "residual 0.5"
-    assert not Spread([], [5], 1.0), "nothing finished: no spread to draw from"
+    assert Durations([10], [15], unseen_residual=0.5).remaining(15, 0.9) == pytest.approx(1.5 * 15 - 15), "residual 0.5"
+    assert not Durations([], [5], 1.0), "nothing finished: no distribution to draw from"
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(1, 12), max_size=40), st.lists(st.integers(0, 12), max_size=40))
-def test_spread_is_the_kaplan_meier_product_over_distinct_times(durations, ages):
+def test_durations_is_the_kaplan_meier_product_over_distinct_times(durations, ages):
     """The survival just after each event time t equals the textbook estimate: the product, over the distinct
     event times u <= t, of 1 - (events at u) / (at risk at u: durations >= u and live ages >= u, a live
     execution censored at its age still at risk at it). Integer times, so ties of every kind occur."""
-    sp = Spread([float(d) for d in durations], [float(a) for a in ages], unseen_residual=1.0)
+    sp = Durations([float(d) for d in durations], [float(a) for a in ages], unseen_residual=1.0)
     assert sp.times == sorted(float(d) for d in durations)
     s = 1.0
     for u in sorted(set(durations)):
@@ -94,23 +93,23 @@ def test_levels_cover_the_unit_interval_evenly():
 
 
 def test_drawn_remaining_uses_own_pace_after_a_segment():
-    """After a segment: drawn segments x its own seconds per segment; before: the duration spread given
+    """After a segment: drawn segments x its own seconds per segment; before: the duration distribution given
     its age, times its engine's load factor; with nothing finished, no draw."""
     h = History(segments=(1, 3), seg_s=4.0)
-    sp = Spread([10, 20, 30, 40], [], 1.0)
+    sp = Durations([10, 20, 30, 40], [], 1.0)
     x = Ex(id=0, turns_done=1, started_at=0.0)  # 1 segment in 6 s
     u = level(0)
     assert drawn_remaining_s(x, h, sp, 6.0, 1.0) == h.draw_segments(1, u, 1.0) * 6.0, "own pace"
     y = Ex(id=3, turns_done=0, started_at=5.0)
     assert drawn_remaining_s(y, h, sp, 20.0, 1.0, load=2.0) == pytest.approx(sp.remaining(15.0, level(3)) * 2.0), \
-        "the duration spread at its age, times the load factor"
-    assert drawn_remaining_s(y, h, Spread([], [], 1.0), 20.0, 1.0) is None, "nothing finished yet"
+        "the duration distribution at its age, times the load factor"
+    assert drawn_remaining_s(y, h, Durations([], [], 1.0), 20.0, 1.0) is None, "nothing finished yet"
 
 
 def test_a_batch_of_draws_is_ready_at_its_last_finish_not_its_mean():
     """1,000 executions started together, durations 1..1000 s observed: the latest of their draws is near
     the longest duration (the batch's last finish), while each one's mean is 500.5."""
-    sp = Spread(range(1, 1001), [], 1.0)
+    sp = Durations(range(1, 1001), [], 1.0)
     last = max(sp.remaining(0.0, level(i)) for i in range(1000))
     assert last >= 990, f"the batch's predicted last finish {last}"
     mean = sum(sp.remaining(0.0, level(i)) for i in range(1000)) / 1000
@@ -127,19 +126,6 @@ def test_deadline_cap_by_hand():
     assert deadline_cap([(500.0, 100.0)], 0.0, step, 4, 60) == 60, "misses even alone (500 x 2 / 5 > 100): no cap"
     assert deadline_cap([(50.0, math.inf)], 0.0, step, 4, 60) == 60, "no deadline: the limit"
     assert deadline_cap([(50.0, 100.0)], 0.0, step, 4, 7) == 7, "never above the limit"
-
-
-def test_protected_remaining_by_hand():
-    """Finished executions of 2, 4 and 10 segments; one live 1 segment in at 6 s per segment: at level
-    0.99 it protects the longest (10 - 1 = 9 more, 54 s), the expectation protects 13/3 more (26 s);
-    before a segment of its own it runs at the finished ones' 4 s per segment times its engine's load."""
-    h = History(segments=(2, 4, 10), seg_s=4.0)
-    x = Ex(id=0, turns_done=1, started_at=0.0)
-    assert protected_remaining_s(x, h, 6.0, 1.0, 0.99) == 54.0, "9 segments at its own 6 s"
-    assert remaining_s(x, h, 6.0, 1.0) == pytest.approx(26.0), "13/3 segments expected"
-    assert protected_remaining_s(x, h, 6.0, 1.0, 0.3) == 6.0, "S(2) = 2/3 <= 0.7: the next segment only"
-    y = Ex(id=1, turns_done=0, started_at=5.0)
-    assert protected_remaining_s(y, h, 6.0, 1.0, 0.99, load=2.0) == 10 * 8.0, "10 segments at 4 s x 2"
 
 
 @dataclass
@@ -161,17 +147,14 @@ class _Cluster:
         return self._live
 
 
-def test_deadline_caps_protect_level_by_hand():
-    """The live execution above, 94 s before its deadline, on an engine at 4 sequences (5 s steps): the
-    expectation (26 s) affords steps of 5 x 94 / 26 = 18.1 s, 17 sequences; at level 0.99 (54 s) 8.70 s,
-    7 sequences; an engine holding no execution with a deadline keeps its admission limit."""
+def test_deadline_caps_by_hand():
+    """Finished executions of 2, 4 and 10 segments; a live one 1 segment in at 6 s per segment expects 13/3
+    more (26 s), 94 s before its deadline, on an engine at 4 sequences (5 s steps): it affords steps of
+    5 x 94 / 26 = 18.08 s, so 17 sequences; an engine carrying no execution with a deadline keeps its limit."""
     h = History(segments=(2, 4, 10), seg_s=4.0)
     x = Ex(id=0, turns_done=1, started_at=0.0, deadline_at=100.0)
     cl = _Cluster(6.0, [x])
-    mean = DeadlineCaps(cl, ElasticConfig(), lambda: h, lambda: {})
-    assert mean(_Engine()) == 17, "1 + 17 = 18 <= 18.08 s"
-    tail = DeadlineCaps(cl, ElasticConfig(protect_level=0.99), lambda: h, lambda: {})
-    assert tail(_Engine()) == 7, "1 + 7 = 8 <= 8.70 s"
-    assert tail(_Engine(id=1)) == 60, "nothing with a deadline on engine 1"
-    with pytest.raises(ValueError, match="protect_level"):
-        ElasticConfig(protect_level=1.0)
+    assert remaining_s(x, h, 6.0, 1.0) == pytest.approx(26.0), "13/3 segments expected at its own 6 s"
+    caps = DeadlineCaps(cl, lambda: (lambda x, load: remaining_s(x, h, 6.0, 1.0, load)), lambda: {})
+    assert caps(_Engine()) == 17, "1 + 17 = 18 <= 18.08 s"
+    assert caps(_Engine(id=1)) == 60, "nothing with a deadline on engine 1"

@@ -7,25 +7,31 @@ import pytest
 
 from gyre.config import override
 from gyre.policies.elastic_plan import park_pays
+from tests.test_elastic import Ex, _forecast
 from gyre.presets import get_preset
 from gyre.sim.harness.runner import simulate
 from gyre.workload import LogNormal
 from tests.logcheck import check_staleness
 
 
-def _pays(**kw):
+def _pays(parks=(3,), capacity=2, cuts=0.5, **kw):
     """Four live executions finishing at 10, 20, 30 and 40 (1 and 2 of group 1, the next batch; 3 and 4 of
     group 2, the one after), room for 2 on the staying engines; gather 1 s, stop 1 s, training 5 s, an engine
     start 2 s, now 0: holding, two have finished at 20 and the step ends at 27; parking, it ends at 7 and the
-    parked executions resume 9 s later than they would have."""
+    parked executions resume 9 s later than they would have. Returns the answer and the delays the parks'
+    extra cuts were asked at (`cuts` each, at that delay and none without)."""
     seen = []
-    args = dict(now=0.0, finish={1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0}, group_of={1: 1, 2: 1, 3: 2, 4: 2},
-                pending=[1, 2], finished=set(), due=[0, 1], per_batch=1, capacity=2, parks=[3], gather_s=1.0,
-                stop_s=1.0, train_s=5.0, start_s=2.0, tolerance=1.0)
-    args.update(kw)
-    cuts = args.pop("cuts", 0.5)
-    got = park_pays(**args, extra_cuts=lambda d: seen.append(d) or cuts)
-    return got, seen
+    live = tuple(Ex(i, 0, group_id=g) for i, g in ((1, 1), (2, 1), (3, 2), (4, 2)))
+
+    def risk(x, s=1.0, d=0.0):
+        if d:
+            seen.append(d)
+        return cuts / len(parks) if d else 0.0
+
+    f = _forecast(**{**dict(live=live, finish={1: 10.0, 2: 20.0, 3: 30.0, 4: 40.0}, pending=(1, 2), due=(0, 1),
+                            stop_s=1.0, start_s=2.0, risk=risk), **kw})
+    got = park_pays(f, [x for x in live if x.id in parks], 1.0, 5.0, capacity, 1.0)
+    return got, sorted(set(seen))
 
 
 def test_park_pays_where_the_next_batch_trains_sooner():
@@ -39,8 +45,8 @@ def test_parking_the_next_batch_past_the_hold_does_not_pay():
     """Parking execution 2 (group 1, the next batch, due at 20) pushes it to 29: the next batch trains at
     29 to 34, later than holding's 27 to 32. Parking execution 1 (due at 10, so at 19) leaves group 1 at 20:
     parking pays."""
-    assert _pays(parks=[2]) == (False, [])
-    assert _pays(parks=[1])[0]
+    assert _pays(parks=(2,)) == (False, [])
+    assert _pays(parks=(1,))[0]
 
 
 def test_no_park_past_the_cut_tolerance_or_where_they_fit_now():
@@ -51,8 +57,8 @@ def test_no_park_past_the_cut_tolerance_or_where_they_fit_now():
 def test_a_next_batch_not_started_is_unknown():
     """A group of the next batch that is neither live nor finished (waiting to start) has no predicted end:
     neither way trains it sooner, so nothing is parked; finished, it is ready now."""
-    assert _pays(pending=[5, 2], due=[0, 1]) == (False, [])
-    assert _pays(pending=[5, 2], due=[0, 1], finished={5})[0]
+    assert _pays(pending=(5, 2)) == (False, [])
+    assert _pays(pending=(5, 2), finished=frozenset({5}))[0]
 
 
 def _tight(seed: int):
@@ -89,14 +95,3 @@ def test_both_ways_are_taken_over_seeds():
     notes = [rec for s in range(6) for rec in simulate(_tight(s), "elastic", {"eta": 2}).log if rec[0] == "note"]
     assert any(n[2] == "elastic_hold" for n in notes)
     assert any(n[2] == "elastic_drain" and n[3]["why"] == "train" and n[3]["parks"] for n in notes)
-
-
-def test_hold_off_never_holds_and_a_non_bool_is_refused():
-    """`hold=False`: no `elastic_hold` note on the seeds where the default holds; `hold="no"` names the field."""
-    from gyre.policies.elastic_config import ElasticConfig
-
-    with pytest.raises(ValueError, match="hold must be true or false"):
-        ElasticConfig(hold="no")
-    notes = [rec for s in range(6) for rec in simulate(_tight(s), "elastic", {"eta": 2, "hold": False}).log
-             if rec[0] == "note"]
-    assert not any(n[2] == "elastic_hold" for n in notes)
