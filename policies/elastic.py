@@ -221,6 +221,8 @@ class Elastic:
                 pool.lend_reserve(self._lend_now)
             else:
                 pool.between_decisions(batch_waiting, lambda xs: self._predict(self._history(), xs))
+        if pool.engines and not pool.ready():  # every engine restarting after a fault: look again once one may be back
+            return [pool.load.wait(), self.cluster.timeout(self.est.engine_start_s or self.est.step_s(1, 0))]
         return [pool.load.wait()]
 
     def _lend_now(self) -> bool:

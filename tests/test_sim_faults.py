@@ -218,3 +218,16 @@ def test_bad_fault_spec_is_one_line_exit_2(tmp_path):
         line = res.output.strip()
         assert "\n" not in line and args[1] in line, line
         assert not (tmp_path / "out").exists(), "nothing written for a refused flag"
+
+
+def test_elastic_resumes_when_every_engine_it_had_restarts():
+    """After step 1 (at 29.6 s) elastic's two engines are killed at the same moment (30 s), with no execution on
+    them: none is ready until both are back (94.3 s). Elastic looks again once one may be back and admits the next
+    batch there; before, its producer slept on a load signal no restart fires ("deadlock at t=94.3s")."""
+    cfg = replace(tiny_config(gpus=6, seed=948, workload_name="math"), faults=("kill-engine@30", "kill-engine@30"))
+    r = simulate(cfg, "elastic", {"eta": 0})
+    back = max(rec[1] for rec in r.log if rec[0] == "note" and rec[2] == "engine_restarted")
+    assert back == pytest.approx(94.276, abs=1e-3)
+    first = min(rec[1] for rec in r.log if rec[0] == "admit" and rec[1] > 30)
+    assert first >= back, f"admitted at {first} while every engine was down"
+    assert [rec[2] for rec in r.log if rec[0] == "step"] == [1, 2, 3]
