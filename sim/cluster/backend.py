@@ -135,10 +135,7 @@ class SimCluster(ClusterBase):
 
     def finish(self, ex: SimExecution, t: float, end: str) -> None:
         """An execution ended at t: "done", "capped" (its last segment, at the length cap) or "deadline"."""
-        ex.phase = Phase.DONE
-        ex.finished_at = t
-        ex.end = end
-        ex.truncated = end != "done"
+        ex.finish(t, end)
         self.log.append(("finish", t, ex.id, _END_CODE[end], ex.generated))
         if self._faults is not None:
             self._faults.on_finish(t)
@@ -167,7 +164,7 @@ class SimCluster(ClusterBase):
         if cancelled and dst is not PARK and self.costs.request_s:  # the retried request on its way
             ex.ready_at = t + self.costs.request_s
         if dst is PARK:  # off every engine, KV freed; a running tool call keeps its return time (ready_at)
-            ex.phase = Phase.PARKED
+            ex.park()
             self._log(("park", t, ex.id, src.id))
             self._deferred.append((h, True))
             return
