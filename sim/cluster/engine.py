@@ -235,7 +235,7 @@ class SimEngine(EngineLifecycle):
         if pf:
             # the head is done at its planned time (its residue may be below what the clock resolves)
             if t >= self._pf_due:
-                pf[0].pf_left = 0.0
+                kv.prefill_due(pf[0])
             while pf and pf[0].pf_left <= _EPS * (pf[0].resident + 1.0):
                 ex = pf.popleft()
                 kv.unprefill(ex)
