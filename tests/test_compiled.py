@@ -165,7 +165,7 @@ def test_declarations_match_slots():
         classes += _declared(pxd.read_text())
         bad += [f"{rel}: {m}" for m in _slot_mismatches(py.read_text(), pxd.read_text())]
     assert not bad, "\n".join(bad)
-    assert sorted(classes) == ["EngineLifecycle", "KvLedger", "KvPressure", "SimEngine", "SimExecution",
+    assert sorted(classes) == ["EngineLifecycle", "EventLoop", "KvLedger", "KvPressure", "SimEngine", "SimExecution",
                                "StepCost"], f"compiled classes found: {classes}"
 
 
