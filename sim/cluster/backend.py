@@ -5,7 +5,7 @@ full: each engine's next wakeup) and timers (policy timeouts, role switches, tra
 one heap; at equal times engine events go first, and ties break by insertion order, so a run is a pure function
 of (config, policy, seed).
 
-Handle completions caused by fine events are deferred until that event is fully processed, so a
+Handle completions caused by engine events are deferred until that event is fully processed, so a
 policy reacting to a finished execution never sees an engine half-way through an update.
 
 Injected faults (`faults`, gyre.faults specs) are carried out by gyre.sim.cluster.faults.SimFaults, between events;
@@ -338,7 +338,7 @@ class SimCluster(ClusterBase):
         loop = self.loop
         last_version = -1
         events, check = 0, self.check
-        plain = not check and progress is None and faults is None  # nothing to do between fine events but run them
+        plain = not check and progress is None and faults is None  # nothing to do between events but run them
         ended: list[bool] = []
         proc.on_done(lambda _h: ended.append(True))
         self._release_deferred()
