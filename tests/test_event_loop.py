@@ -56,11 +56,12 @@ def test_a_plain_run_stops_at_a_timer_and_at_left_work():
 
 
 def test_timers_at_infinity_leave_it_idle():
-    """Only timers that never fire: nothing can run (a deadlock for the cluster); a negative delay is an error."""
+    """Only timers that never fire: nothing can run (a deadlock for the cluster); a negative delay is an
+    error."""
     loop = EventLoop()
     assert loop.idle()
     loop.after(float("inf"), lambda: None)
-    assert loop.idle()
+    assert loop.idle() and loop.run([], [], True) == 0, "idle: a run runs nothing"
     loop.at(float("inf"), lambda t, a: None, None)
     assert not loop.idle(), "an engine event at infinity still runs (as before: nothing schedules one)"
     with pytest.raises(ValueError, match="negative delay"):

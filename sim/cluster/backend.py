@@ -345,12 +345,13 @@ class SimCluster(ClusterBase):
         self._flush()
         try:
             while not ended:
-                if loop.idle():
+                # events in time order while none leaves work behind (gyre.sim.cluster.event_loop)
+                n = loop.run(self._deferred, self._dirty, plain)
+                if not n:  # nothing can run
                     if proc.error is not None:  # the policy failed: its error, not the deadlock it left
                         raise proc.error
                     raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
-                # events in time order while none leaves work behind (gyre.sim.cluster.event_loop)
-                events += loop.run(self._deferred, self._dirty, plain)
+                events += n
                 if self._deferred:
                     self._release_deferred()
                 if self._dirty:

@@ -3,6 +3,7 @@ cimport cython
 from gyre.sim.cluster.time_heap cimport heappop, heappush
 
 cdef object _TIMER
+cdef double _INF
 
 cdef class EventLoop:
     cdef public object now, tick, _timers

@@ -26,6 +26,7 @@ from typing import Any
 from gyre.sim.cluster.time_heap import heappop, heappush
 
 _TIMER = 1 << 62  # the first timer's tie-break: above every engine event's
+_INF = float("inf")
 
 
 def _call(t: float, fn: Callable[[], None]) -> None:
@@ -55,12 +56,14 @@ class EventLoop:
     def idle(self) -> bool:
         """Nothing can run: no event, or only timers that never fire (at infinity)."""
         q = self.heap
-        return not q or (q[0][0] == float("inf") and q[0][1] >= _TIMER)
+        return not q or (q[0][0] == _INF and q[0][1] >= _TIMER)
 
     def run(self, deferred: list, dirty: list, plain: bool) -> int:
-        """Run the events due as the module docstring says (at least one: the heap is not empty); return how
-        many ran. `deferred` and `dirty` are the cluster's lists, which events append to and only its outer
+        """Run the events due as the module docstring says (at least one, unless it is idle); return how many
+        ran (0: idle). `deferred` and `dirty` are the cluster's lists, which events append to and only its outer
         loop empties."""
+        if self.idle():
+            return 0
         q = self.heap
         events = 0
         while True:
