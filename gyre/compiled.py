@@ -3,7 +3,7 @@ they were built from the sources in this tree; pure Python otherwise.
 
 What is compiled (`MODULES`): the step cost (gyre.roofline_step), the engine lifecycle every engine inherits
 (gyre.engine_lifecycle), and from gyre.sim.cluster the simulated engine with its KV books, KV pressure and
-executions, the event heaps and the fine-event loop. Each keeps its `.py` source as its own pure-Python
+executions, the event heaps and the event loop. Each keeps its `.py` source as its own pure-Python
 fallback: a `.pxd` beside it (Cython's augmenting declarations) makes its classes C types with typed attributes
 and C-level method calls.
 A value that a log or an output shows keeps its Python type (an attribute that is sometimes an int, sometimes
@@ -39,7 +39,7 @@ MODULES = {
     "gyre.sim.cluster.execution": "sim/cluster/execution.py",
     "gyre.sim.cluster.kv_pressure": "sim/cluster/kv_pressure.py",
     "gyre.sim.cluster.engine": "sim/cluster/engine.py",
-    "gyre.sim.cluster.fine_events": "sim/cluster/fine_events.py",
+    "gyre.sim.cluster.event_loop": "sim/cluster/event_loop.py",
 }
 # C compiler flags: no fused multiply-adds (a * b + c rounds twice in Python; one FMA would round once)
 CFLAGS = ["-O2", "-ffp-contract=off"]

@@ -7,9 +7,11 @@ subprocess with GYRE_PURE=1."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -123,3 +125,54 @@ def test_an_edited_source_is_not_loaded_from_an_old_build(tmp_path):
         f.write_bytes(f.read_bytes() + b"\n")
         keys.add(compiled.key(tmp_path))
     assert len(keys) == 3
+
+
+def _declared(pxd: str) -> dict[str, list[str]]:
+    """Per `cdef class` of a .pxd, the attributes it declares (`cdef [public|readonly] TYPE a, b`), in order."""
+    out: dict[str, list[str]] = {}
+    cls = None
+    for line in pxd.splitlines():
+        code = line.split("#")[0].rstrip()
+        m = re.match(r"cdef class (\w+)", code)
+        if m:
+            cls = out.setdefault(m.group(1), [])
+        elif code and not code[0].isspace():
+            cls = None
+        elif cls is not None and (m := re.match(r"\s+cdef (?:public |readonly )?\w+ ([\w, ]+)$", code)):
+            cls += [n.strip() for n in m.group(1).split(",")]
+    return out
+
+
+def _slots(py: str) -> dict[str, list[str]]:
+    """Per class of a module's source, its `__slots__`."""
+    return {node.name: list(ast.literal_eval(stmt.value)) for node in ast.walk(ast.parse(py))
+            if isinstance(node, ast.ClassDef) for stmt in node.body
+            if isinstance(stmt, ast.Assign) and any(getattr(t, "id", "") == "__slots__" for t in stmt.targets)}
+
+
+def _slot_mismatches(py: str, pxd: str) -> list[str]:
+    slots = _slots(py)
+    return [f"{cls}: declared {sorted(names)}, __slots__ {sorted(slots.get(cls, []))}"
+            for cls, names in _declared(pxd).items() if sorted(names) != sorted(slots.get(cls, []))]
+
+
+def test_declarations_match_slots():
+    """Each compiled class declares in its .pxd exactly the attributes its `__slots__` name (pure Python): one
+    added to one side only fails here."""
+    classes, bad = [], []
+    for rel in compiled.MODULES.values():
+        py, pxd = ROOT / rel, (ROOT / rel).with_suffix(".pxd")
+        classes += _declared(pxd.read_text())
+        bad += [f"{rel}: {m}" for m in _slot_mismatches(py.read_text(), pxd.read_text())]
+    assert not bad, "\n".join(bad)
+    assert sorted(classes) == ["EngineLifecycle", "EventLoop", "KvLedger", "KvPressure", "SimEngine", "SimExecution",
+                               "StepCost"], f"compiled classes found: {classes}"
+
+
+def test_a_slot_on_one_side_only_is_a_mismatch():
+    """A name added to `__slots__` only, or declared only, is reported."""
+    py = (ROOT / "sim/cluster/kv_ledger.py").read_text()
+    pxd = (ROOT / "sim/cluster/kv_ledger.pxd").read_text()
+    assert _slot_mismatches(py, pxd) == []
+    assert _slot_mismatches(py.replace('"st")', '"st", "extra")'), pxd), "a slot added to the source only"
+    assert _slot_mismatches(py, pxd.replace("holders\n", "holders, extra\n")), "a name declared only"

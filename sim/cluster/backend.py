@@ -1,11 +1,11 @@
-"""The simulated cluster: implements gyre.cluster.Cluster in simulated time on SimPy.
+"""The simulated cluster: implements gyre.cluster.Cluster in simulated time.
 
-Coarse events (policy timeouts, role switches, training steps, weight syncs) are SimPy timeouts.
-Fine events (segment ends, tool returns) are far more numerous, so they live in a side heap of
-plain tuples merged with SimPy's queue in time order; at equal times the side heap goes first.
-Both queues break ties by insertion order, so a run is a pure function of (config, policy, seed).
+Time is one gyre.sim.cluster.event_loop.EventLoop: engine events (segment ends, tool returns, prefills, KV
+full: each engine's next wakeup) and timers (policy timeouts, role switches, training steps, weight syncs) in
+one heap; at equal times engine events go first, and ties break by insertion order, so a run is a pure function
+of (config, policy, seed).
 
-Handle completions caused by fine events are deferred until that event is fully processed, so a
+Handle completions caused by engine events are deferred until that event is fully processed, so a
 policy reacting to a finished execution never sees an engine half-way through an update.
 
 Injected faults (`faults`, gyre.faults specs) are carried out by gyre.sim.cluster.faults.SimFaults, between events;
@@ -16,12 +16,10 @@ carried out once it is back), as on the real backend. With no faults no code pat
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import simpy
 
 from gyre.cluster import ClusterError, Phase, Role
 from gyre.config import ConfigError
@@ -37,9 +35,8 @@ from gyre.sim.cluster import engine_moves as moves
 from gyre.sim.cluster.engine import SimEngine
 from gyre.sim.cluster.execution import SimExecution, SimGroup
 from gyre.sim.cluster.faults import SimFaults
-from gyre.sim.cluster.fine_events import run_fine
+from gyre.sim.cluster.event_loop import EventLoop
 from gyre.sim.cluster.streaming import SimStep
-from gyre.sim.cluster.time_heap import heappush
 from gyre.sim.cluster.invariants import check_cluster
 
 _END_CODE = {"done": 0, "capped": 1, "deadline": 2}  # the finish record's third field (gyre.metrics)
@@ -49,7 +46,7 @@ class SimCluster(ClusterBase):
     def __init__(self, *, n_gpus: int, costs: Costs, source, check: bool = False, faults: tuple[str, ...] = (),
                  seed: int = 0, checkpoint_every: int = 0, cell_gpus: int = 0, standalone_gpus: int = 0,
                  sampling: SamplingConfig | None = None) -> None:
-        self.env = simpy.Environment()
+        self.loop = EventLoop()  # the clock and every event
         self._seed = seed
         # role-bounded path sampling: a step trains (and costs) the drawn paths only (gyre.train_work)
         self._sampling = sampling if sampling is not None and sampling.sampled else None
@@ -58,8 +55,6 @@ class SimCluster(ClusterBase):
         self.init_books(n_gpus, gpus_per_engine=costs.engine_gpus, min_train_gpus=costs.min_train_gpus,
                         groups_per_step=source.config.groups_per_step, cell_gpus=cell_gpus,
                         standalone_gpus=standalone_gpus, steps_per_burst=getattr(source.config, "steps_per_burst", 1))
-        self._q: list[tuple[float, int, Callable, Any]] = []
-        self._seq = itertools.count()
         self._dirty: list[SimEngine] = []  # engines whose next wakeup must be re-planned (SimEngine._touch)
         self.trained_groups: list[int] = []  # group ids in the order they were trained
         self.events = 0
@@ -77,7 +72,7 @@ class SimCluster(ClusterBase):
     # ------------------------------------------------------------------ observations
     @property
     def now(self) -> float:
-        return self.env.now
+        return self.loop.now
 
     @property
     def estimate(self) -> CostEstimate:
@@ -102,13 +97,13 @@ class SimCluster(ClusterBase):
 
     # ------------------------------------------------------------------ the scheduling surface of SimEngine
     def schedule(self, t: float, fn: Callable[[float, Any], None], arg: Any) -> None:
-        """Call fn(t, arg) at simulated time t (a fine event; ties go in insertion order)."""
-        heappush(self._q, (t, next(self._seq), fn, arg))
+        """Call fn(t, arg) at simulated time t (an engine event; ties go in insertion order)."""
+        self.loop.at(t, fn, arg)
 
     def wakeups(self) -> tuple[list, itertools.count]:
-        """(the fine-event heap, its tie-break counter), for an engine's own wakeups: heappush(heap, (t,
+        """(the event heap, its engine events' tie-break counter), for an engine's own wakeups: heappush(heap, (t,
         next(counter), fn, arg)) is schedule(t, fn, arg) without a Python call on the hottest path."""
-        return self._q, self._seq
+        return self.loop.heap, self.loop.tick
 
     def replan(self, engine: SimEngine) -> None:
         """Re-plan the engine's next wakeup once the current event is fully processed."""
@@ -120,8 +115,7 @@ class SimCluster(ClusterBase):
 
     # ------------------------------------------------------------------ internals
     def _after(self, dt: float, fn: Callable[[], None]) -> None:
-        ev = self.env.timeout(dt)
-        ev.callbacks.append(lambda _ev: fn())
+        self.loop.after(dt, fn)
 
     def _succeed_after(self, seconds: float, h: Handle) -> None:
         self._after(seconds, lambda: h.succeed(None))
@@ -135,10 +129,7 @@ class SimCluster(ClusterBase):
 
     def finish(self, ex: SimExecution, t: float, end: str) -> None:
         """An execution ended at t: "done", "capped" (its last segment, at the length cap) or "deadline"."""
-        ex.phase = Phase.DONE
-        ex.finished_at = t
-        ex.end = end
-        ex.truncated = end != "done"
+        ex.finish(t, end)
         self.log.append(("finish", t, ex.id, _END_CODE[end], ex.generated))
         if self._faults is not None:
             self._faults.on_finish(t)
@@ -167,7 +158,7 @@ class SimCluster(ClusterBase):
         if cancelled and dst is not PARK and self.costs.request_s:  # the retried request on its way
             ex.ready_at = t + self.costs.request_s
         if dst is PARK:  # off every engine, KV freed; a running tool call keeps its return time (ready_at)
-            ex.phase = Phase.PARKED
+            ex.park()
             self._log(("park", t, ex.id, src.id))
             self._deferred.append((h, True))
             return
@@ -236,7 +227,7 @@ class SimCluster(ClusterBase):
             state = f" and a {self.costs.state_tokens:,.0f}-token state" if self.costs.state_tokens else ""
             raise ConfigError(f"execution {ex.id} reaches a {ex.max_ctx:,}-token context{state}; an engine holds "
                               f"{self.costs.kv_capacity_tokens:,} KV tokens (a larger model parallelism or GPU is needed)")
-        t = self.env._now
+        t = self.loop.now
         self.log.append(("admit", t, ex.id, eng.id))
         moves.admit(eng, ex, t)
         return ex.handle
@@ -344,35 +335,28 @@ class SimCluster(ClusterBase):
         faults = self._faults
         if faults is not None:
             faults.start(steps * self.groups_per_step * self.source.config.group_size)
-        q, env = self._q, self.env
-        simq = env._queue  # SimPy's heap of (time, priority, id, event); read-only peek
-        inf = math.inf
+        loop = self.loop
         last_version = -1
         events, check = 0, self.check
-        plain = not check and progress is None and faults is None  # nothing to do between fine events but run them
+        plain = not check and progress is None and faults is None  # nothing to do between events but run them
         ended: list[bool] = []
         proc.on_done(lambda _h: ended.append(True))
         self._release_deferred()
         self._flush()
         try:
             while not ended:
-                ts = simq[0][0] if simq else inf
-                if q and q[0][0] <= ts:
-                    # fine events, in time order, while no coarse event is due and none leaves work behind (SimPy's
-                    # queue is as it was: a fine event that schedules a coarse one defers a handle)
-                    events += run_fine(q, env, ts, self._deferred, self._dirty, plain)
-                elif ts == inf:
+                # events in time order while none leaves work behind (gyre.sim.cluster.event_loop)
+                n = loop.run(self._deferred, self._dirty, plain)
+                if not n:  # nothing can run
                     if proc.error is not None:  # the policy failed: its error, not the deadlock it left
                         raise proc.error
                     raise ClusterError(f"deadlock at t={self.now:.1f}s: the policy waits on nothing")
-                else:
-                    env.step()
-                    events += 1
+                events += n
                 if self._deferred:
                     self._release_deferred()
                 if self._dirty:
                     self._flush()
-                if faults is not None and env._now >= faults.next_at:
+                if faults is not None and loop.now >= faults.next_at:
                     faults.tick()
                     self._release_deferred()
                     self._flush()

@@ -9,7 +9,7 @@ from gyre.sim.cluster.execution cimport SimExecution
 from gyre.sim.cluster.time_heap cimport heappop, heappush
 
 cdef double _EPS, _INF
-cdef object _TOOL, _PREFILL, _DECODE, _QUEUED
+cdef object _PREFILL, _QUEUED
 
 cdef class SimEngine(EngineLifecycle):
     cdef public object cluster, id, gpus, costs, queue, prefill, kv_capacity, _req, _tick, _fire, _log, _seq

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 _EPS = 1e-9
 _INF = float("inf")
-_TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
+_PREFILL, _QUEUED = Phase.PREFILL, Phase.QUEUED
 
 
 class SimEngine(EngineLifecycle):
@@ -219,10 +219,8 @@ class SimEngine(EngineLifecycle):
                     continue
                 # a tool-call boundary, the common case (as _segment_end, kept inline)
                 gen = ex.gen[seg]
-                ex.generated += gen
-                ex.vsum += gen * self._version
+                ex.end_segment(self._version)
                 ctx = ex.kv[seg] + gen
-                ex.phase = _TOOL
                 nxt = ex.kv[seg + 1]
                 if nxt < ctx:  # the context is rebuilt smaller
                     ctx = nxt - min(ex.tool_out[seg], nxt)
@@ -237,11 +235,11 @@ class SimEngine(EngineLifecycle):
         if pf:
             # the head is done at its planned time (its residue may be below what the clock resolves)
             if t >= self._pf_due:
-                pf[0].pf_left = 0.0
+                kv.prefill_due(pf[0])
             while pf and pf[0].pf_left <= _EPS * (pf[0].resident + 1.0):
                 ex = pf.popleft()
                 kv.unprefill(ex)
-                ex.phase = _QUEUED  # out of the prefill queue, not yet decoding
+                ex.wait()  # out of the prefill queue, not yet decoding
                 self.decode(ex, t)
             if not pf:
                 kv.prefill_empty()
@@ -255,7 +253,7 @@ class SimEngine(EngineLifecycle):
                     self.drop(ex)
                     self._finish(ex, t, "deadline")
                 else:
-                    ex.phase = _QUEUED
+                    ex.wait()
                     queue.append(ex)
         n = kv.n_dec
         if n and not self._reserve and kv.mem_fixed + kv.kv_dec_base + n * self.V + (kv.st * kv.holders if kv.st
@@ -272,13 +270,9 @@ class SimEngine(EngineLifecycle):
             self.drop(ex)
             self._finish(ex, t, "deadline")
             return
-        ex.phase = _DECODE
         V = self.V
-        ex.v_start = V
+        ex.start_decode(V, self._version)
         target = V + ex.gen[ex.seg] - ex.seg_done
-        if ex.first_version is None or self._version < ex.first_version:
-            ex.mark_credit()
-            ex.first_version = self._version
         if self.kv.n_dec == 0:
             self._log(("busy", t, self.id, 1))
         self.kv.join_decode(ex, V)
@@ -288,12 +282,8 @@ class SimEngine(EngineLifecycle):
         """A decoded segment ends (ex already left the batch): finish, or start its tool call."""
         seg = ex.seg
         gen = ex.gen[seg]
-        ex.generated += gen
-        ex.vsum += (gen - ex.seg_cred) * self._version  # the segment's tokens not yet counted, at this version
-        ex.seg_cred = 0.0
-        ex.seg_done = 0
+        ex.end_segment(self._version)
         ctx = ex.kv[seg] + gen  # the context after the segment
-        ex.phase = _TOOL
         self.kv.cache(ex, ctx)
         if seg == ex.last or t >= ex.deadline_at:
             self.drop(ex)

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from gyre.sim.cluster.engine import SimEngine
     from gyre.sim.cluster.execution import SimExecution
 
-_TOOL, _DECODE, _QUEUED = Phase.TOOL, Phase.DECODE, Phase.QUEUED
+_DECODE = Phase.DECODE
 
 
 def admit(engine: SimEngine, ex: SimExecution, t: float) -> None:
@@ -40,10 +40,10 @@ def admit(engine: SimEngine, ex: SimExecution, t: float) -> None:
 def _await_turn(engine: SimEngine, ex: SimExecution, t: float) -> None:
     """A member that just arrived waits for its pending tool call or request (`ready_at`), else queues to run."""
     if ex.ready_at is not None:
-        ex.phase = _TOOL
+        ex.await_tool()
         engine.start_timer(ex, ex.ready_at)
     else:
-        ex.phase = _QUEUED
+        ex.wait()
         engine.queue.append(ex)
         engine.pressure.start_queued(t)
     engine.touch(t)
@@ -86,7 +86,7 @@ def cancel_request(engine: SimEngine, ex: SimExecution, t: float) -> tuple[float
     ex.drop_segment_credit()
     ex.ctx = ex.kv[ex.seg]
     kv.cache(ex, ex.ctx)
-    ex.phase = _TOOL  # between turns: neither queued nor in the prefill queue (remove takes it off next)
+    ex.await_tool()  # between turns: neither queued nor in the prefill queue (remove takes it off next)
     engine.touch(t)
     return tokens, gpu_s
 
@@ -120,7 +120,10 @@ def wipe(engine: SimEngine, t: float) -> tuple[list[SimExecution], float]:
         lost += ex.seg_done + (V - ex.v_start if ex.phase == _DECODE else 0.0)
         ex.ctx = ex.kv[ex.seg]
         ex.seg_done = 0.0
-        ex.phase = _TOOL if ex.ready_at is not None else _QUEUED
+        if ex.ready_at is not None:
+            ex.await_tool()
+        else:
+            ex.wait()
         ex.adm = -1
         ex.engine = None
     engine.kv.wipe(out)
@@ -142,10 +145,7 @@ def resume_decoding(engine: SimEngine, t: float, version: int) -> None:
     engine.advance(t)
     V, old = engine.V, engine.version
     for _, _, ex in engine.batch:
-        done = ex.seg_done + V - ex.v_start
-        ex.mark_credit()
-        ex.vsum += (done - ex.seg_cred) * old
-        ex.seg_cred = done
+        ex.credit_decoded(ex.seg_done + V - ex.v_start, old)
     engine.paused = False
     engine.serve(version)
     engine.replan(t)

@@ -2,6 +2,12 @@
 
 Policies see it through the ExecutionView protocol (id, phase, engine, progress so far); the spec,
 which knows the future, stays private to the backend.
+
+Its phase and its version credit (`vsum`, `seg_cred`, `first_version` and the remembered `base_*`) change only
+through the methods below (the phase moves and the credit it earns), as its KV fields change only through its
+engine's KvLedger: the engine's event loop (gyre.sim.cluster.engine), KV pressure (gyre.sim.cluster.kv_pressure),
+what the cluster does to an engine (gyre.sim.cluster.engine_moves) and the cluster itself (finish, park) call
+them. Each does the same float operations, in the same order, as the code it replaced.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from gyre.backend import BookedGroup
 from gyre.cluster import Phase
 from gyre.handles import Handle
 from gyre.workload import ExecutionSpec, GroupSpec
+
+_TOOL, _PREFILL, _DECODE, _QUEUED = Phase.TOOL, Phase.PREFILL, Phase.DECODE, Phase.QUEUED
 
 
 class SimExecution:
@@ -57,13 +65,57 @@ class SimExecution:
         self.vsum = 0.0  # sum over its generated tokens of the version that generated each (per-token lag)
         self.seg_cred = 0.0  # tokens of the current segment already counted in vsum (a sync or preemption mid-segment)
         # the version credit (vsum, first_version) as it was before segment `base_seg` first changed it (-1: none
-        # remembered): what a cancelled request of that segment restores (`mark_credit`, `drop_segment_credit`)
+        # remembered): what a cancelled request of that segment restores (`_mark_credit`, `drop_segment_credit`)
         self.base_seg = -1
         self.base_vsum = 0.0
         self.base_fv: int | None = None
 
+    # --- the phase on an engine ---
+    def wait(self) -> None:
+        """It waits in its engine's wait queue (for KV, or for a running sequence to leave)."""
+        self.phase = _QUEUED
+
+    def start_prefill(self) -> None:
+        """It left the wait queue into the prefill queue: its missing context is being computed."""
+        self.phase = _PREFILL
+
+    def start_decode(self, V: float, version: int) -> None:
+        """It joins the decode batch at the engine's token clock V, generating at `version`: an older version than
+        any before lowers its first version (remembered, as for any change of the credit mid-segment)."""
+        self.phase = _DECODE
+        self.v_start = V
+        if self.first_version is None or version < self.first_version:
+            self._mark_credit()
+            self.first_version = version
+
+    def await_tool(self) -> None:
+        """It is between turns: its tool call (or its next request) is a timer on its engine."""
+        self.phase = _TOOL
+
+    def end_segment(self, version: int) -> None:
+        """Its current segment was decoded to the end (it left the batch): the segment's tokens count as generated,
+        those not yet credited at `version`, and it is between turns (the caller then moves the cursor on)."""
+        gen = self.gen[self.seg]
+        self.generated += gen
+        self.vsum += (gen - self.seg_cred) * version  # the segment's tokens not yet counted, at this version
+        self.seg_cred = 0.0
+        self.seg_done = 0
+        self.phase = _TOOL
+
+    # --- off every engine ---
+    def park(self) -> None:
+        """It was moved off every engine (KV freed); a running tool call keeps its return time (`ready_at`)."""
+        self.phase = Phase.PARKED
+
+    def finish(self, t: float, end: str) -> None:
+        """It ended at t: "done", "capped" (its last segment, at the length cap) or "deadline"."""
+        self.phase = Phase.DONE
+        self.finished_at = t
+        self.end = end
+        self.truncated = end != "done"
+
     # --- the current segment's version credit ---
-    def mark_credit(self) -> None:
+    def _mark_credit(self) -> None:
         """The current segment is about to change the version credit (vsum or first_version) for the first time:
         remember the credit as it was (called by every such change that happens mid-segment, and by the first
         decode that lowers first_version; the common end of a segment changes it after the segment is over)."""
@@ -71,6 +123,13 @@ class SimExecution:
             self.base_seg = self.seg
             self.base_vsum = self.vsum
             self.base_fv = self.first_version
+
+    def credit_decoded(self, done: float, version: int) -> None:
+        """Mid-segment (a preemption, or a weight sync): the first `done` tokens of the current segment were
+        generated at `version`; those not yet credited are credited now."""
+        self._mark_credit()
+        self.vsum += (done - self.seg_cred) * version
+        self.seg_cred = done
 
     def drop_segment_credit(self) -> None:
         """The current segment's tokens are discarded (its request was cancelled): the version credit is again

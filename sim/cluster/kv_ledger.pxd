@@ -20,6 +20,7 @@ cdef class KvLedger:
     cpdef load_prefill(self, SimExecution ex, need)
     cpdef queue_prefill(self, SimExecution ex, need)
     cpdef prefill_progress(self, SimExecution head, double done)
+    cpdef prefill_due(self, SimExecution head)
     cpdef unprefill(self, SimExecution ex)
     cpdef prefill_empty(self)
     cpdef reserve(self, SimExecution ex, tokens)

@@ -131,6 +131,11 @@ class KvLedger:
         head.pf_left = head.pf_left - done if head.pf_left > done else 0.0
         self.pf_pending = self.pf_pending - done if self.pf_pending > done else 0.0
 
+    def prefill_due(self, head: SimExecution) -> None:
+        """The queue's head is done at its planned time: what it has left (a residue below what the clock
+        resolves) is dropped."""
+        head.pf_left = 0.0
+
     def unprefill(self, ex: SimExecution) -> None:
         """It leaves the prefill queue (done, preempted or gone): what it had left is no longer pending."""
         self.pf_pending -= ex.pf_left

@@ -108,7 +108,7 @@ class KvPressure:
                 kv.load(ex, need)
                 e.decode(ex, t)
             else:
-                ex.phase = _PREFILL
+                ex.start_prefill()
                 kv.load_prefill(ex, need)
                 prefill.append(ex)
 
@@ -154,9 +154,7 @@ class KvPressure:
             heapify(batch)
             kv.leave_decode(ex)
             ex.seg_done += done
-            ex.mark_credit()
-            ex.vsum += (ex.seg_done - ex.seg_cred) * e.version
-            ex.seg_cred = ex.seg_done
+            ex.credit_decoded(ex.seg_done, e.version)
             ex.ctx += done
             if kv.n_dec == 0:
                 self._log(("busy", t, e.id, 0))
@@ -172,7 +170,7 @@ class KvPressure:
         ex.adm = -1
         self._log(("preempt", t, ex.id, e.id, lost, self._prefill_time(lost) * self._gpus))
         if ex.phase != _TOOL and requeue:
-            ex.phase = _QUEUED
+            ex.wait()
             self.queue.appendleft(ex)
 
     def _idle_kv(self, keep: SimExecution) -> float:

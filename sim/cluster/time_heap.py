@@ -1,5 +1,5 @@
 """The simulator's event heaps: heapq's heappush, heappop and heapify on lists of tuples that begin with a time
-and a tie-break number unique within the heap (the fine-event heap's (t, seq, fn, arg), an engine's decode
+and a tie-break number unique within the heap (the event loop's heap of (t, seq, fn, arg), an engine's decode
 batch (target clock, seq, execution) and its tool calls (return time, seq, execution)).
 
 The functions below are heapq's algorithm (the same sifts, so the same layout) with an entry's order decided
