@@ -77,6 +77,7 @@ class Elastic:
         self.pool = pool = EnginePool(cluster, kv_fill=c.kv_fill, load_share=c.load_share, max_running=c.max_running,
                                       cap=caps, move_to_consolidate=self._beyond_next_batch)
         self.gathering = False  # a batch's GPUs are being gathered
+        self.restart_s = self.est.engine_start_s or self.est.step_s(1, 0)  # engines back after a fault fire no load
         self.batcher = Batcher(cluster, steps, self.eta, on_finish=self._finished)
         yield from pool.grow(sync=False)
         limit = max((e.admit_limit for e in pool.ready()), default=1)
@@ -172,8 +173,7 @@ class Elastic:
             if hold and not held:
                 cluster.note("elastic_hold", live=len(cluster.live()))
             held = hold
-            # engines restarting after a fault: no trainer fits until one is back (at least an engine start)
-            yield any_of([pool.load.wait(), cluster.timeout(self.est.engine_start_s or self.est.step_s(1, 0))])
+            yield any_of([pool.load.wait(), cluster.timeout(self.restart_s)])
         cluster.note("elastic_train", gpus=best.gpus, engines=len(pool.engines) - len(best.plan.victims),
                      step_end=round(best.step_end, 3), next_ready=round(best.next_ready, 3))
         if best.plan.victims:
@@ -195,8 +195,7 @@ class Elastic:
         self.start_reserve = False
         if self.cluster.version < self.steps:
             k = self._engines_to_start()
-            # the GPUs left free stay the trainer's at eta 0 and for single-turn rollouts (a drain would not
-            # return them before they finish)
+            # free GPUs stay the trainer's at eta 0 and for single-turn rollouts (a drain returns none in time)
             segs = self.records.segs
             keep = self.eta == 0 or (bool(segs) and max(segs) <= 1)
             self.pool.set_reserve(len(self.cluster.free_gpus()) - k * self.cluster.gpus_per_engine if keep else 0)
@@ -221,9 +220,8 @@ class Elastic:
                 pool.lend_reserve(self._lend_now)
             else:
                 pool.between_decisions(batch_waiting, lambda xs: self._predict(self._history(), xs))
-        if pool.engines and not pool.ready():  # every engine restarting after a fault: look again once one may be back
-            return [pool.load.wait(), self.cluster.timeout(self.est.engine_start_s or self.est.step_s(1, 0))]
-        return [pool.load.wait()]
+        restarting = pool.engines and not pool.ready()  # after a fault: look again once an engine may be back
+        return [pool.load.wait()] + ([self.cluster.timeout(self.restart_s)] if restarting else [])
 
     def _lend_now(self) -> bool:
         """Lend the reserve now? No batch ready and elastic_plan.lend_pays (with nothing finished, waiting
