@@ -185,7 +185,9 @@ class Elastic:
         """elastic_plan.size_trainer on a forecast that excludes the batch; writes no pool state."""
         rec, live = self.records, self.cluster.live()
         rec.max_ctx = max([rec.max_ctx] + [x.context_tokens for x in live])
-        rec.last_counts = batch_counts((x for g in batch for x in g.executions), rec.max_ctx or math.inf)
+        tokens, attn = batch_counts((x for g in batch for x in g.executions), rec.max_ctx or math.inf)
+        share_tokens, share_attn = self.cluster.trained_share  # what the last step trained of its exact work
+        rec.last_counts = (tokens * share_tokens, attn * share_attn)
         f = self._forecast(self._history(), exclude={g.id for g in batch})
         return size_trainer(f, kv_fill=self.config.kv_fill, slots=self.pool.drain_room, most=self.pool.most,
                             tolerance=WORK_TOLERANCE * self.batcher.gps * rec.group_size)
