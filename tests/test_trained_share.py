@@ -124,3 +124,40 @@ def test_share_is_the_step_logs_trained_over_the_exact_runs_tokens(streaming):
     for k in (1, 2):
         assert s1[k][0] == pytest.approx(t1[k - 1] / tx[k - 1], rel=1e-12), f"step {k}: {s1[k]} vs {t1}/{tx}"
         assert s1[k][0] < 1 and 0 < s1[k][1] < 1, f"step {k}: J_max 1 trained everything? {s1[k]}"
+
+
+class _Blind:
+    """The cluster with trained_share pinned to (1.0, 1.0): elastic predicting from exact training's counts."""
+
+    trained_share = (1.0, 1.0)
+
+    def __init__(self, cluster) -> None:
+        self._cluster = cluster
+
+    def __getattr__(self, name):
+        return getattr(self._cluster, name)
+
+
+def test_elastic_predicts_a_sampled_step_end_closer_with_the_share():
+    """xlong-swe-small, sub-agents and retries at 5%, J_max 1, 6 steps: the "elastic_train" note's predicted step end
+    minus the "step" record's time is smaller in median over steps 2-6 with trained_share than with it pinned to 1
+    (step 1, with no step to observe, is predicted alike)."""
+    from gyre.policies.elastic import Elastic
+
+    cfg = override(get_preset("xlong-swe-small"), **{"steps": 6, "workload.subagent_p": 0.05, "workload.retry_p": 0.05})
+    cfg = dataclasses.replace(cfg, sampling=J1)
+
+    class Blind(Elastic):
+        def run(self, cluster, steps):
+            return super().run(_Blind(cluster), steps)
+
+    err = {}
+    for name, pol in (("observed", Elastic()), ("blind", Blind())):
+        log = simulate(cfg, pol).log
+        notes = [x[3]["step_end"] for x in log if x[0] == "note" and x[2] == "elastic_train"]
+        ends = [x[1] for x in log if x[0] == "step"]
+        assert len(notes) == len(ends) == 6, f"{name}: {len(notes)} predictions, {len(ends)} steps"
+        err[name] = [p - e for p, e in zip(notes, ends)]
+    assert err["observed"][0] == err["blind"][0], err
+    med = {k: sorted(abs(x) for x in v[1:])[2] for k, v in err.items()}
+    assert med["observed"] < med["blind"] / 4, f"median |predicted - actual| over steps 2-6: {med}"
