@@ -1,10 +1,11 @@
 """Elastic: GPUs move between rollout and training, sized by forecasts of when the pending groups are trained.
 
 Generation never stops; the Batcher keeps staleness <= eta. The controller sees the engines' load, the live
-executions' progress, what finished executions showed, and the cluster's cost estimate; never a future
-length. Every decision forecasts, from one snapshot (elastic_forecast.Forecast), when the last pending group is
-trained, among choices expected to cut at most the equal-work tolerance (policies.tuning) more executions
-than the least-cutting one. Executions move only at tool-call boundaries; none is aborted.
+executions' progress, what finished executions showed, the cluster's cost estimate and what the last step
+trained of its exact work (`trained_share`: a step is predicted from the batch's counts times it); never a
+future length. Every decision forecasts, from one snapshot (elastic_forecast.Forecast), when the last pending
+group is trained, among choices expected to cut at most the equal-work tolerance (policies.tuning) more
+executions than the least-cutting one. Executions move only at tool-call boundaries; none is aborted.
 
 0. Start: every GPU starts an engine; all but the split that balances decode and training stop, the rest is
    the reserve, kept free for the first trainer. Once a tool call has been seen and the first batch is
