@@ -42,6 +42,11 @@ class _Park:
 PARK = _Park()
 
 
+def share_of(tokens: float, attn: float, exact_tokens: float, exact_attn: float) -> tuple[float, float]:
+    """A step's `trained_share`: trained over exact (tokens, attention); a zero exact count gives 1.0."""
+    return (tokens / exact_tokens if exact_tokens > 0 else 1.0, attn / exact_attn if exact_attn > 0 else 1.0)
+
+
 class BookedGroup:
     """What both backends' groups share: a group is done once each of its `executions` is."""
 
@@ -113,6 +118,7 @@ class ClusterBase:
         self._next_engine = 0
         self._version = 0
         self._published = 0  # the latest version engines may serve: a multiple of steps_per_burst
+        self._trained_share = (1.0, 1.0)  # the latest finished step's trained over exact (tokens, attention)
         self._step: Any = None  # the open streaming step (a backend's StepView), if any
         self._deferred: list[tuple[Handle, Any]] = []
         self.log: list[tuple] = []
@@ -168,6 +174,13 @@ class ClusterBase:
     @property
     def training(self):
         return self._step
+
+    @property
+    def trained_share(self) -> tuple[float, float]:
+        """(tokens, attention-context sum) the latest finished training step trained, each over what exact
+        training (every path of every tree) of the same batch would have; (1.0, 1.0) before any step and
+        whenever every path trains."""
+        return self._trained_share
 
     def role(self, gpu: int) -> Role:
         return self.gpu_roles.role[gpu]
@@ -332,9 +345,11 @@ class ClusterBase:
                 fv = e.first_version if e.first_version is not None else v
                 self.log.append(("trained", now, e.id, g.id, v, v - fv, v * e.generated - e.vsum, e.generated))
 
-    def _step_done(self, gpus: Sequence[int], tokens: int) -> None:
-        """A training step ended: the version advances and its GPUs are free."""
+    def _step_done(self, gpus: Sequence[int], tokens: int, share: tuple[float, float] = (1.0, 1.0)) -> None:
+        """A training step ended: the version advances, its GPUs are free, and `share` (what it trained over
+        exact training's, `trained_share`) is what the next one is observed by."""
         self._version += 1
+        self._trained_share = share
         self._published = self._version - self._version % self._mu
         self.gpu_roles.hold(gpus, None)
         self.gpu_roles.set_role(gpus, Role.IDLE, self.now)

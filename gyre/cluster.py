@@ -10,7 +10,9 @@ trains in micro-steps as its groups finish, and cells join or leave while it run
 that completes later. Observations are the pool's roles, the engines and their load, the live
 executions' observable progress (never their future length), the trainer's version, the clock, and a
 cost estimate (gyre.estimate.CostEstimate: what a training step of a batch and an engine step cost here,
-from the hardware and model, never from the workload's future).
+from the hardware and model, never from the workload's future) and `trained_share`: what the latest finished step
+trained (tokens, attention-context sum) over what exact training of its batch would have trained, (1.0, 1.0)
+before any step and while every path trains (role-bounded path sampling, gyre.trajectory.sample, trains fewer).
 An engine's `admit_limit` is how many executions it may be handed at once (gyre.hardware.admission_limit);
 the backends report it and do not enforce it: policies.admit_queue is the admission path that does.
 
@@ -173,6 +175,8 @@ class Cluster(Protocol):
     def parked(self) -> list[ExecutionView]: ...  # parked, not yet resumed
     @property
     def estimate(self) -> CostEstimate: ...  # what a training step and an engine step cost (gyre.estimate)
+    @property
+    def trained_share(self) -> tuple[float, float]: ...  # latest finished step: trained / exact (tokens, attention)
 
     # --- verbs (each returns a Handle) ---
     def next_group(self) -> Group: ...

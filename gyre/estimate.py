@@ -34,7 +34,11 @@ workload's future.
 executions' trajectory tokens (the group's shared prompt counted once per execution, a small overcount),
 and the attention sum is, per execution of L tokens, L x min(L, C) / 2 with C the largest context seen
 (a causal sequence of L tokens attends to L^2 / 2 context tokens; one compacted whenever its context
-reaches C attends to about C / 2 per token).
+reaches C attends to about C / 2 per token). These are exact training's counts: where role-bounded path
+sampling trains fewer paths (gyre.trajectory.sample, j_max), a caller scales them by the cluster's observed
+`trained_share` (what the latest finished step trained over its exact counts; (1.0, 1.0) under exact training,
+so the product is the counts themselves), as policies.elastic does; `batch_counts` itself stays a pure function
+of the executions.
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ class Records:
         self.group_size = 1  # executions per group
         self.seen_step = [0.0, 0]  # sum and count of the mean engine step time sampled at finishes
         self.max_ctx = 0  # the largest live context seen (what compaction bounds contexts at)
-        self.last_counts = (0.0, 0.0)  # the last batch's trained tokens and attention sum
+        self.last_counts = (0.0, 0.0)  # the last batch's trained tokens and attention sum (x trained_share)
         self._segs_sorted: list[int] = []
 
     def state(self) -> dict:

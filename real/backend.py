@@ -226,7 +226,7 @@ class RealCluster(ExecutionFlow, TrainSteps, WeightPublisher, ClusterBase):
 
             def end(stats) -> None:
                 self.profile["train"].append((stats["tokens"], self.now - t0, stats["train_s"]))
-                self._step_done(gpus, stats["tokens"])
+                self._step_done(gpus, stats["tokens"], tuple(stats.get("trained_share", (1.0, 1.0))))
                 self._serve_restarting()
                 mean = float(np.mean(rewards)) if rewards else 0.0  # the members' rewards (none: every one left)
                 self._log(("note", self.now, "train", {**stats, "reward_mean": mean,

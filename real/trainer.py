@@ -43,6 +43,7 @@ import ray
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 
+from gyre.backend import share_of
 from gyre.real.nn.hf_causal import build_model, model_identity
 from gyre.real.nn.hf_llama import config_mismatch, load_hf_llama
 from gyre.real.nn.model import TinyLlamaConfig
@@ -242,6 +243,9 @@ class Trainer(CellWorker):
             "tokens": packed.stats.packed_tokens, "unique_tokens": packed.stats.unique_tokens,
             "packs": packed.stats.num_packs, "rows": packed.stats.loss_rows, "ranks": dp["size"] if dp else 1,
             "paths": packed.stats.paths, "kept_tokens": packed.stats.kept_tokens,
+            # trained over exact (tokens, attention context) of the batch: the cluster's trained_share
+            "trained_share": share_of(packed.stats.kept_tokens, packed.stats.kept_attn, packed.stats.exact_tokens,
+                                      packed.stats.exact_attn) if self.cfg.sampling.sampled else (1.0, 1.0),
             # mean |log p(version before the step) - log p(sampling engine)| over trained tokens: ~0 on-policy
             "logp_mismatch": float(mismatch[0] / mismatch[1]) if mismatch[1] > 0 else 0.0,
             "epochs": epochs, "drift": drift,  # epochs applied; mean |log p change| at the last check (0: none)

@@ -159,3 +159,12 @@ def test_real_stability(tmp_path, local_ray, monkeypatch):
                                       "--out", str(tmp_path)])
     runpy.run_path(str(EXP / "real_stability/run.py"), run_name="__main__")
     columns(tmp_path / "runs.csv", "policy", "lr", "seed", "makespan_s", "reward_last5", "stalled_since")
+
+
+def test_trajectory_sampling_elastic(tmp_path):
+    """run.py elastic --seeds 1 --steps 2: a row per step and variant, both variants alike on step 1."""
+    run(EXP / "trajectory_sampling/run.py", "elastic", "--seeds", "1", "--steps", "2", "--out", str(tmp_path))
+    d = columns(tmp_path / "elastic_prediction.csv", "seed", "variant", "step", "predicted_end_s", "end_s", "error_s",
+                rows=4)
+    first = d[d["step"] == 1].set_index("variant")["predicted_end_s"]
+    assert first["observed"] == first["blind"], "step 1 has no finished step to observe: the same prediction"

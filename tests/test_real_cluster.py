@@ -438,3 +438,32 @@ def test_summary_counts_the_deadline_cuts_the_scheduler_may_have_caused(pool, tm
     assert int(row["deadline_hit"]) == len(cut), (row["deadline_hit"], len(cut))
     assert 0 <= int(row["sched_cuts"]) <= len(cut) - len(workloads), \
         f"sched_cuts {row['sched_cuts']} of {len(cut)} cuts, {len(workloads)} of them longer than the budget in tools alone"
+
+
+def test_role_bounded_sampling_shows_in_trained_share(pool):
+    """The trainer samples J_max = 1 path per execution (the pool retargeted, warm actors kept): after a step whose
+    trees hold more paths than executions, trained_share is below 1 in tokens and attention, its token share the
+    "train" note's kept tokens over the unique tokens of the batch's trees (read from the groups' recorders); the
+    same step trained exactly leaves (1.0, 1.0)."""
+    from gyre.trajectory import SamplingConfig
+
+    tc = dataclasses.replace(CFG.pool.trainer_config, sampling=SamplingConfig(mode="roles", j_max=1))
+    cfg = dataclasses.replace(CFG, pool=dataclasses.replace(CFG.pool, trainer_config=tc))
+    warm = pool
+    try:
+        assert ActorPool.shared(cfg.pool) is warm, "only the trainer config differs: warm actors kept"
+        r = run_real(cfg, "colocate", pool=warm, steps=1)
+    finally:
+        assert ActorPool.shared(CFG.pool) is warm, "back to exact training on the same actors"
+    check_run(r, 1)
+    assert not [x for x in r.log if x[0] == "note" and x[2] == "group_left"], "every execution trains (exact = trees)"
+    batch = next(x[3]["groups"] for x in r.log if x[0] == "note" and x[2] == "train_batch")
+    pres = [r.cluster.groups[g].env.recorder.tree.preorder() for g in batch]
+    paths, execs = sum(len(p.branch_leaf) for p in pres), sum(len(r.cluster.groups[g].executions) for g in batch)
+    assert paths > execs, f"{paths} paths for {execs} executions: J_max 1 would train them all"
+    note = next(x[3] for x in r.log if x[0] == "note" and x[2] == "train")
+    share = r.cluster.trained_share
+    assert share[0] == note["kept_tokens"] / sum(p.size for p in pres), (share, note["kept_tokens"])
+    assert 0 < share[0] < 1 and 0 < share[1] < 1, f"J_max 1 over {paths} paths: share {share}"
+    exact = run_real(CFG, "colocate", pool=warm, steps=1)
+    assert exact.cluster.trained_share == (1.0, 1.0), exact.cluster.trained_share

@@ -12,10 +12,14 @@ Three parts, each writing CSVs under results/ (and a figure where a person would
   results/real_curves.png.
 - `sim`: the simulator's training work per group (gyre.train_work) on xlong-swe and xlong-swe-kv groups: tokens
   and train seconds (the preset's cost model) relative to exact. Writes results/sim_work.csv.
+- `elastic`: elastic at J_max = 1 on xlong-swe-small (sub-agents and retries at 5% a turn), `--steps` steps on
+  `--seeds` seeds, predicting each step from the observed `Cluster.trained_share` ("observed") and with it pinned
+  to (1.0, 1.0) ("blind": exact training's counts, elastic before the observation): per step the predicted step
+  end (its "elastic_train" note) minus the actual one, and the trainer's GPUs. Writes results/elastic_prediction.csv.
 
 The paper's figures (mean forward-backward time over the first 42 steps relative to uncapped: J_max = 1 41.4%,
 J_max = 5 74.8%; J_max = 1 trains worse with a larger gradient norm) are printed beside ours.
-Usage: python experiments/trajectory_sampling/run.py synthetic|real|sim [--seeds 3] [--steps 30]
+Usage: python experiments/trajectory_sampling/run.py synthetic|real|sim|elastic [--seeds 3] [--steps 30]
 """
 
 from __future__ import annotations
@@ -187,6 +191,60 @@ def sim(args) -> pd.DataFrame:
     return df
 
 
+class _Blind:
+    """The cluster as a policy sees it, but with trained_share pinned to (1.0, 1.0)."""
+
+    trained_share = (1.0, 1.0)
+
+    def __init__(self, cluster) -> None:
+        self._cluster = cluster
+
+    def __getattr__(self, name: str):
+        return getattr(self._cluster, name)
+
+
+class BlindElastic:
+    """elastic predicting training from exact training's counts (what it did before `trained_share`)."""
+
+    name = "elastic"
+
+    def __init__(self) -> None:
+        from gyre.policies.elastic import Elastic
+
+        self.inner = Elastic()
+
+    def run(self, cluster, steps):
+        return self.inner.run(_Blind(cluster), steps)
+
+
+def elastic(args) -> pd.DataFrame:
+    from gyre.config import override
+    from gyre.policies.elastic import Elastic
+    from gyre.presets import get_preset
+    from gyre.sim.harness.runner import simulate
+
+    rows = []
+    for seed in range(args.seeds):
+        cfg = override(get_preset("xlong-swe-small"), **{"steps": args.steps, "seed": seed,
+                                                         "workload.subagent_p": 0.05, "workload.retry_p": 0.05})
+        cfg = dataclasses.replace(cfg, sampling=sampling("J1"))
+        for variant, pol in (("observed", Elastic()), ("blind", BlindElastic())):
+            r = simulate(cfg, pol)
+            notes = [x for x in r.log if x[0] == "note" and x[2] == "elastic_train"]  # one per step, in order
+            ends = [x[1] for x in r.log if x[0] == "step"]
+            for k, (n, end) in enumerate(zip(notes, ends), 1):
+                rows.append({"seed": seed, "variant": variant, "step": k, "predicted_end_s": n[3]["step_end"],
+                             "end_s": end, "error_s": n[3]["step_end"] - end, "gpus": n[3]["gpus"],
+                             "makespan_s": ends[-1]})
+    df = pd.DataFrame(rows)
+    _save(df, args.out / "elastic_prediction.csv")
+    later = df[df["step"] > 1]  # step 1 has no finished step to observe: both predict alike
+    tab = later.assign(abs_error_s=later["error_s"].abs()).groupby("variant")[["error_s", "abs_error_s"]].median()
+    tab["makespan_s"] = df.groupby(["variant", "seed"])["makespan_s"].first().groupby("variant").mean()
+    print(tab.to_string(float_format=lambda x: f"{x:.1f}"))
+    return df
+
+
 def _save(df: pd.DataFrame, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(path, index=False)
@@ -194,7 +252,7 @@ def _save(df: pd.DataFrame, path: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("part", choices=["synthetic", "real", "sim"])
+    ap.add_argument("part", choices=["synthetic", "real", "sim", "elastic"])
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--batches", type=int, default=4, help="synthetic: batches per seed")
@@ -203,7 +261,7 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=64, help="sim: groups per preset")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    {"synthetic": synthetic, "real": real, "sim": sim}[args.part](args)
+    {"synthetic": synthetic, "real": real, "sim": sim, "elastic": elastic}[args.part](args)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,11 @@ class PackStats:
     loss_rows: int  # (trained token, branch) pairs = naive trained tokens (sampled: (token, execution) pairs)
     kept_tokens: int = -1  # tokens on the trained paths (exact: every token, = unique_tokens)
     paths: int = 0  # branches trained (exact: every branch)
+    # what exact training of the same batch trains (the trees of the executions that train, every branch), and
+    # the attention-context sums (per token, the ancestors-or-self it attends to: depth + 1) of both
+    exact_tokens: int = -1
+    kept_attn: int = 0
+    exact_attn: int = 0
 
     @property
     def duplication_overhead(self) -> float:
@@ -309,6 +314,11 @@ def _assemble_pack(members: list[int], chunks, pres, ctx, csize, rows, cuts_befo
     )
 
 
+def _attn_ctx(pres: list[Preorder]) -> int:
+    """Sum over the trees' tokens of the context each attends to in a tree's mask (its depth + 1)."""
+    return sum(int(p.depth.sum()) + p.size for p in pres)
+
+
 def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: PackConfig,
                 rng: np.random.Generator | None = None) -> PackedBatch:
     """Pack a batch of task trees; `advantages[i][e]` is the advantage of execution e of tree i (NaN: it left
@@ -329,6 +339,7 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
             pres[i] = restrict(p, np.flatnonzero(~gone[p.branch_execution]))
     sampled = config.sampling.sampled
     source = None
+    exact_tokens, exact_attn = sum(p.size for p in pres), _attn_ctx(pres)
     if sampled:
         if rng is None:
             raise ValueError("PackConfig.sampling.mode = 'roles' needs a numpy Generator (build_packs(..., rng=))")
@@ -372,6 +383,7 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
     stats = PackStats(
         unique_tokens=unique, naive_tokens=naive, packed_tokens=int(csize.sum()),
         num_packs=n_packs, loss_rows=n_rows, kept_tokens=sum(p.size for p in pres), paths=int(boff[-1]),
+        exact_tokens=exact_tokens, kept_attn=_attn_ctx(pres) if sampled else exact_attn, exact_attn=exact_attn,
     )
     return PackedBatch(packs=packs, stats=stats, branch_pack=_cat(b_pack, np.int64),
                        branch_index=_cat(b_index, np.int64), branch_execution=_cat(b_exec, np.int64),

@@ -29,7 +29,7 @@ from gyre.handles import Handle, Process
 from gyre.hardware import Costs, check_move_at, group_train_attention_ctx
 from gyre.train_work import SAMPLING_STREAM, selected_work, selected_work_each
 from gyre.trajectory.sample import SamplingConfig
-from gyre.backend import PARK, ClusterBase
+from gyre.backend import PARK, ClusterBase, share_of
 from gyre.engine_lifecycle import READY, STOPPING
 from gyre.sim.cluster import engine_moves as moves
 from gyre.sim.cluster.engine import SimEngine
@@ -242,14 +242,16 @@ class SimCluster(ClusterBase):
     def train(self, gpus: Sequence[int], groups: Sequence[SimGroup]) -> Handle:
         gpus = self._check_train(gpus, groups)
         done = [[e.produced() for e in g.executions] for g in groups]  # a deadline cut trains what it produced
-        if self._sampling is None:
-            tokens = sum(d[0].prompt + sum(x.tokens - x.prompt for x in d) for d in done)
-            attn = sum(group_train_attention_ctx(d) for d in done)
-        else:
+        tokens = sum(d[0].prompt + sum(x.tokens - x.prompt for x in d) for d in done)
+        attn = sum(group_train_attention_ctx(d) for d in done)
+        share = (1.0, 1.0)
+        if self._sampling is not None:  # the drawn paths train: their work over the exact work above
             works = [selected_work(d, self.source.config, self._sampling,
                                    np.random.default_rng([self._seed, SAMPLING_STREAM, g.id]))
                      for d, g in zip(done, groups)]
+            exact = (tokens, attn)
             tokens, attn = sum(x[0] for x in works), sum(x[1] for x in works)
+            share = share_of(tokens, attn, *exact)
         v = self._version
         self.trained_groups.extend(g.id for g in groups)
         self._book_trained(groups, v)
@@ -273,7 +275,7 @@ class SimCluster(ClusterBase):
             if a != attempt[0]:
                 return
             self._roof_gpu_s += compute * len(gpus) * self.costs.train_mfu
-            self._step_done(gpus, tokens)
+            self._step_done(gpus, tokens, share)
             if self._faults is not None:
                 self._faults.step_ended(gpus, compute)
             h.succeed(self._version)

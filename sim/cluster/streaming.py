@@ -36,7 +36,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gyre.backend import BookedStep
+from gyre.backend import BookedStep, share_of
 from gyre.cluster import Role
 from gyre.gpu_roles import TRAINER
 from gyre.handles import Handle
@@ -330,6 +330,13 @@ class SimStep(BookedStep):
             self._set_role(cell, Role.IDLE)
         self._maybe_end()
 
+    def _share(self) -> tuple[float, float]:
+        """The step's trained_share: its micro-steps' work over the exact micro-steps' of the same groups."""
+        if self._sampled is None:
+            return (1.0, 1.0)
+        exact = [m for g in self._groups for m in micro_steps(g)]
+        return share_of(self.tokens, self.attn, sum(m[1] for m in exact), sum(m[2] for m in exact))
+
     def _maybe_end(self) -> None:
         if self.ending or self._untrained or self.sending or len(self._groups) < self._gps \
                 or any(x.busy for x in self._cells):
@@ -366,7 +373,7 @@ class SimStep(BookedStep):
             c.trained_groups.extend(g.id for g in self._groups)
             c._book_trained(self._groups, self._version)
             c._step = None
-            c._step_done(gpus, self.tokens)
+            c._step_done(gpus, self.tokens, self._share())
             if f is not None:  # the core's workers hold the new state; a rebuild replays the batch on the core
                 f.step_ended(core.gpus, c.costs.train_time(self.tokens, len(core.gpus), self.attn))
             self.h.succeed(c.version)
