@@ -32,21 +32,19 @@ from dataclasses import dataclass
 
 from gyre.cluster import Cluster, ClusterError
 from gyre.handles import all_of
-from gyre.policies.admission import ForesightParams, OrderedAdmission
 from gyre.policies.admit_queue import AdmissionQueue
 from gyre.policies.common import Batcher, ClusterShape, engine_slots, train_loop
 from gyre.policies.tuning import Search, halvings, refine_axis, refine_split_and_cap
 
 
 @dataclass(frozen=True, kw_only=True)
-class AsyncConfig(ForesightParams):
+class AsyncConfig:
     rollout_gpus: int | None = None  # R; None: every GPU the trainer does not need
     eta: int = 1  # staleness bound
     max_running: int | None = None  # executions an engine holds at once, at most; None: its admission limit
     streaming: bool = False  # train each batch in a streaming step on the trainer's cells (groups as they finish)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.eta < 0:
             raise ValueError(f"async: eta must be >= 0, got {self.eta}")
         if self.max_running is not None and (isinstance(self.max_running, bool) or not isinstance(self.max_running, int)
@@ -101,8 +99,7 @@ class AsyncSplit:
         r = self.split(cluster)
         engines = yield all_of([cluster.start_engine(s) for s in engine_slots(range(r), cluster.gpus_per_engine)])
         trainer = list(range(r, cluster.n_gpus))
-        order = OrderedAdmission(cluster, steps, self.config)
-        batcher = Batcher(cluster, steps, self.eta, order)
+        batcher = Batcher(cluster, steps, self.eta)
         cap = self.config.max_running
         queue = AdmissionQueue(cluster, engines, limit=None if cap is None else (lambda e: cap))
 
@@ -115,4 +112,3 @@ class AsyncSplit:
 
         yield from train_loop(cluster, steps, batcher, queue, engines=lambda: engines, gather=gather,
                               after_step=after_step, label="async-producer", streaming=self.config.streaming)
-        order.report()

@@ -76,11 +76,11 @@ class Signal:
 class Batcher:
     """Tracks groups from admission to training under the staleness bound eta."""
 
-    def __init__(self, cluster: Cluster, steps: int, eta: int, order=None,
+    def __init__(self, cluster: Cluster, steps: int, eta: int,
                  on_finish: Callable[[Group, Handle], None] | None = None) -> None:
-        """`order` (policies.admission.OrderedAdmission), if given, chooses which group is admitted next;
-        `on_finish(group, handle)`, if given, is called as each admitted execution finishes (after the
-        Batcher has counted its group finished, if it was the group's last)."""
+        """Groups are admitted in the cluster's drawn order. `on_finish(group, handle)`, if given, is called
+        as each admitted execution finishes (after the Batcher has counted its group finished, if it was the
+        group's last)."""
         if eta < 0:
             raise ValueError(f"eta must be >= 0, got {eta}")
         mu = getattr(cluster, "steps_per_burst", 1)
@@ -88,7 +88,6 @@ class Batcher:
             raise ClusterError(f"eta={eta} is below steps_per_burst - 1 = {mu - 1}: engines serve a new version "
                                f"only every {mu} steps")
         self.cluster = cluster
-        self.order = order
         self.on_finish = on_finish
         self.steps = steps
         self.eta = eta
@@ -119,17 +118,12 @@ class Batcher:
 
     def admit_group(self, version: int) -> Group:
         """Take the next group; the caller admits its executions and calls `watch`."""
-        g = self.order.next_group() if self.order is not None else self.cluster.next_group()
+        g = self.cluster.next_group()
         self.admitted.append((version, g))
         self.n_admitted += 1
         return g
 
     def watch(self, group: Group, handles: Sequence[Handle]) -> None:
-        from gyre.handles import all_of
-
-        if self.order is not None:
-            self.order.watch(group, handles)
-
         def done(_h: Handle) -> None:
             self.finished.append(group.id)
             self.changed.fire()

@@ -26,6 +26,9 @@ runner = CliRunner()
         (["run", "--set", "workload.steps_per_burst=0"], "workload.steps_per_burst must be an integer >= 1"),
         (["run", "--set", "cluster.cell_gpus"], "expected KEY=VALUE"),
         (["run", "--set", "nope.streaming=true"], "unknown policy 'nope'"),
+        # async's ordered admission left the core (experiments/LOG.md, 2026-12-05): its knobs are unknown fields
+        (["run", "--set", "async.predictor=history"], "policy_params.async: policy 'async' has no parameter 'predictor'"),
+        (["run", "--set", "async.lookahead=2"], "policy_params.async: policy 'async' has no parameter 'lookahead'"),
         (["run", "--steps", "1", "--j-max", "0"], "SamplingConfig.j_max must be an integer >= 1"),
         (["run", "--role-priority", "main,boss,sub-agent,sub-agent-summary"], "unknown role 'boss'"),
     ],

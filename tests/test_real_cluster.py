@@ -348,13 +348,12 @@ def test_a_bad_task_path_is_one_line(tmp_path):
     assert "\n" not in line and "cannot load task 'no_such_module:Task'" in line, line
 
 
-def test_async_with_a_predictor_and_ordered_admission_runs_for_real(pool):
-    """async with history+siblings, drawing a step ahead: every execution trained once within eta, the
-    predictor observed every group, and each trained record counts the execution's generated tokens with a
-    per-token lag within [0, its staleness]."""
+def test_async_counts_each_tokens_version_lag_for_real(pool):
+    """async at eta 1: every execution trained once within eta, and each trained record counts the execution's
+    generated tokens with a per-token lag within [0, its staleness]."""
     from gyre.policies import make_policy
 
-    policy = make_policy("async", eta=1, predictor="history+siblings", lookahead=1)
+    policy = make_policy("async", eta=1)
     r = run_real(CFG, policy, pool=pool)
     log = r.log
     admitted = Counter(x[2] for x in log if x[0] == "admit")
@@ -366,9 +365,6 @@ def test_async_with_a_predictor_and_ordered_admission_runs_for_real(pool):
         assert x[5] <= 1, f"staleness {x[5]} > eta"
         assert x[7] == gen[x[2]], "lag counted over other tokens than the execution generated"
         assert 0 <= x[6] <= x[5] * x[7], f"token lag {x[6]} outside [0, {x[5]} x {x[7]}]"
-    notes = [x[3] for x in log if x[0] == "note" and x[2] == "foresight"]
-    want = CFG.steps * CFG.cluster.groups_per_step
-    assert len(notes) == 1 and notes[0]["groups"] == want, f"foresight notes {notes}, want {want} groups"
     assert r.metrics.summary()["lag_mean"] <= r.metrics.summary()["lag_max"]
 
 
