@@ -250,12 +250,14 @@ def fit_prefill_s_per_token(prefill) -> float | None:
     return rate
 
 
-def batch_counts(executions: Iterable, max_context: float = math.inf) -> tuple[float, float]:
+def batch_counts(executions: Iterable, max_context: float = math.inf,
+                 share: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float]:
     """(trained tokens, attention context sum) of finished executions, from their trajectory tokens and
-    the largest context seen (module docstring)."""
+    the largest context seen (module docstring), each times its `share` (`Cluster.trained_share`: what the
+    last step trained of its exact work; (1.0, 1.0) while every path trains)."""
     tokens = attn = 0.0
     for x in executions:
         n = float(x.trajectory_tokens)
         tokens += n
         attn += 0.5 * n * min(n, max_context)
-    return tokens, attn
+    return tokens * share[0], attn * share[1]

@@ -1,11 +1,10 @@
 """Elastic: GPUs move between rollout and training, sized by forecasts of when the pending groups are trained.
 
-Generation never stops; the Batcher keeps staleness <= eta. The controller sees the engines' load, the live
-executions' progress, what finished executions showed, the cluster's cost estimate and what the last step
-trained of its exact work (`trained_share`: a step is predicted from the batch's counts times it); never a
-future length. Every decision forecasts, from one snapshot (elastic_forecast.Forecast), when the last pending
-group is trained, among choices expected to cut at most the equal-work tolerance (policies.tuning) more
-executions than the least-cutting one. Executions move only at tool-call boundaries; none is aborted.
+Generation never stops; the Batcher keeps staleness <= eta. The controller sees engine load, the live executions'
+progress, finished executions, the cost estimate and the share of its exact work the last step trained
+(`trained_share`); never a future length. Every decision forecasts, from one snapshot (elastic_forecast.Forecast),
+when the last pending group is trained, among choices expected to cut at most the equal-work tolerance more executions
+than the least-cutting one. Executions move only at tool-call boundaries; none is aborted.
 
 0. Start: every GPU starts an engine; all but the split that balances decode and training stop, the rest is
    the reserve, kept free for the first trainer. Once a tool call has been seen and the first batch is
@@ -186,9 +185,8 @@ class Elastic:
         """elastic_plan.size_trainer on a forecast that excludes the batch; writes no pool state."""
         rec, live = self.records, self.cluster.live()
         rec.max_ctx = max([rec.max_ctx] + [x.context_tokens for x in live])
-        tokens, attn = batch_counts((x for g in batch for x in g.executions), rec.max_ctx or math.inf)
-        share_tokens, share_attn = self.cluster.trained_share  # what the last step trained of its exact work
-        rec.last_counts = (tokens * share_tokens, attn * share_attn)
+        rec.last_counts = batch_counts((x for g in batch for x in g.executions), rec.max_ctx or math.inf,
+                                       self.cluster.trained_share)
         f = self._forecast(self._history(), exclude={g.id for g in batch})
         return size_trainer(f, kv_fill=self.config.kv_fill, slots=self.pool.drain_room, most=self.pool.most,
                             tolerance=WORK_TOLERANCE * self.batcher.gps * rec.group_size)
@@ -199,8 +197,7 @@ class Elastic:
         if self.cluster.version < self.steps:
             k = self._engines_to_start()
             # free GPUs stay the trainer's at eta 0 and for single-turn rollouts (a drain returns none in time)
-            segs = self.records.segs
-            keep = self.eta == 0 or (bool(segs) and max(segs) <= 1)
+            keep = self.eta == 0 or max(self.records.segs, default=2) <= 1
             self.pool.set_reserve(len(self.cluster.free_gpus()) - k * self.cluster.gpus_per_engine if keep else 0)
             self.pool.start(k)  # the next step need not wait for them
             yield from self.pool.grow(sync=True, engines=0)
