@@ -170,7 +170,7 @@ def transcripts_of(ep) -> list[dict]:
 @pytest.mark.parametrize("policy", ["async", "elastic"])
 def test_own_harness_runs_under_async_and_elastic(local_ray, chat_qwen3, tmp_path, policy):
     """async and elastic run the own harness end to end (inside bubblewrap where it is installed): nothing lost,
-    every call a 200, records on the tree."""
+    every call a 200, its records the engines' answers on the tree with the roles it sent."""
     cfg = own_config(chat_qwen3, tmp_path, policy)
     with engine_answers() as answers:
         r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
@@ -269,7 +269,8 @@ MINI = ROOT / ".venv-mini" / "bin" / "mini"
 @pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
 def test_mini_swe_agent_runs_unmodified_behind_the_proxy(local_ray, chat_qwen3, tmp_path, policy):
     """mini-swe-agent 2.4.6 (PyPI, its own venv, inside bubblewrap where installed) runs as the agent under each
-    policy: every call it made is a record on the tree, it ran to its own end (its trajectory file), nothing lost."""
+    policy: every call it made is a record equal to the engine's answer, on the tree, it ran to its own end (its
+    trajectory file), nothing lost."""
     cfg = mini_config(chat_qwen3, tmp_path, policy)
     with engine_answers() as answers:
         r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
