@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -85,22 +86,46 @@ def check_records_are_the_tree(g) -> None:
         assert leaves, f"{ep.key}: no branch"
 
 
+@contextlib.contextmanager
+def engine_answers():
+    """Every answer an engine gave the flow inside the block, in order: {exec, engine, current (the execution still
+    wanted it: not moved away meanwhile), cancelled, tokens, logprobs}."""
+    from gyre.real import flow
+
+    answers: list[dict] = []
+    orig = flow.ExecutionFlow._on_generated
+
+    def spy(self, ex, req, eng, actor, res, err):
+        if err is None:
+            answers.append({"exec": ex.id, "engine": eng.id, "current": req == ex.req, "cancelled": bool(
+                res.get("cancelled")), "tokens": list(res["tokens"]), "logprobs": list(res["logprobs"])})
+        return orig(self, ex, req, eng, actor, res, err)
+
+    flow.ExecutionFlow._on_generated = spy
+    try:
+        yield answers
+    finally:
+        flow.ExecutionFlow._on_generated = orig
+
+
+def check_records_are_the_answers(r, answers: list[dict]) -> None:
+    """Each execution's TITO records are, in order and exactly, the engines' ids and log-probs of the answers it
+    still wanted, one per harness call; and the records lie on the group's tree."""
+    for g in r.cluster.groups.values():
+        check_records_are_the_tree(g)
+        for ex, ep in zip(g.executions, g.env.episodes):
+            got = [(list(x.output_ids), list(x.logprobs)) for x in ep.records]
+            want = [(a["tokens"], a["logprobs"]) for a in answers
+                    if a["exec"] == ex.id and a["current"] and not a["cancelled"]]
+            assert got and got == want, f"execution {ex.id}: records differ from the engines' answers"
+
+
 def test_own_harness_runs_under_colocate_with_every_branch_kind_and_a_move_mid_request(local_ray, chat_qwen3, tmp_path):
     """The own harness (a subprocess on plain HTTP) runs end to end under colocate: records equal the engines' ids and
     log-probs exactly, its sub-agent and compaction calls carry their roles and form branches, and an execution moved
     while its request decodes finishes with every HTTP answer an ordinary 200."""
     cfg = harness_run(chat_qwen3, tmp_path)
-    pool = ActorPool.shared(cfg.pool)
-    seen: list[dict] = []  # what the engines answered, as the flow books it
     moved: list[int] = []
-    from gyre.real import flow
-
-    orig = flow.ExecutionFlow._on_generated
-
-    def spy(self, ex, req, eng, actor, res, err):
-        if err is None and req == ex.req and not res.get("cancelled"):
-            seen.append({"exec": ex.id, "tokens": list(res["tokens"]), "logprobs": list(res["logprobs"])})
-        return orig(self, ex, req, eng, actor, res, err)
 
     def tick(c) -> None:
         if moved:
@@ -112,28 +137,26 @@ def test_own_harness_runs_under_colocate_with_every_branch_kind_and_a_move_mid_r
                 moved.append(ex.id)
                 return
 
-    flow.ExecutionFlow._on_generated = spy
-    try:
-        r = run_real(cfg, "colocate", pool=pool, on_tick=tick)
-    finally:
-        flow.ExecutionFlow._on_generated = orig
+    with engine_answers() as answers:
+        r = run_real(cfg, "colocate", pool=ActorPool.shared(cfg.pool), on_tick=tick)
     check_run(r, cfg.steps)
     assert moved, "no execution was moved while it decoded"
     notes = [x[3] for x in r.log if x[0] == "note" and x[2] == "request_moved"]
     assert notes and notes[0]["exec"] == moved[0], f"the move was not an in-flight one: {notes}"
-    for calls in transcripts(r):
-        assert calls and all(c["status"] == 200 and c["ok"] for c in calls), f"a harness saw a failed call: {calls}"
-    by_exec: dict[int, list] = {}
-    for s in seen:
-        by_exec.setdefault(s["exec"], []).append(s)
+    check_own_calls(r, answers)
+
+
+def check_own_calls(r, answers: list[dict], min_calls: int = 1) -> None:
+    """The own harness's run: every call it made (>= min_calls) an HTTP 200, its records the engines' answers on the
+    tree with the roles it sent, its sub-agent's and compaction's calls among them, branching off the main context."""
+    check_records_are_the_answers(r, answers)
     for g in r.cluster.groups.values():
-        check_records_are_the_tree(g)
         for ex, ep in zip(g.executions, g.env.episodes):
-            got = [(list(x.output_ids), list(x.logprobs)) for x in ep.records]
-            want = [(s["tokens"], s["logprobs"]) for s in by_exec.get(ex.id, [])]
-            assert got == want, f"execution {ex.id}: records differ from the engines' answers"
+            calls = transcripts_of(ep)
+            assert len(calls) >= min_calls and all(c["status"] == 200 and c["ok"] for c in calls), \
+                f"a harness saw a failed call: {calls}"
             roles = [x.role for x in ep.records]
-            assert roles == [c["role"] for c in transcripts_of(ep)], f"execution {ex.id}: roles {roles}"
+            assert roles == [c["role"] for c in calls], f"execution {ex.id}: roles {roles}"
             assert {"sub-agent", "sub-agent-summary", "main-summary"} <= set(roles), f"roles {roles}"
             assert ep.tito.kinds.count("branch") >= 2, f"execution {ex.id}: kinds {ep.tito.kinds}"
             leaf_roles = {role for _, role in ep.tito.leaves}
@@ -147,16 +170,24 @@ def transcripts_of(ep) -> list[dict]:
 @pytest.mark.parametrize("policy", ["async", "elastic"])
 def test_own_harness_runs_under_async_and_elastic(local_ray, chat_qwen3, tmp_path, policy):
     """async and elastic run the own harness end to end (inside bubblewrap where it is installed): nothing lost,
-    every call a 200, records on the tree."""
-    cfg = harness_run(chat_qwen3, tmp_path, sandbox="bwrap" if shutil.which("bwrap") else "none")
-    if policy == "elastic":  # it reads the cost estimate: measured at start-up
-        cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, estimate="profile"))
-    r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
+    every call a 200, its records the engines' answers on the tree with the roles it sent."""
+    cfg = own_config(chat_qwen3, tmp_path, policy)
+    with engine_answers() as answers:
+        r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
     check_run(r, cfg.steps)
-    for calls in transcripts(r):
-        assert len(calls) >= 5 and all(c["status"] == 200 and c["ok"] for c in calls), f"{policy}: {calls}"
-    for g in r.cluster.groups.values():
-        check_records_are_the_tree(g)
+    check_own_calls(r, answers, min_calls=5)
+
+
+def sandboxed() -> str:
+    """The harness sandbox the tests use: bubblewrap where it is installed."""
+    return "bwrap" if shutil.which("bwrap") else "none"
+
+
+def own_config(model_dir: str, tmp_path, policy: str):
+    """The own harness's run under `policy`, sandboxed; elastic reads the cost estimate, measured at start-up."""
+    cfg = harness_run(model_dir, tmp_path, sandbox=sandboxed())
+    return dataclasses.replace(cfg, cluster=dataclasses.replace(
+        cfg.cluster, estimate="profile" if policy == "elastic" else "none"))
 
 
 def test_a_crashed_and_a_hung_harness_end_their_executions_with_their_work_scored(local_ray, chat_qwen3, tmp_path):
@@ -238,19 +269,33 @@ MINI = ROOT / ".venv-mini" / "bin" / "mini"
 @pytest.mark.parametrize("policy", ["colocate", "async", "elastic"])
 def test_mini_swe_agent_runs_unmodified_behind_the_proxy(local_ray, chat_qwen3, tmp_path, policy):
     """mini-swe-agent 2.4.6 (PyPI, its own venv, inside bubblewrap where installed) runs as the agent under each
-    policy: every call it made is a record on the tree, it ran to its own end (its trajectory file), nothing lost."""
+    policy: every call it made is a record equal to the engine's answer, on the tree, it ran to its own end (its
+    trajectory file), nothing lost."""
+    cfg = mini_config(chat_qwen3, tmp_path, policy)
+    with engine_answers() as answers:
+        r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
+    check_run(r, cfg.steps)
+    check_mini_calls(r, answers)
+
+
+def mini_config(model_dir: str, tmp_path, policy: str):
+    """mini-swe-agent (2 steps, sandboxed) on a code problem under `policy`: ~3k-token contexts (its system prompt)."""
     argv = ("{harnesses}/mini_swe_agent.sh",)
-    cfg = harness_run(chat_qwen3, tmp_path, harness=argv, env=(("MINI", str(MINI)), ("MINI_STEPS", "2")),
-                      sandbox="bwrap" if shutil.which("bwrap") else "none")
+    cfg = harness_run(model_dir, tmp_path, harness=argv, env=(("MINI", str(MINI)), ("MINI_STEPS", "2")),
+                      sandbox=sandboxed())
     tc = dataclasses.replace(cfg.pool.trainer_config, max_pack_tokens=8192, micro_batch_tokens=8192)  # ~3k-token paths
-    cfg = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, trainer_config=tc), cluster=dataclasses.replace(
+    return dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, trainer_config=tc), cluster=dataclasses.replace(
         cfg.cluster, kv_capacity=65536, estimate="profile" if policy == "elastic" else "none",
         task=dataclasses.replace(cfg.cluster.task, max_context=8192, max_new_tokens=32)))
-    r = run_real(cfg, policy, pool=ActorPool.shared(cfg.pool))
-    check_run(r, cfg.steps)
+
+
+def check_mini_calls(r, answers: list[dict]) -> None:
+    """mini-swe-agent's run: every call it made is a record (role main: it sends none) equal to the engine's answer,
+    on the tree, and it ran to its own end (its trajectory file)."""
+    check_records_are_the_answers(r, answers)
     for g in r.cluster.groups.values():
-        check_records_are_the_tree(g)
         for ep in g.env.episodes:
             assert ep.exit is not None and ep.exit["requests"] == len(ep.records) >= 1, \
                 f"{ep.key}: {ep.exit}, {len(ep.records)} records: {(Path(ep.cwd) / '.harness.stderr').read_text()[-400:]}"
+            assert {x.role for x in ep.records} == {"main"}, f"{ep.key}: roles {[x.role for x in ep.records]}"
             assert (Path(ep.cwd) / "traj.json").exists(), f"{ep.key}: mini-swe-agent did not run to its end"
