@@ -126,16 +126,7 @@ def test_own_harness_runs_under_colocate_with_every_branch_kind_and_a_move_mid_r
     while its request decodes finishes with every HTTP answer an ordinary 200."""
     cfg = harness_run(chat_qwen3, tmp_path)
     moved: list[int] = []
-
-    def tick(c) -> None:
-        if moved:
-            return
-        for ex in c.executions.values():
-            others = [e for e in c._engines.values() if e.ready and e is not ex.engine]
-            if ex.phase == Phase.DECODE and ex.turns >= 1 and others:
-                c.migrate(ex, others[0])
-                moved.append(ex.id)
-                return
+    tick = move_one_decoding(moved)
 
     with engine_answers() as answers:
         r = run_real(cfg, "colocate", pool=ActorPool.shared(cfg.pool), on_tick=tick)
@@ -144,6 +135,23 @@ def test_own_harness_runs_under_colocate_with_every_branch_kind_and_a_move_mid_r
     notes = [x[3] for x in r.log if x[0] == "note" and x[2] == "request_moved"]
     assert notes and notes[0]["exec"] == moved[0], f"the move was not an in-flight one: {notes}"
     check_own_calls(r, answers)
+
+
+def move_one_decoding(moved: list, record=lambda ex: ex.id):
+    """An `on_tick` that, once, moves the first execution decoding after its first turn to another ready engine and
+    appends `record(execution)` to `moved`."""
+
+    def tick(c) -> None:
+        if moved:
+            return
+        for ex in c.executions.values():
+            others = [e for e in c._engines.values() if e.ready and e is not ex.engine]
+            if ex.phase == Phase.DECODE and ex.turns >= 1 and others:
+                c.migrate(ex, others[0])
+                moved.append(record(ex))
+                return
+
+    return tick
 
 
 def check_own_calls(r, answers: list[dict], min_calls: int = 1) -> None:

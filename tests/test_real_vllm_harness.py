@@ -25,9 +25,8 @@ pytest.importorskip("tornado")
 sys.path.insert(0, str(Path(__file__).parent))
 from test_real_cluster import check_run  # noqa: E402
 from test_real_harness import (MINI, OWN, ROOT, check_mini_calls, check_own_calls, engine_answers,  # noqa: E402
-                               harness_run, mini_config, own_config)
+                               harness_run, mini_config, move_one_decoding, own_config)
 
-from gyre.cluster import Phase  # noqa: E402
 from gyre.real.nn.hf_folder import write_tiny_model  # noqa: E402
 from gyre.real.pool import ActorPool  # noqa: E402
 from gyre.real.proxy_chat import TOOLS_TEMPLATE  # noqa: E402
@@ -90,16 +89,7 @@ def test_own_harness_on_vllm_engines_with_a_request_moved_mid_decode(vllm_pool, 
     cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(
         cfg.cluster, task=dataclasses.replace(cfg.cluster.task, max_new_tokens=TOKENS)))
     moved: list[tuple[int, int]] = []  # (execution, how many of its answers were in before its move)
-
-    def tick(c) -> None:
-        if moved:
-            return
-        for ex in c.executions.values():
-            others = [e for e in c._engines.values() if e.ready and e is not ex.engine]
-            if ex.phase == Phase.DECODE and ex.turns >= 1 and others:
-                c.migrate(ex, others[0])
-                moved.append((ex.id, sum(a["exec"] == ex.id and a["current"] for a in answers)))
-                return
+    tick = move_one_decoding(moved, lambda ex: (ex.id, sum(a["exec"] == ex.id and a["current"] for a in answers)))
 
     with engine_answers() as answers:
         r = run_real(cfg, "colocate", pool=vllm_pool, on_tick=tick)

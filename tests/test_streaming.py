@@ -32,6 +32,16 @@ def _two_groups() -> list[GroupSpec]:
     return [g(0, [100, 100], 0), g(1, [500, 500], 2)]
 
 
+def roll_out_two_groups(c):
+    """Start an engine on GPU 0 and admit the next two groups' executions to it; returns the two groups."""
+    eng = yield c.start_engine([0])
+    gs = [c.next_group(), c.next_group()]
+    for g in gs:
+        for x in g.executions:
+            c.admit(x, eng)
+    return gs
+
+
 class Hand:
     """One engine on GPU 0 rolls out both groups; a step opens on GPU 1 at once (all groups, or group 0 then
     group 1 by extend_step at `extend_at`); GPU 2 joins at `join_at` and leaves at `leave_at`."""
@@ -42,11 +52,7 @@ class Hand:
         self.join_at, self.leave_at, self.extend_at = join_at, leave_at, extend_at
 
     def run(self, c, steps):
-        eng = yield c.start_engine([0])
-        gs = [c.next_group(), c.next_group()]
-        for g in gs:
-            for x in g.executions:
-                c.admit(x, eng)
+        gs = yield from roll_out_two_groups(c)
         h = c.open_step([1], gs if self.extend_at is None else gs[:1])
         for at, act in sorted([(t, a) for t, a in ((self.join_at, "join"), (self.leave_at, "leave"),
                                                      (self.extend_at, "extend")) if t is not None]):
@@ -259,11 +265,7 @@ def test_under_role_bounded_sampling_a_streaming_step_trains_the_work_train_woul
             self.streaming = streaming
 
         def run(self, c, steps):
-            eng = yield c.start_engine([0])
-            gs = [c.next_group(), c.next_group()]
-            for g in gs:
-                for x in g.executions:
-                    c.admit(x, eng)
+            gs = yield from roll_out_two_groups(c)
             yield all_of([x.handle for g in gs for x in g.executions])
             return (yield (c.open_step if self.streaming else c.train)([1], gs))
 

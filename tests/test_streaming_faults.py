@@ -18,7 +18,7 @@ from gyre.workload import ReplaySource
 from tests.logcheck import check_staleness
 from tests.simkit import workload
 from tests.test_log_invariants import SLOW_OK, _groups
-from tests.test_streaming import COSTS, Hand, _two_groups
+from tests.test_streaming import COSTS, Hand, _two_groups, roll_out_two_groups
 
 # test_streaming's costs (training 0.01 s per token on one GPU, trainer onload 0.5 s, a 1-GPU satellite's snapshot
 # pull 1 s, a reduction over two 1-GPU cells 1 s) with a trainer worker back 5 s after it is killed
@@ -72,11 +72,7 @@ def test_a_satellite_asked_to_leave_then_killed_returns_its_micro_steps_and_its_
 
     class LeaveThenKill(Hand):
         def run(self, c, steps):
-            eng = yield c.start_engine([0])
-            gs = [c.next_group(), c.next_group()]
-            for g in gs:
-                for x in g.executions:
-                    c.admit(x, eng)
+            gs = yield from roll_out_two_groups(c)
             h = c.open_step([1], gs)
             yield c.timeout(3.0 - c.now)
             c.join_step([2])
@@ -110,11 +106,7 @@ def test_a_satellite_killed_while_switching_in_never_trains_and_its_join_complet
 
     class JoinOnce(Hand):
         def run(self, c, steps):
-            eng = yield c.start_engine([0])
-            gs = [c.next_group(), c.next_group()]
-            for g in gs:
-                for x in g.executions:
-                    c.admit(x, eng)
+            gs = yield from roll_out_two_groups(c)
             h = c.open_step([1], gs)
             j = c.join_step([2])
             j.on_done(lambda j: joined.append((c.now, j.value)))
@@ -144,11 +136,7 @@ class TrainThenStream:
         self.join = join
 
     def run(self, c, steps):
-        eng = yield c.start_engine([0])
-        gs = [c.next_group(), c.next_group()]
-        for g in gs:
-            for x in g.executions:
-                c.admit(x, eng)
+        gs = yield from roll_out_two_groups(c)
         yield all_of([x.handle for x in gs[0].executions])
         yield c.train([1], gs[:1])
         h = c.open_step([1], gs[1:])
