@@ -93,8 +93,8 @@ class PackStats:
     loss_rows: int  # (trained token, branch) pairs = naive trained tokens (sampled: (token, execution) pairs)
     kept_tokens: int = -1  # tokens on the trained paths (exact: every token, = unique_tokens)
     paths: int = 0  # branches trained (exact: every branch)
-    # what exact training of the same batch trains (the trees of the executions that train, every branch), and
-    # the attention-context sums (per token, the ancestors-or-self it attends to: depth + 1) of both
+    # sampled only: what exact training of the same batch trains (the trees of the executions that train, every
+    # branch), and the attention-context sums (per token, the ancestors-or-self it attends to: depth + 1) of both
     exact_tokens: int = -1
     kept_attn: int = 0
     exact_attn: int = 0
@@ -339,7 +339,8 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
             pres[i] = restrict(p, np.flatnonzero(~gone[p.branch_execution]))
     sampled = config.sampling.sampled
     source = None
-    exact_tokens, exact_attn = sum(p.size for p in pres), _attn_ctx(pres)
+    # what exact training would train: counted only where sampling trains less (exact: the kept counts below)
+    exact_tokens, exact_attn = (sum(p.size for p in pres), _attn_ctx(pres)) if sampled else (-1, 0)
     if sampled:
         if rng is None:
             raise ValueError("PackConfig.sampling.mode = 'roles' needs a numpy Generator (build_packs(..., rng=))")
@@ -383,7 +384,7 @@ def build_packs(trees: list[TokenTree | Preorder], advantages: list, config: Pac
     stats = PackStats(
         unique_tokens=unique, naive_tokens=naive, packed_tokens=int(csize.sum()),
         num_packs=n_packs, loss_rows=n_rows, kept_tokens=sum(p.size for p in pres), paths=int(boff[-1]),
-        exact_tokens=exact_tokens, kept_attn=_attn_ctx(pres) if sampled else exact_attn, exact_attn=exact_attn,
+        exact_tokens=exact_tokens, kept_attn=_attn_ctx(pres) if sampled else 0, exact_attn=exact_attn,
     )
     return PackedBatch(packs=packs, stats=stats, branch_pack=_cat(b_pack, np.int64),
                        branch_index=_cat(b_index, np.int64), branch_execution=_cat(b_exec, np.int64),
